@@ -1,0 +1,48 @@
+"""Guides (variational families) of the catalogue, by name.
+
+    from pyro_invariance import guides
+    guide = guides.get("matrix-normal", model, init_scale=1.0)
+    guides.names()  # ['block-cholesky', 'full-rank', 'low-rank', 'map', 'matrix-normal', 'mean-field']
+
+A guide is "a callable that takes the model": every entry is ``factory(model, **kwargs)``
+returning a Pyro autoguide-style :class:`~pyro.nn.PyroModule` that works with ``SVI``,
+``Trace_ELBO``, ``TraceMeanField_ELBO`` and ``Predictive``.
+
+Site rules (all guides): observed and plate/subsample sites are skipped. The matrix-normal and
+block-Cholesky guides structure each *weight-matrix site* -- a real ``(rows, cols)`` value with
+event dim 2 outside any plate (:func:`~.base.is_matrix_site`) -- and give every other latent site
+(biases, positive prior scales, sites inside plates) a mean-field Normal in unconstrained space.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from pyro_invariance.registry import GUIDES
+
+from . import autoguides, block_cholesky, matrix_normal  # noqa: F401  (register the entries)
+from .base import MeanFieldNormal, StructuredGuide, is_matrix_site, num_guide_parameters
+from .block_cholesky import BlockCholeskyGuide
+from .matrix_normal import MatrixNormalGuide
+
+__all__ = [
+    "BlockCholeskyGuide",
+    "MatrixNormalGuide",
+    "MeanFieldNormal",
+    "StructuredGuide",
+    "get",
+    "is_matrix_site",
+    "names",
+    "num_guide_parameters",
+]
+
+
+def get(name: str, model: Callable, **kwargs: Any) -> Any:
+    """Build guide ``name`` for ``model``; an unknown name raises
+    :class:`~pyro_invariance.registry.UnknownNameError` listing the known ones."""
+    return GUIDES.get(name, model, **kwargs)
+
+
+def names() -> list[str]:
+    """Registered guide names, sorted."""
+    return GUIDES.names()

@@ -1,0 +1,24 @@
+"""The catalogue's Pyro models. ``get(name, **kwargs)`` builds one by name.
+
+Each entry is one file that registers itself with :data:`pyro_invariance.registry.MODELS`.
+"""
+
+from typing import Any
+
+from pyro_invariance.registry import MODELS
+
+from . import basis_regression, invariant_mlp  # noqa: F401  (each registers itself)
+from .basis_regression import BasisRegression
+from .invariant_mlp import InvariantMLP
+
+
+def get(name: str, **kwargs: Any) -> Any:
+    """Build the catalogue model ``name`` (see :func:`names`)."""
+    return MODELS.get(name, **kwargs)
+
+
+def names() -> list[str]:
+    return MODELS.names()
+
+
+__all__ = ["get", "names", "BasisRegression", "InvariantMLP"]

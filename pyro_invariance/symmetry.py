@@ -1,0 +1,220 @@
+"""Affine symmetry groups: Lie-algebra generators, transform sampling and warping.
+
+Paper 003 (van der Ouderaa & van der Wilk, UAI 2022), Section 3.3, Eq. 3: a transformation is
+
+    T = expm(Σ_i ε_i η_i G_i),    ε ~ U[-1, 1]^k,
+
+with six 3×3 generators acting on ``F.affine_grid`` normalised coordinates (x = column, y = row,
+both in [-1, 1]), in the order ``[tx, ty, rot, sx, sy, shear]`` (methods.md §1):
+
+    tx: (0,2)=1   ty: (1,2)=1   rot: [[0,-1],[1,0]]   sx: (0,0)=1   sy: (1,1)=1   shear: [[0,1],[1,0]]
+
+Units: translation η = 1 is half the image side, rotation is in radians (η_rot = π is all of
+SO(2)), scale is log-scale. η = 0 is the identity (no invariance).
+
+Warping convention: ``transform_images(x, T)`` returns the image whose pixel at normalised
+coordinate p is ``x(T p)`` (the ``affine_grid`` convention). For a rotation by θ this turns the
+picture by −θ in (x right, y down) coordinates, which is torchvision's ``rotate(x, -deg(θ))``.
+The sampling distributions used here are symmetric in ε, so the sign never changes a model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+GENERATOR_NAMES: tuple[str, ...] = ("tx", "ty", "rot", "sx", "sy", "shear")
+
+#: Named subgroups; any "+"-joined combination of these names or of generator names also works.
+SUBGROUPS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "translation": ("tx", "ty"),
+    "rotation": ("rot",),
+    "scale": ("sx", "sy"),
+    "shear": ("shear",),
+    "affine": GENERATOR_NAMES,
+}
+
+#: Largest meaningful η per generator (the constraint's upper bound). Rotation is capped at π
+#: (full SO(2)); translation at 1 (half the image side), log-scale at ln 4, shear at 1.
+DEFAULT_ETA_MAX: dict[str, float] = {
+    "tx": 1.0,
+    "ty": 1.0,
+    "rot": math.pi,
+    "sx": math.log(4.0),
+    "sy": math.log(4.0),
+    "shear": 1.0,
+}
+
+
+def affine_generators(dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> Tensor:
+    """The six affine Lie-algebra generators, shape ``(6, 3, 3)``, in :data:`GENERATOR_NAMES` order."""
+    g = torch.zeros(6, 3, 3, dtype=dtype, device=device)
+    g[0, 0, 2] = 1.0  # tx
+    g[1, 1, 2] = 1.0  # ty
+    g[2, 0, 1], g[2, 1, 0] = -1.0, 1.0  # rot
+    g[3, 0, 0] = 1.0  # sx
+    g[4, 1, 1] = 1.0  # sy
+    g[5, 0, 1], g[5, 1, 0] = 1.0, 1.0  # shear (symmetric)
+    return g
+
+
+def resolve_subgroup(spec: str | Sequence[str]) -> tuple[str, ...]:
+    """Generator names of a subgroup.
+
+    ``spec`` is a subgroup name (``"rotation"``, ``"affine"``, ...), a "+"-joined combination
+    (``"rotation+scale"``, ``"tx+rot"``) or a sequence of such names. The result keeps the
+    canonical generator order and has no repeats. Unknown names raise ``ValueError``.
+    """
+    parts: Iterable[str] = spec.split("+") if isinstance(spec, str) else spec
+    chosen: set[str] = set()
+    for raw in parts:
+        part = raw.strip()
+        if part in SUBGROUPS:
+            chosen.update(SUBGROUPS[part])
+        elif part in GENERATOR_NAMES:
+            chosen.add(part)
+        else:
+            known = ", ".join(list(SUBGROUPS) + list(GENERATOR_NAMES))
+            raise ValueError(f"unknown symmetry {part!r}; known subgroups and generators: {known}")
+    return tuple(n for n in GENERATOR_NAMES if n in chosen)
+
+
+def generator_indices(names: Sequence[str]) -> list[int]:
+    """Positions of generator ``names`` in :data:`GENERATOR_NAMES`."""
+    return [GENERATOR_NAMES.index(n) for n in names]
+
+
+def eta_upper_bounds(names: Sequence[str], overrides: dict[str, float] | None = None) -> Tensor:
+    """Upper bounds of η for the given generators, shape ``(k,)``."""
+    caps = dict(DEFAULT_ETA_MAX, **(overrides or {}))
+    return torch.tensor([caps[n] for n in names], dtype=torch.float32)
+
+
+def sample_epsilon(
+    num_samples: int,
+    dim: int,
+    mode: str = "stochastic",
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """Noise ε for Eq. 3, shape ``(S, k)``.
+
+    ``mode="stochastic"``: ε ~ U[-1, 1]^k i.i.d. (paper 003, Eq. 6).
+    ``mode="deterministic"``: a linspace grid over [-1, 1]^k (Section 3.4, "quadrature"); with
+    k > 1 the grid has m = round(S^(1/k)) points per axis, so S' = m^k rows (curse of
+    dimensionality, as the paper warns).
+    """
+    if not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+    if dim < 0:
+        raise ValueError(f"dim must be >= 0, got {dim}")
+    if mode == "stochastic":
+        u = torch.rand(num_samples, dim, generator=generator, dtype=dtype, device=device)
+        return 2.0 * u - 1.0
+    if mode == "deterministic":
+        if dim == 0:
+            return torch.zeros(num_samples, 0, dtype=dtype, device=device)
+        per_axis = max(1, round(num_samples ** (1.0 / dim)))
+        axis = torch.linspace(-1.0, 1.0, per_axis, dtype=dtype, device=device) if per_axis > 1 else torch.zeros(
+            1, dtype=dtype, device=device
+        )
+        grids = torch.meshgrid(*([axis] * dim), indexing="ij")
+        return torch.stack([g.reshape(-1) for g in grids], dim=-1)
+    raise ValueError(f"unknown sampling mode {mode!r}; use 'stochastic' or 'deterministic'")
+
+
+def lie_exp(eta: Tensor, eps: Tensor, generators: Tensor) -> Tensor:
+    """T = expm(Σ_i ε_i η_i G_i) for each row of ε (Eq. 3).
+
+    Args:
+        eta: ``(k,)`` invariance parameters.
+        eps: ``(S, k)`` noise.
+        generators: ``(k, 3, 3)`` generators matching ``eta``.
+
+    Returns:
+        ``(S, 3, 3)`` affine matrices (bottom row ``[0, 0, 1]``).
+    """
+    if eps.shape[-1] != eta.shape[-1] or generators.shape[0] != eta.shape[-1]:
+        raise ValueError(
+            f"shape mismatch: eta {tuple(eta.shape)}, eps {tuple(eps.shape)}, generators {tuple(generators.shape)}"
+        )
+    algebra = torch.einsum("sk,kij->sij", eps * eta, generators)
+    return torch.linalg.matrix_exp(algebra)
+
+
+def _check_images(images: Tensor) -> None:
+    if images.dim() != 4:
+        raise ValueError(f"images must have shape (N, C, H, W), got {tuple(images.shape)}")
+
+
+def transform_images(images: Tensor, matrices: Tensor, mode: str = "bilinear", padding_mode: str = "zeros") -> Tensor:
+    """Warp images with affine matrices (``affine_grid`` + ``grid_sample``, align_corners=True).
+
+    Args:
+        images: ``(N, C, H, W)``.
+        matrices: ``(N, 3, 3)`` (one per image) or ``(3, 3)`` (shared); only the top 2×3 is used.
+
+    Returns:
+        ``(N, C, H, W)`` with ``out(p) = images(T p)`` in normalised coordinates.
+    """
+    _check_images(images)
+    n = images.shape[0]
+    if matrices.dim() == 2:
+        matrices = matrices.expand(n, 3, 3)
+    if matrices.shape != (n, 3, 3):
+        raise ValueError(f"matrices must have shape ({n}, 3, 3) or (3, 3), got {tuple(matrices.shape)}")
+    theta = matrices[:, :2, :].to(images.dtype)
+    grid = F.affine_grid(theta, list(images.shape), align_corners=True)
+    return F.grid_sample(images, grid, mode=mode, padding_mode=padding_mode, align_corners=True)
+
+
+def transform_weight_rows(weight: Tensor, matrices: Tensor, image_shape: Sequence[int]) -> Tensor:
+    """Apply S transforms to every row of a first-layer weight matrix viewed as an image.
+
+    Paper 003, Section 3.2: each row of W1 (length C·h·w) is a C×h×w image; ``grid_sample`` warps
+    all rows with the same transform at once (rows become channels).
+
+    Args:
+        weight: ``(H, C*h*w)`` weight rows.
+        matrices: ``(S, 3, 3)`` transforms.
+        image_shape: ``(C, h, w)``.
+
+    Returns:
+        ``(S, H, C*h*w)`` transformed rows.
+    """
+    c, h, w = image_shape
+    hidden, d = weight.shape
+    if d != c * h * w:
+        raise ValueError(f"weight rows have length {d}, which is not C*h*w = {c}*{h}*{w}")
+    s = matrices.shape[0]
+    rows = weight.reshape(1, hidden * c, h, w).expand(s, hidden * c, h, w)
+    theta = matrices[:, :2, :].to(weight.dtype)
+    grid = F.affine_grid(theta, [s, hidden * c, h, w], align_corners=True)
+    out = F.grid_sample(rows, grid, mode="bilinear", padding_mode="zeros", align_corners=True)
+    return out.reshape(s, hidden, d)
+
+
+def eta_to_human(eta: Tensor | Sequence[float], names: Sequence[str], image_size: int | None = None) -> dict[str, str]:
+    """Readable η: rotation in degrees, translation in pixels (or image fraction), scale as factor.
+
+    ``image_size`` is the side in pixels (square images); translation η = 1 is half the side,
+    i.e. (size - 1) / 2 pixels between pixel centres with ``align_corners=True``.
+    """
+    values = [float(v) for v in (eta.detach().cpu().tolist() if isinstance(eta, Tensor) else eta)]
+    out: dict[str, str] = {}
+    for name, v in zip(names, values):
+        if name == "rot":
+            out[name] = f"±{math.degrees(v):.1f}°"
+        elif name in ("tx", "ty"):
+            out[name] = f"±{v * (image_size - 1) / 2:.2f} px" if image_size else f"±{v / 2:.2f} of the side"
+        elif name in ("sx", "sy"):
+            out[name] = f"×{math.exp(-v):.2f}…×{math.exp(v):.2f}"
+        else:
+            out[name] = f"±{v:.3f}"
+    return out
