@@ -10,7 +10,8 @@ map        ``AutoDelta`` (point estimates)                       ``init_to_media
 ========== ===================================================== ======================= ==============
 
 ``init_scale`` defaults to 1.0 (Pyro's default is 0.1): a guide that starts as wide as a unit
-prior worked best in our experiments (methods.md §6; with 0.1 the learned symmetry collapsed).
+prior worked best in our experiments (methods.md §6: with 0.1 and the other original settings η
+collapsed to 0; scale 1 was one of the changes that together fixed it).
 The ``init_loc_fn`` defaults are Pyro's: ``init_to_median`` (median of 15 prior draws) breaks the
 symmetry between hidden units, which a point-estimate guide needs; zero means are harmless for
 the Gaussian guides, whose noise breaks it.

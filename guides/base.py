@@ -14,8 +14,10 @@ finds an analytic KL wherever one exists:
 
 * real-support site:     ``q = Normal(loc, scale).to_event(event_dim)``;
 * constrained site:      ``q = TransformedDistribution(Normal(loc, scale), biject_to(support))``
-  (the transform caches its input, so ``log q`` of the guide's own sample is exact; a
-  ``LogNormal`` prior then gets the analytic ``KL(Normal ‖ Normal)`` of the base distributions);
+  (the transform caches its input, so ``log q`` of the guide's own sample is exact;
+  identity parts of the transform are dropped and elementwise transforms are applied before
+  ``to_event``, so a ``LogNormal`` prior -- also ``LogNormal(...).to_event(n)`` -- gets the
+  analytic ``KL(Normal ‖ Normal)`` of the base distributions);
 * structured site:       whatever the subclass builds (:class:`MatrixNormal`,
   :class:`RowwiseMultivariateNormal`).
 
@@ -46,6 +48,7 @@ from pyro.nn import PyroModule, PyroParam
 from pyro.ops.tensor_utils import periodic_repeat
 from torch import Tensor
 from torch.distributions import biject_to
+from torch.distributions.transforms import AffineTransform, ComposeTransform, IndependentTransform, Transform
 
 import pyro_invariance.distributions  # noqa: F401  (registers the analytic KLs)
 
@@ -67,6 +70,27 @@ def _is_real_support(support: constraints.Constraint) -> bool:
     while isinstance(support, constraints.independent):
         support = support.base_constraint
     return support is constraints.real or type(support) is type(constraints.real)
+
+
+def _is_identity(t: Transform) -> bool:
+    if not isinstance(t, AffineTransform):
+        return False
+    loc, scale = t.loc, t.scale
+    return bool(torch.all(torch.as_tensor(loc) == 0)) and bool(torch.all(torch.as_tensor(scale) == 1))
+
+
+def _simplify(t: Transform) -> Transform:
+    """Drop identity affine parts from ``biject_to``'s transforms, so that e.g. the positive
+    reals' ``exp ∘ (x + 0)`` becomes ``exp``: a guide ``TransformedDistribution`` then has the
+    same transforms as a ``LogNormal`` prior and ``KL(q ‖ p)`` is analytic (``KL(Normal ‖ Normal)``)."""
+    if isinstance(t, IndependentTransform):
+        return IndependentTransform(_simplify(t.base_transform), t.reinterpreted_batch_ndims)
+    if isinstance(t, ComposeTransform):
+        parts = [_simplify(p) for p in t.parts if not _is_identity(p)]
+        if len(parts) == 1:
+            return parts[0]
+        return ComposeTransform(parts) if parts else t
+    return t
 
 
 def is_matrix_site(site: dict) -> bool:
@@ -95,8 +119,9 @@ class StructuredGuide(AutoNormal):
         init_loc_fn: per-site initialisation of the means (Pyro's ``init_to_*``); the default
             ``init_to_feasible`` gives 0 for real sites and 1 for positive ones.
         init_scale: initial standard deviation of every (unconstrained) latent coordinate.
-            Default 1.0: matching a unit prior worked best in our experiments (methods.md §6;
-            Pyro's own default, 0.1, made the symmetry parameters collapse).
+            Default 1.0, matching a unit prior: in our digits experiments (methods.md §6) a guide
+            initialised at 0.1 (Pyro's default) saw η collapse to 0; scale 1 was one of the
+            changes that together made η grow.
         create_plates: as in Pyro's autoguides.
     """
 
@@ -160,12 +185,21 @@ class StructuredGuide(AutoNormal):
     def _mean_field_distribution(self, name: str, site: dict) -> dist.TorchDistribution:
         loc, scale = self._get_loc_and_scale(name)
         q = dist.Normal(loc, scale)
-        if self._event_dims[name]:
-            q = q.to_event(self._event_dims[name])
+        event_dim = self._event_dims[name]
         support = site["fn"].support
         if _is_real_support(support):
-            return q
-        return dist.TransformedDistribution(q, biject_to(support).with_cache(1))
+            return q.to_event(event_dim) if event_dim else q
+        transform = _simplify(biject_to(support))
+        if (
+            isinstance(transform, IndependentTransform)
+            and transform.base_transform.domain.event_dim == 0
+            and transform.reinterpreted_batch_ndims == event_dim
+        ):  # elementwise: Independent(TransformedDistribution) matches e.g. LogNormal(...).to_event(n)
+            q = dist.TransformedDistribution(q, transform.base_transform.with_cache(1))
+            return q.to_event(event_dim)
+        if event_dim:
+            q = q.to_event(event_dim)
+        return dist.TransformedDistribution(q, transform.with_cache(1))
 
     def get_distribution(self, name: str) -> dist.TorchDistribution:
         """The guide's distribution ``q`` of site ``name`` at the current parameters."""

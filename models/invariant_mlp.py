@@ -72,7 +72,9 @@ class InvariantMLP(PyroModule):
         num_samples: S transform samples per forward pass.
         sampling: ``"stochastic"`` (ε ~ U) or ``"deterministic"`` (linspace grid; Section 3.4).
         transform_on: ``"weights"`` (default, paper 003) or ``"inputs"``.
-        lengthscale: RFF lengthscale ℓ (ignored for ReLU).
+        lengthscale: RFF lengthscale ℓ (ignored for ReLU); default √(C·h·w)/8 for inputs in [0, 1]
+            (1.0 on 8×8 digits, 3.5 on 28×28 images), where the rotation-averaged RFF model fits
+            well (a lengthscale of 3 on digits gave ELBO/N ≈ −2.1 instead of −0.9 at η = π).
         prior: ``"hierarchical"`` (σ_p ~ LogNormal(0, 1)), ``"learned"`` (σ_p point estimate) or
             ``"fixed"``.
         prior_scale: initial / fixed σ_p.
@@ -94,7 +96,7 @@ class InvariantMLP(PyroModule):
         num_samples: int = 16,
         sampling: str = "stochastic",
         transform_on: str = "weights",
-        lengthscale: float = 3.0,
+        lengthscale: float | None = None,
         prior: str = "hierarchical",
         prior_scale: float = 1.0,
         feature_seed: int = 0,
@@ -114,6 +116,8 @@ class InvariantMLP(PyroModule):
             raise ValueError(f"unknown sampling {sampling!r}; use 'stochastic' or 'deterministic'")
         if transform_on not in ("weights", "inputs"):
             raise ValueError(f"unknown transform_on {transform_on!r}; use 'weights' or 'inputs'")
+        if lengthscale is None:
+            lengthscale = math.sqrt(image_shape[0] * image_shape[1] * image_shape[2]) / 8.0
         for name, value in (("lengthscale", lengthscale), ("prior_scale", prior_scale)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive finite number, got {value!r}")
@@ -182,7 +186,7 @@ class InvariantMLP(PyroModule):
 
     def _phi(self, pre: Tensor) -> Tensor:
         if self.activation == "rff":
-            return torch.cos(pre)
+            return math.sqrt(2.0 / self.hidden) * torch.cos(pre)
         return F.relu(pre)
 
     def features(self, x: Tensor) -> Tensor:

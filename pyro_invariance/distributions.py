@@ -19,9 +19,10 @@ Both keep the noise of their last ``rsample`` and compute ``log_prob`` of *that*
 the noise (no triangular solve), which is exact even when a factor is badly conditioned
 (methods.md §5); any other value goes through triangular solves.
 
-Analytic KL divergences (registered with :func:`torch.distributions.kl.register_kl`, so both
-``torch.distributions.kl_divergence`` and ``pyro.distributions.kl_divergence`` -- the function
-:class:`~pyro.infer.TraceMeanField_ELBO` calls -- find them):
+Analytic KL divergences (registered with :func:`torch.distributions.kl.register_kl`, so
+``torch.distributions.kl_divergence`` -- which ``pyro.distributions.kl`` re-exports and
+:class:`~pyro.infer.TraceMeanField_ELBO` calls -- finds them, also for Pyro's wrappers such as
+``pyro.distributions.Normal(0., s).expand([r, c]).to_event(2)``):
 
 * ``KL(MatrixNormal ‖ Independent(Normal, 2))`` with any loc/scale broadcastable to ``(r, c)``
   (an isotropic scalar prior scale as in ``Normal(0., s).expand([r, c]).to_event(2)``, or a

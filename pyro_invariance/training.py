@@ -40,9 +40,10 @@ class FitConfig:
 
     steps: int = 1000
     batch_size: int | None = 128
-    lr: float = 1e-2
-    eta_lr: float = 3e-2
+    lr: float = 5e-2
+    eta_lr: float = 1e-1
     model_lr: float | None = None
+    factor_lr: float = 1e-3
     num_particles: int = 1
     elbo: str = "meanfield"
     schedule: str = "cosine"
@@ -57,6 +58,7 @@ class FitConfig:
         check_positive_float("eta_lr", self.eta_lr)
         if self.model_lr is not None:
             check_positive_float("model_lr", self.model_lr)
+        check_positive_float("factor_lr", self.factor_lr)
         check_positive_int("num_particles", self.num_particles)
         if self.elbo not in ELBOS:
             raise ValueError(f"unknown elbo {self.elbo!r}; use one of {sorted(ELBOS)}")
@@ -112,13 +114,30 @@ class FitResult:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
 
 
+def is_factor_parameter(name: str) -> bool:
+    """Guide parameters that are off-diagonal covariance factors (unit-triangular / low-rank)."""
+    leaf = name.split(".")[-1]
+    return "tril" in leaf or "cov_factor" in leaf
+
+
 def _param_groups(model: nn.Module, guide: nn.Module, cfg: FitConfig) -> list[dict[str, Any]]:
-    """Adam parameter groups: guide (lr), symmetry η (eta_lr), other model point estimates (model_lr)."""
+    """Adam parameter groups.
+
+    guide means and scales (``lr``), guide covariance factors (``factor_lr``), symmetry η
+    (``eta_lr``) and the model's other point estimates (``model_lr``, default ``lr``).
+    Covariance factors get their own, smaller rate: Adam normalises their small and noisy
+    gradients to steps of size ``lr``, and the resulting random walk of the H(H−1)/2 off-diagonal
+    entries inflates the guide's variance (measured on rotated digits: block-Cholesky ELBO/N
+    −2.4 with one rate of 0.05 for everything, −0.9 with 1e-3 for the factors).
+    """
     eta, other = [], []
     for name, p in model.named_parameters():
         (eta if name.split(".")[-1].startswith("eta") else other).append(p)
-    guide_params = [p for p in guide.parameters() if all(p is not q for q in other + eta)]
-    groups = [{"params": guide_params, "lr": cfg.lr, "name": "guide"}]
+    taken = {id(p) for p in eta + other}
+    guide_named = [(n, p) for n, p in guide.named_parameters() if id(p) not in taken]
+    factors = [p for n, p in guide_named if is_factor_parameter(n)]
+    rest = [p for n, p in guide_named if not is_factor_parameter(n)]
+    groups = [{"params": rest, "lr": cfg.lr, "name": "guide"}, {"params": factors, "lr": cfg.factor_lr, "name": "factors"}]
     if other:
         groups.append({"params": other, "lr": cfg.model_lr or cfg.lr, "name": "model"})
     if eta:
@@ -182,9 +201,10 @@ def fit(
     *,
     steps: int = 1000,
     batch_size: int | None = 128,
-    lr: float = 1e-2,
-    eta_lr: float = 3e-2,
+    lr: float = 5e-2,
+    eta_lr: float = 1e-1,
     model_lr: float | None = None,
+    factor_lr: float = 1e-3,
     num_particles: int = 1,
     elbo: str = "meanfield",
     schedule: str = "cosine",
@@ -205,8 +225,9 @@ def fit(
         data: a dataset (its training split is used) or a pair ``(x, y)``.
         steps: total number of SVI steps (the cosine schedule spans them).
         batch_size: minibatch size B (``None``: full batch); the likelihood is scaled by N/B.
-        lr, eta_lr, model_lr: Adam learning rates for the guide, for η, and for the model's other
-            point estimates (default ``lr``).
+        lr, eta_lr, model_lr, factor_lr: Adam learning rates for the guide's means and scales,
+            for η, for the model's other point estimates (default ``lr``) and for the guide's
+            off-diagonal covariance factors (see :func:`_param_groups`).
         num_particles: Monte-Carlo samples of the ELBO per step.
         elbo: ``"meanfield"`` (analytic KL where registered) or ``"trace"`` (Monte-Carlo KL).
         schedule: ``"cosine"`` (to 0) or ``"constant"``.
@@ -222,7 +243,7 @@ def fit(
         FloatingPointError: the loss became NaN/inf (names the step and the site).
         CheckpointError: a checkpoint to resume from is missing, corrupt or mismatched.
     """
-    cfg = FitConfig(steps, batch_size, lr, eta_lr, model_lr, num_particles, elbo, schedule, seed, str(device))
+    cfg = FitConfig(steps, batch_size, lr, eta_lr, model_lr, factor_lr, num_particles, elbo, schedule, seed, str(device))
     cfg.validate()
     if checkpoint_every is not None:
         check_positive_int("checkpoint_every", checkpoint_every)

@@ -1,0 +1,69 @@
+"""Building catalogue entries from names: model × guide × dataset, and rebuilding saved runs.
+
+``build_model(name, dataset, **kwargs)`` fills the arguments a model can take from the dataset
+(``image_shape``, ``num_classes``) so the CLI, tutorials and tests build any entry the same way.
+A *spec* ``{"model", "model_kwargs", "guide", "guide_kwargs", "data", "data_kwargs"}`` records how
+a run was built; :func:`load_run` rebuilds model, guide and data from a checkpoint's spec.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import torch
+from pyro import poutine
+
+from pyro_invariance.checkpoint import CheckpointError, load_checkpoint
+from pyro_invariance.data_utils import train_arrays
+from pyro_invariance.registry import DATASETS, GUIDES, MODELS
+
+
+def _accepts(factory: Any, name: str) -> bool:
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def model_kwargs_for(name: str, dataset: Any, **kwargs: Any) -> dict[str, Any]:
+    """Model keyword arguments: ``kwargs`` plus what the dataset determines (shape, classes)."""
+    factory = MODELS.entry(name).factory
+    out = dict(kwargs)
+    if dataset is not None:
+        if _accepts(factory, "image_shape") and hasattr(dataset, "image_shape"):
+            out.setdefault("image_shape", list(dataset.image_shape))
+        if _accepts(factory, "num_classes") and hasattr(dataset, "num_classes"):
+            out.setdefault("num_classes", int(dataset.num_classes))
+    return out
+
+
+def build(spec: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """Dataset, model and guide from a spec (see module docstring)."""
+    data = DATASETS.get(spec["data"], **spec.get("data_kwargs", {})) if spec.get("data") else None
+    model_kwargs = model_kwargs_for(spec["model"], data, **spec.get("model_kwargs", {}))
+    spec["model_kwargs"] = model_kwargs
+    model = MODELS.get(spec["model"], **model_kwargs)
+    guide = GUIDES.get(spec["guide"], model, **spec.get("guide_kwargs", {}))
+    return data, model, guide
+
+
+def load_run(checkpoint_path: str | Path, data: Any = None) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """Rebuild ``(model, guide, data, checkpoint)`` from a checkpoint written by ``fit`` with a spec."""
+    state = load_checkpoint(checkpoint_path)
+    spec = state.get("spec")
+    if not spec:
+        raise CheckpointError(f"checkpoint {str(checkpoint_path)!r} has no spec: rebuild model and guide yourself")
+    built_data, model, guide = build(dict(spec))
+    data = data if data is not None else built_data
+    x, y = train_arrays(data)
+    with poutine.block(), torch.no_grad():
+        guide(x[:2], y[:2], num_data=x.shape[0])  # create the guide's lazily built parameters
+    try:
+        model.load_state_dict(state["model"])
+        guide.load_state_dict(state["guide"])
+    except (RuntimeError, KeyError) as exc:
+        raise CheckpointError(f"checkpoint does not match its spec: {exc}") from exc
+    return model, guide, data, state
