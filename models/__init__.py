@@ -8,6 +8,7 @@ from typing import Any
 from pyro_invariance.registry import MODELS
 
 from . import basis_regression, invariant_mlp  # noqa: F401  (each registers itself)
+from . import symmetrised_hnn  # noqa: F401
 from .basis_regression import BasisRegression
 from .invariant_mlp import InvariantMLP
 

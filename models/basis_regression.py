@@ -106,9 +106,8 @@ class BasisRegression(PyroModule):
     of N is scaled by exactly N/B and ``Trace_ELBO`` is an unbiased estimate of the full-data ELBO.
     It returns the mean prediction ``Φ Wᵀ``, shape ``(B, D_out)`` (with leading batch dimensions
     when ``"weight"`` is batched, e.g. vectorised particles). With the exact posterior as guide the
-    ELBO equals :meth:`log_evidence`. The learnt λ lives in Pyro's global parameter store under
-    ``"lam"`` (prefixed if the model is a submodule); call ``pyro.clear_param_store()`` between
-    independent models, as usual.
+    ELBO equals :meth:`log_evidence`. The learnt λ is the module parameter ``lam`` (importing
+    ``pyro_invariance`` turns on Pyro's ``module_local_params``, so models never share it).
 
     Args:
         in_features: input dimension ``D_in``.
@@ -126,6 +125,9 @@ class BasisRegression(PyroModule):
         learn_lambda: make λ a ``PyroParam`` constrained to ``[0, 2]``; else a fixed buffer.
         seed: seed of the ``"rff"`` frequencies.
     """
+
+    #: parameters trained with ``fit``'s symmetry learning rate
+    symmetry_param_names = ("lam",)
 
     def __init__(
         self,
@@ -324,6 +326,10 @@ class BasisRegression(PyroModule):
     def symmetry_parameters(self) -> dict[str, Tensor]:
         """``{"lambda": λ}`` (detached, constrained), for logging."""
         return {"lambda": self.lam.detach().clone()}
+
+    def arviz_dims(self) -> dict[str, list[str]]:
+        """ArviZ dim names of the sample sites' own dims (:func:`pyro_invariance.diagnostics.to_inference_data`)."""
+        return {"weight": ["output", "feature"], "obs": ["obs_dim_0", "output"]}
 
     # ----------------------------------------------------------------------------------------------
     # Pyro model

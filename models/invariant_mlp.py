@@ -145,9 +145,10 @@ class InvariantMLP(PyroModule):
         if self.learn_eta and k > 0:
             if torch.any(init <= 0) or torch.any(init >= upper):
                 raise ValueError("a learned eta_init must lie strictly inside (0, eta_max): η = 0 cannot learn")
-            self.eta = PyroParam(init, constraint=constraints.interval(torch.zeros(k), upper))
+            # η = η_max · u with u ∈ (0, 1): constant bounds keep the constraint device-agnostic.
+            self.eta_unit = PyroParam(init / upper, constraint=constraints.interval(0.0, 1.0))
         else:
-            self.register_buffer("eta", init)
+            self.register_buffer("eta_fixed", init)
 
         # --- first layer ---------------------------------------------------------------
         gen = torch.Generator().manual_seed(int(feature_seed))
@@ -172,10 +173,21 @@ class InvariantMLP(PyroModule):
         self.out_bias = PyroSample(lambda m: dist.Normal(0.0, m.prior_scale).expand([c]).to_event(1))
 
     # ------------------------------------------------------------------------------------
+    @property
+    def eta(self) -> Tensor:
+        """η, shape ``(k,)`` (constrained to ``[0, η_max]``)."""
+        if self.learn_eta and len(self.generator_names):
+            return self.eta_unit * self.eta_upper
+        return self.eta_fixed
+
     def symmetry_parameters(self) -> dict[str, Tensor]:
         """Current η per generator name (constrained values, detached)."""
         eta = self.eta.detach() if len(self.generator_names) else torch.zeros(0)
         return {name: eta[i] for i, name in enumerate(self.generator_names)}
+
+    def arviz_dims(self) -> dict[str, list[str]]:
+        """ArviZ dim names of the sample sites' own dims (:func:`pyro_invariance.diagnostics.to_inference_data`)."""
+        return {"out_weight": ["class", "hidden"], "out_bias": ["class"], "prior_scale": [], "obs": ["obs_dim_0"]}
 
     def sample_transforms(self, num_samples: int | None = None) -> Tensor:
         """S affine matrices T_s = expm(Σ ε_si η_i G_i), shape ``(S, 3, 3)`` (Eq. 3)."""

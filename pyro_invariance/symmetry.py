@@ -13,8 +13,9 @@ Units: translation η = 1 is half the image side, rotation is in radians (η_rot
 SO(2)), scale is log-scale. η = 0 is the identity (no invariance).
 
 Warping convention: ``transform_images(x, T)`` returns the image whose pixel at normalised
-coordinate p is ``x(T p)`` (the ``affine_grid`` convention). For a rotation by θ this turns the
-picture by −θ in (x right, y down) coordinates, which is torchvision's ``rotate(x, -deg(θ))``.
+coordinate p is ``x(T p)`` (the ``affine_grid`` convention). For the rotation generator with
+angle θ > 0 the picture turns counter-clockwise as displayed (y axis pointing down), exactly
+torchvision's ``rotate(x, degrees(θ))`` up to interpolation (tested).
 The sampling distributions used here are symmetric in ε, so the sign never changes a model.
 """
 

@@ -114,6 +114,13 @@ class FitResult:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
 
 
+def is_symmetry_parameter(model: nn.Module, name: str) -> bool:
+    """Model parameters trained with ``eta_lr``: leaf names starting with "eta", or listed in the
+    model's ``symmetry_param_names`` attribute (e.g. ``("lam",)`` for BasisRegression)."""
+    leaf = name.split(".")[-1].removesuffix("_unconstrained")
+    return leaf.startswith("eta") or leaf in getattr(model, "symmetry_param_names", ())
+
+
 def is_factor_parameter(name: str) -> bool:
     """Guide parameters that are off-diagonal covariance factors (unit-triangular / low-rank)."""
     leaf = name.split(".")[-1]
@@ -132,7 +139,7 @@ def _param_groups(model: nn.Module, guide: nn.Module, cfg: FitConfig) -> list[di
     """
     eta, other = [], []
     for name, p in model.named_parameters():
-        (eta if name.split(".")[-1].startswith("eta") else other).append(p)
+        (eta if is_symmetry_parameter(model, name) else other).append(p)
     taken = {id(p) for p in eta + other}
     guide_named = [(n, p) for n, p in guide.named_parameters() if id(p) not in taken]
     factors = [p for n, p in guide_named if is_factor_parameter(n)]
@@ -268,8 +275,15 @@ def fit(
     batches = _Batches(n, batch_size, seed)
     first = batches.perm[: batches.batch]
     # Build lazily-initialised guide parameters once, on a first batch (does not advance the shuffler).
-    with poutine.block():
-        guide(x_all[first], y_all[first], num_data=n)
+    setup_args = (x_all[first], y_all[first])
+    try:
+        with poutine.block():
+            guide(*setup_args, num_data=n)
+    except ValueError as exc:
+        where = _locate_non_finite(model, guide, setup_args, {"num_data": n})
+        if "non-finite" in where:
+            raise FloatingPointError(f"non-finite values before step 1: {where}") from exc
+        raise
     if isinstance(guide, nn.Module):
         guide.to(dev)
 
@@ -326,7 +340,13 @@ def fit(
         idx = batches.next().to(dev)
         args, kwargs = (x_all[idx], y_all[idx]), {"num_data": n}
         optim.zero_grad(set_to_none=True)
-        loss = loss_fn.differentiable_loss(model, guide, *args, **kwargs)
+        try:
+            loss = loss_fn.differentiable_loss(model, guide, *args, **kwargs)
+        except ValueError as exc:  # distribution validation rejects NaN parameters before the loss exists
+            where = _locate_non_finite(model, guide, args, kwargs)
+            if "non-finite" in where:
+                raise FloatingPointError(f"non-finite values at step {step + 1}: {where}") from exc
+            raise
         if not torch.isfinite(loss):
             where = _locate_non_finite(model, guide, args, kwargs)
             raise FloatingPointError(f"non-finite loss ({loss.item()}) at step {step + 1}: {where}")

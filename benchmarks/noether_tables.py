@@ -1,0 +1,281 @@
+"""Noether's razor tables (talk 000): SHO, n = 3 oscillators, 2-d 3-body; HNN / learned / oracle.
+
+For each system three ``symmetrised-hnn`` models are fitted with the matrix-normal guide on the
+same data -- ``symmetry="none"`` (HNN), ``"learned"`` (K conserved quantities) and the oracle
+(SO(2), U(3), SE(2)) -- and evaluated with :func:`pyro_invariance.hnn_metrics.evaluate_hnn`
+(train MSE, NLL/N, KL/N, −ELBO/N, test / wider / moved MSE, energy drift). The learned generators
+are analysed by SVD (number of significant singular values against the target: 1 for SHO, n² = 9
+for 3 oscillators, 3 for the 3-body system) and their parallelness to the oracle span. The talk's
+numbers are printed next to ours. A step-timing section measures the time per SVI step of the HNN
+and of the symmetrised model and the cost ratio symmetrised / (S × HNN) per symmetry sample.
+
+Reduced settings (default; each system ≤ 30 min on 2 CPU cores, 1 thread) versus paper settings
+(``--paper``; methods.md §4: widths 200/200 and 250/250/250, S = 200/100, E = 20/10, full data)
+are listed in :data:`REDUCED` / :data:`PAPER`. The 3-body models use the closed-form prior-variance
+update (as the reference). Each system writes ``results/noether_<system>.json``; the markdown
+``results/noether_tables.md`` is rebuilt from all JSON files present, so systems can be run one at
+a time::
+
+    .venv/bin/python benchmarks/noether_tables.py --systems sho
+    .venv/bin/python benchmarks/noether_tables.py --systems oscillators
+    .venv/bin/python benchmarks/noether_tables.py --systems nbody
+    .venv/bin/python benchmarks/noether_tables.py --timing-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS_DIR, command_line, log, machine_info, md_table, set_threads  # noqa: E402
+
+ORACLE = {"sho": "so2", "oscillators": "un", "nbody": "se2"}
+TARGET_RANK = {"sho": 1, "oscillators": 9, "nbody": 3}
+
+REDUCED: dict[str, dict[str, Any]] = {
+    "sho": dict(data=dict(), dt=0.2, hidden=(32, 32), K=1, S=8, E=4, steps=1500, batch=None, lr=0.05,
+                eta_lr=0.05, prior="fixed"),
+    "oscillators": dict(data=dict(n=3, train_trajectories=50, train_steps=20), dt=0.2, hidden=(64, 64), K=30, S=8,
+                        E=5, steps=1500, batch=100, lr=0.02, eta_lr=0.02, prior="fixed"),
+    "nbody": dict(data=dict(n=3, train_trajectories=50, train_steps=20), dt=1.0, hidden=(64, 64, 64), K=10, S=8,
+                  E=5, steps=1500, batch=100, lr=0.02, eta_lr=0.02, prior="closed-form"),
+}
+PAPER: dict[str, dict[str, Any]] = {
+    "sho": dict(REDUCED["sho"], hidden=(200, 200), S=200, E=20, steps=20000),
+    "oscillators": dict(REDUCED["oscillators"], data=dict(n=3), hidden=(200, 200), S=100, E=20, steps=20000, batch=200),
+    "nbody": dict(REDUCED["nbody"], data=dict(n=3), hidden=(250, 250, 250), S=100, E=10, steps=20000, batch=200),
+}
+
+#: The talk's tables (talk 000; methods.md §4). None: not reported.
+TALK = {
+    "sho": {
+        "none": dict(train_mse=0.005, nll=0.3667, kl=3314.374, neg_elbo=3314.741, test_mse=0.005),
+        "learned": dict(train_mse=0.002, nll=-2.618, kl=3304.754, neg_elbo=3302.136, test_mse=0.002),
+        "oracle": dict(train_mse=0.002, nll=-3.213, kl=3298.357, neg_elbo=3295.144, test_mse=0.002),
+    },
+    "oscillators": {
+        "none": dict(train_mse=0.00106, nll=-12.04, kl=5.27, neg_elbo=-6.77, test_mse=2.141e-5),
+        "learned": dict(train_mse=0.00102, nll=-12.16, kl=2.53, neg_elbo=-9.63, test_mse=9.94e-6),
+        "oracle": dict(train_mse=0.00102, nll=-12.15, kl=2.21, neg_elbo=-9.94, test_mse=8.98e-6),
+    },
+    "nbody": {
+        "none": dict(train_mse=0.0028, nll=-13.87, kl=13.34, neg_elbo=-9.52, test_mse=0.0016, moved_mse=0.0035, wider_mse=0.0016),
+        "learned": dict(train_mse=0.0017, nll=-20.09, kl=7.28, neg_elbo=-12.81, test_mse=0.0006, moved_mse=0.0004, wider_mse=0.0006),
+        "oracle": dict(train_mse=0.0019, nll=-19.27, kl=7.96, neg_elbo=-11.32, test_mse=0.0006, moved_mse=0.0006, wider_mse=0.0006),
+    },
+}
+COLUMNS = ["train_mse", "nll", "kl", "neg_elbo", "test_mse", "wider_mse", "moved_mse", "energy_drift"]
+LABEL = {"none": "HNN", "learned": "HNN + learned symmetry", "oracle": "HNN + oracle"}
+
+
+def build(system: str, symmetry: str, s: dict[str, Any], seed: int):
+    import pyro
+
+    from pyro_invariance import guides
+    from pyro_invariance.models.symmetrised_hnn import SymmetrisedHNN
+    from pyro_invariance.prior_update import PriorUpdatingGuide
+
+    pyro.set_rng_seed(seed)
+    m = 2 * (1 if system == "sho" else (s["data"]["n"] if system == "oscillators" else 2 * s["data"]["n"]))
+    sym = ORACLE[system] if symmetry == "oracle" else symmetry
+    model = SymmetrisedHNN(m, s["hidden"], symmetry=sym, num_generators=s["K"], num_samples=s["S"], euler_steps=s["E"],
+                           dt=s["dt"], prior=s["prior"], init_seed=seed)
+    guide = guides.get("matrix-normal", model, init_scale=0.01)
+    if s["prior"] == "closed-form":
+        guide = PriorUpdatingGuide(guide, model, damping=0.5)
+    return model, guide
+
+
+def run_system(system: str, s: dict[str, Any], seed: int, cache_dir: str | None) -> dict[str, Any]:
+    import pyro
+
+    from pyro_invariance import fit, physics
+    from pyro_invariance.hnn_metrics import evaluate_hnn, symmetry_analysis
+
+    data = physics.make_dataset(system, seed=seed, cache_dir=cache_dir, **s["data"])
+    log(f"{system}: N={data.x_train.shape[0]} train pairs, M={data.state_dim}")
+    out: dict[str, Any] = {"settings": {k: v for k, v in s.items()}, "rows": {}, "analysis": None}
+    for symmetry in ("none", "learned", "oracle"):
+        model, guide = build(system, symmetry, s, seed)
+        t0 = time.perf_counter()
+        fit(model, guide, data, steps=s["steps"], batch_size=s["batch"], lr=s["lr"], eta_lr=s["eta_lr"],
+            progress=False, seed=seed)
+        seconds = time.perf_counter() - t0
+        pyro.set_rng_seed(seed + 1)
+        metrics = evaluate_hnn(model, guide, data, num_samples=8, num_particles=4, max_test=2000)
+        metrics["seconds"] = seconds
+        out["rows"][symmetry] = metrics
+        log(f"{system} {symmetry}: {seconds:.0f}s " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        if symmetry == "learned":
+            a = symmetry_analysis(model, system=system)
+            out["analysis"] = {
+                "singular_values": a.singular_values.tolist(),
+                "num_significant": a.num_significant,
+                "target": TARGET_RANK[system],
+                "parallelness": a.parallelness.tolist(),
+                "principal_angles_deg": a.principal_angles_deg().tolist(),
+            }
+            try:
+                from pyro_invariance.hnn_metrics import plot_symmetry_analysis
+
+                plot_symmetry_analysis(a, RESULTS_DIR / f"noether_{system}_svd.png", title=f"{system}: learned generators",
+                                       target=TARGET_RANK[system])
+            except Exception as exc:  # plotting is optional
+                log(f"plot failed: {exc}")
+    return out
+
+
+def step_timing(reps: int, seed: int) -> dict[str, Any]:
+    """Median time per SVI step: HNN vs symmetrised (learned, S samples), SHO-sized and 3-body-sized."""
+    import pyro
+    import torch
+    from pyro.infer import TraceMeanField_ELBO
+
+    from pyro_invariance import guides
+    from pyro_invariance.models.symmetrised_hnn import SymmetrisedHNN
+
+    rows = []
+    for label, m, hidden, batch, k, e in (("SHO (32,32), B=28, E=4", 2, (32, 32), 28, 1, 4),
+                                         ("3-body (64,64,64), B=100, E=5", 12, (64, 64, 64), 100, 10, 5)):
+        x, y = torch.randn(batch, m), torch.randn(batch, m)
+        times: dict[str, float] = {}
+        for name, sym, s in (("hnn", "none", 1), ("sym-8", "learned", 8), ("sym-32", "learned", 32)):
+            pyro.set_rng_seed(seed)
+            model = SymmetrisedHNN(m, hidden, symmetry=sym, num_generators=k, num_samples=s, euler_steps=e)
+            guide = guides.get("matrix-normal", model, init_scale=0.01)
+            guide(x, y, num_data=batch)
+            opt = torch.optim.Adam(list(model.parameters()) + list(guide.parameters()), lr=1e-3)
+            loss_fn = TraceMeanField_ELBO()
+            ts = []
+            for i in range(reps + 3):
+                t0 = time.perf_counter()
+                opt.zero_grad()
+                loss = loss_fn.differentiable_loss(model, guide, x, y, num_data=batch)
+                loss.backward()
+                opt.step()
+                if i >= 3:
+                    ts.append(time.perf_counter() - t0)
+            times[name] = statistics.median(ts)
+        rows.append({"setting": label, **times,
+                     "ratio_8": times["sym-8"] / (8 * times["hnn"]), "ratio_32": times["sym-32"] / (32 * times["hnn"])})
+        log(f"timing {label}: {rows[-1]}")
+    return {"rows": rows, "reps": reps}
+
+
+def fmt(v: Any) -> str:
+    if v is None:
+        return "–"
+    v = float(v)
+    if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e4):
+        return f"{v:.2e}"
+    return f"{v:.4g}"
+
+
+def markdown(paper: bool) -> str:
+    parts = ["# Noether's razor tables (talk 000)", "",
+             "Each system: HNN / HNN + learned quadratic conserved quantities / HNN + oracle symmetry, "
+             "matrix-normal guide, `symmetrised-hnn` model (`models/symmetrised_hnn.py`). Ours at the settings "
+             "listed per system (reduced unless marked paper); talk's numbers in the rows marked *talk*. "
+             "MSEs are per state coordinate; −ELBO/N, NLL/N, KL/N per training pair. Energy drift: median over "
+             "rollouts of the mean relative change of the true H along 20-step rollouts from test states "
+             "(not reported in the talk).", "",
+             "Regenerate: `.venv/bin/python benchmarks/noether_tables.py --systems sho` (then `oscillators`, `nbody`, "
+             "`--timing-only`); `--paper` for paper settings.", ""]
+    info_done = False
+    for system in ("sho", "oscillators", "nbody"):
+        path = RESULTS_DIR / f"noether_{system}.json"
+        title = {"sho": "Simple harmonic oscillator", "oscillators": "n = 3 oscillators", "nbody": "2-d 3-body"}[system]
+        parts += [f"## {title}", ""]
+        if not path.exists():
+            parts += ["Not run yet.", ""]
+            continue
+        res = json.loads(path.read_text())
+        if not info_done:
+            parts += ["Machine: " + ", ".join(f"{k} `{v}`" for k, v in res["machine"].items()), ""]
+            info_done = True
+        parts += [f"Settings ({'paper' if res.get('paper') else 'reduced'}): `{res['settings']}`; command `{res['command']}`", ""]
+        header = ["model", "Train MSE", "NLL/N", "KL/N", "−ELBO/N ↓", "Test MSE ↓", "wider MSE", "moved MSE", "energy drift", "fit s"]
+        rows = []
+        for sym in ("none", "learned", "oracle"):
+            r = res["rows"].get(sym)
+            if r:
+                rows.append([LABEL[sym]] + [fmt(r.get(c)) for c in COLUMNS] + [f"{r['seconds']:.0f}"])
+            t = TALK[system][sym]
+            rows.append([f"*talk: {LABEL[sym]}*"] + [fmt(t.get(c)) for c in COLUMNS] + ["–"])
+        parts += [md_table(header, rows), ""]
+        r = res["rows"]
+        if all(k in r for k in ("none", "learned", "oracle")):
+            ok = r["learned"]["test_mse"] <= r["none"]["test_mse"]
+            parts += [f"- learned ≤ HNN in test MSE: **{'yes' if ok else 'NO'}** "
+                      f"({fmt(r['learned']['test_mse'])} vs {fmt(r['none']['test_mse'])}); learned / oracle test MSE = "
+                      f"{r['learned']['test_mse'] / r['oracle']['test_mse']:.2f}, −ELBO/N gap learned − oracle = "
+                      f"{r['learned']['neg_elbo'] - r['oracle']['neg_elbo']:.3g}"]
+        a = res.get("analysis")
+        if a:
+            sv = ", ".join(f"{v:.3g}" for v in a["singular_values"][:12])
+            par = ", ".join(f"{v:.2f}" for v in a["parallelness"][: max(a["target"], a["num_significant"]) + 2])
+            ang = ", ".join(f"{v:.1f}" for v in a["principal_angles_deg"])
+            parts += [f"- learned generators: **{a['num_significant']} significant singular values** "
+                      f"(> 0.1 × max; target {a['target']}); singular values: {sv}",
+                      f"- parallelness |cos| of the leading singular vectors to the oracle span: {par}; "
+                      f"principal angles (deg) between the significant span and the oracle span: {ang}",
+                      f"- plot: `noether_{system}_svd.png`"]
+        parts.append("")
+    tpath = RESULTS_DIR / "noether_timing.json"
+    parts += ["## Time per SVI step", ""]
+    if tpath.exists():
+        t = json.loads(tpath.read_text())
+        parts += ["Median seconds per SVI step (TraceMeanField_ELBO + backward + Adam, matrix-normal guide, 1 thread). "
+                  "Ratio = t(symmetrised, S samples) / (S × t(HNN)): the cost per symmetry sample relative to the HNN "
+                  "(1 = no overhead beyond the S-fold batch; < 1 = the S-fold batch is cheaper than S HNN steps "
+                  "because per-step overheads are shared).", ""]
+        parts += [md_table(["setting", "HNN s", "S=8 s", "S=32 s", "ratio S=8", "ratio S=32"],
+                           [[r["setting"], f"{r['hnn']:.4f}", f"{r['sym-8']:.4f}", f"{r['sym-32']:.4f}",
+                             f"{r['ratio_8']:.2f}", f"{r['ratio_32']:.2f}"] for r in t["rows"]]), ""]
+    else:
+        parts += ["Not run yet.", ""]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--systems", default="sho,oscillators,nbody")
+    ap.add_argument("--paper", action="store_true", help="paper settings (hours per model on CPU)")
+    ap.add_argument("--steps", type=int, default=None, help="override the number of SVI steps")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cache-dir", default=None)
+    ap.add_argument("--timing-only", action="store_true")
+    ap.add_argument("--timing-reps", type=int, default=20)
+    ap.add_argument("--no-timing", action="store_true")
+    args = ap.parse_args(argv)
+    set_threads(args.threads)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    if not args.timing_only:
+        for system in [s.strip() for s in args.systems.split(",") if s.strip()]:
+            if system not in ORACLE:
+                raise SystemExit(f"unknown system {system!r}; use {sorted(ORACLE)}")
+            settings = dict((PAPER if args.paper else REDUCED)[system])
+            if args.steps:
+                settings["steps"] = args.steps
+            res = run_system(system, settings, args.seed, args.cache_dir)
+            res.update(machine=machine_info(), command=command_line(), paper=args.paper)
+            (RESULTS_DIR / f"noether_{system}.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+            (RESULTS_DIR / "noether_tables.md").write_text(markdown(args.paper))
+    if args.timing_only or not args.no_timing:
+        t = step_timing(args.timing_reps, args.seed)
+        t.update(machine=machine_info(), command=command_line())
+        (RESULTS_DIR / "noether_timing.json").write_text(json.dumps(t, indent=1, default=str) + "\n")
+    (RESULTS_DIR / "noether_tables.md").write_text(markdown(args.paper))
+    log(f"wrote {RESULTS_DIR / 'noether_tables.md'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""Symmetrised Bayesian Hamiltonian neural network (Noether's razor; talk 000, methods.md §4).
+
+Generative story (talk 000, "Noether's theorem parameterisation" and "Objective function"):
+
+    v_l                                       prior variance of layer l: fixed, closed-form
+                                              (v* = (tr Σ + ‖m‖²)/D, :mod:`pyro_invariance.prior_update`)
+                                              or hierarchical (√v_l ~ LogNormal(log √v₀, 1))
+    W_l ~ N(0, v_l I)   (out × in)            Bayesian weights; biases b_l and the first layer's
+                                              scalar scale c are point estimates; last layer has no bias
+    f(x) = W_L ELU_α(... ELU_α(c·W_1 x/√M + b_1) ...)/√H       the MLP "observable" F (ELU α = 2)
+    η = (W_k, b_k), k = 1..K                  learned quadratic conserved quantities
+    C_k(x) = xᵀA_k x/2 + b_kᵀx,  A_k = W_k + W_kᵀ,  G_k = [[J A_k, J b_k], [0, 0]]
+    T_s = expm(π Σ_k w_sk G_k),  w_s ~ U[−1,1]^K (or the unit ball), s = 1..S
+    H̄(x) = (1/S) Σ_s f([T_s [x; 1]]_{1:M})                           (talk: NN_{θ,η} = ∫ NN_θ∘Φ^τ dμ)
+    x̂ = E explicit-Euler sub-steps of ẋ = J∇H̄(x) with step dt/E       (∇ by autograd)
+    y_n ~ N(x̂_n, σ² I)   (σ² = 0.001 fixed, or learned)              in a subsampled plate "data"
+
+The S flow matrices are computed once per forward pass, shared by the batch and reused across
+all E Euler sub-steps. ``symmetry="none"`` is the plain Bayesian HNN; ``"so2"``, ``"un"``,
+``"se2"`` use the fixed oracle generators of :mod:`pyro_invariance.conserved` instead of η.
+
+Parameterisation note: each layer's input is divided by √fan_in (NTK-style), so that unit prior
+variance gives O(1) activations at any width; the first layer's learned scalar scale c
+(``input_scale``) sets the input length-scale.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import pyro
+import pyro.distributions as dist
+import torch
+import torch.nn.functional as F
+from pyro.nn import PyroModule, PyroSample
+from torch import Tensor, nn
+
+from pyro_invariance import physics  # noqa: F401  (registers the physics datasets)
+from pyro_invariance.conserved import (
+    ORACLES,
+    apply_flow,
+    flow_matrices,
+    generator_from_params,
+    oracle_generators,
+    sample_weights,
+)
+from pyro_invariance.physics import symplectic
+from pyro_invariance.registry import MODELS
+from pyro_invariance.validation import check_finite, check_positive_float, check_positive_int
+
+SYMMETRIES = ("none", "learned") + ORACLES
+PRIORS = ("fixed", "closed-form", "hierarchical")
+SAMPLINGS = ("cube", "ball", "grid")
+
+
+@MODELS.register("symmetrised-hnn", summary="Bayesian HNN symmetrised by learned conserved quantities (Noether's razor)")
+class SymmetrisedHNN(PyroModule):
+    """Bayesian Hamiltonian MLP averaged over the flows of (learned) quadratic conserved quantities.
+
+    Args:
+        state_dim: phase-space dimension M (even; x = (q, p)).
+        hidden: hidden widths (reference: (200, 200) SHO and oscillators, (250, 250, 250) 3-body;
+            default a reduced (64, 64)).
+        elu_alpha: α of the ELU activation (reference 2).
+        symmetry: ``"none"`` (HNN), ``"learned"`` or an oracle ``"so2"`` / ``"un"`` / ``"se2"``.
+        num_generators: K learned conserved quantities (reference 1 SHO, 30 oscillators, 10 3-body).
+        num_samples: S symmetry samples per forward pass (reference 200 SHO, 100 others; default 16).
+        sampling: ``"cube"`` (U[−1,1]^K), ``"ball"`` (unit ball) or ``"grid"`` (K = 1, evenly spaced).
+        euler_steps: E explicit-Euler sub-steps per data step (reference 20, 10 for 3-body; default 5).
+        dt: time between a state and its target (must match the data).
+        noise_var: σ² of the Gaussian likelihood (fixed, or the initial value if ``learn_noise``).
+        learn_noise: learn σ² as a point estimate (``log_noise_var``).
+        prior: ``"fixed"``, ``"closed-form"`` (updated by :func:`pyro_invariance.prior_update.update_prior_variance`)
+            or ``"hierarchical"``.
+        prior_var: (initial) prior variance v₀ of every weight matrix.
+        eta_init_std: std of the small random initial η (η = 0 cannot learn under symmetric sampling).
+        init_seed: seed for the initial η and biases.
+
+    Shapes: ``forward(x (B, M), y (B, M))`` → predicted next states ``(B, M)``.
+    """
+
+    def __init__(
+        self,
+        state_dim: int = 2,
+        hidden: Sequence[int] = (64, 64),
+        elu_alpha: float = 2.0,
+        symmetry: str = "learned",
+        num_generators: int = 1,
+        num_samples: int = 16,
+        sampling: str = "cube",
+        euler_steps: int = 5,
+        dt: float = 0.2,
+        noise_var: float = 1e-3,
+        learn_noise: bool = False,
+        prior: str = "fixed",
+        prior_var: float = 1.0,
+        eta_init_std: float = 0.01,
+        init_seed: int = 0,
+    ) -> None:
+        super().__init__()
+        check_positive_int("state_dim", state_dim, minimum=2)
+        if state_dim % 2:
+            raise ValueError(f"state_dim must be even (x = (q, p)), got {state_dim}")
+        hidden = tuple(int(h) for h in hidden)
+        if not hidden or min(hidden) < 1:
+            raise ValueError(f"hidden must be a non-empty list of positive widths, got {hidden}")
+        if symmetry not in SYMMETRIES:
+            raise ValueError(f"unknown symmetry {symmetry!r}; use one of {SYMMETRIES}")
+        if prior not in PRIORS:
+            raise ValueError(f"unknown prior {prior!r}; use one of {PRIORS}")
+        if sampling not in SAMPLINGS:
+            raise ValueError(f"unknown sampling {sampling!r}; use one of {SAMPLINGS}")
+        check_positive_int("num_generators", num_generators)
+        check_positive_int("num_samples", num_samples)
+        check_positive_int("euler_steps", euler_steps)
+        for name, value in (("elu_alpha", elu_alpha), ("dt", dt), ("noise_var", noise_var), ("prior_var", prior_var)):
+            check_positive_float(name, value)
+        if not (eta_init_std >= 0 and math.isfinite(eta_init_std)):
+            raise ValueError(f"eta_init_std must be >= 0, got {eta_init_std}")
+
+        self.state_dim, self.hidden, self.elu_alpha = int(state_dim), hidden, float(elu_alpha)
+        self.symmetry, self.sampling, self.prior = symmetry, sampling, prior
+        self.num_samples, self.euler_steps, self.dt = int(num_samples), int(euler_steps), float(dt)
+        m = self.state_dim
+        gen = torch.Generator().manual_seed(int(init_seed))
+
+        # --- symmetry --------------------------------------------------------------------
+        if symmetry == "learned":
+            k = int(num_generators)
+            self.eta_W = nn.Parameter(eta_init_std * torch.randn(k, m, m, generator=gen))
+            self.eta_b = nn.Parameter(eta_init_std * torch.randn(k, m, generator=gen))
+        elif symmetry in ORACLES:
+            self.register_buffer("oracle", oracle_generators(symmetry, m))
+        if sampling == "grid" and self.num_generators != 1 and symmetry != "none":
+            raise ValueError("sampling='grid' needs exactly one generator")
+
+        # --- network -----------------------------------------------------------------------
+        sizes = (m,) + hidden + (1,)
+        self.num_layers = len(sizes) - 1
+        self.input_scale = nn.Parameter(torch.tensor(1.0))
+        for i in range(self.num_layers - 1):
+            setattr(self, f"bias_{i}", nn.Parameter(torch.zeros(sizes[i + 1])))
+        self.register_buffer("prior_var", torch.full((self.num_layers,), float(prior_var)))
+        for i in range(self.num_layers):
+            if prior == "hierarchical":
+                setattr(self, f"prior_scale_{i}", PyroSample(
+                    lambda mod, i=i: dist.LogNormal(0.5 * mod.prior_var[i].log(), 1.0)))
+            setattr(self, f"weight_{i}", PyroSample(
+                lambda mod, i=i, shape=(sizes[i + 1], sizes[i]): dist.Normal(0.0, mod.layer_prior_scale(i))
+                .expand(list(shape)).to_event(2)))
+        self.learn_noise = bool(learn_noise)
+        if learn_noise:
+            self.log_noise_var = nn.Parameter(torch.tensor(math.log(noise_var)))
+        else:
+            self.register_buffer("log_noise_var", torch.tensor(math.log(noise_var)))
+
+    # ------------------------------------------------------------------------------------
+    @property
+    def num_generators(self) -> int:
+        if self.symmetry == "learned":
+            return self.eta_W.shape[0]
+        if self.symmetry in ORACLES:
+            return self.oracle.shape[0]
+        return 0
+
+    @property
+    def noise_var(self) -> Tensor:
+        return self.log_noise_var.exp()
+
+    def layer_prior_scale(self, i: int) -> Tensor:
+        """Prior standard deviation of ``weight_i`` (a sample of ``prior_scale_i`` if hierarchical)."""
+        if self.prior == "hierarchical":
+            return getattr(self, f"prior_scale_{i}")
+        return self.prior_var[i].sqrt()
+
+    def weight_site_names(self) -> list[str]:
+        return [f"weight_{i}" for i in range(self.num_layers)]
+
+    def generators(self) -> Tensor:
+        """Current generators ``(K, M+1, M+1)`` (learned: from η; oracle: fixed; none: empty)."""
+        if self.symmetry == "learned":
+            return generator_from_params(self.eta_W, self.eta_b)
+        if self.symmetry in ORACLES:
+            return self.oracle
+        m = self.state_dim + 1
+        return self.input_scale.new_zeros(0, m, m)
+
+    def symmetry_parameters(self) -> dict[str, Tensor]:
+        """Frobenius norm of each generator ``G_k`` (the amount of symmetry), detached."""
+        if self.symmetry != "learned":
+            return {}
+        norms = self.generators().detach().flatten(1).norm(dim=1)
+        return {f"G{k}": norms[k] for k in range(norms.shape[0])}
+
+    def sample_flows(self, num_samples: int | None = None) -> Tensor | None:
+        """S flow matrices ``(S, M+1, M+1)`` (None for ``symmetry="none"``)."""
+        if self.symmetry == "none":
+            return None
+        g = self.generators()
+        w = sample_weights(num_samples or self.num_samples, g.shape[0], self.sampling, dtype=g.dtype, device=g.device)
+        return flow_matrices(g, w)
+
+    # ------------------------------------------------------------------------------------
+    def observable(self, x: Tensor, weights: Sequence[Tensor]) -> Tensor:
+        """The MLP ``f(x)``: ``(..., M)`` → ``(...)``."""
+        h = x
+        for i, w in enumerate(weights):
+            h = h @ w.T / math.sqrt(w.shape[1])
+            if i == 0:
+                h = h * self.input_scale
+            if i < self.num_layers - 1:
+                h = F.elu(h + getattr(self, f"bias_{i}"), alpha=self.elu_alpha)
+        return h.squeeze(-1)
+
+    def hamiltonian(self, x: Tensor, weights: Sequence[Tensor], flows: Tensor | None) -> Tensor:
+        """``H̄(x) = (1/S) Σ_s f(Φ_s(x))`` (or ``f(x)`` without flows): ``(B, M)`` → ``(B,)``."""
+        if flows is None:
+            return self.observable(x, weights)
+        return self.observable(apply_flow(x, flows), weights).mean(0)
+
+    def vector_field(self, x: Tensor, weights: Sequence[Tensor], flows: Tensor | None, create_graph: bool) -> Tensor:
+        """``J∇H̄(x)`` by autograd, shape ``(B, M)``."""
+        with torch.enable_grad():
+            if not x.requires_grad:
+                x = x.detach().requires_grad_(True)
+            (grad,) = torch.autograd.grad(self.hamiltonian(x, weights, flows).sum(), x, create_graph=create_graph)
+        return symplectic(grad)
+
+    def step(self, x: Tensor, weights: Sequence[Tensor], flows: Tensor | None) -> Tensor:
+        """One data step: E explicit-Euler sub-steps of size dt/E, reusing ``flows``."""
+        create_graph = torch.is_grad_enabled()
+        h = self.dt / self.euler_steps
+        for _ in range(self.euler_steps):
+            v = self.vector_field(x, weights, flows, create_graph)
+            x = x + h * v if create_graph else (x + h * v).detach()
+        return x
+
+    def sampled_weights(self) -> list[Tensor]:
+        """The weight matrices of this forward pass (samples of the ``weight_i`` sites)."""
+        return [getattr(self, f"weight_{i}") for i in range(self.num_layers)]
+
+    def check_states(self, name: str, x: Tensor) -> None:
+        if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != self.state_dim:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"{name} must have shape (B, {self.state_dim}) = (q, p) states, got {shape}")
+        check_finite(name, x)
+
+    def forward(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
+        """Pyro model: predicted next states ``(B, M)``; observes ``y`` in plate "data" scaled to ``num_data``."""
+        self.check_states("x", x)
+        if y is not None:
+            self.check_states("y", y)
+            if y.shape[0] != x.shape[0]:
+                raise ValueError(f"y has {y.shape[0]} rows, x has {x.shape[0]}")
+        weights = self.sampled_weights()
+        flows = self.sample_flows()
+        pred = self.step(x, weights, flows)
+        batch = x.shape[0]
+        with pyro.plate("data", size=num_data or batch, subsample=torch.arange(batch, device=x.device)):
+            pyro.sample("obs", dist.Normal(pred, self.noise_var.sqrt()).to_event(1), obs=y)
+        return pred

@@ -1,0 +1,292 @@
+"""Tests of ``pyro_invariance.diagnostics.to_inference_data`` (guide draws -> ArviZ)."""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+
+torch.set_num_threads(1)
+
+import arviz as az  # noqa: E402
+import numpy as np  # noqa: E402
+import pyro  # noqa: E402
+import pyro.distributions as dist  # noqa: E402
+import pytest  # noqa: E402
+from pyro.nn import PyroModule, PyroSample  # noqa: E402
+
+import pyro_invariance  # noqa: E402
+from pyro_invariance import diagnostics, guides, to_inference_data  # noqa: E402
+from pyro_invariance.models.basis_regression import BasisRegression, make_symmetric_toy  # noqa: E402
+
+STEPS = 30
+DRAWS = 7
+
+
+@lru_cache(maxsize=None)
+def digits():
+    return pyro_invariance.datasets.load_dataset("digits", train_size=200, test_size=100)
+
+
+def build_invariant_mlp():
+    """Model, data and the expected ``{site: (dims, shape)}`` / obs dims of the conversion."""
+    model = pyro_invariance.models.get("invariant-mlp", image_shape=(1, 8, 8), hidden=32, num_samples=4)
+    sites = {
+        "out_weight": (("class", "hidden"), (10, 32)),
+        "out_bias": (("class",), (10,)),
+        "prior_scale": ((), ()),
+    }
+    return model, digits(), sites, ("obs_dim_0",)
+
+
+def build_basis_regression():
+    model = BasisRegression(out_features=2, num_features=12)
+    data = make_symmetric_toy(60, num_outputs=2)
+    return model, data, {"weight": (("output", "feature"), (2, 12))}, ("obs_dim_0", "output")
+
+
+def build_symmetrised_hnn():
+    """A tiny HNN on random (q, p) pairs; dims as its ``arviz_dims()`` gives them (else generic)."""
+    model = pyro_invariance.models.get("symmetrised-hnn", state_dim=2, hidden=(8, 8), num_samples=2, euler_steps=1)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 2, generator=gen)
+    data = (x, x + 0.1 * torch.randn(40, 2, generator=gen))
+    shapes = {"weight_0": (8, 2), "weight_1": (8, 8), "weight_2": (1, 8)}
+    return model, data, {k: (model_dims(model, k, len(v)), v) for k, v in shapes.items()}, model_dims(model, "obs", 2)
+
+
+def model_dims(model, site, ndim):
+    """What the model's ``arviz_dims()`` says for ``site``, else the generic ``<site>_dim_<i>``."""
+    given = model.arviz_dims() if hasattr(model, "arviz_dims") else {}
+    return tuple(given.get(site, [f"{site}_dim_{i}" for i in range(ndim)]))
+
+
+#: One builder per registered model. A new catalogue model needs an entry here.
+BUILDERS = {
+    "invariant-mlp": build_invariant_mlp,
+    "basis-regression": build_basis_regression,
+    "symmetrised-hnn": build_symmetrised_hnn,
+}
+
+
+@lru_cache(maxsize=None)
+def fitted(name: str, guide: str = "mean-field"):
+    model, data, sites, obs_dims = BUILDERS[name]()
+    result = pyro_invariance.fit(model, guide, data, steps=STEPS, batch_size=64, progress=False)
+    return result, data, sites, obs_dims
+
+
+def rows(data, split="train"):
+    if isinstance(data, tuple):
+        return data[0].shape[0]
+    return (data.x_train if split == "train" else data.x_test).shape[0]
+
+
+# -------------------------------------------------------------------------------------------------
+# round trip for every registered model
+
+
+@pytest.mark.parametrize("name", pyro_invariance.MODELS.names())
+def test_round_trip_every_registered_model(name):
+    if name not in BUILDERS:
+        pytest.fail(
+            f"model {name!r} is registered but tests/test_diagnostics.py has no builder for it: "
+            "add a build_<model>() returning (model, data, expected sites, obs dims) to BUILDERS"
+        )
+    result, data, sites, obs_dims = fitted(name)
+    idata = to_inference_data(result, data, num_samples=DRAWS)
+    n = rows(data)
+
+    for group in ("posterior", "log_likelihood", "posterior_predictive", "observed_data", "sample_stats"):
+        assert group in idata.groups(), group
+    post = idata.posterior
+    assert set(post.data_vars) == set(sites)
+    for site, (dims, shape) in sites.items():
+        assert post[site].dims == ("chain", "draw", *dims), site
+        assert post[site].shape == (1, DRAWS, *shape), site
+        assert np.isfinite(post[site].values).all()
+
+    ll = idata.log_likelihood["obs"]
+    assert ll.dims == ("chain", "draw", "obs_dim_0")
+    assert ll.shape == (1, DRAWS, n)
+    assert np.isfinite(ll.values).all()
+    obs = idata.observed_data["obs"]
+    assert obs.dims == obs_dims and obs.shape[0] == n
+    pp = idata.posterior_predictive["obs"]
+    assert pp.dims == ("chain", "draw", *obs_dims) and pp.shape == (1, DRAWS, *obs.shape)
+    assert idata.sample_stats["lp"].shape == (1, DRAWS) and idata.sample_stats["log_q"].shape == (1, DRAWS)
+
+    eta = result.eta
+    assert list(idata.constant_data["generator"].values) == list(eta)
+    np.testing.assert_allclose(idata.constant_data["eta"].values, list(eta.values()), rtol=1e-6)
+    attrs = idata.posterior.attrs
+    assert attrs["model"] == name and attrs["guide"] == "mean-field" and attrs["split"] == "train"
+    for k, v in eta.items():
+        assert attrs[f"eta_{k}"] == pytest.approx(v)
+
+    if not isinstance(data, tuple):
+        test = to_inference_data(result, data, num_samples=2, split="test")
+        assert test.log_likelihood["obs"].shape == (1, 2, rows(data, "test"))
+        assert test.posterior.attrs["split"] == "test"
+
+
+def test_builders_only_name_registered_models():
+    assert set(BUILDERS) <= set(pyro_invariance.MODELS.names())
+
+
+# -------------------------------------------------------------------------------------------------
+# ArviZ functions on the result
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_summary_and_loo():
+    result, data, sites, _ = fitted("invariant-mlp")
+    idata = to_inference_data(result, data, num_samples=20)
+    summary = az.summary(idata)
+    assert len(summary) == sum(math.prod(shape) for _, shape in sites.values())  # 320 + 10 + 1
+    assert "out_weight[3, 31]" in summary.index and "prior_scale" in summary.index
+    assert np.isfinite(summary["mean"]).all()
+
+    loo = az.loo(idata, pointwise=True)
+    assert loo.pareto_k.shape == (rows(data),)
+    assert loo.pareto_k.dims == ("obs_dim_0",)
+    assert np.isfinite(loo["elpd_loo"])
+
+
+def test_log_likelihood_matches_the_model_by_hand():
+    """BasisRegression has no randomness besides θ: recompute log N(y | φWᵀ, σ²) per datum."""
+    result, (x, y), _, _ = fitted("basis-regression")
+    model = result.model
+    idata = to_inference_data(result, (x, y), num_samples=5)
+    weight = torch.as_tensor(idata.posterior["weight"].values[0])  # (S, D_out, F)
+    with torch.no_grad():
+        mean = model.features(x) @ weight.transpose(-1, -2)  # (S, N, D_out)
+        expected = dist.Normal(mean, model.noise_scale).log_prob(y).sum(-1)  # (S, N)
+        prior = dist.Normal(0.0, model.prior_scale).log_prob(weight).sum((-1, -2))
+    np.testing.assert_allclose(idata.log_likelihood["obs"].values[0], expected.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(idata.observed_data["obs"].values, y.numpy())
+    np.testing.assert_allclose(idata.sample_stats["lp"].values[0], (prior + expected.sum(-1)).numpy(), rtol=1e-4)
+
+
+# -------------------------------------------------------------------------------------------------
+# guides
+
+
+@pytest.mark.parametrize("guide", ["mean-field", "block-cholesky", "matrix-normal", "map"])
+def test_guides(guide):
+    result, data, sites, _ = fitted("invariant-mlp", guide)
+    idata = to_inference_data(result, data, num_samples=DRAWS)
+    assert idata.posterior.attrs["guide"] == guide
+    for site, (dims, shape) in sites.items():
+        assert idata.posterior[site].shape == (1, DRAWS, *shape)
+    ll = idata.log_likelihood["obs"].values
+    assert ll.shape == (1, DRAWS, rows(data)) and np.isfinite(ll).all() and (ll <= 0).all()
+    spread = np.ptp(idata.posterior["out_weight"].values[0], axis=0).max()
+    if guide == "map":
+        assert spread == 0.0 and (idata.sample_stats["log_q"].values == 0).all()
+    else:
+        assert spread > 0.0
+
+
+# -------------------------------------------------------------------------------------------------
+# determinism, chunking and the (model, guide) pair
+
+
+def test_chunks_seed_and_pair_input():
+    result, data, _, _ = fitted("invariant-mlp")
+    before = torch.get_rng_state()
+    whole = to_inference_data((result.model, result.guide), data, num_samples=4, seed=3)
+    assert torch.equal(torch.get_rng_state(), before)  # global RNG untouched
+    chunked = to_inference_data(result, data, num_samples=4, seed=3, batch_size=64)
+    for group, var in (("posterior", "out_weight"), ("log_likelihood", "obs")):
+        np.testing.assert_allclose(whole[group][var].values, chunked[group][var].values, rtol=1e-5, atol=1e-6)
+    other = to_inference_data(result, data, num_samples=4, seed=4)
+    assert not np.allclose(whole.posterior["out_weight"].values, other.posterior["out_weight"].values)
+    assert whole.posterior.attrs["guide"] == "mean-field"  # found from the registry without a spec
+
+
+# -------------------------------------------------------------------------------------------------
+# models without arviz_dims / without an observed site
+
+
+class _Plain(PyroModule):
+    """Linear regression with a (3, 2) weight and no ``arviz_dims``."""
+
+    def __init__(self, observe: bool = True) -> None:
+        super().__init__()
+        self.observe = observe
+        self.w = PyroSample(dist.Normal(0.0, 1.0).expand([3, 2]).to_event(2))
+
+    def forward(self, x, y=None, num_data=None):
+        mean = x @ self.w
+        if self.observe:
+            with pyro.plate("data", num_data or x.shape[0], subsample=torch.arange(x.shape[0])):
+                pyro.sample("y", dist.Normal(mean, 1.0).to_event(1), obs=y)
+        return mean
+
+
+def _plain_data():
+    gen = torch.Generator().manual_seed(0)
+    return torch.randn(20, 3, generator=gen), torch.randn(20, 2, generator=gen)
+
+
+def test_generic_dims_and_single_observed_site():
+    model = _Plain()
+    idata = to_inference_data((model, guides.get("mean-field", model)), _plain_data(), num_samples=3)
+    assert idata.posterior["w"].dims == ("chain", "draw", "w_dim_0", "w_dim_1")
+    assert idata.log_likelihood["y"].dims == ("chain", "draw", "y_dim_0")
+    assert idata.observed_data["y"].shape == (20, 2)
+    assert "constant_data" not in idata.groups()
+
+
+def test_bad_arviz_dims():
+    model = _Plain()
+    model.arviz_dims = lambda: {"w": ["row"]}
+    with pytest.raises(ValueError, match="arviz_dims"):
+        to_inference_data((model, guides.get("mean-field", model)), _plain_data(), num_samples=2)
+
+
+def test_model_without_observed_site():
+    model = _Plain(observe=False)
+    with pytest.raises(ValueError, match="model has no observed site"):
+        to_inference_data((model, guides.get("mean-field", model)), _plain_data(), num_samples=2)
+
+
+@pytest.mark.parametrize("num_samples", [0, -3, 2.5, True, "10"])
+def test_bad_num_samples(num_samples):
+    model = _Plain()
+    with pytest.raises(ValueError, match="num_samples"):
+        to_inference_data((model, guides.get("mean-field", model)), _plain_data(), num_samples=num_samples)
+
+
+def test_bad_split_and_input():
+    model = _Plain()
+    pair = (model, guides.get("mean-field", model))
+    with pytest.raises(ValueError, match="split"):
+        to_inference_data(pair, _plain_data(), num_samples=2, split="valid")
+    with pytest.raises(TypeError, match="FitResult"):
+        to_inference_data(model, _plain_data(), num_samples=2)
+
+
+# -------------------------------------------------------------------------------------------------
+# ArviZ 1.x call shape (ArviZ 1.x needs Python >= 3.12, so only the call is checked here)
+
+
+def test_arviz_1x_call_shape(monkeypatch):
+    calls = {}
+
+    def from_dict_1x(data, *, name=None, sample_dims=None, save_warmup=None, index_origin=None,
+                     coords=None, dims=None, pred_dims=None, pred_coords=None, check_conventions=True,
+                     attrs=None):
+        calls.update(data=data, coords=coords, dims=dims, attrs=attrs)
+        return "datatree"
+
+    monkeypatch.setattr(diagnostics.az, "from_dict", from_dict_1x)
+    assert not diagnostics._arviz_is_legacy()
+    result, (x, y), _, _ = fitted("basis-regression")
+    assert to_inference_data(result, (x, y), num_samples=2) == "datatree"
+    assert set(calls["data"]) >= {"posterior", "log_likelihood", "observed_data", "constant_data"}
+    assert calls["data"]["posterior"]["weight"].shape == (1, 2, 2, 12)
+    assert calls["dims"]["weight"] == ["output", "feature"] and calls["coords"]["generator"] == ["lambda"]
+    assert calls["attrs"]["/"]["guide"] == "mean-field"
