@@ -286,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the main job on embedded data (rotated digits)")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these small models)")
     p.add_argument("--out", default="results/demo")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_demo)

@@ -26,7 +26,8 @@ def plot_eta_history(histories: Mapping[str, Mapping[str, Any]], path: str | Pat
     ax_eta.set(xlabel="step", ylabel="η", title="symmetry parameters")
     ax_elbo.set(xlabel="step", ylabel="ELBO / N (smoothed)", title="bound")
     for ax in (ax_eta, ax_elbo):
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
     return _save(fig, path)
@@ -37,10 +38,11 @@ def plot_filter_bank(model: Any, path: str | Path, rows: Sequence[int] = (0, 1, 
     bank = model.filter_bank(rows, num=num)  # (R, num, C, h, w)
     fig, axes = plt.subplots(len(rows), num, figsize=(1.2 * num, 1.2 * len(rows)), squeeze=False)
     for r in range(len(rows)):
+        limit = float(bank[r].abs().max()) or 1.0
         for j in range(num):
             img = bank[r, j]
             img = img[0] if img.shape[0] == 1 else img.permute(1, 2, 0)
-            axes[r][j].imshow(img.cpu().numpy(), cmap="RdBu_r")
+            axes[r][j].imshow(img.cpu().numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit)
             axes[r][j].axis("off")
     eta = {k: round(float(v), 2) for k, v in model.symmetry_parameters().items()}
     fig.suptitle(f"filter bank, η = {eta}")

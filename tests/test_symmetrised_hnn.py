@@ -93,10 +93,10 @@ def test_learned_generators_get_eta_learning_rate_names() -> None:
 
 def test_other_guides_are_swappable() -> None:
     data = (torch.randn(12, 2), torch.randn(12, 2))
-    for name in ("mean-field", "matrix-normal", "map"):
+    for name, kwargs in (("mean-field", {}), ("matrix-normal", {"freeze_row_factor": True}), ("map", {})):
         pyro.set_rng_seed(0)
         m = SymmetrisedHNN(2, (8,), num_samples=4, euler_steps=2)
-        r = fit(m, guides.get(name, m), data, steps=3, batch_size=None, progress=False)
+        r = fit(m, guides.get(name, m, **kwargs), data, steps=3, batch_size=None, progress=False)
         assert len(r.history["elbo"]) == 3 and math.isfinite(r.history["elbo"][-1])
 
 
@@ -174,3 +174,26 @@ def test_learning_sho_slow_with_oracle(seed: int, tmp_path) -> None:
     assert learned["neg_elbo"] < hnn["neg_elbo"] and learned["test_mse"] < hnn["test_mse"]
     assert oracle["test_mse"] < hnn["test_mse"]
     assert symmetry_analysis(model, system="sho").parallelness[0] > 0.9
+
+
+def test_metrics_and_plots(tmp_path) -> None:
+    data = physics.make_dataset("sho", train_trajectories=3, train_steps=2, test_trajectories=2, test_steps=3, cache_dir=tmp_path)
+    m = SymmetrisedHNN(2, (8,), num_samples=4, euler_steps=2)
+    g = guides.get("matrix-normal", m, init_scale=0.1)
+    fit(m, g, data, steps=2, batch_size=None, progress=False)
+    out = evaluate_hnn(m, g, data, num_samples=2, num_particles=2)
+    assert set(out) == {"train_mse", "nll", "kl", "neg_elbo", "test_mse", "wider_mse", "moved_mse", "energy_drift"}
+    assert all(math.isfinite(v) for v in out.values()) and out["kl"] > 0
+    assert abs(out["neg_elbo"] - out["nll"] - out["kl"]) < 1e-9
+    from pyro_invariance.hnn_metrics import energy_drift, plot_generators, plot_symmetry_analysis
+
+    # the true trajectories conserve energy; a scaled copy does not
+    traj = torch.tensor(data.trajectories["test"])
+    assert energy_drift(data.system, traj) < 1e-8
+    assert energy_drift(data.system, traj * torch.linspace(1, 2, traj.shape[1]).view(1, -1, 1)) > 0.1
+    a = symmetry_analysis(m, system="sho")
+    plot_symmetry_analysis(a, tmp_path / "svd.png", target=1)
+    plot_generators([m.generators()[0], a.vectors[0].reshape(3, 3)], ["learned", "v0"], tmp_path / "g.png")
+    assert (tmp_path / "svd.png").exists() and (tmp_path / "g.png").exists()
+    with pytest.raises(ValueError, match="no generators"):
+        symmetry_analysis(SymmetrisedHNN(2, (8,), symmetry="none"))
