@@ -61,7 +61,7 @@ SIZES: dict[str, dict[str, Any]] = {
     "quick": {"train_size": 500, "test_size": 250, "hidden": 32, "samples": 4, "batch_size": 64, "steps": 40,
               "eval_samples": 4, "elbo_particles": 1},
     "reduced": {"train_size": 5000, "test_size": 2000, "hidden": 128, "samples": 16, "batch_size": 128,
-                "steps": 400, "eval_samples": 16, "elbo_particles": 2},
+                "steps": 800, "eval_samples": 16, "elbo_particles": 2},
     "paper": {"train_size": None, "test_size": None, "hidden": 1024, "samples": 32, "batch_size": 128,
               "steps": 30 * math.ceil(60000 / 128), "eval_samples": 16, "elbo_particles": 8},
 }  # fmt: skip
@@ -307,8 +307,30 @@ def render_table2(results: dict[str, Any]) -> list[str]:
     return out
 
 
+def render_eta_paths(results: dict[str, Any]) -> list[str]:
+    """η at 0, 25, 50, 75 and 100% of the steps for every fit that learns η (is it still moving?)."""
+    rows = []
+    for key, r in results.items():
+        table, ds, row = key.split("|")
+        for name, path in r.get("eta_history", {}).items():
+            if not path or not (row == "learned" or table == "table2"):
+                continue
+            picks = [path[round(q * (len(path) - 1))] for q in (0.0, 0.25, 0.5, 0.75, 1.0)]
+            fmt = (lambda v: f"{math.degrees(v):.0f}°") if name == "rot" else (lambda v: f"{v:.2f}")
+            rows.append([table, ds, row, name, *(fmt(v) for v in picks)])
+    if not rows:
+        return []
+    return ["## η during training", "",
+            "η after the first step and at 25 / 50 / 75 / 100% of the SVI steps of every fit that learns η (rotation in degrees, other "
+            "generators as raw η: translation in half-sides, scale and shear as log-scale). The cosine schedule takes "
+            "η's learning rate to 0 at the end, so a value still climbing at 75% was stopped by the schedule, not "
+            "converged.", "",
+            common.md_table(["table", "dataset", "model", "generator", "step 1", "25%", "50%", "75%", "100%"], rows,
+                            align=["l", "l", "l", "l"] + ["r"] * 5), ""]  # fmt: skip
+
+
 def render(info: dict[str, Any], settings: dict[str, Any], results: dict[str, Any], timing: dict[str, Any],
-           preset: str, tables: list[str]) -> str:  # fmt: skip
+           preset: str, tables: list[str], command: str) -> str:  # fmt: skip
     label = {"quick": " (quick smoke-test size)", "reduced": " (reduced size)", "paper": " (paper size)"}[preset]
     intro = (
         "Paper 003 (van der Ouderaa & van der Wilk, *Learning Invariant Weights in Neural Networks*, UAI 2022), "
@@ -325,7 +347,7 @@ def render(info: dict[str, Any], settings: dict[str, Any], results: dict[str, An
         "compare rows within a column."
     )
     out = [common.header_markdown("Invariant MLP, paper 003 Tables 1–2 on Fashion-MNIST" + label, info, settings,
-                                  common.command_line(), intro)]  # fmt: skip
+                                  command, intro)]  # fmt: skip
     n_done = sum(1 for k in results if k.split("|")[0][-1] in [t for t in tables])
     out.append(f"Fits finished: {n_done} of {timing['planned']}; fitting {timing['fit_seconds']:.0f} s, "
                f"evaluation {timing['eval_seconds']:.0f} s, wall {timing['wall_seconds']:.0f} s in all, of which "
@@ -335,6 +357,7 @@ def render(info: dict[str, Any], settings: dict[str, Any], results: dict[str, An
         out += render_table1(results)
     if "2" in tables:
         out += render_table2(results)
+    out += render_eta_paths(results)
     out += ["## Per fit", "", "Seconds of each fit call (wall and this process's CPU time, set-up included), wall ms per SVI step "
             "(loop only), evaluation seconds; the final "
             "minibatch ELBO/N (mean of the last 10% of steps) beside the ELBO/N estimate at the final parameters.", ""]  # fmt: skip
@@ -364,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--data-dir", default=None, help="Fashion-MNIST IDX folder (default /usr/share/datasets/fashion-mnist)")
     parser.add_argument("--resume", action="store_true", help="reuse finished fits with identical settings from the JSON")
+    parser.add_argument("--render-only", action="store_true",
+                        help="rewrite the markdown from the existing JSON (no fitting; machine, settings, command kept)")
     parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
     args = parser.parse_args(argv)
 
@@ -381,6 +406,13 @@ def main(argv: list[str] | None = None) -> int:
     if tables != ["1", "2"]:
         stem += "_table" + "".join(tables)
     json_path = args.out_dir / f"{stem}.json"
+    if args.render_only:
+        saved = json.loads(json_path.read_text())
+        results = {k: {kk: vv for kk, vv in v.items() if kk != "spec"} for k, v in saved["fits"].items()}
+        md = render(saved["machine"], saved["settings"], results, saved["timing"], preset, tables, saved["command"])
+        md_path, _ = common.write_results(stem, md, saved, args.out_dir)
+        common.log(f"re-rendered {md_path} from {json_path}")
+        return 0
 
     info = common.machine_info()
     settings = {
@@ -422,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         timing["wall_seconds"] = time.perf_counter() - wall0
-        md = render(info, settings, results, timing, preset, tables)
+        md = render(info, settings, results, timing, preset, tables, common.command_line())
         payload = {"machine": info, "settings": settings, "size": size, "command": common.command_line(),
                    "timing": timing, "complete": len(results) == len(plan),
                    "fits": {k: {"spec": specs[k], **results[k]} for k in results}}  # fmt: skip

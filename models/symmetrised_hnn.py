@@ -67,6 +67,9 @@ class SymmetrisedHNN(PyroModule):
         num_generators: K learned conserved quantities (reference 1 SHO, 30 oscillators, 10 3-body).
         num_samples: S symmetry samples per forward pass (reference 200 SHO, 100 others; default 16).
         sampling: ``"cube"`` (U[−1,1]^K), ``"ball"`` (unit ball) or ``"grid"`` (K = 1, evenly spaced).
+            For large K prefer ``"ball"`` (‖w‖ ≤ 1; the cube's ‖w‖ ≈ √(K/3)) with a small η learning
+            rate: on 3 oscillators (K = 30) the cube with eta_lr 0.02 let the generators grow
+            hyperbolic parts and the flows blew up (benchmarks/noether_tables.py).
         euler_steps: E explicit-Euler sub-steps per data step (reference 20, 10 for 3-body; default 5).
         dt: time between a state and its target (must match the data).
         noise_var: σ² of the Gaussian likelihood (fixed, or the initial value if ``learn_noise``).

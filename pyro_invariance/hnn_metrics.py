@@ -109,7 +109,8 @@ def evaluate_hnn(
     Args:
         num_samples: guide draws in the predictive mean.
         num_particles: draws in the NLL / KL estimates.
-        rollout_steps: steps of the energy-drift rollouts (default the test split's ``steps``).
+        rollout_steps: steps of the energy-drift rollouts (default the test split's ``steps``; 0 skips
+            the energy drift).
         max_test: evaluate at most this many pairs per held-out split (speed).
     """
     was_training = model.training
@@ -127,7 +128,7 @@ def evaluate_hnn(
             if max_test is not None:
                 xs, ys = xs[:max_test], ys[:max_test]
             out[f"{split}_mse"] = float(((predict(model, guide, xs, num_samples).mean(0) - ys) ** 2).mean())
-        if "test" in data.trajectories:
+        if "test" in data.trajectories and rollout_steps != 0:
             traj = torch.tensor(data.trajectories["test"], dtype=torch.float32)
             x0 = traj[: (max_test or traj.shape[0]), 0]
             steps = rollout_steps or data.splits["test"].steps

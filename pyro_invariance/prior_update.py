@@ -61,10 +61,17 @@ class PriorUpdatingGuide(nn.Module):
     """A guide that applies :func:`update_prior_variance` before each gradient-enabled call.
 
     Parameters, ``median()`` and ``get_distribution()`` are those of the wrapped guide.
+    ``warmup``: number of gradient-enabled calls (≈ SVI steps) before the first update. Starting
+    the updates at once from a narrow guide (e.g. ``init_scale=0.01``) sets v* ≈ init_scale² and
+    the prior collapses before the data have moved the means (seen on the 3-body system).
     """
 
-    def __init__(self, guide: nn.Module, model: nn.Module, damping: float = 0.5) -> None:
+    def __init__(self, guide: nn.Module, model: nn.Module, damping: float = 0.5, warmup: int = 0) -> None:
         super().__init__()
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+        self.warmup = warmup
+        self.calls = 0
         if getattr(model, "prior", None) != "closed-form":
             raise ValueError("PriorUpdatingGuide needs a model built with prior='closed-form'")
         self.guide = guide
@@ -73,7 +80,9 @@ class PriorUpdatingGuide(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if torch.is_grad_enabled() and getattr(self.guide, "prototype_trace", None) is not None:
-            update_prior_variance(self._model, self.guide, self.damping)
+            self.calls += 1
+            if self.calls > self.warmup:
+                update_prior_variance(self._model, self.guide, self.damping)
         return self.guide(*args, **kwargs)
 
     def get_distribution(self, name: str) -> Any:

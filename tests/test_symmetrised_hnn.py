@@ -118,6 +118,10 @@ def test_closed_form_prior_update() -> None:
     assert math.isfinite(r.history["elbo"][-1]) and not torch.equal(m.prior_var, v)
     with pytest.raises(ValueError, match="closed-form"):
         update_prior_variance(SymmetrisedHNN(2, (8,)), g)
+    # no update during the warm-up
+    m.prior_var.fill_(1.0)
+    fit(m, PriorUpdatingGuide(guides.get("matrix-normal", m), m, warmup=5), (x, y), steps=3, batch_size=None, progress=False)
+    assert torch.equal(m.prior_var, torch.ones(2))
 
 
 def test_hierarchical_prior_runs() -> None:
@@ -151,7 +155,7 @@ def _train_sho(symmetry: str, data: physics.PhysicsDataset, steps: int = 400, se
     g = guides.get("matrix-normal", m, init_scale=0.01)
     fit(m, g, data, steps=steps, batch_size=None, lr=0.05, eta_lr=0.05, progress=False, seed=seed)
     pyro.set_rng_seed(seed + 100)
-    return m, evaluate_hnn(m, g, data, num_samples=8, num_particles=4)
+    return m, evaluate_hnn(m, g, data, num_samples=8, num_particles=4, rollout_steps=0)
 
 
 def test_learning_sho_learned_beats_hnn_and_finds_so2(tmp_path) -> None:
