@@ -1,7 +1,7 @@
 """Building catalogue entries from names: model × guide × dataset, and rebuilding saved runs.
 
-``build_model(name, dataset, **kwargs)`` fills the arguments a model can take from the dataset
-(``image_shape``, ``num_classes``) so the CLI, tutorials and tests build any entry the same way.
+:func:`model_kwargs_for` fills the arguments a model can take from the dataset
+(``image_shape``, ``num_classes`` for images; ``state_dim``, ``dt`` for physics data) so the CLI, tutorials and tests build any entry the same way.
 A *spec* ``{"model", "model_kwargs", "guide", "guide_kwargs", "data", "data_kwargs"}`` records how
 a run was built; :func:`load_run` rebuilds model, guide and data from a checkpoint's spec.
 """
@@ -37,6 +37,10 @@ def model_kwargs_for(name: str, dataset: Any, **kwargs: Any) -> dict[str, Any]:
             out.setdefault("image_shape", list(dataset.image_shape))
         if _accepts(factory, "num_classes") and hasattr(dataset, "num_classes"):
             out.setdefault("num_classes", int(dataset.num_classes))
+        if _accepts(factory, "state_dim") and hasattr(dataset, "state_dim"):
+            out.setdefault("state_dim", int(dataset.state_dim))
+        if _accepts(factory, "dt") and hasattr(dataset, "dt"):
+            out.setdefault("dt", float(dataset.dt))
     return out
 
 

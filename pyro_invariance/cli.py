@@ -109,13 +109,12 @@ def run_fit(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eva
     """Build the spec, fit, evaluate, write result.json + plots to ``out``; returns the summary."""
     from pyro_invariance import guides  # noqa: F401
     from pyro_invariance.catalogue import build
-    from pyro_invariance.evaluation import evaluate
     from pyro_invariance.training import fit
 
     data, model, guide = build(spec)
     out.mkdir(parents=True, exist_ok=True)
     result = fit(model, guide, data, checkpoint_path=out / "checkpoint.pt", spec=spec, **fit_kwargs)
-    metrics = evaluate(result, data, num_samples=num_eval_samples, device=fit_kwargs.get("device"))
+    metrics = _metrics(result.model, result.guide, data, num_eval_samples, fit_kwargs.get("device"))
     summary = {
         "model": spec["model"],
         "guide": spec["guide"],
@@ -131,6 +130,17 @@ def run_fit(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eva
     (out / "result.json").write_text(json.dumps(payload, indent=1))
     summary["plots"] = _save_plots(result, out)
     return summary
+
+
+def _metrics(model: Any, guide: Any, data: Any, num_samples: int, device: Any = None) -> dict[str, float]:
+    """Classification metrics for image data; the talk's HNN columns for physics data."""
+    if hasattr(data, "system"):
+        from pyro_invariance.hnn_metrics import evaluate_hnn
+
+        return evaluate_hnn(model, guide, data, num_samples=num_samples)
+    from pyro_invariance.evaluation import evaluate
+
+    return evaluate((model, guide), data, num_samples=num_samples, device=device)
 
 
 def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -151,8 +161,18 @@ def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return kw
 
 
+#: (metric key, column title, format) per kind of task
+COLUMNS = {
+    "classification": [("accuracy", "test acc", ".3f"), ("nll", "test NLL", ".3f"), ("elbo_per_datum", "ELBO/N", ".3f")],
+    "dynamics": [("train_mse", "train MSE", ".3g"), ("neg_elbo", "-ELBO/N", ".4g"), ("test_mse", "test MSE", ".3g"),
+                 ("wider_mse", "wider MSE", ".3g"), ("moved_mse", "moved MSE", ".3g"), ("energy_drift", "energy drift", ".3g")],
+}
+
+
 def _print_summaries(summaries: list[dict[str, Any]]) -> None:
-    rows = [("model", "guide", "data", "η", "test acc", "test NLL", "ELBO/N", "time")]
+    kind = "classification" if "accuracy" in summaries[0]["metrics"] else "dynamics"
+    columns = [c for c in COLUMNS[kind] if c[0] in summaries[0]["metrics"]]
+    rows = [("model", "guide", "data", "η", *(title for _, title, _ in columns), "time")]
     for s in summaries:
         m = s["metrics"]
         rows.append(
@@ -161,9 +181,7 @@ def _print_summaries(summaries: list[dict[str, Any]]) -> None:
                 s["guide"],
                 s["data"],
                 s["eta_readable"],
-                f"{m['accuracy']:.3f}",
-                f"{m['nll']:.3f}",
-                f"{m['elbo_per_datum']:.3f}",
+                *(format(m[key], fmt) for key, _, fmt in columns),
                 f"{s['seconds']:.0f}s",
             )
         )
@@ -181,7 +199,6 @@ def cmd_fit(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from pyro_invariance import guides  # noqa: F401
     from pyro_invariance.catalogue import load_run
-    from pyro_invariance.evaluation import evaluate
 
     run = Path(args.run)
     checkpoint = run / "checkpoint.pt" if run.is_dir() else run
@@ -191,7 +208,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
         data = load_dataset(args.data, data_dir=args.data_dir)
     model, guide, data, state = load_run(checkpoint, data)
-    metrics = evaluate((model, guide), data, num_samples=args.eval_samples)
+    metrics = _metrics(model, guide, data, args.eval_samples)
     spec = state["spec"]
     summary = {
         "model": spec["model"],

@@ -98,3 +98,18 @@ def test_console_script_demo_runs(tmp_path):
     assert "learned rotation" in proc.stdout and "no invariance" in proc.stdout
     assert "learned η_rot" in proc.stdout
     assert (tmp_path / "demo" / "eta_and_elbo.png").exists()
+
+
+def test_fit_and_evaluate_symmetrised_hnn_on_physics_data(tmp_path, capsys):
+    out = tmp_path / "hnn"
+    args = ["fit", "--model", "symmetrised-hnn", "--guide", "matrix-normal", "--data", "sho", "--steps", "4",
+            "--batch-size", "28", "--out", str(out), "--no-progress", "--eval-samples", "2",
+            "--model-arg", "hidden=[8,8]", "--model-arg", "num_samples=2", "--model-arg", "euler_steps=2",
+            "--data-arg", f"cache_dir={json.dumps(str(tmp_path / 'cache'))}"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "test MSE" in printed and "G0=" in printed
+    payload = json.loads((out / "result.json").read_text())
+    assert payload["spec"]["model_kwargs"]["state_dim"] == 2  # filled in from the dataset
+    assert main(["evaluate", "--run", str(out), "--eval-samples", "2"]) == 0
+    assert "energy drift" in capsys.readouterr().out
