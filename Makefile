@@ -31,6 +31,7 @@ test-all: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/step_time.py
 	$(BIN)/python benchmarks/invariant_mlp_tables.py
+	$(BIN)/python benchmarks/noether_tables.py
 
 bench-quick: $(STAMP)
 	$(BIN)/python benchmarks/step_time.py --quick
