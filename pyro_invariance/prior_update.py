@@ -64,6 +64,10 @@ class PriorUpdatingGuide(nn.Module):
     ``warmup``: number of gradient-enabled calls (≈ SVI steps) before the first update. Starting
     the updates at once from a narrow guide (e.g. ``init_scale=0.01``) sets v* ≈ init_scale² and
     the prior collapses before the data have moved the means (seen on the 3-body system).
+
+    Within ``fit`` the checkpoint-safe route is a callback after each optimiser step:
+    ``fit(..., callbacks=[lambda step, m, g: step > warmup and update_prior_variance(m, g)])``
+    (this wrapper's call counter is not part of a checkpoint).
     """
 
     def __init__(self, guide: nn.Module, model: nn.Module, damping: float = 0.5, warmup: int = 0) -> None:

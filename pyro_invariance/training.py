@@ -17,7 +17,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import pyro
 import torch
@@ -223,6 +223,7 @@ def fit(
     until_step: int | None = None,
     progress: bool = True,
     spec: dict[str, Any] | None = None,
+    callbacks: Sequence[Callable[[int, nn.Module, Any], None]] = (),
 ) -> FitResult:
     """Fit ``guide`` to ``model`` on ``data`` by SVI; returns a :class:`FitResult`.
 
@@ -245,6 +246,10 @@ def fit(
         until_step: stop after this step (checkpointing it) — to split a long run into pieces.
         progress: show a tqdm bar with the ELBO and η.
         spec: optional description of how model/guide were built (saved with the result).
+        callbacks: functions ``cb(step, model, guide)`` called after every optimiser step, e.g.
+            the closed-form prior-variance update of the talk,
+            ``lambda step, m, g: update_prior_variance(m, g)``. State they change must live in
+            the model's or guide's ``state_dict`` (buffers, parameters) to be checkpointed.
 
     Raises:
         FloatingPointError: the loss became NaN/inf (names the step and the site).
@@ -353,6 +358,8 @@ def fit(
         loss.backward()
         optim.step()
         sched.step()
+        for callback in callbacks:
+            callback(step + 1, model, guide)
         elbo_value = -loss.item() / n
         history["step"].append(step + 1)
         history["elbo"].append(elbo_value)

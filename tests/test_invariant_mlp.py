@@ -77,7 +77,7 @@ def test_eta_is_learnable_and_capped():
     assert float(eta["rot"]) == pytest.approx(0.5) and float(eta["tx"]) == pytest.approx(0.1)
     with torch.no_grad():
         model.eta_unit_unconstrained.fill_(50.0)
-    assert float(model.eta[2]) == pytest.approx(math.pi, abs=1e-5)  # rotation capped at π
+    assert float(model.eta[2].detach()) == pytest.approx(math.pi, abs=1e-5)  # rotation capped at π
     assert any(n.startswith("eta") for n, _ in model.named_parameters())
 
 

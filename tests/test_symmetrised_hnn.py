@@ -201,3 +201,28 @@ def test_metrics_and_plots(tmp_path) -> None:
     assert (tmp_path / "svd.png").exists() and (tmp_path / "g.png").exists()
     with pytest.raises(ValueError, match="no generators"):
         symmetry_analysis(SymmetrisedHNN(2, (8,), symmetry="none"))
+
+
+def test_closed_form_prior_update_as_fit_callback_resumes_bit_for_bit(tmp_path) -> None:
+    """The talk's update after every step, through ``fit(callbacks=...)``; prior_var is a buffer,
+    so a checkpointed run resumes exactly."""
+    x, y = torch.randn(12, 2, generator=torch.Generator().manual_seed(0)), torch.randn(12, 2)
+    calls = []
+
+    def update(step, model, guide):
+        calls.append(step)
+        update_prior_variance(model, guide, damping=0.5)
+
+    def run(**kw):
+        m = SymmetrisedHNN(2, (8,), prior="closed-form", num_samples=4, euler_steps=2)
+        g = guides.get("matrix-normal", m, init_scale=0.5)
+        fit(m, g, (x, y), steps=6, batch_size=None, progress=False, callbacks=[update], **kw)
+        return m
+
+    full = run()
+    assert calls == [1, 2, 3, 4, 5, 6] and not torch.equal(full.prior_var, torch.ones(2))
+    run(checkpoint_path=tmp_path / "c.pt", until_step=4)
+    resumed = run(checkpoint_path=tmp_path / "c.pt", resume=True)
+    assert torch.equal(resumed.prior_var, full.prior_var)
+    for (name, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
+        assert torch.equal(a, b), name
