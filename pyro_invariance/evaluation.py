@@ -32,11 +32,25 @@ def predictive_logits(model: Any, guide: Any, x: Tensor, num_samples: int = 16, 
 
 
 @torch.no_grad()
-def elbo_per_datum(model: Any, guide: Any, x: Tensor, y: Tensor, num_particles: int = 8, meanfield: bool = True) -> float:
-    """ELBO / N on ``(x, y)`` (full batch), averaged over ``num_particles`` draws."""
+def elbo_per_datum(
+    model: Any, guide: Any, x: Tensor, y: Tensor, num_particles: int = 8, meanfield: bool = True,
+    batch_size: int = 4096,
+) -> float:
+    """ELBO / N on ``(x, y)``, averaged over ``num_particles`` draws.
+
+    Rows are processed in chunks of ``batch_size`` (memory grows as chunk × S × H): each chunk's
+    loss is an unbiased estimate of the full-data ELBO (likelihood scaled by N/B_c, KL counted once),
+    and their average weighted by B_c/N is the estimate returned.
+    """
     check_positive_int("num_particles", num_particles)
+    check_positive_int("batch_size", batch_size)
     elbo = (TraceMeanField_ELBO if meanfield else Trace_ELBO)(num_particles=num_particles)
-    return -float(elbo.loss(model, guide, x, y, num_data=x.shape[0])) / x.shape[0]
+    n = x.shape[0]
+    total = 0.0
+    for i in range(0, n, batch_size):
+        xb, yb = x[i:i + batch_size], y[i:i + batch_size]
+        total += xb.shape[0] / n * float(elbo.loss(model, guide, xb, yb, num_data=n))
+    return -total / n
 
 
 def evaluate(
@@ -72,7 +86,7 @@ def evaluate(
         mixture = torch.logsumexp(log_probs, dim=0) - math.log(num_samples)  # (N, C)
         nll = -mixture.gather(1, y_test.long().unsqueeze(1)).mean()
         accuracy = (mixture.argmax(-1) == y_test).float().mean()
-        elbo = elbo_per_datum(model, guide, x_train, y_train, num_particles)
+        elbo = elbo_per_datum(model, guide, x_train, y_train, num_particles, batch_size=batch_size)
     finally:
         model.train(was_training)
     return {"accuracy": float(accuracy), "nll": float(nll), "elbo_per_datum": elbo}

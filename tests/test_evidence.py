@@ -82,3 +82,16 @@ def test_lambda_learned_by_elbo_matches_exact_evidence_argmax(toy):
     lam = float(model.symmetry_parameters()["lambda"])
     lam_folded = min(lam, 2.0 - lam)  # λ and 2 − λ give the same model
     assert abs(lam_folded - lam_star) < 0.1, (lam, lam_star)
+
+
+def test_chunked_elbo_matches_full_batch(toy):
+    """elbo_per_datum in chunks is the same estimator as one full batch (exact posterior: no MC noise)."""
+    from pyro_invariance.guides import get as get_guide
+
+    x, y = toy
+    model = _model()
+    guide = get_guide("map", model)
+    guide(x, y)
+    full = elbo_per_datum(model, guide, x, y, num_particles=1, meanfield=False, batch_size=N)
+    chunked = elbo_per_datum(model, guide, x, y, num_particles=1, meanfield=False, batch_size=7)
+    assert abs(full - chunked) < 1e-4
