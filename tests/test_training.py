@@ -188,7 +188,7 @@ def test_minibatch_elbo_is_unbiased_for_full_batch(data):
         t = poutine.trace(poutine.replay(model, tr)).get_trace(x[i:i + 64], y[i:i + 64], num_data=n)
         t.compute_log_prob()
         parts.append(float(t.nodes["obs"]["log_prob_sum"].detach()))  # already scaled by N/B
-    assert math.isclose(sum(parts) / len(parts), float(full.nodes["obs"]["log_prob_sum"]), rel_tol=1e-4)
+    assert math.isclose(sum(parts) / len(parts), float(full.nodes["obs"]["log_prob_sum"].detach()), rel_tol=1e-4)
 
 
 def test_fit_result_json(data, tmp_path):
