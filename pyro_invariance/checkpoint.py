@@ -1,5 +1,9 @@
 """Checkpoints that let training resume bit-for-bit.
 
+On the CPU a resumed run is identical to an uninterrupted one (tested). The CUDA RNG states are
+saved too; a 20-step InvariantMLP run resumed at step 9 on an H200 matched bit-for-bit, but some
+CUDA kernels (``grid_sample``'s backward) accumulate with atomics and are not guaranteed to.
+
 A checkpoint holds everything the next step depends on: model and guide state, optimiser and
 learning-rate schedule state, every random number generator (torch, Python, NumPy, and the
 minibatch shuffler), the position in the current epoch, the history so far, and the settings
@@ -26,11 +30,14 @@ class CheckpointError(RuntimeError):
 def rng_state() -> dict[str, Any]:
     """The global RNG states (torch, Python ``random``, NumPy) in a loadable form."""
     np_state = np.random.get_state()
-    return {
+    state = {
         "torch": torch.get_rng_state(),
         "random": random.getstate(),
         "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
     }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -38,6 +45,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["random"])
     kind, keys, *rest = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> None:
