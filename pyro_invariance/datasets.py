@@ -487,3 +487,7 @@ def load_dataset(
 def list_datasets() -> list[str]:
     """All registered dataset names, sorted."""
     return DATASETS.names()
+
+
+# The quadrant task and the resized variants (paper 004) register themselves on import.
+from pyro_invariance import quadrant as _quadrant  # noqa: E402,F401
