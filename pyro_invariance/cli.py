@@ -1,9 +1,11 @@
-"""Command line: ``pyro-invariance list | fit | evaluate | demo``.
+"""Command line: ``pyro-invariance list | fit | evaluate | compare | demo``.
 
     pyro-invariance list
     pyro-invariance fit --model invariant-mlp --guide block-cholesky --data rotated-digits \
         --steps 1000 --seed 0 --out results/run1 --model-arg symmetry=rotation
     pyro-invariance evaluate --run results/run1
+    pyro-invariance compare --model invariant-mlp --data rotated-digits \
+        --guides mean-field,matrix-normal,block-cholesky --K 10,100,1000 --steps 300 --out results/cmp
     pyro-invariance demo
 
 ``fit`` writes ``result.json`` (settings, history, metrics), ``checkpoint.pt`` and plots to
@@ -47,15 +49,9 @@ def _table(rows: list[tuple[str, ...]]) -> str:
 
 
 def _format_eta(model: Any, image_size: int | None) -> str:
-    from pyro_invariance.symmetry import GENERATOR_NAMES, eta_to_human
+    from pyro_invariance.compare import format_eta
 
-    params = getattr(model, "symmetry_parameters", lambda: {})()
-    if not params:
-        return "-"
-    if all(k in GENERATOR_NAMES for k in params):
-        human = eta_to_human(list(params.values()), list(params), image_size)
-        return ", ".join(f"{k}={float(v):.3f} ({human[k]})" for k, v in params.items())
-    return ", ".join(f"{k}={float(v):.3f}" for k, v in params.items())
+    return format_eta(model, image_size)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -71,7 +67,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_spec(args: argparse.Namespace) -> dict[str, Any]:
+def _data_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     data_kwargs = _parse_kv(args.data_arg)
     if args.data_dir:
         data_kwargs["data_dir"] = args.data_dir
@@ -81,6 +77,11 @@ def _build_spec(args: argparse.Namespace) -> dict[str, Any]:
         data_kwargs["train_size"] = args.train_size
     if args.test_size:
         data_kwargs["test_size"] = args.test_size
+    return data_kwargs
+
+
+def _build_spec(args: argparse.Namespace) -> dict[str, Any]:
+    data_kwargs = _data_kwargs(args)
     return {
         "model": args.model,
         "model_kwargs": _parse_kv(args.model_arg),
@@ -133,14 +134,11 @@ def run_fit(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eva
 
 
 def _metrics(model: Any, guide: Any, data: Any, num_samples: int, device: Any = None) -> dict[str, float]:
-    """Classification metrics for image data; the talk's HNN columns for physics data."""
-    if hasattr(data, "system"):
-        from pyro_invariance.hnn_metrics import evaluate_hnn
+    """Classification metrics for image data; the talk's HNN columns for physics data
+    (:func:`pyro_invariance.compare.evaluation_metrics`)."""
+    from pyro_invariance.compare import evaluation_metrics
 
-        return evaluate_hnn(model, guide, data, num_samples=num_samples)
-    from pyro_invariance.evaluation import evaluate
-
-    return evaluate((model, guide), data, num_samples=num_samples, device=device)
+    return evaluation_metrics(model, guide, data, num_samples, device)
 
 
 def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -150,11 +148,12 @@ def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "device": args.device,
         "progress": not args.no_progress,
-        "resume": args.resume,
-        "checkpoint_every": args.checkpoint_every,
         "num_particles": args.num_particles,
         "elbo": args.elbo,
     }
+    for name in ("resume", "checkpoint_every"):
+        if hasattr(args, name):
+            kw[name] = getattr(args, name)
     for name in ("lr", "eta_lr", "model_lr", "factor_lr"):
         if getattr(args, name) is not None:
             kw[name] = getattr(args, name)
@@ -221,6 +220,73 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     _print_summaries([summary])
     if run.is_dir():
         (run / "evaluation.json").write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+def _int_list(text: str, what: str) -> list[int]:
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    out = []
+    for t in items:
+        try:
+            out.append(int(t))
+        except ValueError:
+            raise ValueError(f"{what} must be a comma-separated list of integers, got {text!r}") from None
+    if not out:
+        raise ValueError(f"{what} is empty")
+    return out
+
+
+def _guide_kwargs(items: Sequence[str] | None, guides: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``--guide-arg KEY=VALUE`` (every guide) or ``--guide-arg GUIDE:KEY=VALUE`` (that guide)."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items or []:
+        head = item.split("=", 1)[0]
+        if ":" in head:
+            name, rest = item.split(":", 1)
+            if name not in guides:
+                raise ValueError(f"--guide-arg {item!r} names guide {name!r}, which is not in --guides {','.join(guides)}")
+            out.setdefault(name, {}).update(_parse_kv([rest]))
+        else:
+            for name in guides:
+                out.setdefault(name, {}).update(_parse_kv([item]))
+    return out
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Fit several guides with the same seeds and budget; print the bound/metric table."""
+    from pyro_invariance.compare import compare_guides
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    guides = [g.strip() for g in args.guides.split(",") if g.strip()]
+    if not guides:
+        raise ValueError("--guides is empty")
+    from pyro_invariance import guides as _guides  # noqa: F401  (registers the guides)
+
+    for name in guides:  # unknown names: the registry's error (with suggestions) before anything runs
+        GUIDES.entry(name)
+    Ks = _int_list(args.K, "--K")
+    fit_kwargs = _fit_kwargs(args)
+    fit_kwargs.pop("seed"), fit_kwargs.pop("steps"), fit_kwargs.pop("batch_size")
+    progress = fit_kwargs.pop("progress")
+    device = fit_kwargs.pop("device")
+    log = None if args.no_progress else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    cmp = compare_guides(
+        args.model, args.data, guides, steps=args.steps, seed=args.seed, batch_size=args.batch_size, K=Ks,
+        bound_samples=args.bound_samples, eval_subset=args.eval_subset, eval_samples=args.eval_samples,
+        bound_vectorize=args.vectorize_bounds,
+        guide_kwargs=_guide_kwargs(args.guide_arg, guides), model_kwargs=_parse_kv(args.model_arg),
+        data_kwargs=_data_kwargs(args), progress=progress, device=device, log=log, **fit_kwargs,
+    )
+    if args.format == "json":
+        print(cmp.to_json())
+    elif args.format == "markdown":
+        print(cmp.to_markdown())
+    else:
+        print(cmp.to_text())
+    if args.out:
+        files = cmp.save(args.out)
+        print(f"\nwrote {', '.join(str(p) for p in files.values())}", file=sys.stderr)
     return 0
 
 
@@ -299,6 +365,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--eval-samples", type=int, default=16)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("compare", help="fit several guides alike; table of ELBO, IWAE_K, PSIS k̂, η, metrics, cost")
+    p.add_argument("--model", required=True)
+    p.add_argument("--guides", default="mean-field,matrix-normal,block-cholesky",
+                   help="comma-separated guide names (pyro-invariance list guides)")
+    p.add_argument("--data", required=True)
+    p.add_argument("--K", default="10,100,1000", help="importance sample sizes of the IWAE bounds, e.g. 10,100,1000")
+    p.add_argument("--bound-samples", type=int, default=None, help="guide draws for the bounds (default max K)")
+    p.add_argument("--eval-subset", type=int, default=None,
+                   help="bound the evidence of the first N training points only (default: all)")
+    p.add_argument("--vectorize-bounds", action="store_true",
+                   help="draw the bound's particles in vectorised batches (models that broadcast over latents)")
+    p.add_argument("--format", default="text", choices=["text", "markdown", "json"])
+    p.add_argument("--out", default=None, help="write table.md, table.json and bounds.png here")
+    p.add_argument("--model-arg", action="append", metavar="KEY=VALUE", help="model keyword (JSON value)")
+    p.add_argument("--guide-arg", action="append", metavar="[GUIDE:]KEY=VALUE",
+                   help="guide keyword (JSON value) for every guide, or for GUIDE only")
+    p.add_argument("--data-arg", action="append", metavar="KEY=VALUE", help="dataset keyword (JSON value)")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--download", action="store_true")
+    p.add_argument("--train-size", type=int, default=None)
+    p.add_argument("--test-size", type=int, default=None)
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--eta-lr", type=float, default=None)
+    p.add_argument("--model-lr", type=float, default=None)
+    p.add_argument("--factor-lr", type=float, default=None)
+    p.add_argument("--num-particles", type=int, default=1)
+    p.add_argument("--elbo", default="meanfield", choices=["meanfield", "trace"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--eval-samples", type=int, default=16)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("demo", help="the main job on embedded data (rotated digits)")
     p.add_argument("--steps", type=int, default=1000)

@@ -1,0 +1,569 @@
+"""The guide-comparison workbench: one model × data, several guides, the same seeds and budget.
+
+:func:`compare_guides` fits every guide with :func:`~pyro_invariance.training.fit` from the same
+model initialisation (a fresh model per guide, built after seeding with ``seed``; a model
+*instance* is deep-copied per guide) and the same settings, then reports per guide:
+
+* the bounds on the training evidence from :mod:`pyro_invariance.bounds` -- the Monte-Carlo ELBO
+  and the importance-weighted bounds IWAE_K (``RenyiELBO(alpha=0)``) for each K, per datum, with
+  standard errors, and the PSIS k̂ of the guide as an importance proposal;
+* the exact log evidence per datum where the model has one (``basis-regression``);
+* the learned symmetry parameters η;
+* held-out metrics (accuracy / NLL for images, the talk's MSE columns for physics data, RMSE /
+  NLL for regression);
+* time per SVI step and the guide's number of parameters.
+
+:class:`GuideComparison` renders the table as text, markdown, JSON and a bar chart::
+
+    import pyro_invariance as pi
+    cmp = pi.compare_guides("invariant-mlp", "rotated-digits", guides=["mean-field", "matrix-normal", "block-cholesky"],
+                            steps=300, model_kwargs={"hidden": 32})
+    print(cmp.to_text()); cmp.plot("bounds.png")
+
+All bounds are on log p(y_1..n | x_1..n, η) for the first n training points (all of them unless
+``eval_subset`` says otherwise); with a subset they bound the evidence of that subset, computed with
+the guide fitted to the full training set (a valid but looser bound than a guide fitted to the
+subset would give).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import pyro
+import torch
+from pyro import poutine
+from torch import nn
+
+from pyro_invariance.bounds import _validate_Ks, check_observed, evidence_bounds
+from pyro_invariance.data_utils import test_arrays, train_arrays
+from pyro_invariance.registry import DATASETS, GUIDES, MODELS
+from pyro_invariance.validation import check_positive_int
+
+__all__ = ["GuideComparison", "compare_guides", "evaluation_metrics", "format_eta", "task_kind", "METRIC_COLUMNS"]
+
+DEFAULT_GUIDES = ("mean-field", "matrix-normal", "block-cholesky")
+
+#: held-out metric columns of the tables: (metric key, column title, format), per kind of task
+METRIC_COLUMNS: dict[str, list[tuple[str, str, str]]] = {
+    "classification": [("accuracy", "test acc", ".3f"), ("nll", "test NLL", ".3f")],
+    "dynamics": [("train_mse", "train MSE", ".3g"), ("test_mse", "test MSE", ".3g"),
+                 ("wider_mse", "wider MSE", ".3g"), ("moved_mse", "moved MSE", ".3g"),
+                 ("energy_drift", "energy drift", ".3g")],
+    "regression": [("rmse", "test RMSE", ".3f"), ("nll", "test NLL", ".3f")],
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# metrics and η, shared with the CLI
+
+
+def task_kind(data: Any) -> str:
+    """``"dynamics"`` (physics data), ``"classification"`` (integer labels) or ``"regression"``."""
+    if hasattr(data, "system"):
+        return "dynamics"
+    _, y = train_arrays(data)
+    return "regression" if y.dtype.is_floating_point else "classification"
+
+
+@torch.no_grad()
+def regression_metrics(model: Any, guide: Any, data: Any, num_samples: int = 16) -> dict[str, float]:
+    """Held-out RMSE of the posterior-predictive mean and NLL per example of the predictive
+    mixture ``(1/S) Σ_s p(y | x, θ_s)`` (the model's own observation distribution), ``θ_s ~ q``.
+
+    Adds ``log_evidence_per_datum`` (training data) when the model has an exact ``log_evidence``.
+    """
+    check_positive_int("num_samples", num_samples)
+    x, y = test_arrays(data)
+    dev = next(iter(model.buffers()), torch.zeros(0)).device
+    x, y = x.to(dev), y.to(dev)
+    log_probs, means = [], []
+    for _ in range(num_samples):
+        guide_tr = poutine.trace(guide).get_trace(x[:1], y[:1])
+        tr = poutine.trace(poutine.replay(model, trace=guide_tr)).get_trace(x, y)
+        obs = [s for s in tr.nodes.values() if s["type"] == "sample" and s["is_observed"]]
+        if not obs:
+            raise ValueError("model has no observed site: no predictive metrics")
+        fn, value = obs[0]["fn"], obs[0]["value"]
+        log_probs.append(fn.log_prob(value).double())
+        means.append(fn.mean.double())
+    lp = torch.stack(log_probs)  # (S, N)
+    mean = torch.stack(means).mean(0)
+    out = {
+        "rmse": float((mean - obs[0]["value"].double()).pow(2).mean().sqrt()),
+        "nll": float(-(torch.logsumexp(lp, 0) - math.log(num_samples)).mean()),
+    }
+    if hasattr(model, "log_evidence"):
+        xt, yt = (t.to(dev) for t in train_arrays(data))
+        out["log_evidence_per_datum"] = float(model.log_evidence(xt, yt)) / xt.shape[0]
+    return out
+
+
+def evaluation_metrics(model: Any, guide: Any, data: Any, num_samples: int = 16, device: Any = None) -> dict[str, float]:
+    """Held-out metrics by kind of data: the talk's HNN columns for physics data
+    (:func:`~pyro_invariance.hnn_metrics.evaluate_hnn`), accuracy / NLL / ELBO/N for classification
+    (:func:`~pyro_invariance.evaluation.evaluate`), RMSE / NLL for regression."""
+    kind = task_kind(data)
+    if kind == "dynamics":
+        from pyro_invariance.hnn_metrics import evaluate_hnn
+
+        return evaluate_hnn(model, guide, data, num_samples=num_samples)
+    if kind == "regression":
+        return regression_metrics(model, guide, data, num_samples)
+    from pyro_invariance.evaluation import evaluate
+
+    return evaluate((model, guide), data, num_samples=num_samples, device=device)
+
+
+def format_eta(model: Any, image_size: int | None = None) -> str:
+    """η of ``model`` for tables: ``rot=3.015 (±172.7°)`` for image generators, else ``name=value``."""
+    from pyro_invariance.symmetry import GENERATOR_NAMES, eta_to_human
+
+    params = getattr(model, "symmetry_parameters", lambda: {})()
+    if not params:
+        return "-"
+    values = {k: v for k, v in params.items() if torch.as_tensor(v).numel() == 1}
+    if not values:  # matrix-valued generators (symmetrised-hnn): report their size
+        return ", ".join(f"{k}: {tuple(torch.as_tensor(v).shape)}" for k, v in params.items())
+    if all(k in GENERATOR_NAMES for k in values):
+        human = eta_to_human(list(values.values()), list(values), image_size)
+        return ", ".join(f"{k}={float(v):.3f} ({human[k]})" for k, v in values.items())
+    if len(values) > 4:  # many generators (symmetrised-hnn): a range keeps tables readable
+        vs = [float(v) for v in values.values()]
+        return f"{len(vs)} values in [{min(vs):.3g}, {max(vs):.3g}]"
+    return ", ".join(f"{k}={float(v):.3f}" for k, v in values.items())
+
+
+def _eta_values(model: Any) -> dict[str, Any]:
+    params = getattr(model, "symmetry_parameters", lambda: {})()
+    return {k: (float(v) if torch.as_tensor(v).numel() == 1 else torch.as_tensor(v).tolist()) for k, v in params.items()}
+
+
+def _image_size(data: Any) -> int | None:
+    shape = getattr(data, "image_shape", None)
+    return int(shape[-1]) if shape else None
+
+
+# ------------------------------------------------------------------------------------------------
+# result
+
+
+def _finite_or_none(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if isinstance(v, dict):
+        return {k: _finite_or_none(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite_or_none(x) for x in v]
+    return v
+
+
+def _fmt(v: Any, spec: str) -> str:
+    if v is None:
+        return "-"
+    v = float(v)
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return format(v, spec)
+
+
+@dataclass
+class GuideComparison:
+    """What :func:`compare_guides` returns.
+
+    Attributes:
+        rows: one dict per guide (keys listed in :func:`compare_guides`).
+        settings: model, data, fit and bound settings (everything needed to rerun it).
+        kind: ``"classification"``, ``"dynamics"`` or ``"regression"`` (selects metric columns).
+        Ks: the importance sample sizes of the IWAE columns.
+    """
+
+    rows: list[dict[str, Any]]
+    settings: dict[str, Any]
+    kind: str
+    Ks: tuple[int, ...]
+    results: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    # -- table ------------------------------------------------------------------------------------
+    def _metric_columns(self) -> list[tuple[str, str, str]]:
+        present = set().union(*(r["metrics"] for r in self.rows)) if self.rows else set()
+        return [c for c in METRIC_COLUMNS[self.kind] if c[0] in present]
+
+    def has_exact_evidence(self) -> bool:
+        return any(r.get("log_evidence") is not None for r in self.rows)
+
+    def header(self) -> list[str]:
+        kmax = max(self.Ks)
+        cols = ["guide", "params", "s/step", "ELBO/N"] + [f"IWAE{k}/N" for k in self.Ks]
+        if self.has_exact_evidence():
+            cols.append("log Z/N")
+        cols += [f"IWAE{kmax}−ELBO", "k̂", "η"] + [title for _, title, _ in self._metric_columns()]
+        return cols
+
+    def table_rows(self, with_stderr: bool = False) -> list[list[str]]:
+        """The table's cells (strings); ``with_stderr`` adds ``±se`` to the bounds."""
+        kmax = max(self.Ks)
+        out = []
+        for r in self.rows:
+            mark = "" if r["is_bound"] else "*"
+
+            def bound(v: float, se: float) -> str:
+                s = _fmt(v, ".4f") + mark
+                if not with_stderr:
+                    return s
+                return s + (" ± n/a" if se is None or math.isnan(float(se)) else f" ± {_fmt(se, '.4f')}")
+
+            cells = [r["guide"], str(r["params"]), _fmt(r["seconds_per_step"], ".4f"), bound(r["elbo"], r["elbo_se"])]
+            cells += [bound(r[f"iwae{k}"], r[f"iwae{k}_se"]) for k in self.Ks]
+            if self.has_exact_evidence():
+                cells.append(_fmt(r.get("log_evidence"), ".4f"))
+            gain = (r[f"iwae{kmax}"] - r["elbo"]) * r["n_eval"]
+            cells += [_fmt(gain, ".2f"), _fmt(r["k_hat"], ".2f"), r["eta_readable"]]
+            cells += [_fmt(r["metrics"].get(key), fmt) for key, _, fmt in self._metric_columns()]
+            out.append(cells)
+        return out
+
+    def notes(self) -> list[str]:
+        s = self.settings
+        n, n_train = s["n_eval"], s["n_train"]
+        which = "all" if n == n_train else f"the first {n} of the {n_train}"
+        lines = [
+            f"Bounds on log p(y | x, η) of {which} training points, per datum (n = {n}), from {s['bound_samples']} guide "
+            "draws per guide (IWAE_K: mean of " + ", ".join(f"{s['bound_samples'] // k} (K={k})" for k in self.Ks)
+            + " independent estimates; ELBO: Monte-Carlo, no analytic KL); ± (markdown; `*_se` in JSON): Monte-Carlo "
+            "standard error. "
+            f"IWAE{max(self.Ks)}−ELBO is in nats for all n points.",
+            "k̂: PSIS k̂ of the guide as an importance proposal (< 0.5 good, 0.5–0.7 usable, > 0.7 unreliable "
+            "IWAE estimates and errors; ± n/a: a single IWAE estimate from heavy-tailed weights has no usable error).",
+        ]
+        if n != n_train:
+            lines.append("With a subset the guide fitted to all training data is the proposal: a valid, looser bound "
+                         "on the subset's evidence.")
+        if any(not r["is_bound"] for r in self.rows):
+            lines.append("*: point-estimate guide; the number is log p(D, ẑ) at the point, not a bound on the evidence.")
+        if self.has_exact_evidence():
+            lines.append("log Z/N: exact log evidence per datum at the guide's learned η.")
+        if s.get("test_on_train"):
+            lines.append("Test metrics were computed on the training data (data given as a pair).")
+        return lines
+
+    def to_text(self) -> str:
+        """A plain-text table (as the CLI prints it) with the notes below."""
+        rows = [self.header()] + self.table_rows()
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        s = self.settings
+        title = f"{s['model']} on {s['data']}: {s['steps']} SVI steps per guide, seed {s['seed']}"
+        return "\n".join([title, "", *lines, "", *self.notes()])
+
+    def to_markdown(self, with_stderr: bool = True) -> str:
+        """A GitHub markdown table (bounds with ± standard errors) and the notes."""
+        header = self.header()
+        lines = ["| " + " | ".join(header) + " |", "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in self.table_rows(with_stderr)]
+        return "\n".join(lines + [""] + [f"- {n}" for n in self.notes()]) + "\n"
+
+    def to_dict(self) -> dict[str, Any]:
+        return _finite_or_none({"settings": self.settings, "kind": self.kind, "Ks": list(self.Ks), "rows": self.rows})
+
+    @classmethod
+    def from_dict(cls, payload: Mapping[str, Any]) -> "GuideComparison":
+        """Rebuild a comparison (without the fitted models) from :meth:`to_dict` / a saved JSON file."""
+        rows = [dict(r) for r in payload["rows"]]
+        for r in rows:  # JSON null / "inf" back to floats
+            for key, value in list(r.items()):
+                if key == "k_hat" or key.startswith(("elbo", "iwae")):
+                    r[key] = float("nan") if value is None else float(value)
+        return cls(rows, dict(payload["settings"]), payload["kind"], tuple(int(k) for k in payload["Ks"]))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, default=str, ensure_ascii=False)
+
+    def save_json(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json() + "\n")
+        return path
+
+    def save(self, out_dir: str | Path) -> dict[str, Path]:
+        """Write ``table.md``, ``table.json`` and ``bounds.png`` to ``out_dir``."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "table.md").write_text(self.to_markdown())
+        return {"markdown": out / "table.md", "json": self.save_json(out / "table.json"), "plot": self.plot(out / "bounds.png")}
+
+    # -- plot -------------------------------------------------------------------------------------
+    def plot(self, path: str | Path, title: str | None = None) -> Path:
+        """Bar chart of ELBO/N and IWAE_K/N per guide (± standard errors), k̂ above each group,
+        the exact log Z/N as a dashed mark where known; saved as PNG."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        names = ["ELBO"] + [f"IWAE$_{{{k}}}$" for k in self.Ks]
+        keys = ["elbo"] + [f"iwae{k}" for k in self.Ks]
+        n_guides, n_bars = len(self.rows), len(keys)
+        width = 0.8 / n_bars
+        vals = [[r[k] for k in keys] for r in self.rows]
+        errs = [[r[f"{k}_se"] for k in keys] for r in self.rows]
+        lows = [v - (e if math.isfinite(e) else 0.0) for rv, re in zip(vals, errs) for v, e in zip(rv, re) if math.isfinite(v)]
+        highs = [v + (e if math.isfinite(e) else 0.0) for rv, re in zip(vals, errs) for v, e in zip(rv, re) if math.isfinite(v)]
+        exact = [r["log_evidence"] for r in self.rows if r.get("log_evidence") is not None]
+        lo, hi = (min(lows + exact), max(highs + exact)) if lows else (-1.0, 0.0)
+        span = max(hi - lo, 1e-3)
+        bottom = lo - 0.15 * span
+        fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * n_guides + 3), 3.8))
+        for j in range(n_bars):
+            xs = [i + (j - (n_bars - 1) / 2) * width for i in range(n_guides)]
+            heights = [vals[i][j] - bottom if math.isfinite(vals[i][j]) else 0.0 for i in range(n_guides)]
+            bars = ax.bar(xs, heights, width, bottom=bottom,
+                          yerr=[e if math.isfinite(e) else 0.0 for e in (row[j] for row in errs)],
+                          label=names[j], color=f"C{j}", capsize=2)
+            for patch, r in zip(bars.patches, self.rows):
+                if not r["is_bound"]:  # point estimates: log joint, not a bound
+                    patch.set_alpha(0.35)
+                    patch.set_hatch("//")
+        for i, r in enumerate(self.rows):
+            if r.get("log_evidence") is not None:
+                ax.hlines(r["log_evidence"], i - 0.45, i + 0.45, colors="k", linestyles="--", lw=1,
+                          label="exact log Z/N" if i == 0 else None)
+            k = r["k_hat"]
+            text = "k̂ n/a (point est.)" if not r["is_bound"] else f"k̂={_fmt(k, '.2f')}"
+            ax.text(i, hi + 0.04 * span, text, ha="center", va="bottom", fontsize=8,
+                    color="C3" if (isinstance(k, float) and k > 0.7) else "k")
+        ax.set_ylim(bottom, hi + 0.2 * span)
+        ax.set_xticks(range(n_guides))
+        ax.set_xticklabels([r["guide"] + ("*" if not r["is_bound"] else "") for r in self.rows], fontsize=9)
+        ax.set_ylabel(f"bound / datum (n = {self.settings['n_eval']})")
+        s = self.settings
+        ax.set_title(title or f"{s['model']} on {s['data']}: evidence bounds per guide", fontsize=10)
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+        fig.tight_layout()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
+
+
+# ------------------------------------------------------------------------------------------------
+# the workbench
+
+
+def _resolve_data(data: Any, data_kwargs: Mapping[str, Any] | None) -> tuple[Any, str]:
+    if isinstance(data, str):
+        return DATASETS.get(data, **(data_kwargs or {})), data
+    if data_kwargs:
+        raise ValueError("data_kwargs only apply when data is a dataset name")
+    if isinstance(data, (tuple, list)):
+        return data, "(x, y)"
+    label = getattr(data, "name", None) or type(data).__name__
+    return data, str(label)
+
+
+def _model_factory(model: Any, data: Any, model_kwargs: Mapping[str, Any] | None, seed: int) -> tuple[Callable[[], nn.Module], str, dict]:
+    """A zero-argument function returning the same initial model every call."""
+    if isinstance(model, str):
+        from pyro_invariance import models as _models  # noqa: F401  (registers the models)
+        from pyro_invariance.catalogue import model_kwargs_for
+
+        kwargs = model_kwargs_for(model, data, **(model_kwargs or {}))
+        MODELS.entry(model)  # unknown names fail here, before any fitting
+
+        def build() -> nn.Module:
+            pyro.set_rng_seed(seed)
+            return MODELS.get(model, **kwargs)
+
+        return build, model, kwargs
+    if model_kwargs:
+        raise ValueError("model_kwargs only apply when model is a catalogue name")
+    if isinstance(model, nn.Module):
+        template = copy.deepcopy(model)
+        return (lambda: copy.deepcopy(template)), type(model).__name__, {}
+    if callable(model):
+
+        def build_callable() -> nn.Module:
+            pyro.set_rng_seed(seed)
+            return model()
+
+        return build_callable, getattr(model, "__name__", type(model).__name__), {}
+    raise TypeError(f"model must be a catalogue name, a model instance or a factory, got {type(model).__name__}")
+
+
+def compare_guides(
+    model: Any,
+    data: Any,
+    guides: Sequence[str] = DEFAULT_GUIDES,
+    *,
+    steps: int = 1000,
+    seed: int = 0,
+    batch_size: int | None = 128,
+    lr: float | None = None,
+    K: Sequence[int] | int = (10, 100, 1000),
+    bound_samples: int | None = None,
+    eval_subset: int | None = None,
+    eval_samples: int = 16,
+    bound_batch_size: int = 4096,
+    bound_vectorize: bool = False,
+    guide_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+    model_kwargs: Mapping[str, Any] | None = None,
+    data_kwargs: Mapping[str, Any] | None = None,
+    progress: bool = False,
+    device: str = "cpu",
+    log: Callable[[str], None] | None = None,
+    **fit_kwargs: Any,
+) -> GuideComparison:
+    """Fit ``guides`` on ``model`` × ``data`` with the same seeds and budget; tabulate bounds and metrics.
+
+    Args:
+        model: a catalogue model name (built with ``model_kwargs`` and what the dataset determines),
+            a model instance (deep-copied per guide, so every guide starts from it) or a
+            zero-argument factory.
+        data: a dataset name (built with ``data_kwargs``), a dataset object, or a pair ``(x, y)``
+            (then the test metrics are on the same pair).
+        guides: guide names (:mod:`pyro_invariance.guides`); checked before anything is fitted.
+        steps, seed, batch_size, lr, **fit_kwargs: passed to :func:`~pyro_invariance.training.fit`
+            for every guide (``lr=None``: fit's default).
+        K: importance sample sizes of the IWAE bounds (ints ≥ 1).
+        bound_samples: guide draws for the bounds (default ``max(K)``).
+        eval_subset: bound the evidence of the first ``eval_subset`` training points only (speed);
+            default all of them.
+        eval_samples: guide draws in the predictive test metrics.
+        bound_batch_size: rows per forward pass when evaluating the bounds.
+        bound_vectorize: draw the bound's particles in vectorised batches (only for models that
+            broadcast over a batch of latents, e.g. ``basis-regression``; see
+            :func:`~pyro_invariance.bounds.log_weights`).
+        guide_kwargs: per-guide keyword arguments, ``{"mean-field": {"init_scale": 0.1}}``.
+        log: optional ``print``-like progress callback.
+
+    Returns:
+        :class:`GuideComparison`. Each row has ``guide``, ``params`` (effective count,
+        :func:`~pyro_invariance.guides.num_guide_parameters`), ``fit_seconds``,
+        ``seconds_per_step``, ``train_elbo_minibatch`` (smoothed end of training), ``n_eval``,
+        ``elbo`` / ``elbo_se`` and ``iwae{K}`` / ``iwae{K}_se`` (per datum), ``k_hat``,
+        ``is_bound``, ``note``, ``log_evidence`` (exact, per datum, or None), ``eta``,
+        ``eta_readable``, ``metrics`` and ``bounds`` (totals in nats, :class:`~.bounds.EvidenceBounds`).
+
+    Raises:
+        UnknownNameError: a guide, model or dataset name is not registered.
+        ValueError: K or another setting is invalid, or the model observes nothing.
+    """
+    from pyro_invariance import guides as guide_registry
+    from pyro_invariance.training import fit
+
+    if isinstance(guides, str):
+        guides = [g.strip() for g in guides.split(",") if g.strip()]
+    guides = list(guides)
+    if not guides:
+        raise ValueError("need at least one guide")
+    for name in guides:
+        GUIDES.entry(name)  # UnknownNameError with suggestions
+    if len(set(guides)) != len(guides):
+        raise ValueError(f"guide names repeat: {guides}")
+    Ks = _validate_Ks(K)
+    num_draws = max(Ks) if bound_samples is None else check_positive_int("bound_samples", bound_samples)
+    if num_draws < max(Ks):
+        raise ValueError(f"bound_samples={num_draws} is smaller than the largest K={max(Ks)}")
+    check_positive_int("eval_samples", eval_samples)
+    guide_kwargs = dict(guide_kwargs or {})
+    unknown = set(guide_kwargs) - set(guides)
+    if unknown:
+        raise ValueError(f"guide_kwargs for guides not compared: {sorted(unknown)}")
+    if lr is not None:
+        fit_kwargs["lr"] = lr
+
+    dataset, data_label = _resolve_data(data, data_kwargs)
+    x_train, y_train = train_arrays(dataset)
+    n_train = x_train.shape[0]
+    n_eval = n_train if eval_subset is None else check_positive_int("eval_subset", eval_subset)
+    if n_eval > n_train:
+        raise ValueError(f"eval_subset={eval_subset} exceeds the {n_train} training points")
+    build, model_label, built_kwargs = _model_factory(model, dataset, model_kwargs, seed)
+    kind = task_kind(dataset)
+    check_observed(build(), x_train[:2], y_train[:2], num_data=n_train)  # fail before fitting
+
+    say = log or (lambda _msg: None)
+    rows: list[dict[str, Any]] = []
+    results: dict[str, Any] = {}
+    for name in guides:
+        m = build()
+        g = guide_registry.get(name, m, **guide_kwargs.get(name, {}))
+        say(f"fitting {name} ({steps} steps) ...")
+        result = fit(m, g, dataset, steps=steps, batch_size=batch_size, seed=seed, progress=progress,
+                     device=device, **fit_kwargs)
+        dev = torch.device(device)
+        xe, ye = x_train[:n_eval].to(dev), y_train[:n_eval].to(dev)
+        t0 = time.perf_counter()
+        pyro.set_rng_seed(seed + 1)
+        bounds = evidence_bounds(m, g, xe, ye, Ks, num_samples=num_draws, batch_size=bound_batch_size,
+                                 vectorize=bound_vectorize)
+        bound_seconds = time.perf_counter() - t0
+        pyro.set_rng_seed(seed + 2)
+        metrics = evaluation_metrics(m, g, dataset, eval_samples, device)
+        log_z = None
+        if hasattr(m, "log_evidence"):
+            with torch.no_grad():
+                log_z = float(m.log_evidence(xe, ye)) / n_eval
+        from pyro_invariance.guides import num_guide_parameters
+
+        row: dict[str, Any] = {
+            "guide": name,
+            "params": num_guide_parameters(g),
+            "fit_seconds": result.seconds,
+            "seconds_per_step": result.seconds / steps,
+            "bound_seconds": bound_seconds,
+            "train_elbo_minibatch": result.final_elbo,
+            "n_eval": n_eval,
+            "elbo": bounds.elbo.per_datum,
+            "elbo_se": bounds.elbo.per_datum_stderr,
+        }
+        for k, b in bounds.iwae.items():
+            row[f"iwae{k}"] = b.per_datum
+            row[f"iwae{k}_se"] = b.per_datum_stderr
+        row.update(
+            k_hat=bounds.k_hat,
+            is_bound=not bounds.point_estimate,
+            note=bounds.note,
+            log_evidence=log_z,
+            eta=_eta_values(m),
+            eta_readable=format_eta(m, _image_size(dataset)),
+            metrics=metrics,
+            bounds=bounds.to_dict(),
+        )
+        rows.append(row)
+        results[name] = result
+        say(f"{name}: ELBO/N {row['elbo']:.4f}, IWAE{max(Ks)}/N {row[f'iwae{max(Ks)}']:.4f}, k̂ {_fmt(row['k_hat'], '.2f')}, "
+            f"{row['seconds_per_step']:.4f} s/step, bounds {bound_seconds:.1f}s")
+
+    settings = {
+        "model": model_label,
+        "model_kwargs": built_kwargs,
+        "data": data_label,
+        "data_kwargs": dict(data_kwargs or {}),
+        "guides": guides,
+        "guide_kwargs": guide_kwargs,
+        "steps": steps,
+        "seed": seed,
+        "batch_size": batch_size,
+        "fit_kwargs": {k: v for k, v in fit_kwargs.items()},
+        "K": list(Ks),
+        "bound_samples": num_draws,
+        "bound_vectorize": bound_vectorize,
+        "n_train": n_train,
+        "n_eval": n_eval,
+        "eval_samples": eval_samples,
+        "device": str(device),
+        "test_on_train": not hasattr(dataset, "x_test"),
+        "torch_threads": torch.get_num_threads(),
+    }
+    return GuideComparison(rows, settings, kind, Ks, results)
