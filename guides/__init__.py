@@ -39,7 +39,14 @@ __all__ = [
 
 def get(name: str, model: Callable, **kwargs: Any) -> Any:
     """Build guide ``name`` for ``model``; an unknown name raises
-    :class:`~pyro_invariance.registry.UnknownNameError` listing the known ones."""
+    :class:`~pyro_invariance.registry.UnknownNameError` listing the known ones.
+
+    A model may recommend settings by a method ``guide_defaults(name) -> dict`` (e.g. the
+    layer-wise networks' initialisation); explicit ``kwargs`` override them."""
+    GUIDES.entry(name)  # unknown names fail here, before the model is asked
+    defaults = getattr(model, "guide_defaults", None)
+    if callable(defaults):
+        kwargs = {**defaults(name), **kwargs}
     return GUIDES.get(name, model, **kwargs)
 
 

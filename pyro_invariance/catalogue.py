@@ -50,7 +50,9 @@ def build(spec: dict[str, Any]) -> tuple[Any, Any, Any]:
     model_kwargs = model_kwargs_for(spec["model"], data, **spec.get("model_kwargs", {}))
     spec["model_kwargs"] = model_kwargs
     model = MODELS.get(spec["model"], **model_kwargs)
-    guide = GUIDES.get(spec["guide"], model, **spec.get("guide_kwargs", {}))
+    from pyro_invariance import guides as guide_registry  # model-recommended defaults (guide_defaults)
+
+    guide = guide_registry.get(spec["guide"], model, **spec.get("guide_kwargs", {}))
     return data, model, guide
 
 

@@ -1,69 +1,110 @@
 """Posterior draws of a fitted model as ArviZ data: ``to_inference_data``.
 
-ArviZ's ``from_pyro`` needs an MCMC object, so the draws of a variational guide are converted by
-hand (methods.md §5): ``num_samples`` joint draws θ_s ~ q(θ) from the guide, the model replayed
-on the data with each draw, and the pointwise log-likelihood ``log p(y_n | x_n, θ_s)`` computed
-from the observed site's distribution. The result feeds ``az.summary``, ``az.loo``,
-``az.plot_posterior``... Keep in mind that the draws come from q, not from the posterior: PSIS-LOO
-on them treats q as the posterior (its k̂ values then also flag where q is a poor fit), and
-``sample_stats`` carries ``lp`` = log p(θ_s, y) and ``log_q`` = log q(θ_s) for importance
-weighting (e.g. ArviZ 1.x ``loo_approximate_posterior(log_p, log_q)``); both are computed
-without the plate's N/B scaling, ``log_q`` is 0 for a MAP (``Delta``) guide, and for a model with
-sampled transforms (InvariantMLP) the likelihood terms are single-sample estimates.
+Two sources of draws, one result layout:
 
-Groups (``S = num_samples``, ``N`` rows of the chosen split; one chain)::
+* **variational** -- a :class:`~pyro_invariance.training.FitResult` or a pair ``(model, guide)``:
+  ``num_samples`` joint draws θ_s ~ q(θ) from the guide (ArviZ's ``from_pyro`` needs an MCMC
+  object, methods.md §5);
+* **MCMC** -- a ``pyro.infer.MCMC`` that has run (e.g. NUTS on the model, with ``model(x, y)``),
+  or a pair ``(model, draws)`` with ``draws = {site: array (chain, draw, *site_shape)}``.
 
-    posterior            every latent sample site of the model, (1, S, *site_shape)
-    log_likelihood       "obs": log p(y_n | x_n, θ_s), (1, S, N), dims (chain, draw, obs_dim_0)
-    posterior_predictive "obs": y_n ~ p(y | x_n, θ_s), (1, S, N, *event_shape)
+Each draw is replayed through the model on the data, giving the pointwise log-likelihood
+``log p(y_n | x_n, θ_s)`` from the observed site's distribution and a posterior-predictive sample.
+The ArviZ container is built by the torch-free :mod:`pyro_invariance.arviz_compat`
+(``arviz.InferenceData`` on ArviZ 0.x, ``xarray.DataTree`` on 1.x), whose version-independent
+:func:`~pyro_invariance.arviz_compat.summary`, :func:`~pyro_invariance.arviz_compat.loo`,
+:func:`~pyro_invariance.arviz_compat.loo_approximate_posterior`, :func:`loo_values`,
+:func:`plot_posterior` and :func:`plot_forest` are re-exported here.
+
+Guide draws come from q, not from the posterior: plain PSIS-LOO on them treats q as the posterior
+(its k̂ values then also flag where q is a poor fit); :func:`loo_approximate_posterior` corrects for
+q with ``sample_stats`` ``lp`` = log p(θ_s, D) and ``log_q`` = log q(θ_s) (Magnusson et al. 2019;
+``arviz.loo_approximate_posterior`` on ArviZ 1.x). Both are computed without the plate's N/B
+scaling; ``log_q`` is 0 for a MAP (``Delta``) guide; for a model with sampled transforms
+(InvariantMLP) the likelihood terms are single-sample estimates.
+
+Groups (C chains, D draws -- one chain of ``num_samples`` draws for a guide -- N rows of the split)::
+
+    posterior            every latent sample site of the model, (C, D, *site_shape)
+    log_likelihood       "obs": log p(y_n | x_n, θ), (C, D, N), dims (chain, draw, obs_dim_0)
+    posterior_predictive "obs": y_n ~ p(y | x_n, θ), (C, D, N, *event_shape)
     observed_data        "obs": y as the model saw it, (N, *event_shape)
-    sample_stats         "lp" (log joint on this split) and "log_q" (guide log-density), (1, S)
-    constant_data        "eta": symmetry parameters η / λ, dims ("generator",) with their names
-    attrs                model, guide, split, num_samples, seed, eta_<generator> (floats)
+    sample_stats         "lp" (log joint on this split), (C, D); guides: "log_q" (guide log-density);
+                         MCMC: "diverging" (bool), when the sampler reports divergences
+    constant_data        "eta": symmetry parameters η / λ (point estimates, not posterior draws),
+                         dims ("generator",) with their names as coords
+    attrs                model, guide / sampler, split, num_samples, seed, inference, eta_<generator>;
+                         MCMC: num_chains, num_warmup, step_size, acceptance_rate (mean over chains)
 
 Dimension names come from the model's optional ``arviz_dims()`` (site name -> list of names for
 the site's own dims, e.g. ``{"out_weight": ["class", "hidden"]}``); sites it leaves out get
-``<site>_dim_<i>``.
+``<site>_dim_<i>``. Coordinates come from the model's optional ``arviz_coords()`` (dim ->
+values), else a ``class`` dim is labelled with the dataset's class names (``data.info["classes"]``)
+when their number matches, else ``0, 1, ...``.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
 
-import arviz as az
 import numpy as np
 import torch
 from pyro import poutine
+from pyro.poutine.trace_struct import Trace
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
+from pyro_invariance import arviz_compat
+from pyro_invariance.arviz_compat import (  # noqa: F401  (re-exported)
+    loo,
+    loo_approximate_posterior,
+    loo_values,
+    plot_forest,
+    plot_posterior,
+    summary,
+)
 from pyro_invariance.data_utils import test_arrays, train_arrays
 from pyro_invariance.validation import check_positive_int
 
-__all__ = ["to_inference_data"]
+__all__ = [
+    "to_inference_data",
+    "summary",
+    "loo",
+    "loo_approximate_posterior",
+    "loo_values",
+    "plot_posterior",
+    "plot_forest",
+]
 
 SPLITS = ("train", "test")
+#: ``num_samples`` of guide draws when not given.
+DEFAULT_GUIDE_SAMPLES = 100
 
 
 def to_inference_data(
-    result_or_pair: Any,
+    source: Any,
     data: Any,
     *,
-    num_samples: int = 100,
+    num_samples: int | None = None,
     split: str = "train",
     seed: int = 0,
     batch_size: int = 1024,
 ) -> Any:
-    """ArviZ data of ``num_samples`` guide draws, with the pointwise log-likelihood of ``data``.
+    """ArviZ data of posterior draws, with the pointwise log-likelihood of ``data``.
 
     Args:
-        result_or_pair: a :class:`~pyro_invariance.training.FitResult` or a pair ``(model, guide)``;
-            ``model(x, y=None, num_data=None)`` must have one observed sample site (named
-            ``"obs"`` in the catalogue's models).
+        source: where the draws come from --
+            a :class:`~pyro_invariance.training.FitResult` or a pair ``(model, guide)`` (guide
+            draws); a ``pyro.infer.MCMC`` after ``run`` (its kernel's model is used); or a pair
+            ``(model, draws)`` with ``draws`` a mapping ``site -> (chain, draw, *site_shape)``
+            array of every latent site. ``model(x, y=None, num_data=None)`` must have one
+            observed sample site (named ``"obs"`` in the catalogue's models).
         data: a dataset with ``x_train``/``y_train``/``x_test``/``y_test`` or a pair ``(x, y)``
             (used whatever ``split`` says).
-        num_samples: S, the number of joint draws from the guide (a positive int).
+        num_samples: guide draws S (default 100); for MCMC, the first ``num_samples`` draws of
+            each chain (default all).
         split: ``"train"`` or ``"test"``: which rows of a dataset to score.
         seed: seeds the draws (and the model's own randomness, e.g. sampled transforms); the
             global RNG state is restored afterwards.
@@ -73,25 +114,29 @@ def to_inference_data(
 
     Returns:
         ``arviz.InferenceData`` (ArviZ 0.x; an ``xarray.DataTree`` with the same groups on
-        ArviZ 1.x) with the groups listed in the module docstring. Shapes, for S draws and N
-        rows: ``posterior[site]`` ``(1, S, *site_shape)``; ``log_likelihood["obs"]`` ``(1, S, N)``;
-        ``posterior_predictive["obs"]`` ``(1, S, N, *event_shape)``; ``observed_data["obs"]``
-        ``(N, *event_shape)``.
+        ArviZ 1.x) with the groups listed in the module docstring. Shapes, for C chains of D
+        draws and N rows: ``posterior[site]`` ``(C, D, *site_shape)``; ``log_likelihood["obs"]``
+        ``(C, D, N)``; ``posterior_predictive["obs"]`` ``(C, D, N, *event_shape)``;
+        ``observed_data["obs"]`` ``(N, *event_shape)``.
 
     Raises:
         ValueError: ``num_samples`` or ``batch_size`` not a positive int, an unknown ``split``,
-            a model without an observed site (or with several and none named ``"obs"``), or an
-            ``arviz_dims()`` entry that does not match its site's shape.
+            a model without an observed site (or with several and none named ``"obs"``), an
+            ``arviz_dims()`` entry that does not match its site's shape, MCMC draws that miss a
+            latent site or disagree in their (chain, draw) shape.
+        TypeError: an unrecognised ``source``.
     """
-    check_positive_int("num_samples", num_samples)
+    if num_samples is not None:
+        check_positive_int("num_samples", num_samples)
     check_positive_int("batch_size", batch_size)
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an integer, got {seed!r}")
-    model, guide, spec = _unpack(result_or_pair)
+    src = _source(source, num_samples)
+    model = src.model
     x, y = (train_arrays if split == "train" else test_arrays)(data)
-    device = next(iter(model.buffers()), next(iter(model.parameters()), torch.zeros(0))).device
+    device = _device(model)
     x, y = x.to(device), y.to(device)
     n = x.shape[0]
     chunks = [(x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, n, batch_size)]
@@ -102,57 +147,166 @@ def to_inference_data(
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=_fork_devices(device)):
             torch.manual_seed(seed)
-            draws = [_one_draw(model, guide, chunks, n, device, seed, s) for s in range(num_samples)]
+            draws = [
+                _one_draw(model, trace, log_q, chunks, device, seed, s, strict=src.kind == "mcmc")
+                for s, (trace, log_q) in enumerate(src.traces(chunks[0], n, device))
+            ]
     finally:
         if was_training is not None:
             model.train(was_training)
 
+    chains, per_chain = src.shape
     obs_name = draws[0]["obs_name"]
-    latent_names = list(draws[0]["latents"])
-    posterior = {k: np.stack([d["latents"][k] for d in draws])[None] for k in latent_names}
-    log_lik = np.stack([d["log_lik"] for d in draws])[None]  # (1, S, N)
-    predictive = np.stack([d["predictive"] for d in draws])[None]  # (1, S, N, *event)
+
+    def stack(key: str, name: str | None = None) -> np.ndarray:
+        values = [d[key] if name is None else d[key][name] for d in draws]
+        arr = np.stack([np.asarray(v) for v in values])
+        return arr.reshape(chains, per_chain, *arr.shape[1:])
+
+    posterior = {k: stack("latents", k) for k in draws[0]["latents"]}
     observed = draws[0]["observed"]  # (N, *event)
-    sample_stats = {
-        "lp": np.array([[d["lp"] for d in draws]]),
-        "log_q": np.array([[d["log_q"] for d in draws]]),
-    }
+    sample_stats = {"lp": stack("lp")}
+    if src.kind == "guide":
+        sample_stats["log_q"] = stack("log_q")
+    sample_stats.update(src.sample_stats)
 
     dims = _dims(model, {k: v.shape[2:] for k, v in posterior.items()}, obs_name, observed.shape)
-    coords: dict[str, Any] = {}
     symmetry = {k: float(v) for k, v in getattr(model, "symmetry_parameters", lambda: {})().items()}
-    constant_data = {}
+    coords = _coords(model, data, dims)
+    groups: dict[str, dict[str, np.ndarray]] = {
+        "posterior": posterior,
+        "log_likelihood": {obs_name: stack("log_lik")},  # (C, D, N)
+        "posterior_predictive": {obs_name: stack("predictive")},  # (C, D, N, *event)
+        "observed_data": {obs_name: observed},
+        "sample_stats": sample_stats,
+    }
     if symmetry:
-        constant_data["eta"] = np.array(list(symmetry.values()))
+        groups["constant_data"] = {"eta": np.array(list(symmetry.values()))}
         dims["eta"] = ["generator"]
         coords["generator"] = list(symmetry)
 
     attrs: dict[str, Any] = {
-        "model": _registered_name(model, spec, "model"),
-        "guide": _registered_name(guide, spec, "guide"),
-        "guide_class": type(guide).__name__,
+        "model": _registered_name(model, src.spec, "model"),
+        **src.attrs,
         "split": split,
-        "num_samples": int(num_samples),
+        "num_samples": int(chains * per_chain),
         "seed": int(seed),
         "num_data": int(n),
-        "inference": "variational (draws from the guide q, not MCMC)",
     }
     attrs.update({f"eta_{k}": v for k, v in symmetry.items()})
-
-    groups: dict[str, dict[str, np.ndarray]] = {
-        "posterior": posterior,
-        "log_likelihood": {obs_name: log_lik},
-        "posterior_predictive": {obs_name: predictive},
-        "observed_data": {obs_name: observed},
-        "sample_stats": sample_stats,
-    }
-    if constant_data:
-        groups["constant_data"] = constant_data
-    return _from_dict(groups, dims=dims, coords=coords, attrs=attrs)
+    return arviz_compat.from_arrays(groups, dims=dims, coords=coords, attrs=attrs)
 
 
 # ------------------------------------------------------------------------------------------------
-# draws
+# sources of draws
+
+
+@dataclass
+class _Source:
+    """Draws of one kind. ``traces(first_chunk, n, device)`` yields, per draw in chain-major order,
+    a trace of latent values to replay and log q (guides) or None; ``shape`` = (chains, draws)."""
+
+    kind: str  # "guide" or "mcmc"
+    model: Any
+    shape: tuple[int, int]
+    traces: Callable[[tuple[Tensor, Tensor], int, torch.device], Iterator[tuple[Trace, float | None]]]
+    attrs: dict[str, Any]
+    spec: dict[str, Any] = field(default_factory=dict)
+    sample_stats: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def _source(source: Any, num_samples: int | None) -> _Source:
+    if _is_mcmc(source):
+        model = getattr(source.kernel, "model", None)
+        if model is None:
+            raise ValueError("the MCMC kernel has no model (a potential_fn kernel): pass (model, draws) instead")
+        draws = _check_draws(source.get_samples(group_by_chain=True), num_samples)
+        shape = next(iter(draws.values())).shape[:2]
+        sampler = type(source.kernel).__name__
+        stats, extra = _mcmc_stats(source, shape)
+        attrs = {"sampler": sampler, "inference": f"MCMC ({sampler})", **extra}
+        return _Source("mcmc", model, shape, _replay_draws(draws), attrs, sample_stats=stats)
+    if isinstance(source, (tuple, list)) and len(source) == 2 and isinstance(source[1], Mapping):
+        draws = _check_draws(source[1], num_samples)
+        shape = next(iter(draws.values())).shape[:2]
+        return _Source("mcmc", source[0], shape, _replay_draws(draws), {"inference": "MCMC (draws given as arrays)"})
+    model, guide, spec = _unpack(source)
+    s = DEFAULT_GUIDE_SAMPLES if num_samples is None else num_samples
+
+    def guide_traces(first: tuple[Tensor, Tensor], n: int, device: torch.device) -> Iterator[tuple[Trace, float]]:
+        for _ in range(s):
+            trace = poutine.trace(guide).get_trace(first[0], first[1], num_data=n)
+            log_q = sum(
+                float(site["fn"].log_prob(site["value"]).sum())
+                for site in trace.nodes.values()
+                if site["type"] == "sample" and not site_is_subsample(site) and not site["is_observed"]
+            )
+            yield trace, log_q
+
+    attrs = {
+        "guide": _registered_name(guide, spec, "guide"),
+        "guide_class": type(guide).__name__,
+        "inference": "variational (draws from the guide q, not MCMC)",
+    }
+    return _Source("guide", model, (1, s), guide_traces, attrs, spec=spec)
+
+
+def _replay_draws(draws: dict[str, Tensor]) -> Callable[..., Iterator[tuple[Trace, None]]]:
+    """Traces holding one MCMC draw's latent values each (for ``poutine.replay``)."""
+
+    def traces(first: tuple[Tensor, Tensor], n: int, device: torch.device) -> Iterator[tuple[Trace, None]]:
+        chains, per_chain = next(iter(draws.values())).shape[:2]
+        for c in range(chains):
+            for d in range(per_chain):
+                trace = Trace()
+                for name, value in draws.items():
+                    trace.add_node(name, type="sample", is_observed=False, value=value[c, d].to(device), infer={})
+                yield trace, None
+
+    return traces
+
+
+def _is_mcmc(obj: Any) -> bool:
+    return hasattr(obj, "kernel") and callable(getattr(obj, "get_samples", None)) and hasattr(obj, "num_chains")
+
+
+def _check_draws(draws: Mapping[str, Any], num_samples: int | None) -> dict[str, Tensor]:
+    if not draws:
+        raise ValueError("no MCMC draws: the draws mapping is empty (has the MCMC run?)")
+    out = {k: torch.as_tensor(v) for k, v in draws.items()}
+    shapes = {k: tuple(v.shape[:2]) for k, v in out.items()}
+    if any(v.dim() < 2 for v in out.values()) or len(set(shapes.values())) != 1:
+        raise ValueError(f"MCMC draws must all start with the same (chain, draw) dims, got {shapes}")
+    available = next(iter(shapes.values()))[1]
+    if num_samples is not None:
+        if num_samples > available:
+            raise ValueError(f"num_samples={num_samples} but the MCMC has {available} draws per chain")
+        out = {k: v[:, :num_samples] for k, v in out.items()}
+    return out
+
+
+def _mcmc_stats(mcmc: Any, shape: tuple[int, int]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """``diverging`` per draw and per-run attrs from what Pyro's MCMC keeps (it keeps no per-draw
+    acceptance probabilities or step sizes: only divergent draw indices and acceptance rates)."""
+    chains, per_chain = shape
+    stats: dict[str, np.ndarray] = {}
+    attrs: dict[str, Any] = {"num_chains": int(chains), "num_warmup": int(getattr(mcmc, "warmup_steps", 0) or 0)}
+    try:
+        diag = mcmc.diagnostics()
+    except Exception:  # noqa: BLE001  (a sampler without diagnostics)
+        diag = {}
+    if "divergences" in diag:
+        diverging = np.zeros((chains, per_chain), dtype=bool)
+        for c, key in enumerate(sorted(diag["divergences"])[:chains]):
+            idx = [i for i in diag["divergences"][key] if 0 <= i < per_chain]
+            diverging[c, idx] = True
+        stats["diverging"] = diverging
+    if "acceptance rate" in diag:
+        attrs["acceptance_rate"] = float(np.mean([float(v) for v in diag["acceptance rate"].values()]))
+    step_size = getattr(mcmc.kernel, "step_size", None)
+    if step_size is not None:
+        attrs["step_size"] = float(step_size)
+    return stats, attrs
 
 
 def _unpack(result_or_pair: Any) -> tuple[Any, Any, dict[str, Any]]:
@@ -160,19 +314,23 @@ def _unpack(result_or_pair: Any) -> tuple[Any, Any, dict[str, Any]]:
         return result_or_pair.model, result_or_pair.guide, dict(getattr(result_or_pair, "spec", None) or {})
     if isinstance(result_or_pair, (tuple, list)) and len(result_or_pair) == 2:
         return result_or_pair[0], result_or_pair[1], {}
-    raise TypeError(f"expected a FitResult or a pair (model, guide), got {type(result_or_pair).__name__}")
-
-
-def _one_draw(model: Any, guide: Any, chunks: list, n: int, device: torch.device, seed: int, s: int) -> dict[str, Any]:
-    """One joint draw θ_s ~ q, replayed on every chunk; numpy arrays for the ArviZ groups."""
-    x0, y0 = chunks[0]
-    guide_trace = poutine.trace(guide).get_trace(x0, y0, num_data=n)
-    log_q = sum(
-        float(site["fn"].log_prob(site["value"]).sum())
-        for site in guide_trace.nodes.values()
-        if site["type"] == "sample" and not site_is_subsample(site) and not site["is_observed"]
+    raise TypeError(
+        "expected a FitResult, a pair (model, guide), a pyro.infer.MCMC or a pair (model, draws), "
+        f"got {type(result_or_pair).__name__}"
     )
-    replayed = poutine.replay(model, trace=guide_trace)
+
+
+# ------------------------------------------------------------------------------------------------
+# one draw
+
+
+def _one_draw(
+    model: Any, latent_trace: Trace, log_q: float | None, chunks: list, device: torch.device, seed: int, s: int,
+    *, strict: bool,
+) -> dict[str, Any]:
+    """One joint draw θ_s (a trace of latent values), replayed on every chunk; numpy arrays.
+    ``strict``: every latent site of the model must have a value in ``latent_trace`` (MCMC)."""
+    replayed = poutine.replay(model, trace=latent_trace)
     rng = _rng_state(device)
     log_liks, fns, observed, latents, obs_name, lp = [], [], [], {}, None, 0.0
     for i, (xc, yc) in enumerate(chunks):
@@ -191,6 +349,8 @@ def _one_draw(model: Any, guide: Any, chunks: list, n: int, device: torch.device
                         f"latent site {name!r} lies in the data plate (a local latent); "
                         "to_inference_data supports global latents only"
                     )
+                if strict and name not in latent_trace.nodes:
+                    raise ValueError(f"the MCMC draws have no values for the model's latent site {name!r}")
                 latents[name] = site["value"].detach().cpu().numpy()
                 lp += float(site["fn"].log_prob(site["value"]).sum())
     log_lik = torch.cat(log_liks)
@@ -261,6 +421,13 @@ def _pointwise_log_prob(site: dict, batch: int) -> Tensor:
     return lp
 
 
+def _device(model: Any) -> torch.device:
+    """The device of a module's first buffer or parameter (CPU for a plain function)."""
+    if not isinstance(model, torch.nn.Module):
+        return torch.device("cpu")
+    return next(iter(model.buffers()), next(iter(model.parameters()), torch.zeros(0))).device
+
+
 def _fork_devices(device: torch.device) -> list[int]:
     """CUDA devices whose RNG ``torch.random.fork_rng`` must save (none on CPU)."""
     if device.type != "cuda":
@@ -304,6 +471,8 @@ def _registered_name(obj: Any, spec: dict[str, Any], kind: str) -> str:
     factory is the object's class or is annotated to return it (unique match), else the class name."""
     if isinstance(spec.get(kind), str):
         return spec[kind]
+    if isinstance(getattr(obj, "catalogue_name", None), str):  # one class behind several entries
+        return obj.catalogue_name
     from pyro_invariance.registry import GUIDES, MODELS
 
     cls = type(obj)
@@ -320,21 +489,19 @@ def _registered_name(obj: Any, spec: dict[str, Any], kind: str) -> str:
     return matches[0] if len(matches) == 1 else cls.__name__
 
 
-# ------------------------------------------------------------------------------------------------
-# ArviZ 0.x / 1.x
-
-
-def _arviz_is_legacy() -> bool:
-    """ArviZ 0.x: ``from_dict(posterior=..., log_likelihood=..., ...)`` (one keyword per group).
-    ArviZ 1.x: ``from_dict(data)`` with ``data = {group: {var: array}}``."""
-    return "posterior_predictive" in inspect.signature(az.from_dict).parameters
-
-
-def _from_dict(groups: dict[str, dict[str, np.ndarray]], *, dims: dict, coords: dict, attrs: dict) -> Any:
-    if _arviz_is_legacy():
-        # Tested with ArviZ 0.23 (Python 3.11). 0.x puts `attrs` on the InferenceData and the
-        # data groups; `posterior_attrs` puts them on the posterior too.
-        return az.from_dict(**groups, dims=dims, coords=coords, attrs=attrs, posterior_attrs=dict(attrs))
-    # ArviZ 1.x (arviz_base.from_dict -> xarray.DataTree; attrs keyed by group, "/" = root).
-    # Written against the arviz-base signature but NOT tested here (ArviZ 1.x needs Python >= 3.12).
-    return az.from_dict(groups, dims=dims, coords=coords, attrs={"/": attrs, "posterior": dict(attrs)})
+def _coords(model: Any, data: Any, dims: dict[str, list[str]]) -> dict[str, list[Any]]:
+    """Coordinates: ``model.arviz_coords()`` if the model has it; a ``class`` dim gets the dataset's
+    class names when their number matches the site's size (checked by ``from_arrays``)."""
+    coords: dict[str, list[Any]] = {}
+    if callable(getattr(model, "arviz_coords", None)):
+        coords.update({k: list(v) for k, v in model.arviz_coords().items()})
+    classes = getattr(data, "info", {}).get("classes") if isinstance(getattr(data, "info", None), dict) else None
+    num_classes = getattr(model, "num_classes", None)
+    if (
+        "class" not in coords
+        and classes is not None
+        and num_classes == len(classes)
+        and any("class" in names for names in dims.values())
+    ):
+        coords["class"] = [str(c) for c in classes]
+    return coords

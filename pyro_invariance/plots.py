@@ -1,4 +1,24 @@
-"""Plots users expect from a symmetry-learning run (matplotlib, saved to files)."""
+"""Plots users expect from a symmetry-learning run (matplotlib, Agg backend, saved to files).
+
+=================================  ==============================================================
+function                           what
+=================================  ==============================================================
+:func:`plot_eta_history`           η per generator over training, in human units (degrees,
+                                   pixels, scale factors), beside the data's true range; ELBO/N
+:func:`plot_filter_bank`           InvariantMLP: first-layer rows warped over ε ∈ [−1, 1]
+:func:`plot_filter_banks`          layer-wise models: the conv filters (and FC receptive fields)
+                                   of one block, from site values (e.g. a guide's ``median()``)
+:func:`plot_generators`            the learned affine generator Σ ηᵢGᵢ as a vector field on the
+                                   image plane, and an example image transformed along it
+:func:`plot_conserved_quantities`  Noether's razor: level sets of the learned conserved quantities
+                                   C(x) = xᵀAx/2 + bᵀx and their flows on a phase-space plane
+=================================  ==============================================================
+
+Every function saves one PNG and returns its path. For the Hamiltonian generators as heat maps and
+their SVD, see :func:`pyro_invariance.hnn_metrics.plot_generators` and
+:func:`~pyro_invariance.hnn_metrics.plot_symmetry_analysis`; for ArviZ's own plots on posterior
+draws, :func:`pyro_invariance.diagnostics.plot_posterior` / ``plot_forest``.
+"""
 
 from __future__ import annotations
 
@@ -10,24 +30,114 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+__all__ = [
+    "data_eta_range",
+    "plot_conserved_quantities",
+    "plot_eta_history",
+    "plot_filter_bank",
+    "plot_filter_banks",
+    "plot_generators",
+]
+
+# Panels of plot_eta_history: generator names -> (panel title, y label, η -> display value).
+_UNITS: dict[str, tuple[str, str]] = {
+    "rot": ("rotation", "η_rot (degrees)"),
+    "tx": ("translation", "η (half image sides)"),
+    "ty": ("translation", "η (half image sides)"),
+    "sx": ("scale", "max. scale factor e^η"),
+    "sy": ("scale", "max. scale factor e^η"),
+    "shear": ("shear", "η_shear"),
+}
 
 
-def plot_eta_history(histories: Mapping[str, Mapping[str, Any]], path: str | Path, title: str = "") -> Path:
-    """η (radians / normalised units) and ELBO/N over training for one or more runs.
+def _human(name: str, values: np.ndarray, image_size: int | None) -> np.ndarray:
+    """η in display units: degrees for rotation, pixels for translation (with ``image_size``),
+    the largest scale factor e^η for scale, η otherwise (see :func:`symmetry.eta_to_human`)."""
+    if name == "rot":
+        return np.degrees(values)
+    if name in ("tx", "ty") and image_size:
+        return values * (image_size - 1) / 2
+    if name in ("sx", "sy"):
+        return np.exp(values)
+    return values
 
-    ``histories`` maps a run label to a ``FitResult.history``.
+
+def data_eta_range(data: Any) -> dict[str, float]:
+    """The true η per generator of a transformed dataset (``rotated-*``: rot = π; ``scaled-*``:
+    sx = sy = ln 2, ...), from ``data.info``; ``{}`` for an untransformed dataset."""
+    info = getattr(data, "info", None)
+    if not isinstance(info, dict) or "eta" not in info:
+        return {}
+    from pyro_invariance.datasets import VARIANTS
+
+    variant = VARIANTS.get(info.get("variant"))
+    groups = variant.generators if variant is not None else tuple((n,) for n in info.get("param_names", ()))
+    out: dict[str, float] = {}
+    for names, eta in zip(groups, info["eta"]):
+        for name in names:
+            out[name] = float(eta)
+    return out
+
+
+def plot_eta_history(
+    histories: Mapping[str, Mapping[str, Any]],
+    path: str | Path,
+    title: str = "",
+    *,
+    data_range: Mapping[str, float] | Any = None,
+    image_size: int | None = None,
+) -> Path:
+    """η per generator over training, in human units, and ELBO/N, for one or more runs.
+
+    Args:
+        histories: run label -> ``FitResult.history`` (``step``, ``elbo``, ``eta``).
+        path: the PNG to write.
+        title: figure title.
+        data_range: the data's true η per generator (``{"rot": π}``), or a transformed dataset
+            (read with :func:`data_eta_range`); drawn as dashed lines in each run's colour.
+        image_size: image side in pixels: translations are then shown in pixels.
+
+    One panel per kind of generator (rotation in degrees with a dotted line at 180° = all of
+    SO(2); translation in half image sides or pixels; scale as the largest factor e^η; shear;
+    any other symmetry parameter -- λ, generator norms, layer-wise precisions -- as is, on a
+    log axis when positive and spanning over two decades), and one for the smoothed ELBO/N.
     """
-    fig, (ax_eta, ax_elbo) = plt.subplots(1, 2, figsize=(10, 3.6))
+    if data_range is not None and not isinstance(data_range, Mapping):
+        data_range = data_eta_range(data_range)
+    data_range = dict(data_range or {})
+    panels: dict[str, tuple[str, list]] = {}  # title -> (y label, [(label, name, steps, values)])
     for label, hist in histories.items():
         for name, values in hist.get("eta", {}).items():
-            ax_eta.plot(hist["step"], values, label=f"{label}: η_{name}")
+            kind, ylabel = _UNITS.get(name, ("other symmetry parameters", "value"))
+            if name in ("tx", "ty") and image_size:
+                ylabel = "η (pixels)"
+            panels.setdefault(kind, (ylabel, []))[1].append((label, name, hist["step"], np.asarray(values, float)))
+    n = len(panels) + 1
+    fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 3.6), squeeze=False)
+    axes = list(axes[0])
+    for ax, (kind, (ylabel, lines)) in zip(axes, panels.items()):
+        for i, (label, name, steps, values) in enumerate(lines):
+            colour = f"C{i % 10}"
+            ax.plot(steps, _human(name, values, image_size), color=colour, label=f"{label}: η_{name}")
+            if name in data_range:
+                level = float(_human(name, np.array([data_range[name]]), image_size)[0])
+                ax.axhline(level, color=colour, ls="--", lw=1, label=f"data: η_{name} = {level:.3g}")
+        if kind == "rotation":
+            ax.axhline(180.0, color="grey", ls=":", lw=1, label="all of SO(2)")
+        if kind == "other symmetry parameters":
+            every = np.concatenate([v for *_, v in lines])
+            if (every > 0).all() and every.max() / every.min() > 100:
+                ax.set_yscale("log")
+        ax.set(xlabel="step", ylabel=ylabel, title=kind)
+        ax.legend(fontsize=7)
+    ax_elbo = axes[-1]
+    for label, hist in histories.items():
         ax_elbo.plot(hist["step"], _smooth(hist["elbo"]), label=label)
-    ax_eta.axhline(math.pi, color="grey", ls=":", lw=1)
-    ax_eta.set(xlabel="step", ylabel="η", title="symmetry parameters")
     ax_elbo.set(xlabel="step", ylabel="ELBO / N (smoothed)", title="bound")
-    for ax in (ax_eta, ax_elbo):
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+    if ax_elbo.get_legend_handles_labels()[0]:
+        ax_elbo.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
     return _save(fig, path)
@@ -48,6 +158,234 @@ def plot_filter_bank(model: Any, path: str | Path, rows: Sequence[int] = (0, 1, 
     fig.suptitle(f"filter bank, η = {eta}")
     fig.tight_layout()
     return _save(fig, path)
+
+
+def plot_filter_banks(
+    sites: Mapping[str, Any],
+    path: str | Path,
+    *,
+    block: int = 0,
+    image_shape: Sequence[int] | None = None,
+    kernel_size: int = 3,
+    max_filters: int = 16,
+    max_units: int = 8,
+    title: str = "",
+) -> Path:
+    """The learned filters of one block of a layer-wise model (``layerwise-*``).
+
+    Args:
+        sites: site name -> value, e.g. ``guide.median()`` or one posterior draw. Read:
+            ``blocks.<block>.conv.weight`` of shape ``(C_out, C_in·k²)`` (each row a C_in × k × k
+            filter) and, if ``image_shape`` is given, ``blocks.<block>.fc.weight`` of shape
+            ``(C_out·H·W, C_in·H·W)`` (each row the receptive field of one output unit; rows
+            channel-major, the block's output map assumed H × W, i.e. stride 1 as in block 0).
+        path: the PNG to write.
+        block: which block.
+        image_shape: ``(C_in, H, W)`` of the block's input, to show FC receptive fields.
+        kernel_size: k.
+        max_filters: conv filters shown (the first ones).
+        max_units: FC output units shown (channel 0, positions spread over the map).
+        title: figure title.
+
+    Each panel shares one symmetric colour scale per pathway (blue < 0 < red), so a pathway whose
+    precision δ grew large (switched off by the bound) shows up as faded.
+
+    Raises:
+        ValueError: neither site present, or a weight whose shape does not fit.
+    """
+    panels: list[tuple[str, np.ndarray, float]] = []
+    conv_key, fc_key = f"blocks.{block}.conv.weight", f"blocks.{block}.fc.weight"
+    if conv_key in sites:
+        w = _numpy(sites[conv_key])
+        k2 = kernel_size * kernel_size
+        if w.ndim != 2 or w.shape[1] % k2:
+            raise ValueError(f"{conv_key} has shape {w.shape}; expected (C_out, C_in·{k2})")
+        c_in = w.shape[1] // k2
+        filters = w[:max_filters].reshape(-1, c_in, kernel_size, kernel_size)
+        limit = float(np.abs(filters).max()) or 1.0
+        panels += [(f"conv {i}", _mosaic(f), limit) for i, f in enumerate(filters)]
+    if fc_key in sites and image_shape is not None:
+        c_in, h, w_ = (int(s) for s in image_shape)
+        w = _numpy(sites[fc_key])
+        if w.ndim != 2 or w.shape[1] != c_in * h * w_ or w.shape[0] % (h * w_):
+            raise ValueError(f"{fc_key} has shape {w.shape}; expected (C_out·{h}·{w_}, {c_in}·{h}·{w_})")
+        positions = np.unique(np.linspace(0, h * w_ - 1, min(max_units, h * w_)).round().astype(int))
+        fields = w[positions].reshape(-1, c_in, h, w_)  # output channel 0 (rows are channel-major)
+        limit = float(np.abs(fields).max()) or 1.0
+        panels += [(f"fc unit ({p // w_},{p % w_})", _mosaic(f), limit) for p, f in zip(positions, fields)]
+    if not panels:
+        raise ValueError(
+            f"no {conv_key!r} (or {fc_key!r} with image_shape) among the sites: {sorted(sites)[:8]}..."
+        )
+    cols = min(8, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(1.3 * cols, 1.45 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, (name, img, limit) in zip(axes.flat, panels):
+        ax.imshow(img, cmap="RdBu_r", vmin=-limit, vmax=limit)
+        ax.set_title(name, fontsize=7)
+    fig.suptitle(title or f"block {block} filters")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_generators(
+    eta: Mapping[str, float],
+    path: str | Path,
+    *,
+    image: Any = None,
+    num_examples: int = 5,
+    title: str = "",
+) -> Path:
+    """The learned affine generator ``A = Σ ηᵢGᵢ`` and what it does to an image.
+
+    Left: the vector field ``v(p) = A [p; 1]`` on the image plane (normalised coordinates
+    p ∈ [−1, 1]², x = column, y = row pointing down, as displayed), i.e. the direction in which
+    each point moves under the map ``p ↦ expm(εA) p`` as ε grows. Right (if ``image`` is given): the
+    image warped by ``T = expm(εA)`` for ``num_examples`` values of ε ∈ [−1, 1] -- the orbit the
+    model averages over (paper 003, Eq. 3). With the ``transform_images`` convention
+    ``out(p) = image(T p)`` the picture's content moves against the arrows for ε > 0.
+
+    Args:
+        eta: generator name -> η (``FitResult.eta`` of an InvariantMLP), names from
+            :data:`pyro_invariance.symmetry.GENERATOR_NAMES`.
+        path: the PNG to write.
+        image: ``(C, H, W)`` or ``(H, W)`` example image (tensor or array), optional.
+        num_examples: images along the orbit.
+        title: figure title (default: η in human units).
+
+    Raises:
+        ValueError: an unknown generator name.
+    """
+    import torch
+
+    from pyro_invariance.symmetry import GENERATOR_NAMES, affine_generators, eta_to_human, transform_images
+
+    unknown = [k for k in eta if k not in GENERATOR_NAMES]
+    if unknown:
+        raise ValueError(f"unknown generators {unknown}; expected names from {GENERATOR_NAMES}")
+    basis = affine_generators(dtype=torch.float64)
+    algebra = sum((float(v) * basis[GENERATOR_NAMES.index(k)] for k, v in eta.items()), torch.zeros(3, 3, dtype=torch.float64))
+    n_img = num_examples if image is not None else 0
+    fig, axes = plt.subplots(
+        1, 1 + n_img, figsize=(3.6 + 1.6 * n_img, 3.6), squeeze=False,
+        gridspec_kw={"width_ratios": [2.2] + [1] * n_img},
+    )  # fmt: skip
+    axes = list(axes[0])
+    grid = np.linspace(-1, 1, 13)
+    px, py = np.meshgrid(grid, grid)
+    a = algebra.numpy()
+    u = a[0, 0] * px + a[0, 1] * py + a[0, 2]
+    v = a[1, 0] * px + a[1, 1] * py + a[1, 2]
+    ax = axes[0]
+    ax.quiver(px, py, u, v, np.hypot(u, v), cmap="viridis", angles="xy")
+    ax.set(xlim=(-1.15, 1.15), ylim=(1.15, -1.15), aspect="equal", xlabel="x (column)", ylabel="y (row)")
+    ax.set_title("A = Σ ηᵢGᵢ", fontsize=9)
+    if image is not None:
+        img = torch.as_tensor(np.asarray(image), dtype=torch.float32)
+        img = img[None] if img.dim() == 2 else img  # (C, H, W)
+        eps = torch.linspace(-1, 1, num_examples, dtype=torch.float64)
+        mats = torch.linalg.matrix_exp(eps[:, None, None] * algebra)
+        warped = transform_images(img.expand(num_examples, *img.shape).contiguous(), mats.to(torch.float32))
+        for axi, e, w in zip(axes[1:], eps.tolist(), warped):
+            shown = w[0] if w.shape[0] == 1 else w.permute(1, 2, 0).clamp(0, 1)
+            axi.imshow(shown.numpy(), cmap="gray_r" if w.shape[0] == 1 else None)
+            axi.set_title(f"ε = {e:+.2f}", fontsize=8)
+            axi.axis("off")
+    human = eta_to_human(list(eta.values()), list(eta), image_size=None if image is None else int(np.shape(image)[-1]))
+    fig.suptitle(title or "learned generator: " + ", ".join(f"{k} {v}" for k, v in human.items()), fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_conserved_quantities(
+    generators: Any,
+    path: str | Path,
+    *,
+    dims: tuple[int, int] = (0, 1),
+    extent: float = 2.0,
+    max_panels: int = 6,
+    titles: Sequence[str] | None = None,
+    title: str = "",
+) -> Path:
+    """Noether's razor: level sets of each conserved quantity and the flow it generates.
+
+    For each generator ``G = [[JA, Jb], [0, 0]]`` (:mod:`pyro_invariance.conserved`), the quantity
+    ``C(x) = xᵀAx/2 + bᵀx`` on the plane of phase-space coordinates ``dims`` (the others at 0), as
+    contours, with the symmetry's flow ``ẋ = J∇C(x) = G [x; 1]`` as arrows (tangent to the
+    contours). For the SHO the learned quantity should show circles (energy / SO(2)).
+
+    Args:
+        generators: ``(K, M+1, M+1)`` tensor, or a model with ``generators()``
+            (:class:`~pyro_invariance.models.SymmetrisedHNN`).
+        path: the PNG to write.
+        dims: the two coordinates spanning the plane (``q_i`` is ``i < M/2``, ``p_i`` after).
+        extent: the plane is ``[−extent, extent]²``.
+        max_panels: at most this many generators (the first ones).
+        titles: one title per generator (default ``C_k``).
+        title: figure title.
+
+    Raises:
+        ValueError: no generators, or ``dims`` out of range.
+    """
+    import torch
+
+    from pyro_invariance.conserved import quadratic_from_generator
+
+    g = generators.generators() if callable(getattr(generators, "generators", None)) else generators
+    g = torch.as_tensor(g).detach().to(torch.float64).cpu()
+    if g.dim() != 3 or g.shape[0] == 0:
+        raise ValueError(f"need generators of shape (K, M+1, M+1) with K >= 1, got {tuple(g.shape)}")
+    m = g.shape[-1] - 1
+    i, j = dims
+    if not (0 <= i < m and 0 <= j < m and i != j):
+        raise ValueError(f"dims must be two different coordinates of 0..{m - 1}, got {dims}")
+    a, b = quadratic_from_generator(g[:max_panels])
+    k = a.shape[0]
+    fig, axes = plt.subplots(1, k, figsize=(3.4 * k, 3.3), squeeze=False)
+    grid = torch.linspace(-extent, extent, 61, dtype=torch.float64)
+    gx, gy = torch.meshgrid(grid, grid, indexing="xy")
+    x = torch.zeros(*gx.shape, m, dtype=torch.float64)
+    x[..., i], x[..., j] = gx, gy
+    coarse = slice(None, None, 6)
+    for n, ax in enumerate(axes[0]):
+        c = 0.5 * torch.einsum("...i,ij,...j->...", x, a[n], x) + x @ b[n]
+        vel = x @ g[n, :m, :m].T + g[n, :m, m]
+        if float(c.max() - c.min()) > 1e-12 * max(1.0, float(c.abs().max())):
+            ax.contour(gx.numpy(), gy.numpy(), c.numpy(), levels=12, cmap="viridis", linewidths=1)
+        else:
+            ax.text(0.5, 0.5, "constant on this plane", ha="center", va="center", transform=ax.transAxes, fontsize=8)
+        u, v = vel[coarse, coarse, i], vel[coarse, coarse, j]
+        if float(torch.hypot(u, v).max()) > 0:  # no flow within the plane: nothing to draw
+            ax.quiver(gx[coarse, coarse].numpy(), gy[coarse, coarse].numpy(), u.numpy(), v.numpy(), color="0.4",
+                      angles="xy")
+        ax.set(xlim=(-extent, extent), ylim=(-extent, extent))
+        ax.set(aspect="equal", xlabel=_phase_name(i, m), ylabel=_phase_name(j, m))
+        ax.set_title(titles[n] if titles else f"C_{n}", fontsize=9)
+    fig.suptitle(title or f"conserved quantities on the ({_phase_name(i, m)}, {_phase_name(j, m)}) plane")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _phase_name(i: int, m: int) -> str:
+    d = m // 2
+    return f"q{i}" if i < d else f"p{i - d}"
+
+
+def _numpy(value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value, dtype=np.float64)
+
+
+def _mosaic(filt: np.ndarray) -> np.ndarray:
+    """(C, h, w) -> (h, C·(w+1)−1): channels side by side, separated by a blank column."""
+    c, h, w = filt.shape
+    out = np.full((h, c * (w + 1) - 1), np.nan)
+    for k in range(c):
+        out[:, k * (w + 1): k * (w + 1) + w] = filt[k]
+    return out
 
 
 def _smooth(values: Sequence[float], window: int = 25) -> list[float]:

@@ -1,8 +1,12 @@
-"""Tests of ``pyro_invariance.diagnostics.to_inference_data`` (guide draws -> ArviZ)."""
+"""Tests of ``pyro_invariance.diagnostics.to_inference_data`` (guide and MCMC draws -> ArviZ) and of
+the ArviZ functions on its result for every registered model (ArviZ 0.23 here; the ArviZ 1.x side of
+the container is checked through ``arviz_compat`` with a monkeypatched version, and for real by
+``make test-arviz1`` in tests/test_arviz_compat.py)."""
 
 from __future__ import annotations
 
 import math
+import warnings
 from functools import lru_cache
 
 import torch
@@ -10,14 +14,19 @@ import torch
 torch.set_num_threads(1)
 
 import arviz as az  # noqa: E402
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pyro  # noqa: E402
 import pyro.distributions as dist  # noqa: E402
 import pytest  # noqa: E402
+from pyro.infer import MCMC, NUTS  # noqa: E402
 from pyro.nn import PyroModule, PyroSample  # noqa: E402
 
 import pyro_invariance  # noqa: E402
-from pyro_invariance import diagnostics, guides, to_inference_data  # noqa: E402
+from pyro_invariance import arviz_compat, diagnostics, guides, to_inference_data  # noqa: E402
 from pyro_invariance.models.basis_regression import BasisRegression, make_symmetric_toy  # noqa: E402
 
 STEPS = 30
@@ -56,6 +65,17 @@ def build_symmetrised_hnn():
     return model, data, {k: (model_dims(model, k, len(v)), v) for k, v in shapes.items()}, model_dims(model, "obs", 2)
 
 
+def build_layerwise(variant: str):
+    """A width-1 layer-wise network on 8×8 digits; every weight and bias site."""
+
+    def build():
+        model = pyro_invariance.models.get(f"layerwise-{variant}", image_shape=(1, 8, 8), num_classes=10, alpha=1)
+        shapes = model.site_shapes()
+        return model, digits(), {k: (model_dims(model, k, len(v)), v) for k, v in shapes.items()}, ("obs_dim_0",)
+
+    return build
+
+
 def model_dims(model, site, ndim):
     """What the model's ``arviz_dims()`` says for ``site``, else the generic ``<site>_dim_<i>``."""
     given = model.arviz_dims() if hasattr(model, "arviz_dims") else {}
@@ -67,6 +87,7 @@ BUILDERS = {
     "invariant-mlp": build_invariant_mlp,
     "basis-regression": build_basis_regression,
     "symmetrised-hnn": build_symmetrised_hnn,
+    **{f"layerwise-{v}": build_layerwise(v) for v in ("fc", "conv", "fc+conv", "f-fc+conv", "s-fc+s-conv", "fc+conv+gconv")},
 }
 
 
@@ -133,6 +154,61 @@ def test_round_trip_every_registered_model(name):
 
 def test_builders_only_name_registered_models():
     assert set(BUILDERS) <= set(pyro_invariance.MODELS.names())
+
+
+def _small_selection(post):
+    """The posterior variable with the fewest elements and coords keeping <= 2 values per dim
+    (plots of a 10 x 256 weight would take minutes)."""
+    var = min(post.data_vars, key=lambda v: post[v].size)
+    coords = {d: post[d].values[:2].tolist() for d in post[var].dims if d not in ("chain", "draw")}
+    return var, coords
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("name", pyro_invariance.MODELS.names())
+def test_arviz_functions_every_registered_model(name):
+    """az.summary, az.loo (Pareto k̂ per datum), the approximate-posterior LOO, az.plot_posterior and
+    az.plot_forest on the guide draws of every catalogue model."""
+    if name not in BUILDERS:
+        pytest.fail(f"model {name!r} is registered but has no builder in tests/test_diagnostics.py")
+    result, data, _, _ = fitted(name)
+    idata = to_inference_data(result, data, num_samples=DRAWS)
+    n = rows(data)
+
+    # az.summary costs ~5 ms per scalar (ESS, R-hat): the smallest sites, up to ~200 scalars
+    names, total = [], 0
+    for v in sorted(idata.posterior.data_vars, key=lambda v: idata.posterior[v].size):
+        size = idata.posterior[v].size // DRAWS
+        if names and total + size > 200:
+            break
+        names.append(v)
+        total += size
+    table = az.summary(idata, var_names=names)
+    assert len(table) == total
+    assert np.isfinite(table["mean"]).all()
+
+    loo = az.loo(idata, pointwise=True)
+    assert loo.pareto_k.shape == (n,) and loo.pareto_k.dims == ("obs_dim_0",)
+    assert np.isfinite(loo["elpd_loo"])
+    approx = arviz_compat.loo_values(diagnostics.loo_approximate_posterior(idata))
+    assert approx.approx_posterior and approx.pareto_k.shape == (n,) and approx.n_samples == DRAWS
+    assert np.isfinite(approx.elpd)
+
+    var, coords = _small_selection(idata.posterior)
+    axes = az.plot_posterior(idata, var_names=[var], coords=coords)
+    assert np.size(axes) == max(1, math.prod(len(v) for v in coords.values()))
+    plt.close("all")
+    axes = az.plot_forest(idata, var_names=[var], coords=coords, combined=True)
+    assert len(np.ravel(axes)) >= 1
+    plt.close("all")
+
+
+def test_class_coords_from_the_dataset():
+    result, data, _, _ = fitted("invariant-mlp")
+    idata = to_inference_data(result, data, num_samples=2)
+    assert list(idata.posterior["class"].values) == list(data.info["classes"])
+    assert idata.posterior["out_weight"].sel({"class": "3"}).shape == (1, 2, 32)
+    assert list(idata.constant_data["generator"].values) == list(result.eta)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -270,23 +346,133 @@ def test_bad_split_and_input():
 
 
 # -------------------------------------------------------------------------------------------------
-# ArviZ 1.x call shape (ArviZ 1.x needs Python >= 3.12, so only the call is checked here)
+# the ArviZ 1.x container (xarray.DataTree), built here by pretending to be on ArviZ 1.x
 
 
-def test_arviz_1x_call_shape(monkeypatch):
-    calls = {}
-
-    def from_dict_1x(data, *, name=None, sample_dims=None, save_warmup=None, index_origin=None,
-                     coords=None, dims=None, pred_dims=None, pred_coords=None, check_conventions=True,
-                     attrs=None):
-        calls.update(data=data, coords=coords, dims=dims, attrs=attrs)
-        return "datatree"
-
-    monkeypatch.setattr(diagnostics.az, "from_dict", from_dict_1x)
-    assert not diagnostics._arviz_is_legacy()
+def test_datatree_container_when_on_arviz_1(monkeypatch):
+    xr = pytest.importorskip("xarray")
+    if not hasattr(xr, "DataTree"):
+        pytest.skip("this xarray has no DataTree")
+    monkeypatch.setattr(arviz_compat, "is_legacy", lambda: False)
     result, (x, y), _, _ = fitted("basis-regression")
-    assert to_inference_data(result, (x, y), num_samples=2) == "datatree"
-    assert set(calls["data"]) >= {"posterior", "log_likelihood", "observed_data", "constant_data"}
-    assert calls["data"]["posterior"]["weight"].shape == (1, 2, 2, 12)
-    assert calls["dims"]["weight"] == ["output", "feature"] and calls["coords"]["generator"] == ["lambda"]
-    assert calls["attrs"]["/"]["guide"] == "mean-field"
+    tree = to_inference_data(result, (x, y), num_samples=3)
+    assert isinstance(tree, xr.DataTree)
+    assert set(arviz_compat.group_names(tree)) == {
+        "posterior", "log_likelihood", "posterior_predictive", "observed_data", "sample_stats", "constant_data",
+    }  # fmt: skip
+    assert tree["posterior"]["weight"].dims == ("chain", "draw", "output", "feature")
+    assert tree["posterior"]["weight"].shape == (1, 3, 2, 12)
+    assert tree["log_likelihood"]["obs"].dims == ("chain", "draw", "obs_dim_0")
+    assert list(tree["constant_data"]["generator"].values) == ["lambda"]
+    assert tree.attrs["guide"] == "mean-field" and tree["posterior"].attrs["model"] == "basis-regression"
+
+
+# -------------------------------------------------------------------------------------------------
+# MCMC draws: exact posterior draws as arrays, and NUTS
+
+
+def _exact_loo(model, x, y):
+    """log p(y_i | x_i, D_{-i}) in closed form (Gaussian predictive of the leave-one-out posterior)."""
+    out = []
+    with torch.no_grad():
+        for i in range(x.shape[0]):
+            keep = torch.arange(x.shape[0]) != i
+            mean, cov = model.posterior(x[keep], y[keep])
+            phi = model.features(x[i:i + 1]).to(torch.float64)  # (1, F)
+            var = (phi @ cov @ phi.T).squeeze() + model.noise_scale**2
+            out.append(dist.Normal(phi @ mean.T, var.sqrt()).log_prob(y[i:i + 1].to(torch.float64)).sum())
+    return torch.stack(out).numpy()
+
+
+def _exact_draws(model, x, y, chains, draws, seed=0):
+    with torch.no_grad():
+        mean, cov = model.posterior(x, y)
+        gen = torch.Generator().manual_seed(seed)
+        z = torch.randn(chains, draws, *mean.shape, dtype=torch.float64, generator=gen)
+        return (mean + z @ torch.linalg.cholesky(cov).T).to(torch.float32)  # rows ~ N(M_d, Σ)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_mcmc_draws_as_arrays_match_the_exact_loo():
+    """Exact posterior draws of BasisRegression, 2 chains: layout, lp, and PSIS-LOO ≈ the exact LOO."""
+    model = BasisRegression(out_features=2, num_features=12)
+    x, y = make_symmetric_toy(60, num_outputs=2)
+    weight = _exact_draws(model, x, y, 2, 250)
+    idata = to_inference_data((model, {"weight": weight}), (x, y))
+    post = idata.posterior
+    assert post["weight"].dims == ("chain", "draw", "output", "feature") and post["weight"].shape == (2, 250, 2, 12)
+    np.testing.assert_allclose(post["weight"].values, weight.numpy())
+    assert idata.log_likelihood["obs"].shape == (2, 250, 60)
+    assert idata.posterior_predictive["obs"].shape == (2, 250, 60, 2)
+    assert set(idata.sample_stats.data_vars) == {"lp"}
+    assert post.attrs["inference"].startswith("MCMC") and post.attrs["num_samples"] == 500
+    assert "guide" not in post.attrs and post.attrs["model"] == "basis-regression"
+
+    exact = _exact_loo(model, x, y)
+    loo = az.loo(idata, pointwise=True)
+    assert loo["elpd_loo"] == pytest.approx(exact.sum(), abs=1.0)
+    np.testing.assert_allclose(loo.loo_i.values, exact, atol=0.3)
+    table = az.summary(idata)
+    assert (table["r_hat"] < 1.05).all()
+
+    first = to_inference_data((model, {"weight": weight}), (x, y), num_samples=10)
+    assert first.posterior["weight"].shape == (2, 10, 2, 12)
+
+
+def test_mcmc_draws_bad_input():
+    model = BasisRegression(out_features=2, num_features=12)
+    x, y = make_symmetric_toy(20, num_outputs=2)
+    with pytest.raises(ValueError, match="no values for the model's latent site 'weight'"):
+        to_inference_data((model, {"other": torch.zeros(1, 3)}), (x, y))
+    with pytest.raises(ValueError, match="same \\(chain, draw\\)"):
+        to_inference_data((model, {"weight": torch.zeros(1, 3, 2, 12), "w2": torch.zeros(2, 3)}), (x, y))
+    with pytest.raises(ValueError, match="draws per chain"):
+        to_inference_data((model, {"weight": torch.zeros(1, 3, 2, 12)}), (x, y), num_samples=4)
+    with pytest.raises(ValueError, match="empty"):
+        to_inference_data((model, {}), (x, y))
+
+
+def _nuts(num_samples, warmup, seed=0):
+    model = BasisRegression(out_features=1, num_features=4, noise_scale=0.5)  # 4 bumps fit the toy to ≈0.5
+    x, y = make_symmetric_toy(40, num_outputs=1)
+    pyro.set_rng_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "num_chains=2 is more than available_cpu=1" on 2 cores
+        mcmc = MCMC(NUTS(model), num_samples=num_samples, warmup_steps=warmup, num_chains=2, disable_progbar=True)
+        mcmc.run(x, y)
+    return model, x, y, mcmc
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_nuts_mcmc_object():
+    """A short NUTS run (2 chains x 15 draws): posterior, sample_stats and sampler attrs."""
+    model, x, y, mcmc = _nuts(15, 15)
+    idata = to_inference_data(mcmc, (x, y))
+    post = idata.posterior
+    assert post["weight"].dims == ("chain", "draw", "output", "feature") and post["weight"].shape == (2, 15, 1, 4)
+    np.testing.assert_allclose(post["weight"].values, mcmc.get_samples(group_by_chain=True)["weight"].numpy())
+    stats = idata.sample_stats
+    assert stats["diverging"].shape == (2, 15) and stats["diverging"].dtype == bool
+    assert stats["lp"].shape == (2, 15) and "log_q" not in stats
+    attrs = post.attrs
+    assert attrs["sampler"] == "NUTS" and attrs["num_chains"] == 2 and attrs["num_warmup"] == 15
+    assert 0.0 < attrs["acceptance_rate"] <= 1.0 and attrs["step_size"] > 0
+    assert attrs["model"] == "basis-regression" and attrs["eta_lambda"] == pytest.approx(0.5)
+    assert idata.log_likelihood["obs"].shape == (2, 15, 40)
+    assert az.loo(idata, pointwise=True).pareto_k.shape == (40,)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_nuts_agrees_with_the_exact_posterior():
+    """2 chains x 100 NUTS draws (≈20 s on one thread): means within 4 Monte Carlo standard errors of
+    the exact posterior mean, R-hat < 1.1, elpd_loo close to the exact LOO."""
+    model, x, y, mcmc = _nuts(100, 100)
+    idata = to_inference_data(mcmc, (x, y))
+    table = az.summary(idata, var_names=["weight"])
+    mean, _ = model.posterior(x, y)
+    err = np.abs(table["mean"].values - mean.detach().numpy().ravel()) / table["mcse_mean"].values
+    assert (err < 4).all(), err
+    assert (table["r_hat"] < 1.1).all()
+    assert not idata.sample_stats["diverging"].values.any()
+    assert az.loo(idata)["elpd_loo"] == pytest.approx(_exact_loo(model, x, y).sum(), abs=1.0)

@@ -1,0 +1,269 @@
+"""Paper 004 (ELLA, layer-wise equivariance) Tables 1–3 at a reduced size, plus the cost of each layer type.
+
+Table 1 (``--table 1``): the quadrant task (``quadrant-<base>``: digit, 10 classes; ``quadrant-<base>-40``:
+digit + quadrant, 40 classes). Rows FC / CONV / learned (F-FC+CONV, the paper's model), each trained
+by MAP (``map`` guide, ``prior="fixed"``: δ = 1, i.e. plain weight decay) and by the bound (``mean-field``
+guide, ``prior="learned"``: δ learned by the ELBO — our counterpart of the paper's Laplace marginal
+likelihood). Columns: test accuracy on both tasks.
+
+Table 2 (``--table 2``): every registered single-group variant (FC, CONV, FC+CONV, F-FC+CONV,
+S-FC+S-CONV) on ``<base>`` resized to ``--size`` (Fashion-MNIST by default), MAP vs the bound: test NLL,
+test accuracy, ELBO per datum.
+
+Table 3 (``--table 3``): ``fc+conv+gconv`` (choosing among FC / CONV / GCONV) on upright, translated
+and rotated ``<base>``, by the bound; columns: test NLL, accuracy, ELBO per datum and the relative
+effective number of parameters of each pathway, mean (min–max) over the 8 blocks
+(:mod:`pyro_invariance.layerwise_analysis`).
+
+Cost (``--table cost``): seconds per SVI step (mean-field guide, batch 64) and the peak resident
+memory of a fresh process doing those steps, for every layer type, at the table's α and input size.
+Each variant runs in its own subprocess so the peak memory is its own.
+
+Every fit: ``pyro_invariance.fit`` with the layer-wise networks' settings
+(:data:`pyro_invariance.models.layerwise.FIT_DEFAULTS`: Adam lr 0.01 cosine to 0, δ learning rate
+``eta_lr`` 1e-3; guides start at a prior draw with scale 0.01, ``LayerwiseNet.guide_defaults``),
+TraceMeanField_ELBO, one particle, seed 0, batch 128. Held-out metrics average the predictive over
+``eval_samples`` guide draws (``pyro_invariance.evaluate``); the ELBO per datum is on the training split.
+
+Sizes: ``--quick`` is a smoke test (minutes); the default is the reduced size in ``SIZES`` (each table
+well under an hour on one CPU thread); nothing here runs the paper's α = 10 on full MNIST/CIFAR-10.
+Results: ``benchmarks/results/layerwise_table<k>[_quick].md`` and ``.json`` (rewritten after each fit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as common  # noqa: E402
+
+import torch  # noqa: E402
+
+import pyro_invariance  # noqa: E402
+from pyro_invariance.catalogue import model_kwargs_for  # noqa: E402
+from pyro_invariance.models.layerwise import FIT_DEFAULTS  # noqa: E402
+from pyro_invariance.layerwise_analysis import analyse_pathways, block_shares  # noqa: E402
+from pyro_invariance.quadrant import build_quadrant_dataset, build_resized_dataset  # noqa: E402
+from pyro_invariance.registry import MODELS  # noqa: E402
+
+SIZES: dict[str, dict[str, Any]] = {
+    "quick": {"alpha": 1, "train_size": 300, "test_size": 200, "steps": 30, "eval_samples": 2},
+    "reduced": {"alpha": 4, "train_size": None, "test_size": None, "steps": 500, "eval_samples": 8},
+}
+#: per-table dataset defaults: base and side length
+TABLE_DATA = {"1": ("digits", 16), "2": ("fashion-mnist", 16), "3": ("fashion-mnist", 16)}
+#: Table 2/3 training-set sizes for Fashion-MNIST at the reduced size (the full 60000 is too slow here)
+FASHION_SIZES = {"train_size": 5000, "test_size": 2000}
+
+T1_ROWS = (("FC", "fc"), ("CONV", "conv"), ("learned (F-FC+CONV)", "f-fc+conv"))
+T2_ROWS = (("FC", "fc"), ("CONV", "conv"), ("FC+CONV", "fc+conv"), ("F-FC+CONV", "f-fc+conv"),
+           ("S-FC+S-CONV", "s-fc+s-conv"))  # fmt: skip
+T3_DATASETS = ("regular", "translated", "rotated")
+METHODS = {"MAP": ("map", {"prior": "fixed"}), "bound": ("mean-field", {"prior": "learned"})}
+COST_VARIANTS = ("conv", "fc", "fc+conv", "f-fc+conv", "s-fc+s-conv", "fc+conv+gconv")
+
+# Paper 004, MNIST quadrant task, test accuracy (%): row -> (MAP digit, MAP digit+quadrant, Laplace digit, Laplace d+q)
+PAPER_T1 = {"FC": (95.73, 95.10, 97.04, 95.46), "CONV": (99.38, 24.68, 99.23, 24.50),
+            "learned (F-FC+CONV)": (None, None, 98.86, 99.00)}  # fmt: skip
+
+
+def load(table: str, base: str, size: int, sizes: dict[str, Any], task: Any) -> Any:
+    n = {"train_size": sizes["train_size"], "test_size": sizes["test_size"]}
+    if base != "digits" and n["train_size"] is None:
+        n = dict(FASHION_SIZES)
+    if table == "1":
+        return build_quadrant_dataset(base, task, size=size if base != "digits" else None, **n)
+    return build_resized_dataset(base, task, size=size, **n)
+
+
+def run_fit(variant: str, method: str, data: Any, sizes: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Fit one variant with one method; returns metrics, δ and pathway shares."""
+    guide_name, model_kw = METHODS[method]
+    name = f"layerwise-{variant}"
+    model = MODELS.get(name, **model_kwargs_for(name, data, alpha=sizes["alpha"], **model_kw))
+    t0 = time.perf_counter()
+    result = pyro_invariance.fit(model, guide_name, data, steps=sizes["steps"], batch_size=128, seed=seed,
+                                 progress=False, **FIT_DEFAULTS)  # fmt: skip
+    seconds = time.perf_counter() - t0
+    metrics = pyro_invariance.evaluate(result, data, num_samples=sizes["eval_samples"], num_particles=1)
+    out: dict[str, Any] = {"variant": variant, "method": method, "params": model.num_parameters(),
+                           "seconds": round(seconds, 1), **{k: round(v, 4) for k, v in metrics.items()}}  # fmt: skip
+    reports = analyse_pathways(model, result.guide)
+    out["pathways"] = [r.to_dict() for r in reports]
+    out["shares"] = {str(b): s for b, s in block_shares(reports).items()}
+    return out
+
+
+def share_summary(row: dict[str, Any], kind: str) -> str:
+    vals = [100 * s[kind] for s in row["shares"].values() if kind in s and s[kind] == s[kind]]
+    if not vals:
+        return "–"
+    return f"{sum(vals) / len(vals):.0f} ({min(vals):.0f}–{max(vals):.0f})"
+
+
+def delta_summary(row: dict[str, Any], kind: str) -> str:
+    ds = [p["precision"][0] for p in row["pathways"] if p["kind"] == kind]
+    return ", ".join(f"{d:.2g}" for d in ds) if ds else "–"
+
+
+def render(table: str, rows: dict[str, dict[str, Any]], header: str) -> str:
+    parts = [header]
+    if table == "1":
+        parts.append("Test accuracy (%) on the quadrant task (this run, then paper 004 Table 1 on MNIST at α = 10).\n")
+        body = []
+        for label, variant in T1_ROWS:
+            cells = [label]
+            for method in METHODS:
+                for task in (10, 40):
+                    r = rows.get(f"{variant}|{method}|{task}")
+                    cells.append(f"{100 * r['accuracy']:.1f}" if r else "…")
+            paper = PAPER_T1[label]
+            cells.append(" / ".join("–" if p is None else f"{p:.1f}" for p in paper))
+            body.append(cells)
+        parts.append(common.md_table(["model", "MAP digit", "MAP digit+quadrant", "bound digit", "bound digit+quadrant",
+                                      "paper (MAP d, d+q, Laplace d, d+q)"], body))  # fmt: skip
+    elif table == "2":
+        body = []
+        for label, variant in T2_ROWS:
+            cells = [label]
+            for method in METHODS:
+                r = rows.get(f"{variant}|{method}|regular")
+                cells += [f"{r['params']:,}", f"{r['nll']:.3f}", f"{100 * r['accuracy']:.1f}", f"{r['elbo_per_datum']:.3f}"] if r else ["…"] * 4
+            body.append(cells)
+        parts.append(common.md_table(["layer", "params", "MAP NLL", "MAP acc", "MAP ELBO/N", "params", "bound NLL",
+                                      "bound acc", "bound ELBO/N"], body))  # fmt: skip
+    else:
+        body = []
+        for ds in T3_DATASETS:
+            r = rows.get(f"fc+conv+gconv|bound|{ds}")
+            m = rows.get(f"fc+conv+gconv|MAP|{ds}")
+            if not r:
+                body.append([ds] + ["…"] * 8)
+                continue
+            body.append([ds, f"{100 * m['accuracy']:.1f}" if m else "…", f"{r['nll']:.3f}", f"{100 * r['accuracy']:.1f}",
+                         f"{r['elbo_per_datum']:.3f}", share_summary(r, "fc"), share_summary(r, "conv"),
+                         share_summary(r, "gconv"), delta_summary(r, "fc")])  # fmt: skip
+        parts.append(common.md_table(["data", "MAP acc", "bound NLL", "bound acc", "ELBO/N", "FC % mean (min–max)",
+                                      "CONV %", "GCONV %", "δ_FC per block"], body))  # fmt: skip
+    if table in ("1", "2"):
+        parts.append("\nLearned prior precisions δ of the non-equivariant pathway, blocks 0..7 (bound fits):\n")
+        body = []
+        for key, r in rows.items():
+            if r["method"] != "bound" or r["variant"] == "conv":
+                continue
+            kind = {"fc": "fc", "fc+conv": "fc", "f-fc+conv": "ffc", "s-fc+s-conv": "sfc"}[r["variant"]]
+            body.append([key, delta_summary(r, kind), share_summary(r, kind)])
+        parts.append(common.md_table(["fit", "δ per block", "share % mean (min–max)"], body))
+    return "\n".join(parts)
+
+
+def cost_child(variant: str, alpha: int, size: int, steps: int) -> None:
+    """Runs in a fresh process: time ``steps`` SVI steps of one variant and report the peak RSS."""
+    common.set_threads(1)
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    x = torch.rand(256, 1, size, size)
+    y = torch.randint(0, 10, (256,))
+    model = MODELS.get(f"layerwise-{variant}", image_shape=(1, size, size), num_classes=10, alpha=alpha)
+    pyro_invariance.fit(model, "mean-field", (x, y), steps=2, batch_size=64, progress=False)  # warm-up, builds the guide
+    t0 = time.perf_counter()
+    pyro_invariance.fit(model, "mean-field", (x, y), steps=steps, batch_size=64, progress=False)
+    per_step = (time.perf_counter() - t0) / steps
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"variant": variant, "params": model.num_parameters(), "seconds_per_step": per_step,
+                      "peak_rss_mb": peak / 1024, "baseline_rss_mb": base_rss / 1024}))  # fmt: skip
+
+
+def run_cost(args: argparse.Namespace, sizes: dict[str, Any]) -> None:
+    size = args.size or 16
+    steps = 5 if args.quick else 20
+    rows = []
+    for variant in COST_VARIANTS:
+        cmd = [sys.executable, __file__, "--cost-child", variant, "--alpha", str(sizes["alpha"]), "--size", str(size),
+               "--steps", str(steps)]  # fmt: skip
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        common.log(f"cost {variant}: {rows[-1]}")
+    conv = next(r for r in rows if r["variant"] == "conv")
+    body = [[r["variant"], f"{r['params']:,}", f"{1000 * r['seconds_per_step']:.0f}",
+             f"{r['seconds_per_step'] / conv['seconds_per_step']:.1f}×", f"{r['peak_rss_mb']:.0f}"] for r in rows]  # fmt: skip
+    settings = {"alpha": sizes["alpha"], "input": f"1×{size}×{size}", "classes": 10, "batch": 64, "guide": "mean-field",
+                "timed steps": steps, "threads": 1}  # fmt: skip
+    md = common.header_markdown("Layer-wise equivariance: cost per SVI step by layer type", common.machine_info(),
+                                settings, common.command_line(),
+                                "Each variant in a fresh process; peak RSS includes Python, torch and pyro "
+                                "(the baseline of an idle process is in the JSON).")  # fmt: skip
+    md += "\n" + common.md_table(["variant", "params", "ms / step", "vs CONV", "peak RSS (MB)"], body)
+    common.write_results("layerwise_cost" + ("_quick" if args.quick else ""), md, {"settings": settings, "rows": rows})
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--table", choices=["1", "2", "3", "cost"], default="1")
+    p.add_argument("--quick", action="store_true", help="smoke-test size (minutes)")
+    p.add_argument("--base", default=None, help="base dataset (default: digits for Table 1, fashion-mnist for 2/3)")
+    p.add_argument("--size", type=int, default=None, help="image side length (default 16)")
+    p.add_argument("--alpha", type=int, default=None)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--resume", action="store_true", help="reuse finished fits with identical settings")
+    p.add_argument("--cost-child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    sizes = dict(SIZES["quick" if args.quick else "reduced"])
+    if args.alpha is not None:
+        sizes["alpha"] = args.alpha
+    if args.steps is not None:
+        sizes["steps"] = args.steps
+    if args.cost_child:
+        cost_child(args.cost_child, sizes["alpha"], args.size or 16, sizes["steps"])
+        return
+    common.set_threads(args.threads)
+    if args.table == "cost":
+        run_cost(args, sizes)
+        return
+    base, size = TABLE_DATA[args.table]
+    base, size = args.base or base, args.size or size
+    stem = f"layerwise_table{args.table}" + ("_quick" if args.quick else "")
+    settings = {**sizes, "base": base, "size": size, "seed": args.seed, "batch_size": 128, "threads": args.threads}
+    if base != "digits" and sizes["train_size"] is None:
+        settings.update(FASHION_SIZES)
+    json_path = common.RESULTS_DIR / f"{stem}.json"
+    rows: dict[str, dict[str, Any]] = {}
+    if args.resume and json_path.exists():
+        old = json.loads(json_path.read_text())
+        if old.get("settings") == settings:
+            rows = old["rows"]
+    if args.table == "1":
+        jobs = [(v, m, t) for t in (10, 40) for _, v in T1_ROWS for m in METHODS]
+    elif args.table == "2":
+        jobs = [(v, m, "regular") for _, v in T2_ROWS for m in METHODS]
+    else:
+        jobs = [("fc+conv+gconv", m, d) for d in T3_DATASETS for m in METHODS]
+    title = {"1": "Table 1: quadrant task", "2": "Table 2: layer types", "3": "Table 3: choosing among FC / CONV / GCONV"}
+    intro = __doc__.split("\n\n")[{"1": 1, "2": 2, "3": 3}[args.table]]
+    data_cache: dict[Any, Any] = {}
+    for variant, method, task in jobs:
+        key = f"{variant}|{method}|{task}"
+        if key in rows:
+            continue
+        if task not in data_cache:
+            data_cache[task] = load(args.table, base, size, sizes, task)
+        common.log(f"table {args.table}: {key} ...")
+        rows[key] = run_fit(variant, method, data_cache[task], sizes, args.seed)
+        common.log(f"  acc {rows[key]['accuracy']:.3f} nll {rows[key]['nll']:.3f} elbo/N {rows[key]['elbo_per_datum']:.3f} "
+                   f"({rows[key]['seconds']} s)")  # fmt: skip
+        header = common.header_markdown(f"Layer-wise equivariance (paper 004) {title[args.table]}", common.machine_info(),
+                                        settings, common.command_line(), intro)  # fmt: skip
+        common.write_results(stem, render(args.table, rows, header), {"settings": settings, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
