@@ -160,7 +160,7 @@ def render(table: str, rows: dict[str, dict[str, Any]], header: str) -> str:
             if r["method"] != "bound" or r["variant"] == "conv":
                 continue
             kind = {"fc": "fc", "fc+conv": "fc", "f-fc+conv": "ffc", "s-fc+s-conv": "sfc"}[r["variant"]]
-            body.append([key, delta_summary(r, kind), share_summary(r, kind)])
+            body.append([key.replace("|", " · "), delta_summary(r, kind), share_summary(r, kind)])
         parts.append(common.md_table(["fit", "δ per block", "share % mean (min–max)"], body))
     return "\n".join(parts)
 
@@ -260,9 +260,14 @@ def main() -> None:
         rows[key] = run_fit(variant, method, data_cache[task], sizes, args.seed)
         common.log(f"  acc {rows[key]['accuracy']:.3f} nll {rows[key]['nll']:.3f} elbo/N {rows[key]['elbo_per_datum']:.3f} "
                    f"({rows[key]['seconds']} s)")  # fmt: skip
-        header = common.header_markdown(f"Layer-wise equivariance (paper 004) {title[args.table]}", common.machine_info(),
-                                        settings, common.command_line(), intro)  # fmt: skip
-        common.write_results(stem, render(args.table, rows, header), {"settings": settings, "rows": rows})
+        write(args.table, stem, rows, settings, title, intro)
+    write(args.table, stem, rows, settings, title, intro)  # also re-renders a finished --resume run
+
+
+def write(table: str, stem: str, rows: dict[str, Any], settings: dict[str, Any], title: dict[str, str], intro: str) -> None:
+    header = common.header_markdown(f"Layer-wise equivariance (paper 004) {title[table]}", common.machine_info(),
+                                    settings, common.command_line(), intro)  # fmt: skip
+    common.write_results(stem, render(table, rows, header), {"settings": settings, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -288,15 +288,16 @@ def count_parameters(
 
 def init_weights_from_prior(site: dict) -> Tensor:
     """Pyro ``init_loc_fn``: a prior draw for weight sites (He-scaled, as the weights are
-    standardised), 0 for bias sites (``*.bias``) and the prior median for anything else."""
+    standardised), 0 for bias sites (``*.bias``) and ``init_to_feasible`` (the guides' default:
+    δ = 1 for the hierarchical precisions) for anything else."""
     name = site["name"]
     if name.endswith("bias") or name.endswith("bias_out") or name.endswith("bias_in"):
         return torch.zeros_like(site["fn"].sample())
     if ".weight" in name:
         return site["fn"].sample().detach()
-    from pyro.infer.autoguide.initialization import init_to_median
+    from pyro.infer.autoguide.initialization import init_to_feasible
 
-    return init_to_median(site)
+    return init_to_feasible(site)
 
 
 class LayerwiseNet(PyroModule):
