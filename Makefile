@@ -13,7 +13,7 @@ VENV1  := .venv-arviz1
 STAMP1 := $(VENV1)/.installed
 ARVIZ1_DEPS := "arviz>=1" numpy scipy pytest matplotlib
 
-.PHONY: demo test test-arviz1 test-slow test-all bench bench-quick install clean
+.PHONY: demo test test-arviz1 test-slow test-all bench bench-quick references install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,11 @@ test-slow: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# NUTS reference posteriors (pyro_invariance/reference_posteriors/): regenerate, then check R-hat / ESS.
+references: $(STAMP)
+	$(BIN)/python -m pyro_invariance.reference regenerate
+	$(BIN)/python -m pyro_invariance.reference check
+
 # Benchmarks write their markdown tables under benchmarks/results/.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/step_time.py
@@ -60,10 +65,12 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/guide_comparison.py --model basis-regression
 	$(BIN)/python benchmarks/guide_comparison.py --model invariant-mlp
 	$(BIN)/python benchmarks/guide_comparison.py --model symmetrised-hnn
+	$(BIN)/python benchmarks/layerwise_tables.py --table 1
+	$(BIN)/python benchmarks/layerwise_tables.py --table cost --alpha 2
 
 bench-quick: $(STAMP)
 	$(BIN)/python benchmarks/step_time.py --quick
 	$(BIN)/python benchmarks/invariant_mlp_tables.py --quick
 
 clean:
-	rm -rf $(VENV) results .pytest_cache
+	rm -rf $(VENV) $(VENV1) results .pytest_cache

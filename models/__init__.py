@@ -9,6 +9,8 @@ from pyro_invariance.registry import MODELS
 
 from . import basis_regression, invariant_mlp  # noqa: F401  (each registers itself)
 from . import symmetrised_hnn  # noqa: F401
+from . import layerwise  # noqa: F401  (layerwise-* entries, paper 004)
+from . import toy2d  # noqa: F401
 from .basis_regression import BasisRegression
 from .invariant_mlp import InvariantMLP
 

@@ -82,11 +82,18 @@ def model_dims(model, site, ndim):
     return tuple(given.get(site, [f"{site}_dim_{i}" for i in range(ndim)]))
 
 
+def build_rotation_toy_2d():
+    model = pyro_invariance.models.get("rotation-toy-2d", hidden=8, num_samples=4)
+    data = pyro_invariance.DATASETS.get("rotation-toy-2d", train_size=30, test_size=20)
+    return model, data, {"out_weight": (("logit", "hidden"), (1, 8)), "out_bias": (("logit",), (1,))}, ("obs_dim_0",)
+
+
 #: One builder per registered model. A new catalogue model needs an entry here.
 BUILDERS = {
     "invariant-mlp": build_invariant_mlp,
     "basis-regression": build_basis_regression,
     "symmetrised-hnn": build_symmetrised_hnn,
+    "rotation-toy-2d": build_rotation_toy_2d,
     **{f"layerwise-{v}": build_layerwise(v) for v in ("fc", "conv", "fc+conv", "f-fc+conv", "s-fc+s-conv", "fc+conv+gconv")},
 }
 

@@ -1,0 +1,208 @@
+"""Rotation-invariant Bayesian classifier on 2-D inputs: the toy of paper 003, Figure 1.
+
+The invariant model of paper 003 (Eqs. 1–3, 6) in the plane, small enough for NUTS: random
+Fourier features of the 2-D input averaged over rotations by angles ε·η, and a Bayesian linear
+read-out. Data: :func:`pyro_invariance.toy2d.make_rotation_toy` (registered ``"rotation-toy-2d"``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+from pyro.nn import PyroModule, PyroParam, PyroSample
+from torch import Tensor
+
+from pyro_invariance import toy2d  # noqa: F401  (registers the "rotation-toy-2d" dataset)
+from pyro_invariance.registry import MODELS
+from pyro_invariance.validation import check_finite, check_labels, check_positive_int
+
+__all__ = ["RotationToy2D", "rotation_grid"]
+
+SAMPLINGS = ("deterministic", "stochastic")
+
+
+def rotation_grid(num_samples: int, dtype: torch.dtype = torch.float32, device: Any = None) -> Tensor:
+    """Midpoints ε_s = −1 + (2s − 1)/S, s = 1..S, of S equal cells of [−1, 1], shape ``(S,)``.
+
+    At η = π the angles ηε_s are S equally spaced angles around the circle (no angle counted twice,
+    unlike a linspace with both end points), so the averaged features are exactly invariant to
+    rotations by multiples of 2π/S and, for smooth features, invariant to any rotation up to the
+    quadrature error of an S-point trapezoid rule on a periodic function.
+    """
+    check_positive_int("num_samples", num_samples)
+    return -1.0 + (2.0 * torch.arange(num_samples, dtype=dtype, device=device) + 1.0) / num_samples
+
+
+@MODELS.register(
+    "rotation-toy-2d",
+    summary="2-D RFF classifier averaged over rotations by ε·η (paper 003 Fig. 1 toy; small enough for NUTS)",
+)
+class RotationToy2D(PyroModule):
+    r"""Bayesian RFF classifier on 2-D inputs with learnable rotational invariance (paper 003, Fig. 1).
+
+    Generative story (paper 003, Eqs. 1–3 and 6, with the rotation generator of methods.md §1)::
+
+        η ∈ [0, π]                                  amount of rotational invariance (point estimate,
+                                                    learned or fixed; η = π is full SO(2) invariance)
+        θ_s = η ε_s,  s = 1..S                      ε_s on a midpoint grid of [−1, 1] ("deterministic")
+                                                    or ε_s ~ U[−1, 1] per forward pass ("stochastic")
+        h(x) = (1/S) Σ_s √(2/H) cos(W1 R(θ_s) x + b1)      invariant features, (H,)  (Eq. 6)
+        W1 ∈ R^{H×2}, W1_hj ~ N(0, ℓ⁻²), b1_h ~ U[0, 2π)    fixed random Fourier features (RBF kernel, ℓ)
+        W ~ N(0, σ_p² I)   ((C−1) × H)               site "out_weight"
+        b ~ N(0, σ_p² I)   (C−1,)                    site "out_bias"
+        logits(x) = [0, W h(x) + b]                  class 0 is the reference class
+        y_n ~ Categorical(logits(x_n))               site "obs" in plate "data" (subsampled)
+
+    ``R(θ)`` is the 2×2 rotation by θ; rotating the rows of ``W1`` ("transform on the weights",
+    as paper 003) is the same as rotating the input, ``(W1 R(θ)) x = W1 (R(θ) x)``. The average over
+    transforms is taken over the hidden features, and the likelihood is evaluated on the averaged
+    logits (second line of paper 003's Eq. 9), as in :class:`~models.invariant_mlp.InvariantMLP`.
+    Class 0's logit is fixed at 0 so that the read-out is identifiable: for C = 2 the model is a
+    Bayesian logistic regression on ``h(x)`` with ``H + 1`` latent coordinates (33 at the default
+    ``hidden=32``), which NUTS samples in seconds (:mod:`pyro_invariance.reference`).
+
+    In the continuum limit (η = π, S → ∞) the averaged feature is a function of the radius only,
+    ``h_j(x) = √(2/H) J₀(‖W1_j‖ ‖x‖) cos(b1_j)``. With the default ``sampling="deterministic"`` the
+    model is a deterministic function of its latents (what NUTS and exact ELBO comparisons need) and
+    at η = π exactly invariant to rotations by multiples of 2π/S (:func:`rotation_grid`); for
+    ``‖W1_j‖‖x‖ ≪ S`` the S-point average equals the integral to many digits, so it is
+    invariant to every rotation in practice.
+
+    Args:
+        num_classes: C ≥ 2.
+        hidden: H, number of random Fourier features.
+        lengthscale: ℓ of the RBF kernel that the features approximate.
+        num_samples: S, rotations averaged per forward pass.
+        sampling: ``"deterministic"`` (midpoint grid, default) or ``"stochastic"`` (ε ~ U[−1, 1]).
+        learn_eta: learn η (``fit`` uses its ``eta_lr``) or keep it fixed at ``eta_init``.
+        eta_init: initial / fixed η in radians, in ``[0, π]`` (``(0, π)`` when learned: η = 0 is
+            a stationary point of the gradient, methods.md §1).
+        prior_scale: σ_p, standard deviation of the read-out weights and biases (fixed).
+        feature_seed: seed of the fixed ``W1``, ``b1``.
+
+    Shapes: ``forward(x (B, 2), y (B,) int64 or None, num_data=None)`` → logits ``(B, C)``.
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 2,
+        hidden: int = 32,
+        lengthscale: float = 0.75,
+        num_samples: int = 32,
+        sampling: str = "deterministic",
+        learn_eta: bool = True,
+        eta_init: float = 0.1,
+        prior_scale: float = 3.0,
+        feature_seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.num_classes = check_positive_int("num_classes", num_classes, minimum=2)
+        self.hidden = check_positive_int("hidden", hidden)
+        self.num_samples = check_positive_int("num_samples", num_samples)
+        if sampling not in SAMPLINGS:
+            raise ValueError(f"unknown sampling {sampling!r}; use one of {SAMPLINGS}")
+        self.sampling = sampling
+        for name, value in (("lengthscale", lengthscale), ("prior_scale", prior_scale)):
+            bad_type = isinstance(value, bool) or not isinstance(value, (int, float))
+            if bad_type or not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        self.lengthscale = float(lengthscale)
+        self.learn_eta = bool(learn_eta)
+        try:
+            eta0 = float(eta_init)
+        except (TypeError, ValueError):
+            raise ValueError(f"eta_init must be a number in [0, π], got {eta_init!r}") from None
+        # Accept π given in float32 (3.1415927 > math.pi by 9e-8).
+        if not (0.0 <= eta0 <= math.pi + 1e-6):
+            raise ValueError(f"eta_init must lie in [0, π], got {eta_init!r}")
+        eta0 = min(eta0, math.pi)
+        if self.learn_eta:
+            if not 0.0 < eta0 < math.pi:
+                raise ValueError(
+                    f"a learned eta_init must lie strictly inside (0, π) (η = 0 cannot learn), got {eta_init!r}"
+                )
+            # η = π·u with u ∈ (0, 1), as InvariantMLP; the name starts with "eta" so fit() uses eta_lr.
+            self.eta_unit = PyroParam(torch.tensor(eta0 / math.pi), constraint=constraints.interval(0.0, 1.0))
+        else:
+            self.register_buffer("eta_fixed", torch.tensor(eta0))
+
+        gen = torch.Generator().manual_seed(int(feature_seed))
+        self.register_buffer("w1", torch.randn(self.hidden, 2, generator=gen) / self.lengthscale)
+        self.register_buffer("b1", 2 * math.pi * torch.rand(self.hidden, generator=gen))
+        self.register_buffer("prior_scale", torch.tensor(float(prior_scale)))
+        k, h = self.num_classes - 1, self.hidden
+        self.out_weight = PyroSample(lambda m: dist.Normal(0.0, m.prior_scale).expand([k, h]).to_event(2))
+        self.out_bias = PyroSample(lambda m: dist.Normal(0.0, m.prior_scale).expand([k]).to_event(1))
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_classes={self.num_classes}, hidden={self.hidden}, lengthscale={self.lengthscale}, "
+            f"num_samples={self.num_samples}, sampling={self.sampling!r}, learn_eta={self.learn_eta}"
+        )
+
+    # ------------------------------------------------------------------------------------------
+    @property
+    def eta(self) -> Tensor:
+        """η in radians, a scalar tensor in ``[0, π]``."""
+        return self.eta_unit * math.pi if self.learn_eta else self.eta_fixed
+
+    def symmetry_parameters(self) -> dict[str, Tensor]:
+        """``{"rot": η}`` (detached), for logging."""
+        return {"rot": self.eta.detach().clone()}
+
+    def arviz_dims(self) -> dict[str, list[str]]:
+        """ArviZ dim names of the sample sites' own dims (:func:`pyro_invariance.diagnostics.to_inference_data`)."""
+        return {"out_weight": ["logit", "hidden"], "out_bias": ["logit"], "obs": ["obs_dim_0"]}
+
+    def angles(self) -> Tensor:
+        """The S rotation angles θ_s = η ε_s of this forward pass, shape ``(S,)``."""
+        eta = self.eta
+        if self.sampling == "deterministic":
+            eps = rotation_grid(self.num_samples, dtype=eta.dtype, device=eta.device)
+        else:
+            eps = 2.0 * torch.rand(self.num_samples, dtype=eta.dtype, device=eta.device) - 1.0
+        return eta * eps
+
+    def features(self, x: Tensor) -> Tensor:
+        """Invariant features ``h(x) = (1/S) Σ_s √(2/H) cos(W1 R(θ_s) x + b1)``, shape ``(B, H)``."""
+        theta = self.angles()
+        cos, sin = theta.cos(), theta.sin()
+        rot = torch.stack([torch.stack([cos, -sin], -1), torch.stack([sin, cos], -1)], -2)  # (S, 2, 2)
+        rows = torch.einsum("hi,sij->shj", self.w1, rot.to(self.w1.dtype))  # rows of W1 R(θ_s)
+        pre = torch.einsum("bj,shj->bsh", x.to(rows.dtype), rows) + self.b1
+        return (math.sqrt(2.0 / self.hidden) * torch.cos(pre)).mean(dim=1)
+
+    def logits_from(self, h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        """``[0, W h + b]`` for features ``h`` ``(B, H)`` and read-out draws ``weight`` ``(..., C−1, H)``,
+        ``bias`` ``(..., C−1)``; returns ``(..., B, C)``."""
+        rest = h @ weight.transpose(-1, -2) + bias.unsqueeze(-2)
+        return torch.cat([torch.zeros_like(rest[..., :1]), rest], dim=-1)
+
+    def _check_x(self, x: Any) -> Tensor:
+        x = torch.as_tensor(x)
+        if not x.is_floating_point():
+            x = x.to(torch.get_default_dtype())
+        if x.dim() != 2 or x.shape[1] != 2:
+            raise ValueError(f"x must have shape (B, 2), got {tuple(x.shape)}")
+        if x.shape[0] < 1:
+            raise ValueError("x is empty")
+        check_finite("x", x)
+        return x
+
+    def forward(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
+        """Pyro model: logits ``(B, C)``; observes ``y`` in plate "data" scaled to ``num_data``."""
+        x = self._check_x(x)
+        batch = x.shape[0]
+        if y is not None:
+            check_labels(y, batch, self.num_classes)
+        if num_data is not None and (isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < batch):
+            raise ValueError(f"num_data must be an integer >= batch size {batch}, got {num_data!r}")
+        logits = self.logits_from(self.features(x), self.out_weight, self.out_bias)
+        with pyro.plate("data", size=num_data or batch, subsample=torch.arange(batch, device=x.device)):
+            pyro.sample("obs", dist.Categorical(logits=logits), obs=y)
+        return logits
