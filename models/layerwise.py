@@ -86,6 +86,8 @@ __all__ = [
     "CHANNEL_MULTIPLIERS",
     "FIT_DEFAULTS",
     "init_weights_from_prior",
+    "make_init_loc_fn",
+    "STARTS",
     "PAPER_STRIDES",
     "VARIANTS",
     "Architecture",
@@ -300,6 +302,43 @@ def init_weights_from_prior(site: dict) -> Tensor:
     return init_to_feasible(site)
 
 
+#: Where the guides start: ``"equivariant"`` (non-equivariant pathways at 0) or ``"prior"`` (a prior draw).
+STARTS: tuple[str, ...] = ("equivariant", "prior")
+
+
+def make_init_loc_fn(arch: "Architecture", start: str = "equivariant") -> Any:
+    """Pyro ``init_loc_fn`` for a network built from ``arch``.
+
+    ``"prior"``: :func:`init_weights_from_prior` (every weight a prior draw, biases 0).
+    ``"equivariant"`` (default): the network starts as its equivariant restriction — weights of
+    the non-equivariant pathways at 0 (for F-FC and S-FC: the output factor ``weight_out`` at 0 and
+    ``weight_in`` a prior draw, so that the product has a gradient), those of the equivariant
+    pathways a prior draw scaled by ``√(K / K_eq)`` (K pathways per block, K_eq equivariant), so the
+    block's ``1/√K`` normalisation leaves a He-scaled equivariant network. Variants without an
+    equivariant pathway (``fc``) start from the prior. MAP and the Laplace evidence need this: from
+    a prior draw the unneeded FC weights stay at their random values for the whole run (weight decay
+    δθ/N is tiny), so ‖θ*‖² stays ≈ P/δ and MacKay's update *lowers* δ.
+    """
+    if start not in STARTS:
+        raise ValueError(f"unknown start {start!r}; use one of {STARTS}")
+    equivariant = [k for k in arch.kinds if L.PATHWAYS[k].equivariant]
+    if start == "prior" or not equivariant:
+        return init_weights_from_prior
+    boost = math.sqrt(len(arch.kinds) / len(equivariant))
+
+    def init_loc(site: dict) -> Tensor:
+        value = init_weights_from_prior(site)
+        parts = site["name"].split(".")
+        if len(parts) == 4 and parts[0] == "blocks" and parts[2] in L.PATHWAYS:
+            if L.PATHWAYS[parts[2]].equivariant:
+                return value * boost if parts[3].startswith("weight") else value
+            if parts[3] != "weight_in":
+                return torch.zeros_like(value)
+        return value
+
+    return init_loc
+
+
 class LayerwiseNet(PyroModule):
     """ELLA's 8-block network with relaxed-equivariance layers (see the module docstring).
 
@@ -316,6 +355,8 @@ class LayerwiseNet(PyroModule):
         sconv_anchors, sfc_anchor_fraction, rbf_lengthscale, rbf_variance, rbf_noise, anchor_seed:
             sparse-layer settings (:class:`~pyro_invariance.equivariant_layers.LayerOptions`).
         allow_large: build dense FC weights above 50M elements (otherwise a ValueError suggests F-FC).
+        start: where the guides start, ``"equivariant"`` (default) or ``"prior"``
+            (:func:`make_init_loc_fn`; used by :meth:`guide_defaults`).
 
     Shapes: ``forward(x (B, C, H, W), y (B,))`` → logits ``(B, num_classes)``.
 
@@ -341,8 +382,11 @@ class LayerwiseNet(PyroModule):
         rbf_noise: float = 0.01,
         anchor_seed: int = 0,
         allow_large: bool = False,
+        start: str = "equivariant",
     ) -> None:
         super().__init__()
+        if start not in STARTS:
+            raise ValueError(f"unknown start {start!r}; use one of {STARTS}")
         if prior not in L.PRIORS:
             raise ValueError(f"unknown prior {prior!r}; use one of {L.PRIORS}")
         for name, value in (("precision_init", precision_init), ("hyperprior_scale", hyperprior_scale)):
@@ -372,6 +416,7 @@ class LayerwiseNet(PyroModule):
                     )
         self.variant = "+".join(t.strip().lower() for t in variant.split("+"))
         self.arch = arch
+        self.start = start
         self.image_shape = _image_shape(image_shape)
         self.num_classes = arch.num_classes
         self.alpha = int(alpha)
@@ -443,11 +488,34 @@ class LayerwiseNet(PyroModule):
             return torch.stack([median[f"{prefix}.{n}"].detach().reshape(()) for n in names])
         return torch.stack([getattr(module, n).detach().reshape(()) for n in names])
 
+    def precision_groups(self) -> list[Any]:
+        """Every prior precision δ with the sample sites it scales, as
+        :class:`~pyro_invariance.laplace.PrecisionGroup` s: each pathway tensor (with the FC bias
+        it shares), each block bias, each head layer. For the Laplace evidence and closed-form
+        updates (``prior="fixed"``: δ are buffers that those updates set)."""
+        from pyro_invariance.laplace import PrecisionGroup
+
+        out = []
+        for spec in self.arch.blocks:
+            block = self.blocks[spec.index]
+            for kind in self.arch.kinds:
+                module = block.pathway(kind)
+                sites: dict[str, list[str]] = {}
+                for site, precision in {**type(module).weights, **type(module).biases}.items():
+                    sites.setdefault(precision, []).append(f"blocks.{spec.index}.{kind}.{site}")
+                for precision, names in sites.items():
+                    out.append(PrecisionGroup(f"blocks.{spec.index}.{kind}.{precision}", module, precision, names))
+            out.append(PrecisionGroup(f"blocks.{spec.index}.bias_precision", block, "bias_precision",
+                                      [f"blocks.{spec.index}.bias"]))  # fmt: skip
+        for j, layer in enumerate(self.head):
+            out.append(PrecisionGroup(f"head.{j}.precision", layer, "precision", [f"head.{j}.weight", f"head.{j}.bias"]))
+        return out
+
     def guide_defaults(self, guide_name: str) -> dict[str, Any]:
         """Keyword arguments :func:`pyro_invariance.guides.get` adds for this model (explicit
-        arguments win): weights start at a prior draw, biases at 0; density guides at scale 0.01;
-        the matrix-normal guide keeps Kronecker factors above 512 diagonal."""
-        out: dict[str, Any] = {"init_loc_fn": init_weights_from_prior}
+        arguments win): the start of :func:`make_init_loc_fn` (``self.start``); density guides at
+        scale 0.01; the matrix-normal guide keeps Kronecker factors above 512 diagonal."""
+        out: dict[str, Any] = {"init_loc_fn": make_init_loc_fn(self.arch, self.start)}
         if guide_name != "map":
             out["init_scale"] = GUIDE_INIT_SCALE
         if guide_name == "matrix-normal":
