@@ -46,16 +46,32 @@ factors larger than 512 are diagonal — a dense FC site at 16×16 has 512 × 25
 With ``prior="learned"`` the MAP objective is degenerate (δ → ∞ with θ → 0); with the ``map``
 guide use ``prior="fixed"``.
 
-Training (measured on the 2-core CPU, 16×16 quadrant digits, batch 128, 1 thread). An 8-block
-network without BatchNorm does not train from a guide centred at zero (a MAP point at the prior
-median 0 has zero gradients; a mean-field guide at the prior's scale samples pure noise), nor
-with N(0, 1) block biases at the start (dead ReLUs). :meth:`LayerwiseNet.guide_defaults` (used by
-:func:`pyro_invariance.guides.get`) therefore starts every guide at a draw from the prior for the
-weights and at 0 for the biases (:func:`init_weights_from_prior`), with a guide scale of 0.01.
-δ must also move slowly: with ``eta_lr=0.1`` (the default for η) every δ grew to 50–350 within a
-few hundred steps and the network collapsed to the prior predictive (chance accuracy); with
-``lr=0.01, eta_lr=1e-3`` CONV at α = 4 reached 73% test accuracy in 400 steps on 1347 digits
-(``prior="fixed"``: 66%). Use ``fit(..., lr=1e-2, eta_lr=1e-3)`` (:data:`FIT_DEFAULTS`).
+Two ways to learn δ.
+
+* **Laplace evidence (the paper's objective; recommended for symmetry selection).** Build with
+  ``prior="fixed"`` (δ become buffers) and call :func:`pyro_invariance.laplace.fit_laplace` (CLI:
+  ``pyro-invariance fit --objective laplace``): MAP steps on the weights, and every 50 steps the
+  diagonal-GGN Laplace evidence sets each δ by MacKay's update. Measured on 16×16 quadrant digits
+  (α = 2, 200 steps, seed 0; ``tests/test_laplace.py``): FC+CONV 59.1% vs CONV 55.6% on the
+  10-class task and 44.9% vs 8.2% on the 40-class task; δ_FC rose from 1 to 45–412 in all 8 blocks
+  on the digit task (``benchmarks/results/layerwise_table1.md`` has the 300-step table).
+* **The ELBO** (``prior="learned"``, a density guide, :func:`pyro_invariance.fit`): δ are point
+  estimates trained with ``eta_lr``. At these sizes (0.4M weights, 1347 images) the KL of the
+  weights dominates the bound: with fast δ (``eta_lr=0.1``, or the closed-form optimum
+  δ = P/E_q‖θ‖² after every step) every δ grew and the network collapsed to the prior predictive
+  (chance accuracy); with ``eta_lr=1e-3`` (:data:`FIT_DEFAULTS`) δ move by tens of percent in a few
+  hundred steps, so the bound does not select a symmetry in a short run.
+
+Where the guides start (``start``, :func:`make_init_loc_fn`, used by :meth:`guide_defaults`). An
+8-block network without BatchNorm does not train from a guide centred at zero (a MAP point at 0
+has zero gradients; a mean-field guide at the prior's scale samples pure noise) nor with N(0, 1)
+block biases (dead ReLUs). ``start="equivariant"`` (default) starts at the He-scaled equivariant
+restriction: non-equivariant pathway weights at 0, equivariant ones at a prior draw ×√(K/K_eq),
+biases at 0. ``start="prior"`` starts every weight at a prior draw; then the unneeded FC weights
+keep their random values for the whole run (MAP weight decay δθ/N is weak), ‖θ*‖² stays ≈ P and
+the Laplace update *lowers* δ_FC (measured: δ_FC 0.08–1.7 after 300 steps, 74.7% on the digit
+task). Density guides start with scale 0.01. Use ``fit(..., lr=1e-2, eta_lr=1e-3)``
+(:data:`FIT_DEFAULTS`; the CLI applies them through ``fit_defaults``).
 
 Why ``prior="learned"`` by default: it is the paper's type-II maximum likelihood (a point estimate
 of δ maximising the bound) and lets δ run to the equivariant limit δ → ∞ without a hyperprior
@@ -433,6 +449,8 @@ class LayerwiseNet(PyroModule):
             ]
         )
 
+    #: Learning rates the CLI uses unless given (:data:`FIT_DEFAULTS`).
+    fit_defaults = FIT_DEFAULTS
     #: Learned precisions are trained with ``eta_lr`` (:func:`pyro_invariance.training.is_symmetry_parameter`).
     symmetry_param_names = L.PRECISION_NAMES
 

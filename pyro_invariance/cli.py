@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import torch
 
 from pyro_invariance.registry import DATASETS, GUIDES, MODELS, UnknownNameError
+from pyro_invariance.validation import check_positive_int
 
 
 def _parse_kv(items: Sequence[str] | None) -> dict[str, Any]:
@@ -82,14 +83,26 @@ def _data_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def _build_spec(args: argparse.Namespace) -> dict[str, Any]:
     data_kwargs = _data_kwargs(args)
-    return {
+    model_kwargs = _parse_kv(args.model_arg)
+    objective = getattr(args, "objective", "elbo")
+    guide = args.guide or ("map" if objective == "laplace" else "block-cholesky")
+    if objective == "laplace":
+        # MAP weights; the precisions are buffers the evidence updates set (pyro_invariance.laplace)
+        if guide != "map":
+            raise ValueError(f"--objective laplace trains MAP weights: use --guide map (or leave it out), not {guide!r}")
+        if model_kwargs.setdefault("prior", "fixed") != "fixed":
+            raise ValueError("--objective laplace sets the precisions itself: leave out --model-arg prior=... or use 'fixed'")
+    spec = {
         "model": args.model,
-        "model_kwargs": _parse_kv(args.model_arg),
-        "guide": args.guide,
+        "model_kwargs": model_kwargs,
+        "guide": guide,
         "guide_kwargs": _parse_kv(args.guide_arg),
         "data": args.data,
         "data_kwargs": data_kwargs,
     }
+    if objective != "elbo":
+        spec["objective"] = objective
+    return spec
 
 
 def _image_size(data: Any) -> int | None:
@@ -114,7 +127,21 @@ def run_fit(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eva
 
     data, model, guide = build(spec)
     out.mkdir(parents=True, exist_ok=True)
-    result = fit(model, guide, data, checkpoint_path=out / "checkpoint.pt", spec=spec, **fit_kwargs)
+    fit_kwargs = dict(fit_kwargs)
+    for key, value in getattr(model, "fit_defaults", {}).items():  # a model's recommended rates, unless given
+        fit_kwargs.setdefault(key, value)
+    laplace_kw = {k: fit_kwargs.pop(k) for k in ("laplace_every", "laplace_warmup") if k in fit_kwargs}
+    extra: dict[str, Any] = {}
+    if spec.get("objective") == "laplace":
+        from pyro_invariance.laplace import fit_laplace
+
+        result = fit_laplace(model, data, guide=guide, checkpoint_path=out / "checkpoint.pt", spec=spec,
+                             every=laplace_kw.get("laplace_every", 50), warmup=laplace_kw.get("laplace_warmup", 100),
+                             **fit_kwargs)  # fmt: skip
+        extra = {"laplace_log_evidence_per_datum": result.log_evidence / result.num_data,
+                 "laplace_evidence_log": result.evidence_log}  # fmt: skip
+    else:
+        result = fit(model, guide, data, checkpoint_path=out / "checkpoint.pt", spec=spec, **fit_kwargs)
     metrics = _metrics(result.model, result.guide, data, num_eval_samples, fit_kwargs.get("device"))
     summary = {
         "model": spec["model"],
@@ -125,6 +152,7 @@ def run_fit(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eva
         "metrics": metrics,
         "final_elbo_per_datum_train_minibatch": result.final_elbo,
         "seconds": result.seconds,
+        **extra,
     }
     payload = result.to_dict()
     payload["summary"] = summary
@@ -157,6 +185,9 @@ def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     for name in ("lr", "eta_lr", "model_lr", "factor_lr"):
         if getattr(args, name) is not None:
             kw[name] = getattr(args, name)
+    if getattr(args, "objective", "elbo") == "laplace":
+        kw["laplace_every"] = check_positive_int("--laplace-every", args.laplace_every)
+        kw["laplace_warmup"] = check_positive_int("--laplace-warmup", args.laplace_warmup, minimum=0)
     return kw
 
 
@@ -333,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fit", help="fit a model × guide × dataset")
     p.add_argument("--model", required=True)
-    p.add_argument("--guide", default="block-cholesky")
+    p.add_argument("--guide", default=None, help="default: block-cholesky (map with --objective laplace)")
     p.add_argument("--data", required=True)
     p.add_argument("--model-arg", action="append", metavar="KEY=VALUE", help="model keyword (JSON value)")
     p.add_argument("--guide-arg", action="append", metavar="KEY=VALUE", help="guide keyword (JSON value)")
@@ -350,6 +381,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--factor-lr", type=float, default=None)
     p.add_argument("--num-particles", type=int, default=1)
     p.add_argument("--elbo", default="meanfield", choices=["meanfield", "trace"])
+    p.add_argument("--objective", default="elbo", choices=["elbo", "laplace"],
+                   help="laplace: MAP weights, prior precisions by the Laplace evidence (layer-wise models)")
+    p.add_argument("--laplace-every", type=int, default=50, help="steps between Laplace evidence updates")
+    p.add_argument("--laplace-warmup", type=int, default=100, help="MAP steps before the first update")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--checkpoint-every", type=int, default=None)

@@ -181,6 +181,7 @@ def mackay_update(
     """Set every group's δ to MacKay's fixed point ``γ/‖θ*‖²`` (damped in log space); returns γ per group.
 
     ``damping`` ρ ∈ (0, 1]: ``log δ ← (1−ρ) log δ + ρ log δ*``. δ stays in ``[1/max, max]``.
+    Groups whose curvature is exactly zero keep their δ.
     """
     if not (0 < damping <= 1):
         raise ValueError(f"damping must lie in (0, 1], got {damping}")
@@ -189,11 +190,13 @@ def mackay_update(
         p, sq, hh = _group_stats(g, values, h)
         d = float(g.value)
         gamma = float((hh / (hh + d)).sum())
+        gammas[g.name] = gamma
+        if float(hh.max()) == 0.0:
+            continue
         target = gamma / max(sq, 1e-300)
         target = min(max(target, 1.0 / max_precision), max_precision)
         new = math.exp((1 - damping) * math.log(d) + damping * math.log(target))
         g.value.fill_(new)
-        gammas[g.name] = gamma
     return gammas
 
 

@@ -1,6 +1,7 @@
 """The ``pyro-invariance`` command line: list, fit, evaluate, resume, demo, clear errors."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -113,3 +114,36 @@ def test_fit_and_evaluate_symmetrised_hnn_on_physics_data(tmp_path, capsys):
     assert payload["spec"]["model_kwargs"]["state_dim"] == 2  # filled in from the dataset
     assert main(["evaluate", "--run", str(out), "--eval-samples", "2"]) == 0
     assert "energy drift" in capsys.readouterr().out
+
+
+def test_fit_with_the_laplace_objective_on_a_layerwise_model(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["fit", "--model", "layerwise-fc+conv", "--objective", "laplace", "--data", "quadrant-digits",
+                 "--model-arg", "alpha=1", "--train-size", "200", "--test-size", "100", "--steps", "12",
+                 "--laplace-every", "4", "--laplace-warmup", "4", "--eval-samples", "1", "--out", str(out),
+                 "--no-progress"])  # fmt: skip
+    assert code == 0
+    result = json.loads((out / "result.json").read_text())
+    summary = result["summary"]
+    assert summary["guide"] == "map"
+    assert result["spec"]["model_kwargs"]["prior"] == "fixed" and result["spec"]["objective"] == "laplace"
+    assert [s for s, _ in summary["laplace_evidence_log"]] == [4, 8, 12]
+    assert math.isfinite(summary["laplace_log_evidence_per_datum"])
+    assert result["config"]["lr"] == 1e-2  # the model's fit_defaults
+    assert any(v != 1.0 for v in summary["eta"].values())  # δ were set by the evidence
+    assert main(["evaluate", "--run", str(out), "--eval-samples", "1"]) == 0
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--guide", "mean-field"], "use --guide map"),
+        (["--model-arg", 'prior="learned"'], "sets the precisions itself"),
+        (["--laplace-every", "0"], "--laplace-every must be"),
+    ],
+)
+def test_laplace_objective_bad_input(tmp_path, capsys, extra, message):
+    code = main(["fit", "--model", "layerwise-fc+conv", "--objective", "laplace", "--data", "quadrant-digits",
+                 "--steps", "2", "--out", str(tmp_path / "o"), "--no-progress", *extra])  # fmt: skip
+    assert code == 2
+    assert message in capsys.readouterr().err
