@@ -238,6 +238,8 @@ def main() -> None:
     p.add_argument("--size", type=int, default=None, help="image side length (default 16)")
     p.add_argument("--alpha", type=int, default=None)
     p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--train-size", type=int, default=None, help="training images (default: all digits; 5000 otherwise)")
+    p.add_argument("--test-size", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--resume", action="store_true", help="reuse finished fits with identical settings")
@@ -248,6 +250,9 @@ def main() -> None:
         sizes["alpha"] = args.alpha
     if args.steps is not None:
         sizes["steps"] = args.steps
+    for key in ("train_size", "test_size"):
+        if getattr(args, key) is not None:
+            sizes[key] = getattr(args, key)
     if args.cost_child:
         cost_child(args.cost_child, sizes["alpha"], args.size or 16, sizes["steps"])
         return

@@ -14,9 +14,10 @@ from pyro_invariance.training import FitConfig, FitResult, fit  # noqa: E402
 from pyro_invariance.evaluation import evaluate  # noqa: E402
 from pyro_invariance.diagnostics import to_inference_data  # noqa: E402
 from pyro_invariance.compare import GuideComparison, compare_guides  # noqa: E402
+from pyro_invariance.laplace import fit_laplace  # noqa: E402
 from pyro_invariance import models  # noqa: E402
 from pyro_invariance import datasets  # noqa: E402,F401  (registers the DATASETS entries)
 
 __version__ = "0.1.0"
 
-__all__ = ["fit", "evaluate", "to_inference_data", "compare_guides", "GuideComparison", "FitConfig", "FitResult", "MODELS", "GUIDES", "DATASETS", "models"]
+__all__ = ["fit", "fit_laplace", "evaluate", "to_inference_data", "compare_guides", "GuideComparison", "FitConfig", "FitResult", "MODELS", "GUIDES", "DATASETS", "models"]
