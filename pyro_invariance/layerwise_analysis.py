@@ -19,7 +19,9 @@ Section 6.2, App. D; methods.md §3):
 tr Σ_q is exact for guides that expose per-site distributions (mean-field, matrix-normal,
 block-Cholesky: ``guide.get_distribution(site).variance``), zero for ``map`` (then γ = P: a point
 estimate has no posterior volume, so the share only says which pathways exist), and a Monte-Carlo
-estimate from ``num_samples`` guide draws otherwise (full-rank, low-rank).
+estimate from ``num_samples`` guide draws otherwise (full-rank, low-rank). For a Laplace fit pass
+its posterior, ``analyse_pathways(model, result.laplace)``
+(:class:`~pyro_invariance.laplace.DiagonalLaplacePosterior`): then γ = Σ h/(h+δ) exactly.
 """
 
 from __future__ import annotations
