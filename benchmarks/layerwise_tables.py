@@ -31,7 +31,8 @@ is on the training split.
 
 Sizes: ``--quick`` is a smoke test (minutes); the default is the reduced size in ``SIZES`` (each table
 well under an hour on one CPU thread); nothing here runs the paper's α = 10 on full MNIST/CIFAR-10.
-Results: ``benchmarks/results/layerwise_table<k>[_quick].md`` and ``.json`` (rewritten after each fit).
+Results: ``benchmarks/results/layerwise_table<k>[_<base>][_quick].md`` and ``.json`` (rewritten after each
+fit; ``_<base>`` when ``--base`` is not the table's default).
 """
 
 from __future__ import annotations
@@ -262,7 +263,8 @@ def main() -> None:
         return
     base, size = TABLE_DATA[args.table]
     base, size = args.base or base, args.size or size
-    stem = f"layerwise_table{args.table}" + ("_quick" if args.quick else "")
+    stem = f"layerwise_table{args.table}" + (f"_{base}" if base != TABLE_DATA[args.table][0] else "")
+    stem += "_quick" if args.quick else ""
     settings = {**sizes, "base": base, "size": size, "seed": args.seed, "batch_size": 128, "threads": args.threads}
     if base != "digits" and sizes["train_size"] is None:
         settings.update(FASHION_SIZES)
