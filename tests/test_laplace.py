@@ -69,12 +69,12 @@ def test_monte_carlo_curvature_is_unbiased_for_the_exact_fisher():
     sites = _sites(model)
     exact = _exact_fisher(model, values, x, sites)
     gen = torch.Generator().manual_seed(1)
-    mc = diagonal_ggn(model, values, x, sites, batch_size=8, num_samples=300, generator=gen)
+    mc = diagonal_ggn(model, values, x, sites, batch_size=8, num_samples=120, generator=gen)
     for g in model.precision_groups():
         e = sum(float(exact[s].sum()) for s in g.sites)
         m = sum(float(mc[s].sum()) for s in g.sites)
         assert e > 0
-        assert m == pytest.approx(e, rel=0.15), g.name
+        assert m == pytest.approx(e, rel=0.2), g.name  # measured max error 0.12 (seed 1), 0.05-0.10 others
 
 
 def test_evidence_gradient_is_half_gamma_minus_delta_norm():
