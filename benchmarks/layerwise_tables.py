@@ -233,7 +233,7 @@ def run_cost(args: argparse.Namespace, sizes: dict[str, Any]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--table", choices=["1", "2", "3", "cost"], default="1")
+    p.add_argument("--table", choices=["1", "2", "3", "cost", "seeds"], default="1")
     p.add_argument("--quick", action="store_true", help="smoke-test size (minutes)")
     p.add_argument("--base", default=None, help="base dataset (default: digits for Table 1, fashion-mnist for 2/3)")
     p.add_argument("--size", type=int, default=None, help="image side length (default 16)")
@@ -260,6 +260,9 @@ def main() -> None:
     common.set_threads(args.threads)
     if args.table == "cost":
         run_cost(args, sizes)
+        return
+    if args.table == "seeds":
+        run_seeds(args, sizes)
         return
     base, size = TABLE_DATA[args.table]
     base, size = args.base or base, args.size or size
@@ -295,6 +298,44 @@ def main() -> None:
                    f"({rows[key]['seconds']} s)")  # fmt: skip
         write(args.table, stem, rows, settings, title, intro)
     write(args.table, stem, rows, settings, title, intro)  # also re-renders a finished --resume run
+
+
+SEEDS = (0, 1, 2)
+
+
+def run_seeds(args: argparse.Namespace, sizes: dict[str, Any]) -> None:
+    """Table 1's Laplace CONV vs FC+CONV comparison repeated over seeds 0, 1, 2 (same data, new
+    initial draws, minibatch orders and label draws)."""
+    base, size = args.base or "digits", args.size or 16
+    stem = "layerwise_seeds" + ("_quick" if args.quick else "")
+    settings = {**sizes, "base": base, "size": size, "seeds": list(SEEDS), "batch_size": 128, "threads": args.threads}
+    rows: dict[str, Any] = {}
+    json_path = common.RESULTS_DIR / f"{stem}.json"
+    if args.resume and json_path.exists():
+        old = json.loads(json_path.read_text())
+        if old.get("settings") == settings:
+            rows = old["rows"]
+    data = {t: load("1", base, size, sizes, t) for t in (10, 40)}
+    for seed in SEEDS:
+        for task in (10, 40):
+            for variant in ("conv", "fc+conv"):
+                key = f"{variant}|Laplace|{task}|{seed}"
+                if key not in rows:
+                    common.log(f"seeds: {key} ...")
+                    rows[key] = run_fit(variant, "Laplace", data[task], sizes, seed)
+                    common.log(f"  acc {rows[key]['accuracy']:.3f}")
+    body = []
+    for seed in SEEDS:
+        r = {(v, t): rows[f"{v}|Laplace|{t}|{seed}"] for v in ("conv", "fc+conv") for t in (10, 40)}
+        acc = {k: 100 * v["accuracy"] for k, v in r.items()}
+        body.append([str(seed), f"{acc['conv', 10]:.1f}", f"{acc['fc+conv', 10]:.1f}",
+                     f"{acc['fc+conv', 10] - acc['conv', 10]:+.1f}", f"{acc['conv', 40]:.1f}", f"{acc['fc+conv', 40]:.1f}",
+                     f"{acc['fc+conv', 40] - acc['conv', 40]:+.1f}", delta_summary(r["fc+conv", 10], "fc")])  # fmt: skip
+    md = common.header_markdown("Layer-wise equivariance: Table 1's Laplace rows over seeds", common.machine_info(),
+                                settings, common.command_line(), run_seeds.__doc__.replace("\n    ", " "))  # fmt: skip
+    md += "\n" + common.md_table(["seed", "CONV digit", "FC+CONV digit", "Δ", "CONV d+q", "FC+CONV d+q", "Δ",
+                                  "δ_FC per block (FC+CONV, digit)"], body)  # fmt: skip
+    common.write_results(stem, md, {"settings": settings, "rows": rows})
 
 
 def write(table: str, stem: str, rows: dict[str, Any], settings: dict[str, Any], title: dict[str, str], intro: str) -> None:
