@@ -66,6 +66,10 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/guide_comparison.py --model invariant-mlp
 	$(BIN)/python benchmarks/guide_comparison.py --model symmetrised-hnn
 	$(BIN)/python benchmarks/layerwise_tables.py --table 1
+	$(BIN)/python benchmarks/layerwise_tables.py --table 1 --base fashion-mnist --size 16
+	$(BIN)/python benchmarks/layerwise_tables.py --table 2
+	$(BIN)/python benchmarks/layerwise_tables.py --table 3
+	$(BIN)/python benchmarks/layerwise_tables.py --table seeds
 	$(BIN)/python benchmarks/layerwise_tables.py --table cost --alpha 2
 
 bench-quick: $(STAMP)
