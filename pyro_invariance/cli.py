@@ -219,6 +219,10 @@ def _print_summaries(summaries: list[dict[str, Any]]) -> None:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
+    if args.deterministic:
+        from pyro_invariance.training import make_deterministic
+
+        make_deterministic()
     spec = _build_spec(args)
     summary = run_fit(spec, Path(args.out), _fit_kwargs(args), args.eval_samples)
     _print_summaries([summary])
@@ -387,6 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--laplace-warmup", type=int, default=100, help="MAP steps before the first update")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic CUDA kernels, so GPU runs repeat and resume bit-for-bit (slower)")
     p.add_argument("--checkpoint-every", type=int, default=None)
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--eval-samples", type=int, default=16)

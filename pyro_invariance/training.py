@@ -14,6 +14,7 @@ checkpointed and a resumed run reproduces an uninterrupted one bit-for-bit.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -112,6 +113,20 @@ class FitResult:
     def save_json(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+
+def make_deterministic() -> None:
+    """Make CUDA runs repeatable, so that ``resume=True`` continues bit-for-bit on a GPU too.
+
+    Sets ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (unless set; it must be set before cuBLAS starts) and
+    ``torch.use_deterministic_algorithms(True)`` — a process-wide switch. Measured on an H200
+    (torch 2.11, a layer-wise network, MAP and Laplace fits): without it two identical runs already
+    differ after 20 steps (cuDNN/atomic-add kernels); with it repeats and resumed runs are
+    bit-identical. CPU runs are deterministic without it.
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
 
 
 def is_symmetry_parameter(model: nn.Module, name: str) -> bool:

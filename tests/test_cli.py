@@ -147,3 +147,14 @@ def test_laplace_objective_bad_input(tmp_path, capsys, extra, message):
                  "--steps", "2", "--out", str(tmp_path / "o"), "--no-progress", *extra])  # fmt: skip
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+def test_deterministic_flag_switches_on_deterministic_algorithms(tmp_path):
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        code = main(["fit", "--model", "invariant-mlp", "--data", "digits", "--deterministic", "--steps", "2",
+                     "--out", str(tmp_path / "o"), *SMALL])  # fmt: skip
+        assert code == 0
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(before)
