@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/pyro-invariance demo --out results/demo
+	$(BIN)/pyro-invariance demo --out results/demo --overwrite
 
 # The ArviZ 1.x tests run first (≈1 min to install on first use, seconds after), when a Python
 # >= 3.12 exists; the main suite's summary is the last line.

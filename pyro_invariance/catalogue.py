@@ -57,14 +57,18 @@ def build(spec: dict[str, Any]) -> tuple[Any, Any, Any]:
 
 
 def load_run(checkpoint_path: str | Path, data: Any = None) -> tuple[Any, Any, Any, dict[str, Any]]:
-    """Rebuild ``(model, guide, data, checkpoint)`` from a checkpoint written by ``fit`` with a spec."""
+    """Rebuild ``(model, guide, data, checkpoint)`` from a checkpoint written by ``fit`` with a spec.
+
+    The checkpoint is read safely and verified (:func:`~pyro_invariance.checkpoint.load_checkpoint`:
+    ``weights_only=True``, format version, checksum) before anything is built from it.
+    """
     state = load_checkpoint(checkpoint_path)
     spec = state.get("spec")
     if not spec:
         raise CheckpointError(f"checkpoint {str(checkpoint_path)!r} has no spec: rebuild model and guide yourself")
     built_data, model, guide = build(dict(spec))
     data = data if data is not None else built_data
-    x, y = train_arrays(data)
+    x, y = train_arrays(data, model)
     with poutine.block(), torch.no_grad():
         guide(x[:2], y[:2], num_data=x.shape[0])  # create the guide's lazily built parameters
     try:

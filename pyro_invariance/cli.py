@@ -10,13 +10,21 @@
 
 ``fit`` writes ``result.json`` (settings, history, metrics), ``checkpoint.pt`` and plots to
 ``--out`` and prints a summary table; ``--resume`` continues an interrupted run from its
-checkpoint (bit-for-bit with the same settings).
+checkpoint (bit-for-bit with the same settings). An ``--out`` that already holds a run is never
+replaced unless ``--overwrite`` is given.
+
+Errors in the user's input are reported in one line on stderr with exit code 2 (argparse's
+convention), before any compute where they can be known then; Ctrl-C / SIGTERM during ``fit``
+stop after the current step with ``interrupted at step k; checkpoint at PATH`` and exit code
+128 + the signal number (130 / 143).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -24,21 +32,37 @@ from typing import Any, Sequence
 
 import torch
 
+from pyro_invariance.checkpoint import atomic_write_text, peek_step
+from pyro_invariance.interrupts import FitInterrupted
 from pyro_invariance.registry import DATASETS, GUIDES, MODELS, UnknownNameError
+from pyro_invariance.runlock import RunLock
 from pyro_invariance.validation import check_positive_int
 
+#: a bare word (``rotation``, ``tx+rot``, ``layerwise-fc``) is a string; anything else must be JSON
+_BARE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_+\-.:/]*")
 
-def _parse_kv(items: Sequence[str] | None) -> dict[str, Any]:
-    """``["a=1", "b=rotation", "c=[1,8,8]"]`` → ``{"a": 1, "b": "rotation", "c": [1, 8, 8]}``."""
+
+def _parse_kv(items: Sequence[str] | None, option: str = "--model-arg") -> dict[str, Any]:
+    """``["a=1", "b=rotation", "c=[1,8,8]"]`` → ``{"a": 1, "b": "rotation", "c": [1, 8, 8]}``.
+
+    A value is JSON (numbers, ``true``/``false``/``null``, lists, objects, quoted strings), or a
+    bare word (letters, digits, ``_+-.:/``, not starting with a digit), which is taken as a string.
+    Anything else (``hidden=[16,``, ``lr=1e-``) is refused, naming ``option``.
+    """
     out: dict[str, Any] = {}
     for item in items or []:
         if "=" not in item:
-            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+            raise ValueError(f"{option}: expected KEY=VALUE, got {item!r}")
         key, raw = item.split("=", 1)
+        key = key.strip().replace("-", "_")
+        if not key.isidentifier():
+            raise ValueError(f"{option}: {key!r} is not a valid keyword name (in {item!r})")
         try:
-            out[key.strip().replace("-", "_")] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key.strip().replace("-", "_")] = raw
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            if not _BARE_WORD.fullmatch(raw) or raw.lower() in ("nan", "inf", "infinity", "true", "false", "none"):
+                raise ValueError(f"{option}: {item!r} is not valid JSON ({exc.msg}) nor a bare word") from None
+            out[key] = raw
     return out
 
 
@@ -69,21 +93,54 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _data_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    data_kwargs = _parse_kv(args.data_arg)
-    if args.data_dir:
+    data_kwargs = _parse_kv(args.data_arg, "--data-arg")
+    if args.data_dir is not None:
         data_kwargs["data_dir"] = args.data_dir
     if args.download:
         data_kwargs["download"] = True
-    if args.train_size:
-        data_kwargs["train_size"] = args.train_size
-    if args.test_size:
-        data_kwargs["test_size"] = args.test_size
+    for name in ("train_size", "test_size"):
+        value = getattr(args, name)
+        if value is not None:  # 0 is refused by the dataset, not dropped
+            data_kwargs[name] = check_positive_int(f"--{name.replace('_', '-')}", value)
     return data_kwargs
+
+
+def check_out_folder(out: Path) -> Path:
+    """``out`` is a folder (created if missing) that this process can write to."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"--out {str(out)!r} is not writable: {exc.strerror or exc}") from None
+    return out
+
+
+def prepare_out(out: Path, *, resume: bool = False, overwrite: bool = False,
+                products: Sequence[str] = ("checkpoint.pt", "result.json")) -> Path:  # fmt: skip
+    """Check an output folder before any compute: a writable folder (:func:`check_out_folder`) not
+    holding a run (any of ``products``) unless ``resume`` (which needs its checkpoint) or ``overwrite``."""
+    check_out_folder(out)
+    existing = [name for name in products if (out / name).exists()]
+    if resume:
+        if not (out / "checkpoint.pt").is_file():
+            raise ValueError(f"--resume: no checkpoint at {str(out / 'checkpoint.pt')!r}")
+    elif existing and not overwrite:
+        step = peek_step(out / "checkpoint.pt") if "checkpoint.pt" in existing else None
+        held = f" (checkpoint at step {step})" if step is not None else ""
+        raise ValueError(f"--out {str(out)!r} already holds {', '.join(existing)}{held}: "
+                         "use --resume to continue it, --overwrite to replace it, or another --out")  # fmt: skip
+    elif existing:
+        print(f"pyro-invariance: --overwrite: replacing {', '.join(existing)} in {str(out)!r}", file=sys.stderr)
+    return out
 
 
 def _build_spec(args: argparse.Namespace) -> dict[str, Any]:
     data_kwargs = _data_kwargs(args)
-    model_kwargs = _parse_kv(args.model_arg)
+    model_kwargs = _parse_kv(args.model_arg, "--model-arg")
     objective = getattr(args, "objective", "elbo")
     guide = args.guide or ("map" if objective == "laplace" else "block-cholesky")
     if objective == "laplace":
@@ -96,7 +153,7 @@ def _build_spec(args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model,
         "model_kwargs": model_kwargs,
         "guide": guide,
-        "guide_kwargs": _parse_kv(args.guide_arg),
+        "guide_kwargs": _parse_kv(args.guide_arg, "--guide-arg"),
         "data": args.data,
         "data_kwargs": data_kwargs,
     }
@@ -119,14 +176,26 @@ def _save_plots(result: Any, out: Path) -> list[str]:
     return files
 
 
-def run_fit(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eval_samples: int = 16) -> dict[str, Any]:
-    """Build the spec, fit, evaluate, write result.json + plots to ``out``; returns the summary."""
+def run_fit(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eval_samples: int = 16,
+            eval_seed: int = 0) -> dict[str, Any]:  # fmt: skip
+    """Build the spec, fit, evaluate, write result.json + plots to ``out``; returns the summary.
+
+    ``out`` is checked first (:func:`prepare_out`) and locked for the whole run
+    (:class:`~pyro_invariance.runlock.RunLock`), so a second writer is refused before any compute.
+    """
+    out = check_out_folder(Path(out))
+    with RunLock(out / "checkpoint.pt"):
+        prepare_out(out, resume=bool(fit_kwargs.get("resume")), overwrite=bool(fit_kwargs.get("overwrite")))
+        return _run_fit_locked(spec, out, fit_kwargs, num_eval_samples, eval_seed)
+
+
+def _run_fit_locked(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eval_samples: int,
+                    eval_seed: int) -> dict[str, Any]:  # fmt: skip
     from pyro_invariance import guides  # noqa: F401
     from pyro_invariance.catalogue import build
     from pyro_invariance.training import fit
 
     data, model, guide = build(spec)
-    out.mkdir(parents=True, exist_ok=True)
     fit_kwargs = dict(fit_kwargs)
     for key, value in getattr(model, "fit_defaults", {}).items():  # a model's recommended rates, unless given
         fit_kwargs.setdefault(key, value)
@@ -142,7 +211,7 @@ def run_fit(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eva
                  "laplace_evidence_log": result.evidence_log}  # fmt: skip
     else:
         result = fit(model, guide, data, checkpoint_path=out / "checkpoint.pt", spec=spec, **fit_kwargs)
-    metrics = _metrics(result.model, result.guide, data, num_eval_samples, fit_kwargs.get("device"))
+    metrics = _metrics(result.model, result.guide, data, num_eval_samples, fit_kwargs.get("device"), eval_seed)
     summary = {
         "model": spec["model"],
         "guide": spec["guide"],
@@ -156,17 +225,17 @@ def run_fit(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eva
     }
     payload = result.to_dict()
     payload["summary"] = summary
-    (out / "result.json").write_text(json.dumps(payload, indent=1))
+    atomic_write_text(out / "result.json", json.dumps(payload, indent=1))
     summary["plots"] = _save_plots(result, out)
     return summary
 
 
-def _metrics(model: Any, guide: Any, data: Any, num_samples: int, device: Any = None) -> dict[str, float]:
+def _metrics(model: Any, guide: Any, data: Any, num_samples: int, device: Any = None, seed: int = 0) -> dict[str, float]:
     """Classification metrics for image data; the talk's HNN columns for physics data
-    (:func:`pyro_invariance.compare.evaluation_metrics`)."""
+    (:func:`pyro_invariance.compare.evaluation_metrics`), seeded."""
     from pyro_invariance.compare import evaluation_metrics
 
-    return evaluation_metrics(model, guide, data, num_samples, device)
+    return evaluation_metrics(model, guide, data, num_samples, device, seed=seed)
 
 
 def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -179,9 +248,18 @@ def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "num_particles": args.num_particles,
         "elbo": args.elbo,
     }
-    for name in ("resume", "checkpoint_every"):
+    for name in ("resume", "checkpoint_every", "overwrite"):
         if hasattr(args, name):
             kw[name] = getattr(args, name)
+    if getattr(args, "allow_change", None):
+        from pyro_invariance.training import LR_SETTINGS
+
+        changes = [c.strip().replace("-", "_") for c in args.allow_change.split(",") if c.strip()]
+        wrong = [c for c in changes if c not in LR_SETTINGS]
+        if wrong or not getattr(args, "resume", False):
+            raise ValueError(f"--allow-change takes learning rates ({','.join(LR_SETTINGS)}) with --resume, got "
+                             f"{args.allow_change!r}" + ("" if getattr(args, "resume", False) else " without --resume"))
+        kw["allow_changes"] = changes
     for name in ("lr", "eta_lr", "model_lr", "factor_lr"):
         if getattr(args, name) is not None:
             kw[name] = getattr(args, name)
@@ -224,7 +302,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
         make_deterministic()
     spec = _build_spec(args)
-    summary = run_fit(spec, Path(args.out), _fit_kwargs(args), args.eval_samples)
+    summary = run_fit(spec, Path(args.out), _fit_kwargs(args), check_positive_int("--eval-samples", args.eval_samples),
+                      args.seed)  # fmt: skip
     _print_summaries([summary])
     print(f"\nwrote {Path(args.out) / 'result.json'}, {Path(args.out) / 'checkpoint.pt'} and plots {summary['plots']}")
     return 0
@@ -242,7 +321,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
         data = load_dataset(args.data, data_dir=args.data_dir)
     model, guide, data, state = load_run(checkpoint, data)
-    metrics = _metrics(model, guide, data, args.eval_samples)
+    metrics = _metrics(model, guide, data, check_positive_int("--eval-samples", args.eval_samples), seed=args.seed)
     spec = state["spec"]
     summary = {
         "model": spec["model"],
@@ -250,11 +329,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         "data": args.data or spec["data"],
         "eta_readable": _format_eta(model, _image_size(data)),
         "metrics": metrics,
+        "eval_seed": args.seed,
         "seconds": state.get("seconds", 0.0),
     }
     _print_summaries([summary])
     if run.is_dir():
-        (run / "evaluation.json").write_text(json.dumps(summary, indent=1))
+        atomic_write_text(run / "evaluation.json", json.dumps(summary, indent=1))
     return 0
 
 
@@ -280,10 +360,10 @@ def _guide_kwargs(items: Sequence[str] | None, guides: Sequence[str]) -> dict[st
             name, rest = item.split(":", 1)
             if name not in guides:
                 raise ValueError(f"--guide-arg {item!r} names guide {name!r}, which is not in --guides {','.join(guides)}")
-            out.setdefault(name, {}).update(_parse_kv([rest]))
+            out.setdefault(name, {}).update(_parse_kv([rest], "--guide-arg"))
         else:
             for name in guides:
-                out.setdefault(name, {}).update(_parse_kv([item]))
+                out.setdefault(name, {}).update(_parse_kv([item], "--guide-arg"))
     return out
 
 
@@ -301,7 +381,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for name in guides:  # unknown names: the registry's error (with suggestions) before anything runs
         GUIDES.entry(name)
     Ks = _int_list(args.K, "--K")
+    if args.out:  # checked before any compute, so the table cannot be lost at the end
+        prepare_out(Path(args.out), overwrite=args.overwrite, products=("table.md", "table.json", "bounds.png"))
     fit_kwargs = _fit_kwargs(args)
+    fit_kwargs.pop("overwrite", None)
     fit_kwargs.pop("seed"), fit_kwargs.pop("steps"), fit_kwargs.pop("batch_size")
     progress = fit_kwargs.pop("progress")
     device = fit_kwargs.pop("device")
@@ -310,7 +393,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         args.model, args.data, guides, steps=args.steps, seed=args.seed, batch_size=args.batch_size, K=Ks,
         bound_samples=args.bound_samples, eval_subset=args.eval_subset, eval_samples=args.eval_samples,
         bound_vectorize=args.vectorize_bounds,
-        guide_kwargs=_guide_kwargs(args.guide_arg, guides), model_kwargs=_parse_kv(args.model_arg),
+        guide_kwargs=_guide_kwargs(args.guide_arg, guides), model_kwargs=_parse_kv(args.model_arg, "--model-arg"),
         data_kwargs=_data_kwargs(args), progress=progress, device=device, log=log, **fit_kwargs,
     )
     if args.format == "json":
@@ -336,8 +419,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "learned rotation": {"model": "invariant-mlp", "model_kwargs": {"symmetry": "rotation"}, **common},
         "no invariance": {"model": "invariant-mlp", "model_kwargs": {"symmetry": "none"}, **common},
     }
-    fit_kwargs = {"steps": args.steps, "seed": args.seed, "progress": not args.no_progress}
+    fit_kwargs = {"steps": args.steps, "seed": args.seed, "progress": not args.no_progress, "overwrite": args.overwrite}
     print(f"pyro-invariance demo: InvariantMLP (RFF, H=256, S=16) on rotated digits, {args.steps} SVI steps each")
+    if not args.overwrite:  # both runs' folders are checked before the first one trains
+        for label in runs:
+            prepare_out(out / label.replace(" ", "-"))
     summaries, histories = [], {}
     t0 = time.perf_counter()
     for label, spec in runs.items():
@@ -360,6 +446,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pyro-invariance", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--traceback", action="store_true", help="show the Python traceback of an error (debugging)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("list", help="list models, guides and datasets")
@@ -394,7 +481,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic CUDA kernels, so GPU runs repeat and resume bit-for-bit (slower)")
     p.add_argument("--checkpoint-every", type=int, default=None)
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same settings)")
+    p.add_argument("--overwrite", action="store_true", help="replace a run that OUT already holds")
+    p.add_argument("--allow-change", default=None, metavar="lr,eta_lr,...",
+                   help="with --resume: learning rates that may differ from the saved run (rescue a diverged run)")
     p.add_argument("--eval-samples", type=int, default=16)
     p.add_argument("--out", default="results/run")
     p.add_argument("--no-progress", action="store_true")
@@ -405,6 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=None, help="evaluate on another dataset (same shapes)")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--eval-samples", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0, help="seed of the evaluation's guide and symmetry draws")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("compare", help="fit several guides alike; table of ELBO, IWAE_K, PSIS k̂, η, metrics, cost")
@@ -420,6 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draw the bound's particles in vectorised batches (models that broadcast over latents)")
     p.add_argument("--format", default="text", choices=["text", "markdown", "json"])
     p.add_argument("--out", default=None, help="write table.md, table.json and bounds.png here")
+    p.add_argument("--overwrite", action="store_true", help="replace a table that OUT already holds")
     p.add_argument("--model-arg", action="append", metavar="KEY=VALUE", help="model keyword (JSON value)")
     p.add_argument("--guide-arg", action="append", metavar="[GUIDE:]KEY=VALUE",
                    help="guide keyword (JSON value) for every guide, or for GUIDE only")
@@ -448,21 +540,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these small models)")
     p.add_argument("--out", default="results/demo")
+    p.add_argument("--overwrite", action="store_true", help="replace the runs an earlier demo left in OUT")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_demo)
     return parser
 
 
+def _one_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (0 ok, 2 user error, 128 + signal when interrupted)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (UnknownNameError, ValueError, TypeError, FileNotFoundError, FloatingPointError) as exc:
-        print(f"pyro-invariance: error: {exc}", file=sys.stderr)
-        return 2
-    except RuntimeError as exc:  # CheckpointError and device errors
-        print(f"pyro-invariance: error: {exc}", file=sys.stderr)
+    except FitInterrupted as exc:
+        hint = "; continue with --resume" if exc.checkpoint is not None else ""
+        print(f"pyro-invariance: {exc}{hint}", file=sys.stderr)
+        return 128 + int(exc.signum)
+    except KeyboardInterrupt:
+        print("pyro-invariance: interrupted", file=sys.stderr)
+        return 130
+    except (UnknownNameError, ValueError, TypeError, OSError, FloatingPointError, RuntimeError) as exc:
+        # user errors (bad names, values, files; CheckpointError, RunLockedError, device errors)
+        if args.traceback:
+            raise
+        print(f"pyro-invariance: error: {_one_line(exc)}", file=sys.stderr)
         return 2
 
 

@@ -295,7 +295,7 @@ def fit_laplace(
     from pyro_invariance.training import fit
 
     _groups(model)
-    x, y = train_arrays(data)
+    x, y = train_arrays(data, model)
     device = torch.device(fit_kwargs.get("device", "cpu"))
     x, y = x.to(device), y.to(device)
     update = LaplaceEvidenceUpdate(x, y, every=every, warmup=warmup, batch_size=ggn_batch_size,
@@ -303,7 +303,9 @@ def fit_laplace(
     if guide is None:
         guide = guide_registry.get("map", model)
     callbacks = list(fit_kwargs.pop("callbacks", ())) + [update]
-    result = fit(model, guide, data, steps=steps, seed=seed, callbacks=callbacks, **fit_kwargs)
+    settings = {"laplace": {"every": every, "warmup": warmup, "ggn_batch_size": ggn_batch_size,
+                            "num_samples": num_samples, "damping": damping}}  # fmt: skip
+    result = fit(model, guide, (x, y), steps=steps, seed=seed, callbacks=callbacks, run_settings=settings, **fit_kwargs)
     values, h = update.curvature(model, result.guide, steps + 1)
     result.laplace = DiagonalLaplacePosterior(model, values, h)
     result.log_evidence = laplace_log_evidence(model, values, h, log_likelihood(model, values, x, y))

@@ -13,6 +13,7 @@ checkpointed and a resumed run reproduces an uninterrupted one bit-for-bit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -27,8 +28,14 @@ from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from pyro_invariance.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from pyro_invariance.checkpoint import (
+    CheckpointError, atomic_write_text, load_checkpoint, peek_step, rng_state, save_checkpoint, set_rng_state,
+)  # fmt: skip
 from pyro_invariance.data_utils import train_arrays
+from pyro_invariance.divergence import first_invalid_state, locate_problem
+from pyro_invariance.fingerprint import fingerprint_differences, run_fingerprint
+from pyro_invariance.interrupts import FitInterrupted, StopSignals
+from pyro_invariance.runlock import RunLock
 from pyro_invariance.validation import check_positive_float, check_positive_int
 
 ELBOS: dict[str, type] = {"meanfield": TraceMeanField_ELBO, "trace": Trace_ELBO}
@@ -111,8 +118,8 @@ class FitResult:
         }
 
     def save_json(self, path: str | Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+        """Write :meth:`to_dict` as JSON, atomically (a crash never leaves half a file)."""
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=1))
 
 
 def make_deterministic() -> None:
@@ -192,28 +199,70 @@ class _Batches:
         self.perm, self.pos = state["perm"], state["pos"]
 
 
-def _locate_non_finite(model: Any, guide: Any, args: tuple, kwargs: dict) -> str:
-    """Name the first site (or parameter) with a non-finite value or log-density."""
-    with torch.no_grad():
-        for owner, module in (("model", model), ("guide", guide)):
-            for name, p in module.named_parameters():
-                if not torch.isfinite(p).all():
-                    return f"{owner} parameter '{name}' is non-finite"
-        try:
-            guide_tr = poutine.trace(guide).get_trace(*args, **kwargs)
-            model_tr = poutine.trace(poutine.replay(model, trace=guide_tr)).get_trace(*args, **kwargs)
-        except Exception as exc:  # the failing evaluation itself is informative
-            return f"evaluating the model/guide raised {type(exc).__name__}: {exc}"
-        for owner, tr in (("guide", guide_tr), ("model", model_tr)):
-            for name, site in tr.nodes.items():
-                if site["type"] != "sample":
-                    continue
-                if not torch.isfinite(site["value"]).all():
-                    return f"{owner} site '{name}' has a non-finite value"
-                lp = site["fn"].log_prob(site["value"])
-                if not torch.isfinite(lp).all():
-                    return f"{owner} site '{name}' has a non-finite log-density"
-    return "no single site is non-finite (the gradient step diverged; lower the learning rates)"
+LR_SETTINGS = ("lr", "eta_lr", "model_lr", "factor_lr")
+
+
+def _divergence_message(what: str, last_good: tuple[Path, int] | None) -> str:
+    if last_good is None:
+        return f"{what}; no checkpoint was written before it"
+    path, step = last_good
+    return (f"{what}; the last finite checkpoint {str(path)!r} (step {step}) is kept: resume it with lower "
+            "learning rates (fit(..., resume=True, allow_changes=['lr']); CLI: --resume --allow-change lr)")  # fmt: skip
+
+
+def _check_run_args(cfg: FitConfig, checkpoint_path: Any, checkpoint_every: int | None, resume: bool,
+                    until_step: int | None, overwrite: bool, allow_changes: Sequence[str]) -> None:  # fmt: skip
+    cfg.validate()
+    if checkpoint_every is not None:
+        check_positive_int("checkpoint_every", checkpoint_every)
+    if (checkpoint_every or resume or until_step or allow_changes) and checkpoint_path is None:
+        raise ValueError("checkpoint_every, resume, until_step and allow_changes need checkpoint_path")
+    if until_step is not None and not (isinstance(until_step, int) and 1 <= until_step <= cfg.steps):
+        raise ValueError(f"until_step must be an integer in [1, {cfg.steps}], got {until_step!r}")
+    if resume and overwrite:
+        raise ValueError("resume=True continues the saved run and overwrite=True replaces it: pass one of them")
+    unknown = sorted(set(allow_changes) - set(LR_SETTINGS))
+    if unknown:
+        raise ValueError(f"allow_changes may name only learning rates {LR_SETTINGS}, got {unknown}")
+    if allow_changes and not resume:
+        raise ValueError("allow_changes applies to resume=True only")
+
+
+def _refuse_existing(path: Path) -> None:
+    """A finished or interrupted run at ``path`` is never replaced silently."""
+    if path.exists():
+        step = peek_step(path)
+        what = f"holds step {step}" if step is not None else "is not a readable checkpoint"
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} already exists and {what}: pass resume=True to continue it or "
+            "overwrite=True to replace it (CLI: --resume / --overwrite)"
+        )
+
+
+def _restore(state: dict[str, Any], fingerprint: dict[str, Any], model: nn.Module, guide: Any, optim: Any,
+             sched: Any, batches: _Batches, until_step: int | None, allow_changes: Sequence[str]) -> None:  # fmt: skip
+    """Check that ``state`` belongs to this run, then load it (learning rates as allowed)."""
+    differences = fingerprint_differences(state["fingerprint"], fingerprint, ignore_config=allow_changes)
+    if differences:
+        raise CheckpointError("checkpoint belongs to another run: " + "; ".join(differences))
+    if until_step is not None and until_step < state["step"]:
+        raise CheckpointError(f"until_step={until_step} is below the checkpoint's step {state['step']}: "
+                              "a run cannot go back; pick a later until_step")  # fmt: skip
+    new_base = [g["lr"] for g in optim.param_groups]
+    try:
+        model.load_state_dict(state["model"])
+        guide.load_state_dict(state["guide"])
+        optim.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+    except (RuntimeError, KeyError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint does not match this model/guide: {exc}") from exc
+    if allow_changes:  # new base rates, same position in the schedule
+        for group, base_now, base_saved in zip(optim.param_groups, new_base, sched.base_lrs):
+            group["lr"] = base_now * (group["lr"] / base_saved if base_saved else 1.0)
+            group["initial_lr"] = base_now
+        sched.base_lrs = list(new_base)
+    set_rng_state(state["rng"])
+    batches.load(state["batches"])
 
 
 def fit(
@@ -235,9 +284,12 @@ def fit(
     checkpoint_path: str | Path | None = None,
     checkpoint_every: int | None = None,
     resume: bool = False,
+    overwrite: bool = False,
+    allow_changes: Sequence[str] = (),
     until_step: int | None = None,
     progress: bool = True,
     spec: dict[str, Any] | None = None,
+    run_settings: dict[str, Any] | None = None,
     callbacks: Sequence[Callable[[int, nn.Module, Any], None]] = (),
 ) -> FitResult:
     """Fit ``guide`` to ``model`` on ``data`` by SVI; returns a :class:`FitResult`.
@@ -245,7 +297,8 @@ def fit(
     Args:
         model: a catalogue model (``model(x, y=None, num_data=None)``).
         guide: a guide object, or a guide name for :func:`pyro_invariance.guides.get`.
-        data: a dataset (its training split is used) or a pair ``(x, y)``.
+        data: a dataset (its training split is used) or a pair ``(x, y)`` of tensors or arrays;
+            checked and converted once, before any step (:func:`pyro_invariance.data_utils.train_arrays`).
         steps: total number of SVI steps (the cosine schedule spans them).
         batch_size: minibatch size B (``None``: full batch); the likelihood is scaled by N/B.
         lr, eta_lr, model_lr, factor_lr: Adam learning rates for the guide's means and scales,
@@ -256,142 +309,160 @@ def fit(
         schedule: ``"cosine"`` (to 0) or ``"constant"``.
         seed: seeds Pyro/torch, the shuffler and hence the whole run.
         device: ``"cpu"`` or ``"cuda"``; model, guide and data are moved there.
-        checkpoint_path / checkpoint_every: save a checkpoint every k steps and at the end.
-        resume: continue from ``checkpoint_path`` (settings must match).
+        checkpoint_path / checkpoint_every: save a checkpoint every k steps and at the end. While
+            the run writes it, the checkpoint is locked against other processes
+            (:class:`~pyro_invariance.runlock.RunLock`); writes are atomic.
+        resume: continue from ``checkpoint_path``. The run's fingerprint (model and guide settings
+            and buffers, these settings, the data; :mod:`pyro_invariance.fingerprint`) must match.
+        overwrite: replace an existing checkpoint at ``checkpoint_path`` (otherwise refused).
+        allow_changes: with ``resume``, learning-rate settings (``"lr"``, ``"eta_lr"``,
+            ``"model_lr"``, ``"factor_lr"``) that may differ from the saved run — to rescue a
+            diverged run from its last finite checkpoint. The schedule keeps its position.
         until_step: stop after this step (checkpointing it) — to split a long run into pieces.
         progress: show a tqdm bar with the ELBO and η.
         spec: optional description of how model/guide were built (saved with the result).
+        run_settings: other settings that define the run (e.g. a callback's), saved in the
+            fingerprint and compared on resume.
         callbacks: functions ``cb(step, model, guide)`` called after every optimiser step, e.g.
             the closed-form prior-variance update of the talk,
             ``lambda step, m, g: update_prior_variance(m, g)``. State they change must live in
             the model's or guide's ``state_dict`` (buffers, parameters) to be checkpointed.
 
+    SIGINT and SIGTERM stop the run after the current step, write the checkpoint and raise
+    :class:`~pyro_invariance.interrupts.FitInterrupted` (see :mod:`pyro_invariance.interrupts`).
+
     Raises:
-        FloatingPointError: the loss became NaN/inf (names the step and the site).
-        CheckpointError: a checkpoint to resume from is missing, corrupt or mismatched.
+        FloatingPointError: the loss or the parameters became non-finite, or a distribution got
+            invalid parameters (names the step, the site and the last finite checkpoint, which is
+            kept: a non-finite state is never written).
+        CheckpointError: a checkpoint to resume from is missing, corrupt or from another run; an
+            existing checkpoint would be overwritten; a write failed (the previous file is kept).
+        RunLockedError: another process is writing the same checkpoint.
+        FitInterrupted: SIGINT/SIGTERM (a ``KeyboardInterrupt``).
     """
     cfg = FitConfig(steps, batch_size, lr, eta_lr, model_lr, factor_lr, num_particles, elbo, schedule, seed, str(device))
-    cfg.validate()
-    if checkpoint_every is not None:
-        check_positive_int("checkpoint_every", checkpoint_every)
-    if (checkpoint_every or resume or until_step) and checkpoint_path is None:
-        raise ValueError("checkpoint_every, resume and until_step need checkpoint_path")
-    if until_step is not None and not (1 <= until_step <= steps):
-        raise ValueError(f"until_step must lie in [1, {steps}], got {until_step}")
-
+    allow_changes = tuple(allow_changes)
+    _check_run_args(cfg, checkpoint_path, checkpoint_every, resume, until_step, overwrite, allow_changes)
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' requested but torch.cuda.is_available() is False")
-    x_all, y_all = train_arrays(data)
-    x_all, y_all = x_all.to(dev), y_all.to(dev)
-    n = x_all.shape[0]
+    x_all, y_all = train_arrays(data, model)
+    path = Path(checkpoint_path) if checkpoint_path is not None else None
+    with contextlib.ExitStack() as stack:
+        if path is not None:
+            stack.enter_context(RunLock(path))
+            if not resume and not overwrite:
+                _refuse_existing(path)
+        return _fit_locked(model, guide, x_all, y_all, cfg, dev, path, checkpoint_every, resume, allow_changes,
+                           until_step, progress, spec, run_settings, callbacks)  # fmt: skip
 
-    pyro.set_rng_seed(seed)
+
+def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg: FitConfig, dev: torch.device,
+                path: Path | None, checkpoint_every: int | None, resume: bool, allow_changes: Sequence[str],
+                until_step: int | None, progress: bool, spec: dict[str, Any] | None,
+                run_settings: dict[str, Any] | None, callbacks: Sequence[Callable[..., None]]) -> FitResult:  # fmt: skip
+    """The body of :func:`fit`, with inputs checked and the checkpoint locked."""
+    state = load_checkpoint(path) if resume else None  # type: ignore[arg-type]  (fails before any compute)
+    n = x_all.shape[0]
+    pyro.set_rng_seed(cfg.seed)
     model.to(dev)
     if isinstance(guide, str):
         from pyro_invariance import guides as guide_registry
 
         guide = guide_registry.get(guide, model)
-    batches = _Batches(n, batch_size, seed)
+    batches = _Batches(n, cfg.batch_size, cfg.seed)
     first = batches.perm[: batches.batch]
     # Build lazily-initialised guide parameters once, on a first batch (does not advance the shuffler).
-    setup_args = (x_all[first], y_all[first])
+    setup_args, setup_kwargs = (x_all[first].to(dev), y_all[first].to(dev)), {"num_data": n}
     try:
         with poutine.block():
-            guide(*setup_args, num_data=n)
+            guide(*setup_args, **setup_kwargs)
     except ValueError as exc:
-        where = _locate_non_finite(model, guide, setup_args, {"num_data": n})
-        if "non-finite" in where:
-            raise FloatingPointError(f"non-finite values before step 1: {where}") from exc
+        where = locate_problem(model, guide, setup_args, setup_kwargs)
+        if where:
+            raise FloatingPointError(f"invalid values before step 1: {where}") from exc
         raise
     if isinstance(guide, nn.Module):
         guide.to(dev)
+    settings = {**asdict(cfg), **({"run_settings": run_settings} if run_settings else {})}
+    fingerprint = run_fingerprint(model, guide, settings, x_all, y_all, spec)
+    x_all, y_all = x_all.to(dev), y_all.to(dev)
 
     optim = torch.optim.Adam(_param_groups(model, guide, cfg))
-    if schedule == "cosine":
-        sched: Any = torch.optim.lr_scheduler.CosineAnnealingLR(optim, T_max=steps, eta_min=0.0)
+    if cfg.schedule == "cosine":
+        sched: Any = torch.optim.lr_scheduler.CosineAnnealingLR(optim, T_max=cfg.steps, eta_min=0.0)
     else:
         sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda _: 1.0)
-    loss_fn = ELBOS[elbo](num_particles=num_particles, vectorize_particles=False)
+    loss_fn = ELBOS[cfg.elbo](num_particles=cfg.num_particles, vectorize_particles=False)
     history: dict[str, Any] = {"step": [], "elbo": [], "lr": [], "eta_lr": [], "eta": {}}
     for name in getattr(model, "symmetry_parameters", lambda: {})():
         history["eta"][name] = []
 
-    start, seconds = 0, 0.0
-    if resume:
-        state = load_checkpoint(checkpoint_path)  # type: ignore[arg-type]
-        if state["config"] != asdict(cfg):
-            diff = {k: (state["config"].get(k), v) for k, v in asdict(cfg).items() if state["config"].get(k) != v}
-            raise CheckpointError(f"checkpoint settings differ from this run (saved, now): {diff}")
-        try:
-            model.load_state_dict(state["model"])
-            guide.load_state_dict(state["guide"])  # type: ignore[union-attr]
-            optim.load_state_dict(state["optimizer"])
-            sched.load_state_dict(state["scheduler"])
-        except (RuntimeError, KeyError, ValueError) as exc:
-            raise CheckpointError(f"checkpoint does not match this model/guide: {exc}") from exc
-        set_rng_state(state["rng"])
-        batches.load(state["batches"])
-        history, start, seconds = state["history"], state["step"], state.get("seconds", 0.0)
+    start, seconds, last_good = 0, 0.0, None
+    if state is not None:
+        _restore(state, fingerprint, model, guide, optim, sched, batches, until_step, allow_changes)
+        history, start, seconds = state["history"], int(state["step"]), float(state.get("seconds", 0.0))
+        last_good = (path, start)
+        if allow_changes:
+            changed = {k: [state["config"].get(k), settings[k]] for k in allow_changes
+                       if state["config"].get(k) != settings[k]}  # fmt: skip
+            if changed:
+                history.setdefault("changes", []).append({"step": start, **changed})
 
     def checkpoint(step: int) -> None:
-        save_checkpoint(
-            checkpoint_path,  # type: ignore[arg-type]
-            {
-                "step": step,
-                "model": model.state_dict(),
-                "guide": guide.state_dict(),  # type: ignore[union-attr]
-                "optimizer": optim.state_dict(),
-                "scheduler": sched.state_dict(),
-                "rng": rng_state(),
-                "batches": batches.state(),
-                "config": asdict(cfg),
-                "history": history,
-                "seconds": seconds,
-                "spec": spec,
-            },
-        )
+        nonlocal last_good
+        bad = first_invalid_state(model, guide, optim)
+        if bad is not None:
+            raise FloatingPointError(_divergence_message(f"after step {step}: {bad}", last_good))
+        save_checkpoint(path, {  # type: ignore[arg-type]
+            "step": step, "model": model.state_dict(), "guide": guide.state_dict(),  # type: ignore[union-attr]
+            "optimizer": optim.state_dict(), "scheduler": sched.state_dict(), "rng": rng_state(),
+            "batches": batches.state(), "config": asdict(cfg), "fingerprint": fingerprint, "history": history,
+            "seconds": seconds, "spec": spec,
+        })  # fmt: skip
+        last_good = (path, step)
 
-    last = until_step or steps
+    last = until_step or cfg.steps
     eta_group = next((g for g in optim.param_groups if g.get("name") == "eta"), None)
-    bar = tqdm(range(start, last), initial=start, total=steps, disable=not progress, desc="SVI", leave=False)
+    bar = tqdm(range(start, last), initial=start, total=cfg.steps, disable=not progress, desc="SVI", leave=False)
     t0 = time.perf_counter()
-    for step in bar:
-        idx = batches.next().to(dev)
-        args, kwargs = (x_all[idx], y_all[idx]), {"num_data": n}
-        optim.zero_grad(set_to_none=True)
-        try:
-            loss = loss_fn.differentiable_loss(model, guide, *args, **kwargs)
-        except ValueError as exc:  # distribution validation rejects NaN parameters before the loss exists
-            where = _locate_non_finite(model, guide, args, kwargs)
-            if "non-finite" in where:
-                raise FloatingPointError(f"non-finite values at step {step + 1}: {where}") from exc
-            raise
-        if not torch.isfinite(loss):
-            where = _locate_non_finite(model, guide, args, kwargs)
-            raise FloatingPointError(f"non-finite loss ({loss.item()}) at step {step + 1}: {where}")
-        loss.backward()
-        optim.step()
-        sched.step()
-        for callback in callbacks:
-            callback(step + 1, model, guide)
-        elbo_value = -loss.item() / n
-        history["step"].append(step + 1)
-        history["elbo"].append(elbo_value)
-        history["lr"].append(optim.param_groups[0]["lr"])
-        history["eta_lr"].append(eta_group["lr"] if eta_group else 0.0)
-        eta_now = getattr(model, "symmetry_parameters", lambda: {})()
-        for name, value in eta_now.items():
-            history["eta"][name].append(float(value))
-        if progress:
-            bar.set_postfix(elbo=f"{elbo_value:.3f}", **{k: f"{float(v):.3f}" for k, v in eta_now.items()})
-        if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < last:
-            seconds_now = seconds + time.perf_counter() - t0
-            seconds, t0 = seconds_now, time.perf_counter()
-            checkpoint(step + 1)
-    bar.close()
+    with StopSignals() as stop, contextlib.closing(bar):
+        for step in bar:
+            idx = batches.next().to(dev)
+            args, kwargs = (x_all[idx], y_all[idx]), {"num_data": n}
+            optim.zero_grad(set_to_none=True)
+            try:
+                loss = loss_fn.differentiable_loss(model, guide, *args, **kwargs)
+            except ValueError as exc:  # distribution validation rejects invalid parameters before the loss exists
+                where = locate_problem(model, guide, args, kwargs) or f"{type(exc).__name__}: {exc}"
+                raise FloatingPointError(_divergence_message(f"invalid values at step {step + 1}: {where}", last_good)) from exc
+            if not torch.isfinite(loss):
+                where = locate_problem(model, guide, args, kwargs) or "the gradient step diverged"
+                raise FloatingPointError(
+                    _divergence_message(f"non-finite loss ({loss.item()}) at step {step + 1}: {where}", last_good))
+            loss.backward()
+            optim.step()
+            sched.step()
+            for callback in callbacks:
+                callback(step + 1, model, guide)
+            elbo_value = -loss.item() / n
+            history["step"].append(step + 1)
+            history["elbo"].append(elbo_value)
+            history["lr"].append(optim.param_groups[0]["lr"])
+            history["eta_lr"].append(eta_group["lr"] if eta_group else 0.0)
+            eta_now = getattr(model, "symmetry_parameters", lambda: {})()
+            for name, value in eta_now.items():
+                history["eta"][name].append(float(value))
+            if progress:
+                bar.set_postfix(elbo=f"{elbo_value:.3f}", **{k: f"{float(v):.3f}" for k, v in eta_now.items()})
+            due = checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < last
+            if path is not None and (due or stop.signum is not None):
+                seconds, t0 = seconds + time.perf_counter() - t0, time.perf_counter()
+                checkpoint(step + 1)
+            if stop.signum is not None:
+                raise FitInterrupted(step + 1, path, stop.signum)
     seconds += time.perf_counter() - t0
-    if checkpoint_path is not None:
+    if path is not None:
         checkpoint(last)
     return FitResult(model, guide, cfg, n, history, seconds, spec)
 
