@@ -20,6 +20,7 @@ from pyro.nn import PyroModule, PyroParam, PyroSample
 from torch import Tensor
 
 from pyro_invariance.registry import MODELS
+from pyro_invariance.validation import PreparesInputs
 
 __all__ = ["BasisRegression", "make_symmetric_toy", "BASES"]
 
@@ -50,7 +51,7 @@ def _check_count(name: str, value: Any, minimum: int = 1) -> int:
     summary="Bayesian linear regression on basis functions with a learnable reflection symmetry "
     "φ^λ(x) = (1−λ/2)φ(x) + (λ/2)φ(−x); closed-form evidence (talk 000)",
 )
-class BasisRegression(PyroModule):
+class BasisRegression(PreparesInputs, PyroModule):
     r"""Bayesian linear regression on symmetrised basis functions (talk 000, "Inductive bias in
     basis functions").
 
@@ -106,7 +107,9 @@ class BasisRegression(PyroModule):
     of N is scaled by exactly N/B and ``Trace_ELBO`` is an unbiased estimate of the full-data ELBO.
     It returns the mean prediction ``Φ Wᵀ``, shape ``(B, D_out)`` (with leading batch dimensions
     when ``"weight"`` is batched, e.g. vectorised particles). With the exact posterior as guide the
-    ELBO equals :meth:`log_evidence`. The learnt λ is the module parameter ``lam`` (importing
+    ELBO equals :meth:`log_evidence`. ``forward`` checks shapes only; :meth:`prepare_inputs` (called
+    once by ``fit`` / ``evaluate``) converts ``x`` and ``y`` to the model's dtype and rejects
+    non-finite values; the exact-inference methods check their inputs themselves. The learnt λ is the module parameter ``lam`` (importing
     ``pyro_invariance`` turns on Pyro's ``module_local_params``, so models never share it).
 
     Args:
@@ -250,7 +253,16 @@ class BasisRegression(PyroModule):
     # ----------------------------------------------------------------------------------------------
     # inputs
 
-    def _check_x(self, x: Any) -> Tensor:
+    def input_shapes(self) -> list[tuple[int, ...]]:
+        """``x`` rows ``(D_in,)`` (or scalars when ``D_in = 1``)."""
+        return [(self.in_features,)] + ([()] if self.in_features == 1 else [])
+
+    def target_shapes(self) -> list[tuple[int, ...]]:
+        """``y`` rows ``(D_out,)`` (or scalars when ``D_out = 1``)."""
+        return [(self.out_features,)] + ([()] if self.out_features == 1 else [])
+
+    def _check_x(self, x: Any, finite: bool = True) -> Tensor:
+        """``x`` as ``(B, D_in)``; ``finite=False`` (``forward``) reads no value."""
         x = torch.as_tensor(x)
         if not x.is_floating_point():
             x = x.to(torch.get_default_dtype())
@@ -262,11 +274,12 @@ class BasisRegression(PyroModule):
             raise ValueError(f"x must have shape (B, {self.in_features}), got {tuple(x.shape)}")
         if x.shape[0] < 1:
             raise ValueError("x is empty")
-        if not torch.isfinite(x).all():
+        if finite and not torch.isfinite(x).all():
             raise ValueError("x contains NaN or inf")
         return x
 
-    def _check_y(self, y: Any, x: Tensor) -> Tensor:
+    def _check_y(self, y: Any, x: Tensor, finite: bool = True) -> Tensor:
+        """``y`` as ``(B, D_out)`` floats; ``finite=False`` (``forward``) reads no value."""
         y = torch.as_tensor(y)
         y = y.to(x.dtype) if not y.is_floating_point() else y
         if y.dim() == 1:
@@ -277,7 +290,7 @@ class BasisRegression(PyroModule):
             raise ValueError(f"y must have shape (B, {self.out_features}), got {tuple(y.shape)}")
         if y.shape[0] != x.shape[0]:
             raise ValueError(f"x has {x.shape[0]} rows but y has {y.shape[0]}")
-        if not torch.isfinite(y).all():
+        if finite and not torch.isfinite(y).all():
             raise ValueError("y contains NaN or inf")
         return y
 
@@ -348,10 +361,10 @@ class BasisRegression(PyroModule):
             ``(..., 1, D_out, F)`` (vectorised particles, ``Predictive(parallel=True)``),
             ``(..., B, D_out)``.
         """
-        x = self._check_x(x)
+        x = self._check_x(x, finite=False)  # values: checked once by prepare_inputs (fit / evaluate)
         batch = x.shape[0]
         if y is not None:
-            y = self._check_y(y, x)
+            y = self._check_y(y, x, finite=False)
         if num_data is not None:
             if isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < batch:
                 raise ValueError(f"num_data must be an integer >= batch size {batch}, got {num_data!r}")

@@ -47,14 +47,14 @@ from pyro_invariance.symmetry import (
     transform_images,
     transform_weight_rows,
 )
-from pyro_invariance.validation import check_finite, check_labels, check_positive_int
+from pyro_invariance.validation import PreparesInputs, check_label_shape, check_positive_int, check_trailing_shape
 
 PRIORS = ("hierarchical", "learned", "fixed")
 ACTIVATIONS = ("rff", "relu")
 
 
 @MODELS.register("invariant-mlp", summary="Invariant shallow BNN learning affine invariance (paper 003)")
-class InvariantMLP(PyroModule):
+class InvariantMLP(PreparesInputs, PyroModule):
     """Shallow BNN whose first layer is averaged over sampled affine transforms.
 
     Args:
@@ -81,6 +81,11 @@ class InvariantMLP(PyroModule):
         feature_seed: seed for the fixed RFF weights (or the ReLU init), independent of training.
 
     Shapes: ``forward(x (B, C, h, w) or (B, C·h·w), y (B,))`` → logits ``(B, C)``.
+
+    Inputs: ``forward`` checks shapes and the labels' dtype only (no value is read, so a CUDA
+    step never synchronises); :meth:`prepare_inputs` (called by ``fit`` / ``evaluate`` on the
+    whole data set, before the first step) converts dtypes and checks values: non-finite ``x``,
+    labels outside ``[0, num_classes)``.
     """
 
     def __init__(
@@ -234,22 +239,19 @@ class InvariantMLP(PyroModule):
             out = transform_weight_rows(w, transforms, self.image_shape)  # (num, R, D)
         return out.transpose(0, 1).reshape(len(rows), num, *self.image_shape)
 
+    def input_shapes(self) -> list[tuple[int, ...]]:
+        """``x`` rows as images ``(C, h, w)`` or flattened ``(C·h·w,)``."""
+        return [self.image_shape, (self.input_dim,)]
+
     def _flatten(self, x: Tensor) -> Tensor:
-        if x.dim() == 4 and tuple(x.shape[1:]) == self.image_shape:
-            return x.reshape(x.shape[0], -1)
-        if x.dim() == 2 and x.shape[1] == self.input_dim:
-            return x
-        raise ValueError(
-            f"x must have shape (B, {', '.join(map(str, self.image_shape))}) or (B, {self.input_dim}), "
-            f"got {tuple(x.shape)}"
-        )
+        check_trailing_shape("x", x, self.input_shapes())
+        return x.reshape(x.shape[0], -1)
 
     def forward(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
         """Pyro model: logits ``(B, C)``; observes ``y`` in plate "data" scaled to ``num_data``."""
         x = self._flatten(x)
-        check_finite("x", x)
         if y is not None:
-            check_labels(y, x.shape[0], self.num_classes)
+            check_label_shape(y, x.shape[0])
         batch = x.shape[0]
         logits = self.features(x) @ self.out_weight.T + self.out_bias
         with pyro.plate("data", size=num_data or batch, subsample=torch.arange(batch, device=x.device)):

@@ -96,7 +96,7 @@ from torch import Tensor, nn
 
 from pyro_invariance import equivariant_layers as L
 from pyro_invariance.registry import MODELS
-from pyro_invariance.validation import check_finite, check_labels, check_positive_int
+from pyro_invariance.validation import PreparesInputs, check_label_shape, check_positive_int, check_trailing_shape
 
 __all__ = [
     "CHANNEL_MULTIPLIERS",
@@ -355,7 +355,7 @@ def make_init_loc_fn(arch: "Architecture", start: str = "equivariant") -> Any:
     return init_loc
 
 
-class LayerwiseNet(PyroModule):
+class LayerwiseNet(PreparesInputs, PyroModule):
     """ELLA's 8-block network with relaxed-equivariance layers (see the module docstring).
 
     Args:
@@ -378,7 +378,9 @@ class LayerwiseNet(PyroModule):
 
     Raises:
         ValueError: bad sizes, α ≤ 0, unknown pathway, strides that do not divide the input,
-            an over-large dense FC; in ``forward``, inputs of the wrong shape or non-finite.
+            an over-large dense FC; in ``forward``, inputs of the wrong shape or dtype (no value
+            is read there: :meth:`prepare_inputs`, which ``fit`` / ``evaluate`` call once on the
+            whole data set, checks non-finite inputs and labels outside ``[0, num_classes)``).
     """
 
     def __init__(
@@ -580,13 +582,14 @@ class LayerwiseNet(PyroModule):
 
     # ------------------------------------------------------------------------------------------
 
+    def input_shapes(self) -> list[tuple[int, ...]]:
+        """``x`` rows are images ``(C, H, W)``."""
+        return [self.image_shape]
+
     def _check_input(self, x: Tensor) -> Tensor:
-        if not isinstance(x, Tensor) or x.dim() != 4 or tuple(x.shape[1:]) != self.image_shape:
-            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"x must have shape (B, {', '.join(map(str, self.image_shape))}), got {got}")
+        check_trailing_shape("x", x, self.input_shapes())
         if not x.is_floating_point():
             raise ValueError(f"x must be floating point, got {x.dtype}")
-        check_finite("x", x)
         return x
 
     def features(self, x: Tensor) -> Tensor:
@@ -600,7 +603,7 @@ class LayerwiseNet(PyroModule):
     def forward(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
         """Pyro model: logits ``(B, C)``; observes ``y`` in plate "data" scaled to ``num_data``."""
         if y is not None:
-            check_labels(y, x.shape[0], self.num_classes)
+            check_label_shape(y, x.shape[0])
         z = self.features(x)
         logits = self.head[1](F.relu(self.head[0](z)))
         batch = x.shape[0]

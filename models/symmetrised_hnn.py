@@ -47,7 +47,7 @@ from pyro_invariance.conserved import (
 )
 from pyro_invariance.physics import symplectic
 from pyro_invariance.registry import MODELS
-from pyro_invariance.validation import check_finite, check_positive_float, check_positive_int
+from pyro_invariance.validation import PreparesInputs, check_positive_float, check_positive_int, check_trailing_shape
 
 SYMMETRIES = ("none", "learned") + ORACLES
 PRIORS = ("fixed", "closed-form", "hierarchical")
@@ -55,7 +55,7 @@ SAMPLINGS = ("cube", "ball", "grid")
 
 
 @MODELS.register("symmetrised-hnn", summary="Bayesian HNN symmetrised by learned conserved quantities (Noether's razor)")
-class SymmetrisedHNN(PyroModule):
+class SymmetrisedHNN(PreparesInputs, PyroModule):
     """Bayesian Hamiltonian MLP averaged over the flows of (learned) quadratic conserved quantities.
 
     Args:
@@ -80,7 +80,9 @@ class SymmetrisedHNN(PyroModule):
         eta_init_std: std of the small random initial η (η = 0 cannot learn under symmetric sampling).
         init_seed: seed for the initial η and biases.
 
-    Shapes: ``forward(x (B, M), y (B, M))`` → predicted next states ``(B, M)``.
+    Shapes: ``forward(x (B, M), y (B, M))`` → predicted next states ``(B, M)``. ``forward`` checks
+    shapes only; :meth:`prepare_inputs` (called once by ``fit`` / ``evaluate``) converts both to
+    the model's dtype and rejects non-finite states.
     """
 
     def __init__(
@@ -243,11 +245,17 @@ class SymmetrisedHNN(PyroModule):
         """The weight matrices of this forward pass (samples of the ``weight_i`` sites)."""
         return [getattr(self, f"weight_{i}") for i in range(self.num_layers)]
 
+    def input_shapes(self) -> list[tuple[int, ...]]:
+        """``x`` rows are states ``(M,)`` = (q, p)."""
+        return [(self.state_dim,)]
+
+    def target_shapes(self) -> list[tuple[int, ...]]:
+        """``y`` rows are next states ``(M,)``."""
+        return [(self.state_dim,)]
+
     def check_states(self, name: str, x: Tensor) -> None:
-        if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != self.state_dim:
-            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"{name} must have shape (B, {self.state_dim}) = (q, p) states, got {shape}")
-        check_finite(name, x)
+        """``x`` must have shape ``(B, M)`` (no value is read)."""
+        check_trailing_shape(name, x, self.input_shapes())
 
     def forward(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
         """Pyro model: predicted next states ``(B, M)``; observes ``y`` in plate "data" scaled to ``num_data``."""

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from pyro_invariance import toy2d  # noqa: F401  (registers the "rotation-toy-2d" dataset)
 from pyro_invariance.registry import MODELS
-from pyro_invariance.validation import check_finite, check_labels, check_positive_int
+from pyro_invariance.validation import PreparesInputs, check_label_shape, check_positive_int, check_trailing_shape
 
 __all__ = ["RotationToy2D", "rotation_grid"]
 
@@ -42,7 +42,7 @@ def rotation_grid(num_samples: int, dtype: torch.dtype = torch.float32, device: 
     "rotation-toy-2d",
     summary="2-D RFF classifier averaged over rotations by ε·η (paper 003 Fig. 1 toy; small enough for NUTS)",
 )
-class RotationToy2D(PyroModule):
+class RotationToy2D(PreparesInputs, PyroModule):
     r"""Bayesian RFF classifier on 2-D inputs with learnable rotational invariance (paper 003, Fig. 1).
 
     Generative story (paper 003, Eqs. 1–3 and 6, with the rotation generator of methods.md §1)::
@@ -86,6 +86,8 @@ class RotationToy2D(PyroModule):
         feature_seed: seed of the fixed ``W1``, ``b1``.
 
     Shapes: ``forward(x (B, 2), y (B,) int64 or None, num_data=None)`` → logits ``(B, C)``.
+    ``forward`` checks shapes and dtypes only; values (non-finite ``x``, labels outside
+    ``[0, C)``) are checked once by :meth:`prepare_inputs`, which ``fit`` / ``evaluate`` call.
     """
 
     def __init__(
@@ -183,15 +185,17 @@ class RotationToy2D(PyroModule):
         rest = h @ weight.transpose(-1, -2) + bias.unsqueeze(-2)
         return torch.cat([torch.zeros_like(rest[..., :1]), rest], dim=-1)
 
+    def input_shapes(self) -> list[tuple[int, ...]]:
+        """``x`` rows are points ``(2,)`` in the plane."""
+        return [(2,)]
+
     def _check_x(self, x: Any) -> Tensor:
         x = torch.as_tensor(x)
         if not x.is_floating_point():
             x = x.to(torch.get_default_dtype())
-        if x.dim() != 2 or x.shape[1] != 2:
-            raise ValueError(f"x must have shape (B, 2), got {tuple(x.shape)}")
+        check_trailing_shape("x", x, self.input_shapes())
         if x.shape[0] < 1:
             raise ValueError("x is empty")
-        check_finite("x", x)
         return x
 
     def forward(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
@@ -199,7 +203,7 @@ class RotationToy2D(PyroModule):
         x = self._check_x(x)
         batch = x.shape[0]
         if y is not None:
-            check_labels(y, batch, self.num_classes)
+            check_label_shape(y, batch)
         if num_data is not None and (isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < batch):
             raise ValueError(f"num_data must be an integer >= batch size {batch}, got {num_data!r}")
         logits = self.logits_from(self.features(x), self.out_weight, self.out_bias)

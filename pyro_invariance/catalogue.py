@@ -17,7 +17,7 @@ from pyro import poutine
 
 from pyro_invariance.checkpoint import CheckpointError, load_checkpoint
 from pyro_invariance.data_utils import train_arrays
-from pyro_invariance.registry import DATASETS, GUIDES, MODELS
+from pyro_invariance.registry import DATASETS, MODELS
 
 
 def _accepts(factory: Any, name: str) -> bool:

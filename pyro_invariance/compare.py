@@ -44,7 +44,7 @@ from torch import nn
 from pyro_invariance.bounds import _validate_Ks, check_observed, evidence_bounds
 from pyro_invariance.data_utils import test_arrays, train_arrays
 from pyro_invariance.registry import DATASETS, GUIDES, MODELS
-from pyro_invariance.validation import check_positive_int
+from pyro_invariance.validation import check_positive_int, check_seed, num_classes_of
 
 __all__ = ["GuideComparison", "compare_guides", "evaluation_metrics", "format_eta", "task_kind", "METRIC_COLUMNS"]
 
@@ -64,35 +64,44 @@ METRIC_COLUMNS: dict[str, list[tuple[str, str, str]]] = {
 # metrics and η, shared with the CLI
 
 
-def task_kind(data: Any) -> str:
-    """``"dynamics"`` (physics data), ``"classification"`` (integer labels) or ``"regression"``."""
+def task_kind(data: Any, model: Any = None) -> str:
+    """``"dynamics"`` (physics data), ``"classification"`` (a ``model`` with an integer
+    ``num_classes``, else integer labels) or ``"regression"`` (float targets)."""
     if hasattr(data, "system"):
         return "dynamics"
+    if num_classes_of(model) is not None:
+        return "classification"
     _, y = train_arrays(data)
     return "regression" if y.dtype.is_floating_point else "classification"
 
 
 @torch.no_grad()
-def regression_metrics(model: Any, guide: Any, data: Any, num_samples: int = 16) -> dict[str, float]:
+def regression_metrics(model: Any, guide: Any, data: Any, num_samples: int = 16, seed: int = 0) -> dict[str, float]:
     """Held-out RMSE of the posterior-predictive mean and NLL per example of the predictive
     mixture ``(1/S) Σ_s p(y | x, θ_s)`` (the model's own observation distribution), ``θ_s ~ q``.
 
     Adds ``log_evidence_per_datum`` (training data) when the model has an exact ``log_evidence``.
+    The data are converted and checked once for the model
+    (:func:`~pyro_invariance.data_utils.test_arrays`); the draws are seeded by ``seed``
+    (:func:`~pyro_invariance.evaluation.seeded_rng`), the caller's RNG is left as it was.
     """
+    from pyro_invariance.evaluation import model_device, seeded_rng
+
     check_positive_int("num_samples", num_samples)
-    x, y = test_arrays(data)
-    dev = next(iter(model.buffers()), torch.zeros(0)).device
-    x, y = x.to(dev), y.to(dev)
+    check_seed(seed)
+    dev = model_device(model)
+    x, y = (t.to(dev) for t in test_arrays(data, model))
     log_probs, means = [], []
-    for _ in range(num_samples):
-        guide_tr = poutine.trace(guide).get_trace(x[:1], y[:1])
-        tr = poutine.trace(poutine.replay(model, trace=guide_tr)).get_trace(x, y)
-        obs = [s for s in tr.nodes.values() if s["type"] == "sample" and s["is_observed"]]
-        if not obs:
-            raise ValueError("model has no observed site: no predictive metrics")
-        fn, value = obs[0]["fn"], obs[0]["value"]
-        log_probs.append(fn.log_prob(value).double())
-        means.append(fn.mean.double())
+    with seeded_rng(seed, dev):
+        for _ in range(num_samples):
+            guide_tr = poutine.trace(guide).get_trace(x[:1], y[:1])
+            tr = poutine.trace(poutine.replay(model, trace=guide_tr)).get_trace(x, y)
+            obs = [s for s in tr.nodes.values() if s["type"] == "sample" and s["is_observed"]]
+            if not obs:
+                raise ValueError("model has no observed site: no predictive metrics")
+            fn, value = obs[0]["fn"], obs[0]["value"]
+            log_probs.append(fn.log_prob(value).double())
+            means.append(fn.mean.double())
     lp = torch.stack(log_probs)  # (S, N)
     mean = torch.stack(means).mean(0)
     out = {
@@ -100,25 +109,29 @@ def regression_metrics(model: Any, guide: Any, data: Any, num_samples: int = 16)
         "nll": float(-(torch.logsumexp(lp, 0) - math.log(num_samples)).mean()),
     }
     if hasattr(model, "log_evidence"):
-        xt, yt = (t.to(dev) for t in train_arrays(data))
+        xt, yt = (t.to(dev) for t in train_arrays(data, model))
         out["log_evidence_per_datum"] = float(model.log_evidence(xt, yt)) / xt.shape[0]
     return out
 
 
-def evaluation_metrics(model: Any, guide: Any, data: Any, num_samples: int = 16, device: Any = None) -> dict[str, float]:
+def evaluation_metrics(
+    model: Any, guide: Any, data: Any, num_samples: int = 16, device: Any = None, seed: int = 0
+) -> dict[str, float]:
     """Held-out metrics by kind of data: the talk's HNN columns for physics data
     (:func:`~pyro_invariance.hnn_metrics.evaluate_hnn`), accuracy / NLL / ELBO/N for classification
-    (:func:`~pyro_invariance.evaluation.evaluate`), RMSE / NLL for regression."""
-    kind = task_kind(data)
+    (:func:`~pyro_invariance.evaluation.evaluate`), RMSE / NLL for regression. The kind comes from
+    :func:`task_kind` (the model's ``num_classes`` decides between classification and regression).
+    Seeded by ``seed``: two calls give the same numbers; the caller's RNG is left as it was."""
+    kind = task_kind(data, model)
     if kind == "dynamics":
         from pyro_invariance.hnn_metrics import evaluate_hnn
 
-        return evaluate_hnn(model, guide, data, num_samples=num_samples)
+        return evaluate_hnn(model, guide, data, num_samples=num_samples, seed=seed)
     if kind == "regression":
-        return regression_metrics(model, guide, data, num_samples)
+        return regression_metrics(model, guide, data, num_samples, seed=seed)
     from pyro_invariance.evaluation import evaluate
 
-    return evaluate((model, guide), data, num_samples=num_samples, device=device)
+    return evaluate((model, guide), data, num_samples=num_samples, device=device, seed=seed)
 
 
 def format_eta(model: Any, image_size: int | None = None) -> str:
@@ -483,14 +496,15 @@ def compare_guides(
         fit_kwargs["lr"] = lr
 
     dataset, data_label = _resolve_data(data, data_kwargs)
-    x_train, y_train = train_arrays(dataset)
+    build, model_label, built_kwargs = _model_factory(model, dataset, model_kwargs, seed)
+    probe = build()
+    x_train, y_train = train_arrays(dataset, probe)  # converted and checked once, for the model
     n_train = x_train.shape[0]
     n_eval = n_train if eval_subset is None else check_positive_int("eval_subset", eval_subset)
     if n_eval > n_train:
         raise ValueError(f"eval_subset={eval_subset} exceeds the {n_train} training points")
-    build, model_label, built_kwargs = _model_factory(model, dataset, model_kwargs, seed)
-    kind = task_kind(dataset)
-    check_observed(build(), x_train[:2], y_train[:2], num_data=n_train)  # fail before fitting
+    kind = task_kind(dataset, probe)
+    check_observed(probe, x_train[:2], y_train[:2], num_data=n_train)  # fail before fitting
 
     say = log or (lambda _msg: None)
     rows: list[dict[str, Any]] = []
@@ -509,7 +523,7 @@ def compare_guides(
                                  vectorize=bound_vectorize)
         bound_seconds = time.perf_counter() - t0
         pyro.set_rng_seed(seed + 2)
-        metrics = evaluation_metrics(m, g, dataset, eval_samples, device)
+        metrics = evaluation_metrics(m, g, dataset, eval_samples, device, seed=seed + 2)
         log_z = None
         if hasattr(m, "log_evidence"):
             with torch.no_grad():

@@ -1,4 +1,32 @@
-"""Turning user data into checked (x, y) tensors for training and evaluation."""
+"""Turning user data into checked ``(x, y)`` tensors for training and evaluation — once, at the API boundary.
+
+``data`` is a dataset object (``x_train``/``y_train``/``x_test``/``y_test``, see
+:mod:`pyro_invariance.datasets`) or a pair ``(x, y)`` of tensors, numpy arrays or lists.
+
+**With a model** (``train_arrays(data, model)``, what :func:`pyro_invariance.fit`,
+:func:`pyro_invariance.evaluate` and the other evaluation entry points use) the data are
+converted and checked once, before any compute, so that no training step has to:
+
+* ``x``: any real dtype → the model's floating dtype (:func:`~pyro_invariance.validation.model_dtype`:
+  its first floating parameter or buffer; ``torch.get_default_dtype()`` if none). Integer
+  (e.g. uint8) ``x`` is converted **as-is, without scaling**, unless the dataset object has an
+  attribute ``input_scale`` (a positive float, e.g. ``1/255``), which then multiplies integer ``x``
+  (float ``x`` is taken as already scaled and never multiplied). Complex or bool ``x`` and
+  non-finite values raise ``ValueError``.
+* ``y`` for classification models (an integer ``num_classes`` attribute): integer dtypes → int64;
+  float labels holding whole numbers → int64 (numpy's float labels); other floats raise; *every*
+  label is checked against ``[0, num_classes)`` (the message gives the range found and the first
+  bad row).
+* ``y`` for regression / dynamics models: the model's floating dtype, checked finite.
+* shapes: checked against the model (``model.prepare_inputs(x, y)``, which every catalogue model
+  defines through :class:`~pyro_invariance.validation.PreparesInputs`); a model without
+  ``prepare_inputs`` gets the dtype rule above (integer ``y`` of a model without ``num_classes``
+  is left as it is).
+
+Tensors keep their device (the caller moves them). **Without a model** (``train_arrays(data)``,
+kept for backward compatibility) the tensors come back as given (``torch.as_tensor``) after the
+row-count, emptiness and finiteness checks.
+"""
 
 from __future__ import annotations
 
@@ -7,24 +35,56 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pyro_invariance.validation import check_finite
+from pyro_invariance.validation import as_real_tensor, check_finite, check_positive_float, coerce_pair, model_dtype
 
 
-def train_arrays(data: Any) -> tuple[Tensor, Tensor]:
-    """``(x, y)`` training tensors from a dataset object (``x_train``/``y_train``) or a tuple."""
+def train_arrays(data: Any, model: Any = None) -> tuple[Tensor, Tensor]:
+    """``(x, y)`` training tensors from a dataset object (``x_train``/``y_train``) or a pair.
+
+    With ``model``, converted and checked for it (see the module docstring for the dtype rule).
+    """
     if hasattr(data, "x_train") and hasattr(data, "y_train"):
-        return _checked(data.x_train, data.y_train)
-    return _checked(*_as_pair(data))
+        return prepare_arrays(data.x_train, data.y_train, model, _input_scale(data))
+    return prepare_arrays(*_as_pair(data), model)
 
 
-def test_arrays(data: Any) -> tuple[Tensor, Tensor]:
-    """``(x, y)`` held-out tensors from a dataset object (``x_test``/``y_test``) or a tuple."""
+def test_arrays(data: Any, model: Any = None) -> tuple[Tensor, Tensor]:
+    """``(x, y)`` held-out tensors from a dataset object (``x_test``/``y_test``) or a pair.
+
+    With ``model``, converted and checked for it (see the module docstring for the dtype rule).
+    """
     if hasattr(data, "x_test") and hasattr(data, "y_test"):
-        return _checked(data.x_test, data.y_test)
-    return _checked(*_as_pair(data))
+        return prepare_arrays(data.x_test, data.y_test, model, _input_scale(data))
+    return prepare_arrays(*_as_pair(data), model)
 
 
-def _as_pair(data: Any) -> tuple[Tensor, Tensor]:
+def prepare_arrays(x: Any, y: Any, model: Any = None, input_scale: float | None = None) -> tuple[Tensor, Tensor]:
+    """Checked ``(x (N, ...), y (N, ...))`` from arrays; for ``model`` when given.
+
+    ``input_scale`` multiplies integer ``x`` (see the module docstring); it needs a model.
+    """
+    if model is None:  # backward compatible: no conversion
+        x, y = torch.as_tensor(x), torch.as_tensor(y)
+    else:
+        x, y = as_real_tensor("x", x), as_real_tensor("y", y)
+    if x.dim() < 1 or y.dim() < 1 or x.shape[0] != y.shape[0]:
+        raise ValueError(f"x and y must have the same number of rows, got {tuple(x.shape)} and {tuple(y.shape)}")
+    if x.shape[0] == 0:
+        raise ValueError("data is empty")
+    if model is None:
+        return _checked(x, y)
+    if input_scale is not None and not x.is_floating_point():
+        x = x.to(model_dtype(model)) * input_scale
+    prepare = getattr(model, "prepare_inputs", None)
+    return prepare(x, y) if callable(prepare) else coerce_pair(model, x, y)  # type: ignore[return-value]
+
+
+def _input_scale(data: Any) -> float | None:
+    scale = getattr(data, "input_scale", None)
+    return None if scale is None else check_positive_float("input_scale", scale)
+
+
+def _as_pair(data: Any) -> tuple[Any, Any]:
     if isinstance(data, (tuple, list)) and len(data) == 2:
         return data[0], data[1]
     raise TypeError(
@@ -33,13 +93,7 @@ def _as_pair(data: Any) -> tuple[Tensor, Tensor]:
     )
 
 
-def _checked(x: Any, y: Any) -> tuple[Tensor, Tensor]:
-    x = torch.as_tensor(x)
-    y = torch.as_tensor(y)
-    if x.dim() < 1 or y.dim() < 1 or x.shape[0] != y.shape[0]:
-        raise ValueError(f"x and y must have the same number of rows, got {tuple(x.shape)} and {tuple(y.shape)}")
-    if x.shape[0] == 0:
-        raise ValueError("data is empty")
+def _checked(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     if x.dtype.is_floating_point:
         check_finite("x", x)
     if y.dtype.is_floating_point:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -56,6 +57,7 @@ from torch import Tensor
 from pyro_invariance.idx import read_idx
 from pyro_invariance.registry import DATASETS
 from pyro_invariance.symmetry import GENERATOR_NAMES, affine_generators, lie_exp, sample_epsilon, transform_images
+from pyro_invariance.validation import check_data_dir, check_subset_size
 
 #: Seed of the per-image transforms of every training split.
 TRAIN_SEED = 1234
@@ -352,16 +354,12 @@ def dataset_name(base: str, variant: str = REGULAR) -> str:
 
 
 def _check_size(size: Any, available: int, what: str) -> int:
-    if size is None:
-        return available
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-        raise ValueError(f"{what} must be a positive integer or None, got {size!r}")
-    if size > available:
-        raise ValueError(f"{what}={size} exceeds the {available} examples available")
-    return int(size)
+    return check_subset_size(what, size, available)
 
 
 def _resolve_dir(data_dir: str | os.PathLike[str] | None, root: str | os.PathLike[str] | None) -> Path | None:
+    check_data_dir(data_dir)
+    check_data_dir(root, "root")
     if data_dir is not None and root is not None and Path(data_dir) != Path(root):
         raise ValueError(f"data_dir={str(data_dir)!r} and root={str(root)!r} disagree; pass one of them")
     chosen = data_dir if data_dir is not None else root
@@ -387,6 +385,8 @@ def build_dataset(
         raise ValueError(f"unknown base dataset {base!r}; known: {', '.join(BASES)}")
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
+    for what, size in (("train_size", train_size), ("test_size", test_size)):
+        check_subset_size(what, size, sys.maxsize)  # bad sizes fail before any file is read
     loader, _ = BASES[base]
     raw = loader(_resolve_dir(data_dir, root), download)
     n_avail, m_avail = raw.x_train.shape[0], raw.x_test.shape[0]
@@ -461,27 +461,42 @@ def load_dataset(
     train_size: int | None = None,
     test_size: int | None = None,
     root: str | os.PathLike[str] | None = None,
-) -> ImageDataset:
+    **kwargs: Any,
+) -> Any:
     """Load the registered dataset ``name`` (see :func:`list_datasets`).
 
+    Only the arguments given (not ``None``; ``download`` only when true) reach the dataset's
+    factory, so every registered name loads with the defaults: image datasets, the quadrant task,
+    ``rotation-toy-2d`` and the physics datasets (``sho``, ``oscillators-3``, ...).
+
     Args:
-        name: e.g. ``"digits"``, ``"rotated-fashion-mnist"``, ``"scaled-cifar10"``.
-        data_dir: folder with the files (Fashion-MNIST IDX folder, or torchvision root);
-            ignored by ``digits``. ``root`` is an alias.
+        name: e.g. ``"digits"``, ``"rotated-fashion-mnist"``, ``"scaled-cifar10"``, ``"sho"``.
+        data_dir: folder with the files (Fashion-MNIST IDX folder, or torchvision root); ``root``
+            is an alias. A path to an existing *file* is refused (``ValueError``) for every image
+            dataset, ``digits`` included, although ``digits`` reads no folder (it is embedded in
+            scikit-learn): a file is never a data folder, so it is a mistake worth reporting.
+            Datasets that are generated (physics, ``rotation-toy-2d``) refuse any ``data_dir``.
         download: let torchvision download MNIST / CIFAR-10 when missing (never implicit).
-        train_size, test_size: keep the first n examples of each split (default: all).
+        train_size, test_size: keep the first n examples of each split (default: all); must be a
+            positive integer (0 is refused).
+        **kwargs: further arguments of the dataset's factory (e.g. ``size`` for the quadrant task,
+            ``cache_dir`` or ``train_trajectories`` for physics data).
 
     Returns:
-        :class:`ImageDataset` with ``(N, C, H, W)`` float32 images in [0, 1].
+        the dataset: :class:`ImageDataset` with ``(N, C, H, W)`` float32 images in [0, 1] for image
+        names; :class:`~pyro_invariance.physics.PhysicsDataset` /
+        :class:`~pyro_invariance.toy2d.Toy2DDataset` for the others.
 
     Raises:
         UnknownNameError: ``name`` is not registered (the message lists the known names).
         FileNotFoundError: the data files are missing (the message says how to get them).
-        ValueError: bad sizes, or corrupt files.
+        ValueError: bad sizes, a ``data_dir`` that is a file, or corrupt files.
     """
-    return DATASETS.get(
-        name, data_dir=data_dir, download=download, train_size=train_size, test_size=test_size, root=root
-    )
+    given = {"data_dir": data_dir, "train_size": train_size, "test_size": test_size, "root": root}
+    kwargs.update({k: v for k, v in given.items() if v is not None})
+    if download:
+        kwargs["download"] = download
+    return DATASETS.get(name, **kwargs)
 
 
 def list_datasets() -> list[str]:

@@ -1,9 +1,17 @@
-"""Held-out metrics of a fitted model: accuracy, test NLL and ELBO per datum."""
+"""Held-out metrics of a fitted model: accuracy, test NLL and ELBO per datum.
+
+Every entry point (:func:`evaluate` here, :func:`pyro_invariance.compare.evaluation_metrics` /
+``regression_metrics``, :func:`pyro_invariance.hnn_metrics.evaluate_hnn`) checks its arguments and
+converts the data once for the model (:func:`pyro_invariance.data_utils.test_arrays`: numpy
+arrays and any real dtype are accepted, labels are range-checked), and runs under a fixed ``seed``
+(:func:`seeded_rng`) so that two calls give the same numbers without touching the caller's RNG.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from pyro import poutine
@@ -11,7 +19,29 @@ from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from torch import Tensor
 
 from pyro_invariance.data_utils import test_arrays, train_arrays
-from pyro_invariance.validation import check_positive_int
+from pyro_invariance.validation import check_positive_int, check_seed, coerce_labels, num_classes_of
+
+
+@contextlib.contextmanager
+def seeded_rng(seed: int, device: torch.device | str | None = None) -> Iterator[None]:
+    """Run the block with torch's RNG seeded by ``seed`` (the CPU generator, and ``device``'s if
+    it is a GPU); the caller's RNG states are restored afterwards."""
+    seed = check_seed(seed)
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    devices = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.random.default_generator.manual_seed(seed)
+        for index in devices:
+            with torch.cuda.device(index):
+                torch.cuda.manual_seed(seed)
+        yield
+
+
+def model_device(model: Any) -> torch.device:
+    """The device of a module's first buffer or parameter (CPU when it has none)."""
+    if not isinstance(model, torch.nn.Module):
+        return torch.device("cpu")
+    return next(iter(model.buffers()), next(iter(model.parameters()), torch.zeros(0))).device
 
 
 @torch.no_grad()
@@ -22,6 +52,7 @@ def predictive_logits(model: Any, guide: Any, x: Tensor, num_samples: int = 16, 
     of ``batch_size`` rows) and fresh symmetry samples per chunk.
     """
     check_positive_int("num_samples", num_samples)
+    check_positive_int("batch_size", batch_size)
     out = []
     for _ in range(num_samples):
         guide_trace = poutine.trace(guide).get_trace(x[:1])
@@ -61,32 +92,52 @@ def evaluate(
     num_particles: int = 8,
     batch_size: int = 1024,
     device: str | torch.device | None = None,
+    seed: int = 0,
 ) -> dict[str, float]:
     """Accuracy and NLL of the posterior predictive on the held-out split, ELBO/N on training data.
 
     Args:
-        result: a :class:`~pyro_invariance.training.FitResult` or a pair ``(model, guide)``.
+        result: a :class:`~pyro_invariance.training.FitResult` or a pair ``(model, guide)`` of a
+            classification model (its forward returns logits ``(B, C)``).
         data: a dataset (held-out split = ``x_test``/``y_test``; ELBO on ``x_train``) or a pair
-            ``(x, y)`` used for all three numbers.
+            ``(x, y)`` used for all three numbers. Converted and checked once for the model
+            (:mod:`pyro_invariance.data_utils`): ``x`` of any real dtype (numpy arrays too) becomes
+            the model's floating dtype — integer ``x`` as-is unless the dataset has an
+            ``input_scale`` — labels become int64 and must lie in ``[0, num_classes)``.
         num_samples: guide draws averaged in the posterior predictive p(y|x) ≈ (1/K) Σ_k p(y|x, θ_k).
         num_particles: particles of the ELBO estimate.
+        batch_size: rows per chunk.
+        device: where to evaluate (default: the model's device).
+        seed: seeds the guide and symmetry draws (:func:`seeded_rng`): the same call gives the same
+            numbers, and the caller's RNG state is left as it was.
 
     Returns:
         ``{"accuracy", "nll", "elbo_per_datum"}``; NLL in nats per test example.
+
+    Raises:
+        ValueError: ``num_samples``, ``num_particles`` or ``batch_size`` not a positive integer,
+            ``seed`` not an integer, or bad data (one line naming ``x`` or ``y``).
     """
+    check_positive_int("num_samples", num_samples)
+    check_positive_int("num_particles", num_particles)
+    check_positive_int("batch_size", batch_size)
+    check_seed(seed)
     model, guide = (result.model, result.guide) if hasattr(result, "model") else result
-    dev = torch.device(device) if device is not None else next(iter(model.buffers()), torch.zeros(0)).device
-    x_test, y_test = (t.to(dev) for t in test_arrays(data))
-    x_train, y_train = (t.to(dev) for t in train_arrays(data))
+    dev = torch.device(device) if device is not None else model_device(model)
+    x_test, y_test = (t.to(dev) for t in test_arrays(data, model))
+    x_train, y_train = (t.to(dev) for t in train_arrays(data, model))
     was_training = model.training
     model.eval()
     try:
-        logits = predictive_logits(model, guide, x_test, num_samples, batch_size)
-        log_probs = torch.log_softmax(logits, dim=-1)  # (K, N, C)
-        mixture = torch.logsumexp(log_probs, dim=0) - math.log(num_samples)  # (N, C)
-        nll = -mixture.gather(1, y_test.long().unsqueeze(1)).mean()
-        accuracy = (mixture.argmax(-1) == y_test).float().mean()
-        elbo = elbo_per_datum(model, guide, x_train, y_train, num_particles, batch_size=batch_size)
+        with seeded_rng(seed, dev):
+            logits = predictive_logits(model, guide, x_test, num_samples, batch_size)
+            if num_classes_of(model) is None:  # a model without num_classes: check against its logits
+                y_test = coerce_labels(y_test, logits.shape[-1])
+            log_probs = torch.log_softmax(logits, dim=-1)  # (K, N, C)
+            mixture = torch.logsumexp(log_probs, dim=0) - math.log(num_samples)  # (N, C)
+            nll = -mixture.gather(1, y_test.unsqueeze(1)).mean()
+            accuracy = (mixture.argmax(-1) == y_test).float().mean()
+            elbo = elbo_per_datum(model, guide, x_train, y_train, num_particles, batch_size=batch_size)
     finally:
         model.train(was_training)
     return {"accuracy": float(accuracy), "nll": float(nll), "elbo_per_datum": elbo}

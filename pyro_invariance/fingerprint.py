@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Iterable
 
-import torch
 from torch import Tensor, nn
 
 from pyro_invariance.checkpoint import payload_digest

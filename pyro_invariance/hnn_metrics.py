@@ -24,7 +24,8 @@ from pyro import poutine
 from torch import Tensor
 
 from pyro_invariance.conserved import SymmetryAnalysis, analyse_generators, oracle_generators
-from pyro_invariance.validation import check_positive_int
+from pyro_invariance.data_utils import prepare_arrays
+from pyro_invariance.validation import check_positive_int, check_seed
 
 _ORACLE_FOR = {"sho": "so2", "oscillators": "un", "nbody": "se2"}
 
@@ -86,7 +87,7 @@ def nll_kl(model: Any, guide: Any, x: Tensor, y: Tensor, num_particles: int = 4)
 
 def energy_drift(system: Any, traj: Tensor) -> float:
     """Median over rollouts of the mean relative drift of the true energy along ``traj (..., steps+1, M)``."""
-    h = system.energy(traj.double())
+    h = system.energy(traj.detach().cpu().double())
     h0 = h[..., :1]
     denom = torch.where(h0.abs() < 1e-6, torch.ones_like(h0), h0.abs())
     per_rollout = ((h - h0).abs() / denom).mean(-1)
@@ -103,6 +104,7 @@ def evaluate_hnn(
     num_particles: int = 4,
     rollout_steps: int | None = None,
     max_test: int | None = None,
+    seed: int = 0,
 ) -> dict[str, float]:
     """The talk's table columns for a fitted model on a :class:`~pyro_invariance.physics.PhysicsDataset`.
 
@@ -112,30 +114,56 @@ def evaluate_hnn(
         rollout_steps: steps of the energy-drift rollouts (default the test split's ``steps``; 0 skips
             the energy drift).
         max_test: evaluate at most this many pairs per held-out split (speed).
+        seed: seeds every draw (:func:`~pyro_invariance.evaluation.seeded_rng`): two calls give the
+            same numbers, and the caller's RNG state is left as it was.
+
+    Every split is converted and checked once for the model
+    (:func:`~pyro_invariance.data_utils.prepare_arrays`) and moved to the model's device.
     """
+    from pyro_invariance.evaluation import model_device, seeded_rng
+
+    check_positive_int("num_samples", num_samples)
+    check_positive_int("num_particles", num_particles)
+    if rollout_steps is not None:
+        check_positive_int("rollout_steps", rollout_steps, minimum=0)
+    if max_test is not None:
+        check_positive_int("max_test", max_test)
+    check_seed(seed)
+    dev = model_device(model)
+
+    def split_arrays(x: Any, y: Any) -> tuple[Tensor, Tensor]:
+        return tuple(t.to(dev) for t in prepare_arrays(x, y, model))  # type: ignore[return-value]
+
     was_training = model.training
     model.eval()
     try:
-        x, y = data.x_train, data.y_train
-        out: dict[str, float] = {}
-        out["train_mse"] = float(((predict(model, guide, x, num_samples).mean(0) - y) ** 2).mean())
-        nll, kl = nll_kl(model, guide, x, y, num_particles)
-        out.update(nll=nll, kl=kl, neg_elbo=nll + kl)
-        for split in ("test", "wider", "moved"):
-            if split not in data.arrays:
-                continue
-            xs, ys = data.split(split)
-            if max_test is not None:
-                xs, ys = xs[:max_test], ys[:max_test]
-            out[f"{split}_mse"] = float(((predict(model, guide, xs, num_samples).mean(0) - ys) ** 2).mean())
-        if "test" in data.trajectories and rollout_steps != 0:
-            traj = torch.tensor(data.trajectories["test"], dtype=torch.float32)
-            x0 = traj[: (max_test or traj.shape[0]), 0]
-            steps = rollout_steps or data.splits["test"].steps
-            out["energy_drift"] = energy_drift(data.system, rollout(model, guide, x0, steps, num_samples=2))
-        return out
+        with seeded_rng(seed, dev):
+            return _hnn_columns(model, guide, data, split_arrays, num_samples, num_particles, rollout_steps, max_test)
     finally:
         model.train(was_training)
+
+
+def _hnn_columns(model: Any, guide: Any, data: Any, split_arrays: Any, num_samples: int, num_particles: int,
+                 rollout_steps: int | None, max_test: int | None) -> dict[str, float]:  # fmt: skip
+    x, y = split_arrays(data.x_train, data.y_train)
+    out: dict[str, float] = {}
+    out["train_mse"] = float(((predict(model, guide, x, num_samples).mean(0) - y) ** 2).mean())
+    nll, kl = nll_kl(model, guide, x, y, num_particles)
+    out.update(nll=nll, kl=kl, neg_elbo=nll + kl)
+    for split in ("test", "wider", "moved"):
+        if split not in data.arrays:
+            continue
+        xs, ys = data.split(split)
+        if max_test is not None:
+            xs, ys = xs[:max_test], ys[:max_test]
+        xs, ys = split_arrays(xs, ys)
+        out[f"{split}_mse"] = float(((predict(model, guide, xs, num_samples).mean(0) - ys) ** 2).mean())
+    if "test" in data.trajectories and rollout_steps != 0:
+        traj = torch.as_tensor(data.trajectories["test"], dtype=x.dtype, device=x.device)
+        x0 = traj[: (max_test or traj.shape[0]), 0]
+        steps = rollout_steps or data.splits["test"].steps
+        out["energy_drift"] = energy_drift(data.system, rollout(model, guide, x0, steps, num_samples=2))
+    return out
 
 
 def symmetry_analysis(model: Any, oracle: str | None = None, system: str | None = None,

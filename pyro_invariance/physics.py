@@ -44,6 +44,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -53,7 +54,7 @@ import torch
 from torch import Tensor
 
 from pyro_invariance.registry import DATASETS
-from pyro_invariance.validation import check_positive_float, check_positive_int
+from pyro_invariance.validation import check_positive_float, check_positive_int, check_subset_size, refuse_data_dir
 
 #: Bump when the generated data would change for the same settings.
 DATA_VERSION = 1
@@ -395,6 +396,8 @@ def make_dataset(
     cache_dir: str | Path | bool | None = None,
     rtol: float = 1e-10,
     atol: float = 1e-10,
+    train_size: int | None = None,
+    test_size: int | None = None,
     **system_kwargs: Any,
 ) -> PhysicsDataset:
     """Trajectory dataset of ``system`` with the splits ``train/test/wider/moved``.
@@ -409,6 +412,9 @@ def make_dataset(
         noise_var: variance of the Gaussian noise on the training targets (0: none).
         cache_dir: cache folder (default ``~/.cache/pyro_invariance/physics`` or the environment
             variable ``PYRO_INVARIANCE_CACHE``/physics); ``False`` disables caching.
+        train_size, test_size: keep the first n pairs of the training split / of every held-out
+            split (test, wider, moved), as the image datasets keep a prefix; a positive integer or
+            ``None`` (all). ``trajectories`` stay whole.
     """
     sys_ = get_system(system, **system_kwargs) if isinstance(system, str) else system
     if not isinstance(sys_, HamiltonianSystem):
@@ -422,6 +428,8 @@ def make_dataset(
     unknown = set(splits) - set(SPLITS)
     if unknown or "train" not in splits:
         raise ValueError(f"splits must include 'train' and only use {SPLITS}, got {sorted(splits)}")
+    for what, size in (("train_size", train_size), ("test_size", test_size)):
+        check_subset_size(what, size, sys.maxsize)  # bad sizes fail before any integration
     if cache_dir is None and os.environ.get("PYRO_INVARIANCE_CACHE"):
         cache_dir = Path(os.environ["PYRO_INVARIANCE_CACHE"]) / "physics"
     trajectories, arrays, files = {}, {}, {}
@@ -432,8 +440,11 @@ def make_dataset(
         if spec.noise_var > 0:
             rng = np.random.default_rng(np.random.SeedSequence([int(seed), SPLITS.index(split), 1]))
             y = y + math.sqrt(spec.noise_var) * rng.standard_normal(y.shape)
+        keep = check_subset_size(
+            "train_size" if split == "train" else "test_size", train_size if split == "train" else test_size, len(x)
+        )
         trajectories[split] = traj
-        arrays[split] = (torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32))
+        arrays[split] = (torch.tensor(x[:keep], dtype=torch.float32), torch.tensor(y[:keep], dtype=torch.float32))
         files[split] = str(path) if path is not None else None
     name = sys_.name + (f"-{sys_.params['n']}" if "n" in sys_.params else "")
     return PhysicsDataset(name, sys_, dt, dict(splits), seed, trajectories, arrays, files)
@@ -442,31 +453,52 @@ def make_dataset(
 # ---------------------------------------------------------------------------------------------
 # Registry entries
 # ---------------------------------------------------------------------------------------------
-@DATASETS.register("sho", summary="simple harmonic oscillator trajectories (Noether's razor; 7×4 train pairs)")
 def sho_dataset(**kwargs: Any) -> PhysicsDataset:
     """Simple harmonic oscillator trajectories (see :func:`make_dataset` for kwargs)."""
     return make_dataset("sho", **kwargs)
 
 
-@DATASETS.register("oscillators", summary="n uncoupled isotropic oscillators (kwarg n, default 3)")
 def oscillators_dataset(n: int = 3, **kwargs: Any) -> PhysicsDataset:
     """n uncoupled isotropic oscillators (see :func:`make_dataset` for kwargs)."""
     return make_dataset("oscillators", n=n, **kwargs)
 
 
-@DATASETS.register("oscillators-3", summary="3 uncoupled isotropic oscillators (200×50 train pairs)")
 def oscillators3_dataset(**kwargs: Any) -> PhysicsDataset:
     """3 uncoupled isotropic oscillators (see :func:`make_dataset` for kwargs)."""
     return make_dataset("oscillators", n=3, **kwargs)
 
 
-@DATASETS.register("nbody", summary="2-d n-body softened gravity (kwarg n, default 3)")
 def nbody_dataset(n: int = 3, **kwargs: Any) -> PhysicsDataset:
     """2-d n-body system (see :func:`make_dataset` for kwargs)."""
     return make_dataset("nbody", n=n, **kwargs)
 
 
-@DATASETS.register("nbody-3", summary="2-d 3-body softened gravity (200×50 train pairs, dt 1.0)")
 def nbody3_dataset(**kwargs: Any) -> PhysicsDataset:
     """2-d 3-body system (see :func:`make_dataset` for kwargs)."""
     return make_dataset("nbody", n=3, **kwargs)
+
+
+def _registered(name: str, make: Callable[..., PhysicsDataset]) -> Callable[..., PhysicsDataset]:
+    """``make`` with the keywords every registered dataset takes: ``data_dir`` / ``root`` are
+    refused unless ``None`` (trajectories are generated, not read; the cache is ``cache_dir``),
+    ``download`` is ignored (nothing is downloaded)."""
+
+    def factory(*, data_dir: Any = None, root: Any = None, download: bool = False, **kwargs: Any) -> PhysicsDataset:
+        refuse_data_dir(name, data_dir=data_dir, root=root)
+        return make(**kwargs)
+
+    factory.__name__ = factory.__qualname__ = make.__name__
+    factory.__doc__ = make.__doc__
+    return factory
+
+
+_REGISTERED = (
+    ("sho", sho_dataset, "simple harmonic oscillator trajectories (Noether's razor; 7×4 train pairs)"),
+    ("oscillators", oscillators_dataset, "n uncoupled isotropic oscillators (kwarg n, default 3)"),
+    ("oscillators-3", oscillators3_dataset, "3 uncoupled isotropic oscillators (200×50 train pairs)"),
+    ("nbody", nbody_dataset, "2-d n-body softened gravity (kwarg n, default 3)"),
+    ("nbody-3", nbody3_dataset, "2-d 3-body softened gravity (200×50 train pairs, dt 1.0)"),
+)
+for _name, _make, _summary in _REGISTERED:
+    DATASETS.register(_name, summary=_summary)(_registered(_name, _make))
+del _name, _make, _summary

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from pyro_invariance.datasets import TEST_SEED, TRAIN_SEED
 from pyro_invariance.registry import DATASETS
-from pyro_invariance.validation import check_positive_float, check_positive_int
+from pyro_invariance.validation import check_positive_float, check_positive_int, refuse_data_dir
 
 __all__ = [
     "Toy2DDataset",
@@ -157,9 +157,18 @@ def make_rotation_toy(
     )
 
 
-def rotation_toy_2d(**kwargs: Any) -> Toy2DDataset:
-    """2-D rotation toy (see :func:`make_rotation_toy` for the keyword arguments)."""
-    return make_rotation_toy(**kwargs)
+def rotation_toy_2d(
+    *, data_dir: Any = None, root: Any = None, download: bool = False, **kwargs: Any
+) -> Toy2DDataset:
+    """2-D rotation toy (see :func:`make_rotation_toy` for the keyword arguments).
+
+    Takes the keywords of every registered dataset: ``data_dir`` / ``root`` are refused unless
+    ``None`` (the points are generated), ``download`` is ignored, ``train_size`` / ``test_size``
+    of ``None`` mean the defaults.
+    """
+    refuse_data_dir("rotation-toy-2d", data_dir=data_dir, root=root)
+    defaults = ("train_size", "test_size")
+    return make_rotation_toy(**{k: v for k, v in kwargs.items() if not (k in defaults and v is None)})
 
 
 # `python -m pyro_invariance.toy2d` executes a second copy of this file as __main__ (after the package

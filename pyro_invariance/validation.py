@@ -1,34 +1,66 @@
-"""Input checks shared by models, training and the CLI (clear errors for bad input)."""
+"""Input checks shared by models, training and the CLI (clear errors for bad input).
+
+Two kinds of checks live here:
+
+* **boundary checks** (:func:`model_dtype`, :func:`as_real_tensor`, :func:`coerce_inputs`,
+  :func:`coerce_labels`, :func:`coerce_targets` and the :class:`PreparesInputs` mixin behind every
+  catalogue model's ``prepare_inputs``): run once per call of ``fit`` / ``evaluate`` on the whole
+  data set; they look at the values (non-finite inputs, labels outside ``[0, num_classes)``), which
+  costs one host synchronisation on a GPU;
+* **per-forward checks** (:func:`check_label_shape`, shapes in the models' ``forward``): shapes
+  and dtypes only, never a value, so that a training step never waits for the device.
+"""
 
 from __future__ import annotations
 
+import math
+import os
+from typing import Any, Sequence
+
+import numpy as np
 import torch
 from torch import Tensor
 
 
 def check_finite(name: str, value: Tensor) -> None:
-    """Raise ``ValueError`` if ``value`` holds NaN or ±inf (says how many and where)."""
+    """Raise ``ValueError`` if ``value`` holds NaN or ±inf (says how many and where).
+
+    Looks at every value (one host synchronisation on a GPU): for the data boundary, not for a
+    model's ``forward``.
+    """
     bad = ~torch.isfinite(value)
     if bad.any():
         first = tuple(int(i) for i in bad.nonzero()[0].tolist())
         raise ValueError(f"{name} contains {int(bad.sum())} non-finite values (NaN/inf), first at index {first}")
 
 
-def check_labels(y: Tensor, batch: int, num_classes: int) -> None:
-    """Class labels: integer dtype, shape ``(batch,)``, values in ``[0, num_classes)``."""
+def check_label_shape(y: Tensor, batch: int) -> None:
+    """Per-forward check of class labels without reading them: shape ``(batch,)``, integer dtype.
+
+    The values (``[0, num_classes)``) are checked once at the data boundary
+    (:func:`coerce_labels`); inside a user's own SVI loop Pyro's validation rejects labels outside
+    the Categorical's support when the ELBO scores them.
+    """
     if y.dim() != 1 or y.shape[0] != batch:
         raise ValueError(f"y must have shape ({batch},) to match x, got {tuple(y.shape)}")
-    if y.dtype.is_floating_point or y.dtype == torch.bool:
+    if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
         raise ValueError(f"y must hold integer class labels, got dtype {y.dtype}")
-    if y.numel() and (int(y.min()) < 0 or int(y.max()) >= num_classes):
-        raise ValueError(f"labels must lie in [0, {num_classes}), got range [{int(y.min())}, {int(y.max())}]")
+
+
+def check_labels(y: Tensor, batch: int, num_classes: int) -> None:
+    """Class labels: integer dtype, shape ``(batch,)``, values in ``[0, num_classes)``.
+
+    Reads the values (a host synchronisation on a GPU): use it at a data boundary, not per step.
+    """
+    check_label_shape(y, batch)
+    _check_label_range(y, num_classes)
 
 
 def check_positive_int(name: str, value: object, minimum: int = 1) -> int:
     """Return ``value`` as int if it is an integer >= ``minimum``; else raise ``ValueError``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
+    return int(value)
 
 
 def check_positive_float(name: str, value: object) -> float:
@@ -40,3 +72,201 @@ def check_positive_float(name: str, value: object) -> float:
     if not (v > 0 and v < float("inf")):
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
     return v
+
+
+def check_seed(value: object, name: str = "seed") -> int:
+    """Return ``value`` as int if it is an integer (not a bool); else raise ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def check_subset_size(name: str, size: object, available: int) -> int:
+    """``size`` examples of ``available`` (``None``: all): an integer in ``[1, available]``."""
+    if size is None:
+        return available
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+        raise ValueError(f"{name} must be a positive integer or None, got {size!r}")
+    if size > available:
+        raise ValueError(f"{name}={size} exceeds the {available} examples available")
+    return int(size)
+
+
+def check_data_dir(data_dir: str | os.PathLike[str] | None, name: str = "data_dir") -> None:
+    """Refuse a ``data_dir`` that names an existing file: a data folder is never a file."""
+    if data_dir is not None and os.path.isfile(os.path.expanduser(os.fspath(data_dir))):
+        raise ValueError(f"{name} must be a folder, got the file {os.fspath(data_dir)!r}")
+
+
+def refuse_data_dir(dataset: str, **paths: Any) -> None:
+    """For datasets that read no files (generated data): refuse any path given as ``data_dir``/``root``."""
+    for arg, value in paths.items():
+        if value is not None:
+            raise ValueError(
+                f"{arg}={os.fspath(value)!r} does not apply to dataset {dataset!r}: its data are generated, "
+                "not read from files; leave it out"
+            )
+
+
+# ------------------------------------------------------------------------------------------------
+# The data boundary: coercion and value checks, once per fit / evaluate
+
+
+def model_dtype(model: Any) -> torch.dtype:
+    """The floating dtype of ``model``: its first floating parameter, else its first floating
+    buffer, else ``torch.get_default_dtype()`` (also for plain functions)."""
+    if isinstance(model, torch.nn.Module):
+        for tensor in (*model.parameters(), *model.buffers()):
+            if tensor.is_floating_point():
+                return tensor.dtype
+    return torch.get_default_dtype()
+
+
+def as_real_tensor(name: str, value: Any) -> Tensor:
+    """``value`` (tensor, numpy array, list) as a tensor of a real dtype, device unchanged.
+
+    Raises ``ValueError`` naming ``name`` for complex, bool or non-numeric values.
+    """
+    if isinstance(value, np.ndarray) and not value.flags.writeable:
+        value = value.copy()  # torch.as_tensor warns on read-only arrays
+    try:
+        t = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"{name} must be a numeric array or tensor, got {type(value).__name__} ({exc})") from None
+    if t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"{name} must hold real numbers, got dtype {t.dtype}")
+    return t
+
+
+def coerce_inputs(name: str, x: Tensor, dtype: torch.dtype) -> Tensor:
+    """Inputs as floating ``dtype`` (integers converted as-is, no scaling), checked finite."""
+    x = as_real_tensor(name, x).to(dtype)
+    check_finite(name, x)
+    return x
+
+
+def coerce_targets(name: str, y: Tensor, dtype: torch.dtype) -> Tensor:
+    """Regression / dynamics targets as floating ``dtype``, checked finite."""
+    return coerce_inputs(name, y, dtype)
+
+
+def coerce_labels(y: Tensor, num_classes: int, name: str = "y") -> Tensor:
+    """Class labels ``(N,)`` as int64, every value checked against ``[0, num_classes)``.
+
+    Integer dtypes are converted as they are; float labels must hold whole numbers (numpy users'
+    ``1.0, 0.0, ...``), anything else raises ``ValueError`` naming ``name``, the bad value and
+    its row.
+    """
+    y = as_real_tensor(name, y)
+    if y.dim() != 1:
+        raise ValueError(f"{name} must hold one class label per row, shape (N,), got {tuple(y.shape)}")
+    if y.is_floating_point():
+        bad = ~(torch.isfinite(y) & (y == y.round()))
+        if bad.any():
+            row = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"{name} must hold integer class labels, got the value {float(y[row])!r} in row {row} "
+                f"(dtype {y.dtype})"
+            )
+    _check_label_range(y, num_classes, name)
+    return y.to(torch.int64)
+
+
+def _check_label_range(y: Tensor, num_classes: int, name: str = "y") -> None:
+    if not y.numel():
+        return
+    bad = (y < 0) | (y >= num_classes)
+    if bad.any():
+        lo, hi = _fmt_number(y.min()), _fmt_number(y.max())
+        row = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"{name} has labels in [{lo}, {hi}] (first bad row {row}), but labels must lie in "
+            f"[0, {num_classes}) for the model's {num_classes} classes"
+        )
+
+
+def _fmt_number(value: Tensor) -> str:
+    v = float(value)
+    return str(int(v)) if math.isfinite(v) and v == int(v) else repr(v)
+
+
+def _shape_text(shapes: Sequence[tuple[int, ...]]) -> str:
+    return " or ".join("(" + ", ".join(["B", *map(str, s)]) + ")" for s in shapes)
+
+
+def check_trailing_shape(name: str, value: Tensor, shapes: Sequence[tuple[int, ...]]) -> None:
+    """``value`` must have shape ``(B, *s)`` for one ``s`` of ``shapes`` (no value is read)."""
+    if not isinstance(value, Tensor) or value.dim() < 1 or tuple(value.shape[1:]) not in [tuple(s) for s in shapes]:
+        got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+        raise ValueError(f"{name} must have shape {_shape_text(shapes)}, got {got}")
+
+
+def num_classes_of(model: Any) -> int | None:
+    """``model.num_classes`` when it is an integer (a classification model), else ``None``."""
+    c = getattr(model, "num_classes", None)
+    return int(c) if isinstance(c, (int, np.integer)) and not isinstance(c, bool) else None
+
+
+def coerce_pair(model: Any, x: Tensor, y: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """The dtype rule of :mod:`pyro_invariance.data_utils` for any model (no shape checks).
+
+    ``x`` → ``model_dtype(model)``, checked finite. ``y``: class labels (int64, range checked) when
+    the model has an integer ``num_classes``; otherwise float ``y`` → the model's dtype, checked
+    finite, and integer ``y`` unchanged (an unknown model may take integer targets).
+    """
+    dtype = model_dtype(model)
+    x = coerce_inputs("x", x, dtype)
+    if y is None:
+        return x, None
+    classes = num_classes_of(model)
+    if classes is not None:
+        return x, coerce_labels(y, classes)
+    y = as_real_tensor("y", y)
+    return x, coerce_targets("y", y, dtype) if y.is_floating_point() else y
+
+
+class PreparesInputs:
+    """Mixin for catalogue models: ``prepare_inputs(x, y)``, the checks of the data boundary.
+
+    A model lists the shapes it takes, :meth:`input_shapes` (trailing shapes of ``x`` after the
+    batch dimension) and :meth:`target_shapes` (of ``y``; default ``[()]``, one class label per
+    row). ``prepare_inputs`` converts ``x`` to the model's floating dtype, converts ``y`` to int64
+    labels (models with an integer ``num_classes``, every label checked against
+    ``[0, num_classes)``) or to the model's floating dtype (regression, dynamics), checks both for
+    non-finite values and both shapes — once, before any compute — so that ``forward`` checks
+    shapes only. :func:`pyro_invariance.fit` and :func:`pyro_invariance.evaluate` call it through
+    :func:`pyro_invariance.data_utils.train_arrays` / ``test_arrays``.
+    """
+
+    def input_shapes(self) -> list[tuple[int, ...]]:
+        """Trailing shapes of ``x`` that ``forward`` takes (after the batch dimension)."""
+        raise NotImplementedError
+
+    def target_shapes(self) -> list[tuple[int, ...]]:
+        """Trailing shapes of ``y`` (default: one label per row)."""
+        return [()]
+
+    def prepare_inputs(self, x: Tensor, y: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Checked ``(x, y)`` for this model: ``x`` ``(N, *input_shape)`` in the model's floating
+        dtype; ``y`` ``(N,)`` int64 labels for classification, ``(N, *target_shape)`` floats
+        otherwise (``None`` stays ``None``). Tensors stay on their device.
+
+        Raises:
+            ValueError: one line naming ``x`` or ``y``: wrong shape, no rows, complex / bool /
+                non-numeric values, non-finite values, labels that are not whole numbers or lie outside
+                ``[0, num_classes)``.
+        """
+        x = as_real_tensor("x", x)
+        check_trailing_shape("x", x, self.input_shapes())
+        if x.shape[0] == 0:
+            raise ValueError(f"x is empty, shape {tuple(x.shape)}")
+        if y is not None:
+            y = as_real_tensor("y", y)
+            if y.dim() < 1 or y.shape[0] != x.shape[0]:
+                raise ValueError(
+                    f"x and y must have the same number of rows, got {tuple(x.shape)} and {tuple(y.shape)}"
+                )
+            check_trailing_shape("y", y, self.target_shapes())
+        if y is not None and num_classes_of(self) is None and not y.is_floating_point():
+            y = y.to(model_dtype(self))  # integer regression targets are numbers too
+        return coerce_pair(self, x, y)

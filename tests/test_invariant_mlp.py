@@ -124,13 +124,16 @@ def test_bad_inputs():
     model = _mlp()
     with pytest.raises(ValueError, match="x must have shape"):
         model(torch.zeros(3, 1, 7, 7))
-    x = _images()
-    x[0, 0, 0, 0] = float("nan")
-    with pytest.raises(ValueError, match="non-finite"):
-        model(x)
-    with pytest.raises(ValueError, match="labels must lie"):
-        model(_images(), torch.full((6,), 10))
     with pytest.raises(ValueError, match="integer class labels"):
         model(_images(), torch.zeros(6))
     with pytest.raises(ValueError, match="shape"):
         model(_images(), torch.zeros(5, dtype=torch.long))
+    # values are checked once at the data boundary (prepare_inputs, called by fit / evaluate)
+    x = _images()
+    x[0, 0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        model.prepare_inputs(x, None)
+    with pytest.raises(ValueError, match="labels must lie"):
+        model.prepare_inputs(_images(), torch.full((6,), 10))
+    with pytest.raises(ValueError, match="x must have shape"):
+        model.prepare_inputs(torch.zeros(3, 1, 7, 7), None)

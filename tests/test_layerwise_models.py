@@ -260,10 +260,13 @@ def test_bad_input_raises_clear_errors():
         model(torch.rand(2, 3, 16, 16))  # wrong channels
     with pytest.raises(ValueError, match=r"\(B, 1, 16, 16\)"):
         model(torch.rand(2, 1, 8, 8))  # wrong size
+    # values are checked once at the data boundary (prepare_inputs, called by fit / evaluate)
     with pytest.raises(ValueError, match="non-finite"):
-        model(torch.full((1, 1, 16, 16), float("nan")))
+        model.prepare_inputs(torch.full((1, 1, 16, 16), float("nan")), None)
     with pytest.raises(ValueError, match="labels"):
-        model(torch.rand(2, 1, 16, 16), torch.tensor([0, 10]))
+        model.prepare_inputs(torch.rand(2, 1, 16, 16), torch.tensor([0, 10]))
+    with pytest.raises(ValueError, match=r"\(B, 1, 16, 16\)"):
+        model.prepare_inputs(torch.rand(2, 1, 8, 8), None)
     with pytest.raises(UnknownNameError, match="layerwise-conv"):
         pi.models.get("layerwise-cnv")
     with pytest.raises(ValueError, match="unknown pathway"):

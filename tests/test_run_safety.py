@@ -19,9 +19,9 @@ import pyro_invariance as pi
 from pyro_invariance import guides
 from pyro_invariance.checkpoint import CheckpointError, load_checkpoint, payload_digest
 from pyro_invariance.cli import main
-from pyro_invariance.datasets import load_dataset
 from pyro_invariance.interrupts import FitInterrupted
 from pyro_invariance.runlock import RunLock, RunLockedError
+from small_runs import fit_state, small_digits, small_fit, small_model
 
 torch.set_num_threads(1)
 
@@ -33,26 +33,10 @@ FIT = ["fit", "--model", "invariant-mlp", "--guide", "mean-field", "--data", "ro
 
 @pytest.fixture(scope="module")
 def data():
-    return load_dataset("rotated-digits", train_size=256, test_size=64)
+    return small_digits()
 
 
-def _model(**kw):
-    kw.setdefault("hidden", 16)
-    kw.setdefault("num_samples", 4)
-    return pi.models.get("invariant-mlp", image_shape=(1, 8, 8), **kw)
-
-
-def _run(data, model_kw=None, **kw):
-    model = _model(**(model_kw or {}))
-    guide = guides.get("block-cholesky", model)
-    kw.setdefault("steps", 12)
-    kw.setdefault("batch_size", 64)
-    return pi.fit(model, guide, data, progress=False, seed=5, **kw)
-
-
-def _state(result):
-    return {**{f"m.{k}": v for k, v in result.model.state_dict().items()},
-            **{f"g.{k}": v for k, v in result.guide.state_dict().items()}}
+_model, _run, _state = small_model, small_fit, fit_state
 
 
 def _assert_same_run(a, b):

@@ -137,8 +137,13 @@ def test_bad_input() -> None:
         m(torch.randn(3, 4))
     with pytest.raises(ValueError, match=r"y must have shape"):
         m(torch.randn(3, 2), torch.randn(3))
+    # values are checked once at the data boundary (prepare_inputs, called by fit / evaluate)
     with pytest.raises(ValueError, match="non-finite"):
-        m(torch.tensor([[0.0, float("nan")]]))
+        m.prepare_inputs(torch.tensor([[0.0, float("nan")]]), None)
+    with pytest.raises(ValueError, match="y contains 1 non-finite"):
+        m.prepare_inputs(torch.zeros(1, 2), torch.tensor([[0.0, float("inf")]]))
+    with pytest.raises(ValueError, match=r"y must have shape \(B, 2\)"):
+        m.prepare_inputs(torch.zeros(3, 2), torch.zeros(3))
     with pytest.raises(ValueError, match="unknown symmetry"):
         SymmetrisedHNN(2, symmetry="so3")
     with pytest.raises(ValueError, match="state dimension 2"):

@@ -172,10 +172,11 @@ def test_bad_model_inputs():
     model = RotationToy2D(learn_eta=False, eta_init=1.0)
     with pytest.raises(ValueError, match="shape"):
         model(torch.zeros(3, 3))
+    # values are checked once at the data boundary (prepare_inputs, called by fit / evaluate)
     with pytest.raises(ValueError, match="non-finite"):
-        model(torch.tensor([[float("nan"), 0.0]]))
+        model.prepare_inputs(torch.tensor([[float("nan"), 0.0]]), None)
     with pytest.raises(ValueError, match="labels"):
-        model(torch.zeros(2, 2), torch.tensor([0, 2]))
+        model.prepare_inputs(torch.zeros(2, 2), torch.tensor([0, 2]))
     with pytest.raises(ValueError, match="num_data"):
         model(torch.zeros(2, 2), torch.tensor([0, 1]), num_data=1)
 

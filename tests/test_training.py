@@ -8,32 +8,26 @@ import torch
 import pyro_invariance as pi
 from pyro_invariance import guides
 from pyro_invariance.checkpoint import CheckpointError
-from pyro_invariance.datasets import load_dataset
 from pyro_invariance.training import _param_groups, FitConfig
+from small_runs import fit_state, small_digits, small_fit, small_model
 
 torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
 def data():
-    return load_dataset("rotated-digits", train_size=256, test_size=64)
+    return small_digits()
 
 
 def _model(**kw):
-    return pi.models.get("invariant-mlp", image_shape=(1, 8, 8), hidden=16, num_samples=4, **kw)
+    return small_model(**kw)
 
 
 def _run(data, tmp_path, **kw):
-    model = _model()
-    guide = guides.get("block-cholesky", model)
-    kw.setdefault("steps", 12)
-    kw.setdefault("batch_size", 64)
-    return pi.fit(model, guide, data, progress=False, seed=5, **kw)
+    return small_fit(data, **kw)
 
 
-def _state(result):
-    return {**{f"m.{k}": v for k, v in result.model.state_dict().items()},
-            **{f"g.{k}": v for k, v in result.guide.state_dict().items()}}
+_state = fit_state
 
 
 def test_resume_reproduces_uninterrupted_run_bit_for_bit(data, tmp_path):
