@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 # ArviZ 1.x needs Python >= 3.12, for which no torch wheel is on the project's machines: a second,
-# torch-free environment tests pyro_invariance/arviz_compat.py there (tests/test_arviz_compat.py).
+# torch-free environment tests pyro_invariance/diagnostics/arviz_compat.py there (tests/test_arviz_compat.py).
 # Its interpreter: python3.12 / python3.13 if they run (a pyenv shim may not), else pyenv's versions.
 PY312 = $(shell for p in python3.12 python3.13 $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[2-9]*/bin/python3; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v "$$p"; break; }; done)
@@ -51,10 +51,10 @@ test-slow: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-# NUTS reference posteriors (pyro_invariance/reference_posteriors/): regenerate, then check R-hat / ESS.
+# NUTS reference posteriors (pyro_invariance/diagnostics/reference_posteriors/): regenerate, then check R-hat / ESS.
 references: $(STAMP)
-	$(BIN)/python -m pyro_invariance.reference regenerate
-	$(BIN)/python -m pyro_invariance.reference check
+	$(BIN)/python -m pyro_invariance.diagnostics.reference regenerate
+	$(BIN)/python -m pyro_invariance.diagnostics.reference check
 
 # Benchmarks write their markdown tables under benchmarks/results/.
 bench: $(STAMP)

@@ -3,7 +3,7 @@
 Run on a machine with a GPU (from the repository root, the package installed)::
 
     python benchmarks/gpu_determinism.py            # default kernels
-    python benchmarks/gpu_determinism.py --deterministic   # pyro_invariance.training.make_deterministic()
+    python benchmarks/gpu_determinism.py --deterministic   # pyro_invariance.infer.training.make_deterministic()
 
 Fits ``layerwise-fc+conv`` (α = 2, 256 quadrant digits, 30 MAP steps with Laplace-evidence updates
 every 10) twice, and once more split at step 15 and resumed from the checkpoint; prints whether δ,
@@ -25,10 +25,10 @@ from pathlib import Path
 import pyro
 import torch
 
-from pyro_invariance.laplace import fit_laplace
+from pyro_invariance.infer.laplace import fit_laplace
 from pyro_invariance.models.layerwise import LayerwiseNet
-from pyro_invariance.quadrant import build_quadrant_dataset
-from pyro_invariance.training import make_deterministic
+from pyro_invariance.data.quadrant import build_quadrant_dataset
+from pyro_invariance.infer.training import make_deterministic
 
 
 def main() -> None:

@@ -142,7 +142,7 @@ def findings(cmp: Any) -> list[str]:
 
 
 def markdown() -> str:
-    from pyro_invariance.compare import GuideComparison
+    from pyro_invariance.diagnostics.compare import GuideComparison
 
     parts = ["# Guide comparison: evidence bounds, PSIS k̂, η, metrics and cost per guide", "",
              "Each section: one model family on its benchmark data; every guide fitted with the same seed, budget and "

@@ -36,8 +36,9 @@ import torch  # noqa: E402
 from pyro.infer import TraceMeanField_ELBO  # noqa: E402
 
 import pyro_invariance  # noqa: E402,F401  (module-local params)
-from pyro_invariance import guides, training  # noqa: E402
-from pyro_invariance.datasets import load_dataset  # noqa: E402
+from pyro_invariance import guides  # noqa: E402
+from pyro_invariance.infer import training  # noqa: E402
+from pyro_invariance.data.images import load_dataset  # noqa: E402
 from pyro_invariance.models import InvariantMLP  # noqa: E402
 
 GUIDES = ("map", "mean-field", "matrix-normal", "block-cholesky", "full-rank")

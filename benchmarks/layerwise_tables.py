@@ -3,7 +3,7 @@
 Table 1 (``--table 1``): the quadrant task (``quadrant-<base>``: digit, 10 classes; ``quadrant-<base>-40``:
 digit + quadrant, 40 classes). Rows FC / CONV / learned (FC+CONV, and F-FC+CONV, the paper's model), each trained
 three ways: MAP (``map`` guide, ``prior="fixed"``: δ = 1, i.e. plain weight decay); Laplace (MAP with δ
-learned online by the diagonal-GGN Laplace evidence and MacKay's update, ``pyro_invariance.laplace.fit_laplace``
+learned online by the diagonal-GGN Laplace evidence and MacKay's update, ``pyro_invariance.infer.laplace.fit_laplace``
 — the paper's objective with a diagonal instead of a KFAC curvature; predictions at θ*); and the bound
 (``mean-field`` guide, ``prior="learned"``: δ learned by the ELBO). Columns: test accuracy on both tasks.
 
@@ -14,7 +14,7 @@ NLL and accuracy; Laplace log evidence and ELBO per datum.
 Table 3 (``--table 3``): ``fc+conv+gconv`` (choosing among FC / CONV / GCONV) on upright, translated
 and rotated ``<base>``, by MAP and Laplace (the bound is left out: 1.4 s per step at α = 2); columns:
 test NLL, accuracy, Laplace log evidence per datum and the relative effective number of parameters
-of each pathway, mean (min–max) over the 8 blocks (:mod:`pyro_invariance.layerwise_analysis`).
+of each pathway, mean (min–max) over the 8 blocks (:mod:`pyro_invariance.diagnostics.layerwise_analysis`).
 
 Cost (``--table cost``): seconds per SVI step (mean-field guide, batch 64) and the peak resident
 memory of a fresh process doing those steps, for every layer type, at the table's α and input size.
@@ -55,9 +55,9 @@ import torch  # noqa: E402
 import pyro_invariance  # noqa: E402
 from pyro_invariance.catalogue import model_kwargs_for  # noqa: E402
 from pyro_invariance.models.layerwise import FIT_DEFAULTS  # noqa: E402
-from pyro_invariance.laplace import fit_laplace  # noqa: E402
-from pyro_invariance.layerwise_analysis import analyse_pathways, block_shares  # noqa: E402
-from pyro_invariance.quadrant import build_quadrant_dataset, build_resized_dataset  # noqa: E402
+from pyro_invariance.infer.laplace import fit_laplace  # noqa: E402
+from pyro_invariance.diagnostics.layerwise_analysis import analyse_pathways, block_shares  # noqa: E402
+from pyro_invariance.data.quadrant import build_quadrant_dataset, build_resized_dataset  # noqa: E402
 from pyro_invariance.registry import MODELS  # noqa: E402
 
 SIZES: dict[str, dict[str, Any]] = {

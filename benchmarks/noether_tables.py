@@ -2,7 +2,7 @@
 
 For each system three ``symmetrised-hnn`` models are fitted with the matrix-normal guide on the
 same data -- ``symmetry="none"`` (HNN), ``"learned"`` (K conserved quantities) and the oracle
-(SO(2), U(3), SE(2)) -- and evaluated with :func:`pyro_invariance.hnn_metrics.evaluate_hnn`
+(SO(2), U(3), SE(2)) -- and evaluated with :func:`pyro_invariance.diagnostics.hnn_metrics.evaluate_hnn`
 (train MSE, NLL/N, KL/N, −ELBO/N, test / wider / moved MSE, energy drift). The learned generators
 are analysed by SVD (number of significant singular values against the target: 1 for SHO, n² = 9
 for 3 oscillators, 3 for the 3-body system) and their parallelness to the oracle span. The talk's
@@ -87,7 +87,7 @@ def build(system: str, symmetry: str, s: dict[str, Any], seed: int):
 
     from pyro_invariance import guides
     from pyro_invariance.models.symmetrised_hnn import SymmetrisedHNN
-    from pyro_invariance.prior_update import PriorUpdatingGuide
+    from pyro_invariance.infer.prior_update import PriorUpdatingGuide
 
     pyro.set_rng_seed(seed)
     m = 2 * (1 if system == "sho" else (s["data"]["n"] if system == "oscillators" else 2 * s["data"]["n"]))
@@ -104,8 +104,9 @@ def run_system(system: str, s: dict[str, Any], seed: int, cache_dir: str | None,
                models: tuple[str, ...] = ("none", "learned", "oracle")) -> dict[str, Any]:
     import pyro
 
-    from pyro_invariance import fit, physics
-    from pyro_invariance.hnn_metrics import evaluate_hnn, symmetry_analysis
+    from pyro_invariance import fit
+    from pyro_invariance.data import physics
+    from pyro_invariance.diagnostics.hnn_metrics import evaluate_hnn, symmetry_analysis
 
     data = physics.make_dataset(system, seed=seed, cache_dir=cache_dir, **s["data"])
     log(f"{system}: N={data.x_train.shape[0]} train pairs, M={data.state_dim}")
@@ -131,7 +132,7 @@ def run_system(system: str, s: dict[str, Any], seed: int, cache_dir: str | None,
                 "principal_angles_deg": a.principal_angles_deg().tolist(),
             }
             try:
-                from pyro_invariance.hnn_metrics import plot_symmetry_analysis
+                from pyro_invariance.diagnostics.hnn_metrics import plot_symmetry_analysis
 
                 plot_symmetry_analysis(a, RESULTS_DIR / f"noether_{system}_svd.png", title=f"{system}: learned generators",
                                        target=TARGET_RANK[system])

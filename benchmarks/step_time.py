@@ -11,7 +11,7 @@ C=10 classes, N=60000, rotation learned, block-Cholesky guide over W2, both acti
                       (Pyro's default).
 * ``pyro-noval``      the same with ``pyro.enable_validation(False)``.
 * ``hand``            a plain PyTorch step computing the same ELBO: the same transforms
-                      (``pyro_invariance.symmetry``: ``sample_epsilon``, ``lie_exp``,
+                      (``pyro_invariance.symmetry.affine``: ``sample_epsilon``, ``lie_exp``,
                       ``transform_weight_rows``) and features, one reparameterised draw of W2 from a
                       block-Cholesky Gaussian (and of b2, σ_p from their mean-field guides), the
                       analytic KL to the prior, the categorical log-likelihood scaled by N/B, and the
@@ -49,9 +49,10 @@ from torch import Tensor, nn  # noqa: E402
 from torch.distributions.utils import _standard_normal  # noqa: E402
 
 import pyro_invariance  # noqa: E402,F401  (sets module-local params)
-from pyro_invariance import guides, training  # noqa: E402
+from pyro_invariance import guides  # noqa: E402
+from pyro_invariance.infer import training  # noqa: E402
 from pyro_invariance.models import InvariantMLP  # noqa: E402
-from pyro_invariance.symmetry import lie_exp, sample_epsilon, transform_weight_rows  # noqa: E402
+from pyro_invariance.symmetry.affine import lie_exp, sample_epsilon, transform_weight_rows  # noqa: E402
 
 VARIANTS = ("pyro", "pyro-noval", "hand")
 
@@ -281,7 +282,7 @@ def component_times(cfg: dict[str, int], activation: str, reps: int) -> dict[str
     w1 = torch.randn(H, D, generator=gen).requires_grad_(activation == "relu")
     eta = torch.tensor([0.5], requires_grad=True)
     x = torch.rand(B, D, generator=gen)
-    from pyro_invariance.symmetry import affine_generators
+    from pyro_invariance.symmetry.affine import affine_generators
 
     g = affine_generators()[2:3]
     rows_fixed = torch.randn(S, H, D, generator=gen, requires_grad=True)
@@ -412,7 +413,7 @@ def render(info: dict[str, Any], settings: dict[str, Any], cfg: dict[str, int], 
         "One SVI step of the invariant MLP of paper 003 (rotation learned, block-Cholesky guide), timed "
         "four ways in one run, interleaved: `pyro` = the loop body of `pyro_invariance.fit` (Pyro's default "
         "validation on), `pyro-noval` = the same after `pyro.enable_validation(False)`, `hand` = plain "
-        "PyTorch computing the same ELBO (same `pyro_invariance.symmetry` transforms, one reparameterised "
+        "PyTorch computing the same ELBO (same `pyro_invariance.symmetry.affine` transforms, one reparameterised "
         "block-Cholesky draw of W2, analytic KLs, categorical log-likelihood × N/B, same Adam groups). "
         "The machine is shared with other jobs (see the load average), so absolute times carry noise; "
         "the interleaving keeps the ratios fair."

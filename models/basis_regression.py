@@ -341,7 +341,7 @@ class BasisRegression(PreparesInputs, PyroModule):
         return {"lambda": self.lam.detach().clone()}
 
     def arviz_dims(self) -> dict[str, list[str]]:
-        """ArviZ dim names of the sample sites' own dims (:func:`pyro_invariance.diagnostics.to_inference_data`)."""
+        """ArviZ dim names of the sample sites' own dims (:func:`pyro_invariance.diagnostics.inference_data.to_inference_data`)."""
         return {"weight": ["output", "feature"], "obs": ["obs_dim_0", "output"]}
 
     # ----------------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from pyro.nn import PyroModule, PyroParam, PyroSample
 from torch import Tensor, nn
 
 from pyro_invariance.registry import MODELS
-from pyro_invariance.symmetry import (
+from pyro_invariance.symmetry.affine import (
     affine_generators,
     eta_upper_bounds,
     generator_indices,
@@ -62,13 +62,13 @@ class InvariantMLP(PreparesInputs, PyroModule):
         num_classes: number of classes C.
         hidden: hidden units H.
         activation: ``"rff"`` (fixed random Fourier features, cos) or ``"relu"`` (learned W1).
-        symmetry: subgroup name(s) for :func:`pyro_invariance.symmetry.resolve_subgroup`
+        symmetry: subgroup name(s) for :func:`pyro_invariance.symmetry.affine.resolve_subgroup`
             (``"rotation"``, ``"translation"``, ``"scale"``, ``"affine"``, ``"none"``, ``"tx+rot"``...).
         learn_eta: learn η (by the bound) or keep it fixed at ``eta_init``.
         eta_init: initial η, a float for all generators or a mapping generator -> value. Must be
             > 0 to learn: η = 0 is a stationary point of the expected gradient (methods.md §1).
         eta_max: optional mapping generator -> upper bound (default
-            :data:`pyro_invariance.symmetry.DEFAULT_ETA_MAX`; rotation capped at π).
+            :data:`pyro_invariance.symmetry.affine.DEFAULT_ETA_MAX`; rotation capped at π).
         num_samples: S transform samples per forward pass.
         sampling: ``"stochastic"`` (ε ~ U) or ``"deterministic"`` (linspace grid; Section 3.4).
         transform_on: ``"weights"`` (default, paper 003) or ``"inputs"``.
@@ -191,7 +191,7 @@ class InvariantMLP(PreparesInputs, PyroModule):
         return {name: eta[i] for i, name in enumerate(self.generator_names)}
 
     def arviz_dims(self) -> dict[str, list[str]]:
-        """ArviZ dim names of the sample sites' own dims (:func:`pyro_invariance.diagnostics.to_inference_data`)."""
+        """ArviZ dim names of the sample sites' own dims (:func:`pyro_invariance.diagnostics.inference_data.to_inference_data`)."""
         return {"out_weight": ["class", "hidden"], "out_bias": ["class"], "prior_scale": [], "obs": ["obs_dim_0"]}
 
     def sample_transforms(self, num_samples: int | None = None) -> Tensor:

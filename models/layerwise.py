@@ -6,7 +6,7 @@ fully-connected (FC), convolutional (CONV), factored (F-FC), sparse (S-FC, S-CON
 convolution (GCONV) — each with its own prior precision δ. A layer becomes strictly equivariant
 when δ of its non-equivariant pathways → ∞ (Eq. 8); the δ are learnt by model selection (the
 paper maximises a Laplace marginal likelihood, Eq. 9; here the ELBO). The layers live in
-:mod:`pyro_invariance.equivariant_layers`.
+:mod:`pyro_invariance.symmetry.equivariant_layers`.
 
 Generative story (x an image ``(C, H, W)``, α the width)::
 
@@ -49,7 +49,7 @@ guide use ``prior="fixed"``.
 Two ways to learn δ.
 
 * **Laplace evidence (the paper's objective; recommended for symmetry selection).** Build with
-  ``prior="fixed"`` (δ become buffers) and call :func:`pyro_invariance.laplace.fit_laplace` (CLI:
+  ``prior="fixed"`` (δ become buffers) and call :func:`pyro_invariance.infer.laplace.fit_laplace` (CLI:
   ``pyro-invariance fit --objective laplace``): MAP steps on the weights, and every 50 steps the
   diagonal-GGN Laplace evidence sets each δ by MacKay's update. Measured on 16×16 quadrant digits
   (α = 2, 200 steps, seed 0; ``tests/test_laplace.py``): FC+CONV 59.1% vs CONV 55.6% on the
@@ -94,7 +94,7 @@ import torch.nn.functional as F
 from pyro.nn import PyroModule
 from torch import Tensor, nn
 
-from pyro_invariance import equivariant_layers as L
+from pyro_invariance.symmetry import equivariant_layers as L
 from pyro_invariance.registry import MODELS
 from pyro_invariance.validation import PreparesInputs, check_label_shape, check_positive_int, check_trailing_shape
 
@@ -121,7 +121,7 @@ CHANNEL_MULTIPLIERS: tuple[int, ...] = (1, 2, 2, 4, 4, 8, 8, 16)
 PAPER_STRIDES: tuple[int, ...] = (1, 2, 1, 2, 1, 2, 2, 2)
 #: Hidden width of the head in units of α.
 HEAD_MULTIPLIER = 64
-#: Variant tokens -> pathway kinds of :mod:`pyro_invariance.equivariant_layers`.
+#: Variant tokens -> pathway kinds of :mod:`pyro_invariance.symmetry.equivariant_layers`.
 TOKENS: dict[str, str] = {"fc": "fc", "conv": "conv", "f-fc": "ffc", "s-fc": "sfc", "s-conv": "sconv", "gconv": "gconv"}
 #: Registered variants (``layerwise-<variant>``).
 VARIANTS: tuple[str, ...] = ("fc", "conv", "fc+conv", "f-fc+conv", "s-fc+s-conv", "fc+conv+gconv")
@@ -369,7 +369,7 @@ class LayerwiseNet(PreparesInputs, PyroModule):
         hyperprior_scale: scale of ``log δ ~ N(log precision_init, scale²)`` (hierarchical).
         strides: ``"auto"`` or 8 strides in {1, 2} whose product divides H and W.
         sconv_anchors, sfc_anchor_fraction, rbf_lengthscale, rbf_variance, rbf_noise, anchor_seed:
-            sparse-layer settings (:class:`~pyro_invariance.equivariant_layers.LayerOptions`).
+            sparse-layer settings (:class:`~pyro_invariance.symmetry.equivariant_layers.LayerOptions`).
         allow_large: build dense FC weights above 50M elements (otherwise a ValueError suggests F-FC).
         start: where the guides start, ``"equivariant"`` (default) or ``"prior"``
             (:func:`make_init_loc_fn`; used by :meth:`guide_defaults`).
@@ -453,7 +453,7 @@ class LayerwiseNet(PreparesInputs, PyroModule):
 
     #: Learning rates the CLI uses unless given (:data:`FIT_DEFAULTS`).
     fit_defaults = FIT_DEFAULTS
-    #: Learned precisions are trained with ``eta_lr`` (:func:`pyro_invariance.training.is_symmetry_parameter`).
+    #: Learned precisions are trained with ``eta_lr`` (:func:`pyro_invariance.infer.training.is_symmetry_parameter`).
     symmetry_param_names = L.PRECISION_NAMES
 
     # ------------------------------------------------------------------------------------------
@@ -510,10 +510,10 @@ class LayerwiseNet(PreparesInputs, PyroModule):
 
     def precision_groups(self) -> list[Any]:
         """Every prior precision δ with the sample sites it scales, as
-        :class:`~pyro_invariance.laplace.PrecisionGroup` s: each pathway tensor (with the FC bias
+        :class:`~pyro_invariance.infer.laplace.PrecisionGroup` s: each pathway tensor (with the FC bias
         it shares), each block bias, each head layer. For the Laplace evidence and closed-form
         updates (``prior="fixed"``: δ are buffers that those updates set)."""
-        from pyro_invariance.laplace import PrecisionGroup
+        from pyro_invariance.infer.laplace import PrecisionGroup
 
         out = []
         for spec in self.arch.blocks:
@@ -566,7 +566,7 @@ class LayerwiseNet(PreparesInputs, PyroModule):
         return sum(math.prod(s) for s in self.site_shapes().values())
 
     def arviz_dims(self) -> dict[str, list[str]]:
-        """ArviZ dim names of the sample sites' own dims (:func:`pyro_invariance.diagnostics.to_inference_data`)."""
+        """ArviZ dim names of the sample sites' own dims (:func:`pyro_invariance.diagnostics.inference_data.to_inference_data`)."""
         dims: dict[str, list[str]] = {}
         for name, shape in self.site_shapes().items():
             dims[name] = [f"{name}.out", f"{name}.in"] if len(shape) == 2 else [f"{name}.out"]

@@ -3,7 +3,7 @@
 Generative story (talk 000, "Noether's theorem parameterisation" and "Objective function"):
 
     v_l                                       prior variance of layer l: fixed, closed-form
-                                              (v* = (tr Σ + ‖m‖²)/D, :mod:`pyro_invariance.prior_update`)
+                                              (v* = (tr Σ + ‖m‖²)/D, :mod:`pyro_invariance.infer.prior_update`)
                                               or hierarchical (√v_l ~ LogNormal(log √v₀, 1))
     W_l ~ N(0, v_l I)   (out × in)            Bayesian weights; biases b_l and the first layer's
                                               scalar scale c are point estimates; last layer has no bias
@@ -17,7 +17,7 @@ Generative story (talk 000, "Noether's theorem parameterisation" and "Objective 
 
 The S flow matrices are computed once per forward pass, shared by the batch and reused across
 all E Euler sub-steps. ``symmetry="none"`` is the plain Bayesian HNN; ``"so2"``, ``"un"``,
-``"se2"`` use the fixed oracle generators of :mod:`pyro_invariance.conserved` instead of η.
+``"se2"`` use the fixed oracle generators of :mod:`pyro_invariance.symmetry.conserved` instead of η.
 
 Parameterisation note: each layer's input is divided by √fan_in (NTK-style), so that unit prior
 variance gives O(1) activations at any width; the first layer's learned scalar scale c
@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from pyro.nn import PyroModule, PyroSample
 from torch import Tensor, nn
 
-from pyro_invariance import physics  # noqa: F401  (registers the physics datasets)
-from pyro_invariance.conserved import (
+from pyro_invariance.data import physics  # noqa: F401  (registers the physics datasets)
+from pyro_invariance.symmetry.conserved import (
     ORACLES,
     apply_flow,
     flow_matrices,
@@ -45,7 +45,7 @@ from pyro_invariance.conserved import (
     oracle_generators,
     sample_weights,
 )
-from pyro_invariance.physics import symplectic
+from pyro_invariance.data.physics import symplectic
 from pyro_invariance.registry import MODELS
 from pyro_invariance.validation import PreparesInputs, check_positive_float, check_positive_int, check_trailing_shape
 
@@ -74,7 +74,7 @@ class SymmetrisedHNN(PreparesInputs, PyroModule):
         dt: time between a state and its target (must match the data).
         noise_var: σ² of the Gaussian likelihood (fixed, or the initial value if ``learn_noise``).
         learn_noise: learn σ² as a point estimate (``log_noise_var``).
-        prior: ``"fixed"``, ``"closed-form"`` (updated by :func:`pyro_invariance.prior_update.update_prior_variance`)
+        prior: ``"fixed"``, ``"closed-form"`` (updated by :func:`pyro_invariance.infer.prior_update.update_prior_variance`)
             or ``"hierarchical"``.
         prior_var: (initial) prior variance v₀ of every weight matrix.
         eta_init_std: std of the small random initial η (η = 0 cannot learn under symmetric sampling).

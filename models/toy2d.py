@@ -2,7 +2,7 @@
 
 The invariant model of paper 003 (Eqs. 1–3, 6) in the plane, small enough for NUTS: random
 Fourier features of the 2-D input averaged over rotations by angles ε·η, and a Bayesian linear
-read-out. Data: :func:`pyro_invariance.toy2d.make_rotation_toy` (registered ``"rotation-toy-2d"``).
+read-out. Data: :func:`pyro_invariance.data.toy2d.make_rotation_toy` (registered ``"rotation-toy-2d"``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam, PyroSample
 from torch import Tensor
 
-from pyro_invariance import toy2d  # noqa: F401  (registers the "rotation-toy-2d" dataset)
+from pyro_invariance.data import toy2d  # noqa: F401  (registers the "rotation-toy-2d" dataset)
 from pyro_invariance.registry import MODELS
 from pyro_invariance.validation import PreparesInputs, check_label_shape, check_positive_int, check_trailing_shape
 
@@ -64,7 +64,7 @@ class RotationToy2D(PreparesInputs, PyroModule):
     logits (second line of paper 003's Eq. 9), as in :class:`~models.invariant_mlp.InvariantMLP`.
     Class 0's logit is fixed at 0 so that the read-out is identifiable: for C = 2 the model is a
     Bayesian logistic regression on ``h(x)`` with ``H + 1`` latent coordinates (33 at the default
-    ``hidden=32``), which NUTS samples in seconds (:mod:`pyro_invariance.reference`).
+    ``hidden=32``), which NUTS samples in seconds (:mod:`pyro_invariance.diagnostics.reference`).
 
     In the continuum limit (η = π, S → ∞) the averaged feature is a function of the radius only,
     ``h_j(x) = √(2/H) J₀(‖W1_j‖ ‖x‖) cos(b1_j)``. With the default ``sampling="deterministic"`` the
@@ -158,7 +158,7 @@ class RotationToy2D(PreparesInputs, PyroModule):
         return {"rot": self.eta.detach().clone()}
 
     def arviz_dims(self) -> dict[str, list[str]]:
-        """ArviZ dim names of the sample sites' own dims (:func:`pyro_invariance.diagnostics.to_inference_data`)."""
+        """ArviZ dim names of the sample sites' own dims (:func:`pyro_invariance.diagnostics.inference_data.to_inference_data`)."""
         return {"out_weight": ["logit", "hidden"], "out_bias": ["logit"], "obs": ["obs_dim_0"]}
 
     def angles(self) -> Tensor:

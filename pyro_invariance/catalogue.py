@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from pyro import poutine
 
-from pyro_invariance.checkpoint import CheckpointError, load_checkpoint
-from pyro_invariance.data_utils import train_arrays
+from pyro_invariance.infer.checkpoint import CheckpointError, load_checkpoint
+from pyro_invariance.data.arrays import train_arrays
 from pyro_invariance.registry import DATASETS, MODELS
 
 
@@ -59,7 +59,7 @@ def build(spec: dict[str, Any]) -> tuple[Any, Any, Any]:
 def load_run(checkpoint_path: str | Path, data: Any = None) -> tuple[Any, Any, Any, dict[str, Any]]:
     """Rebuild ``(model, guide, data, checkpoint)`` from a checkpoint written by ``fit`` with a spec.
 
-    The checkpoint is read safely and verified (:func:`~pyro_invariance.checkpoint.load_checkpoint`:
+    The checkpoint is read safely and verified (:func:`~pyro_invariance.infer.checkpoint.load_checkpoint`:
     ``weights_only=True``, format version, checksum) before anything is built from it.
     """
     state = load_checkpoint(checkpoint_path)

@@ -32,10 +32,10 @@ from typing import Any, Sequence
 
 import torch
 
-from pyro_invariance.checkpoint import atomic_write_text, peek_step
-from pyro_invariance.interrupts import FitInterrupted
+from pyro_invariance.infer.checkpoint import atomic_write_text, peek_step
+from pyro_invariance.infer.interrupts import FitInterrupted
 from pyro_invariance.registry import DATASETS, GUIDES, MODELS, UnknownNameError
-from pyro_invariance.runlock import RunLock
+from pyro_invariance.infer.runlock import RunLock
 from pyro_invariance.validation import check_positive_int
 
 #: a bare word (``rotation``, ``tx+rot``, ``layerwise-fc``) is a string; anything else must be JSON
@@ -74,7 +74,7 @@ def _table(rows: list[tuple[str, ...]]) -> str:
 
 
 def _format_eta(model: Any, image_size: int | None) -> str:
-    from pyro_invariance.compare import format_eta
+    from pyro_invariance.diagnostics.compare import format_eta
 
     return format_eta(model, image_size)
 
@@ -144,7 +144,7 @@ def _build_spec(args: argparse.Namespace) -> dict[str, Any]:
     objective = getattr(args, "objective", "elbo")
     guide = args.guide or ("map" if objective == "laplace" else "block-cholesky")
     if objective == "laplace":
-        # MAP weights; the precisions are buffers the evidence updates set (pyro_invariance.laplace)
+        # MAP weights; the precisions are buffers the evidence updates set (pyro_invariance.infer.laplace)
         if guide != "map":
             raise ValueError(f"--objective laplace trains MAP weights: use --guide map (or leave it out), not {guide!r}")
         if model_kwargs.setdefault("prior", "fixed") != "fixed":
@@ -168,7 +168,7 @@ def _image_size(data: Any) -> int | None:
 
 
 def _save_plots(result: Any, out: Path) -> list[str]:
-    from pyro_invariance.plots import plot_eta_history, plot_filter_bank
+    from pyro_invariance.diagnostics.plots import plot_eta_history, plot_filter_bank
 
     files = [str(plot_eta_history({result.spec["model"] if result.spec else "run": result.history}, out / "eta.png"))]
     if hasattr(result.model, "filter_bank"):
@@ -181,7 +181,7 @@ def run_fit(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eva
     """Build the spec, fit, evaluate, write result.json + plots to ``out``; returns the summary.
 
     ``out`` is checked first (:func:`prepare_out`) and locked for the whole run
-    (:class:`~pyro_invariance.runlock.RunLock`), so a second writer is refused before any compute.
+    (:class:`~pyro_invariance.infer.runlock.RunLock`), so a second writer is refused before any compute.
     """
     out = check_out_folder(Path(out))
     with RunLock(out / "checkpoint.pt"):
@@ -193,7 +193,7 @@ def _run_fit_locked(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any],
                     eval_seed: int) -> dict[str, Any]:  # fmt: skip
     from pyro_invariance import guides  # noqa: F401
     from pyro_invariance.catalogue import build
-    from pyro_invariance.training import fit
+    from pyro_invariance.infer.training import fit
 
     data, model, guide = build(spec)
     fit_kwargs = dict(fit_kwargs)
@@ -202,7 +202,7 @@ def _run_fit_locked(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any],
     laplace_kw = {k: fit_kwargs.pop(k) for k in ("laplace_every", "laplace_warmup") if k in fit_kwargs}
     extra: dict[str, Any] = {}
     if spec.get("objective") == "laplace":
-        from pyro_invariance.laplace import fit_laplace
+        from pyro_invariance.infer.laplace import fit_laplace
 
         result = fit_laplace(model, data, guide=guide, checkpoint_path=out / "checkpoint.pt", spec=spec,
                              every=laplace_kw.get("laplace_every", 50), warmup=laplace_kw.get("laplace_warmup", 100),
@@ -232,8 +232,8 @@ def _run_fit_locked(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any],
 
 def _metrics(model: Any, guide: Any, data: Any, num_samples: int, device: Any = None, seed: int = 0) -> dict[str, float]:
     """Classification metrics for image data; the talk's HNN columns for physics data
-    (:func:`pyro_invariance.compare.evaluation_metrics`), seeded."""
-    from pyro_invariance.compare import evaluation_metrics
+    (:func:`pyro_invariance.diagnostics.compare.evaluation_metrics`), seeded."""
+    from pyro_invariance.diagnostics.compare import evaluation_metrics
 
     return evaluation_metrics(model, guide, data, num_samples, device, seed=seed)
 
@@ -252,7 +252,7 @@ def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         if hasattr(args, name):
             kw[name] = getattr(args, name)
     if getattr(args, "allow_change", None):
-        from pyro_invariance.training import LR_SETTINGS
+        from pyro_invariance.infer.training import LR_SETTINGS
 
         changes = [c.strip().replace("-", "_") for c in args.allow_change.split(",") if c.strip()]
         wrong = [c for c in changes if c not in LR_SETTINGS]
@@ -298,7 +298,7 @@ def _print_summaries(summaries: list[dict[str, Any]]) -> None:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     if args.deterministic:
-        from pyro_invariance.training import make_deterministic
+        from pyro_invariance.infer.training import make_deterministic
 
         make_deterministic()
     spec = _build_spec(args)
@@ -317,7 +317,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     checkpoint = run / "checkpoint.pt" if run.is_dir() else run
     data = None
     if args.data:
-        from pyro_invariance.datasets import load_dataset
+        from pyro_invariance.data.images import load_dataset
 
         data = load_dataset(args.data, data_dir=args.data_dir)
     model, guide, data, state = load_run(checkpoint, data)
@@ -369,7 +369,7 @@ def _guide_kwargs(items: Sequence[str] | None, guides: Sequence[str]) -> dict[st
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Fit several guides with the same seeds and budget; print the bound/metric table."""
-    from pyro_invariance.compare import compare_guides
+    from pyro_invariance.diagnostics.compare import compare_guides
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -410,7 +410,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The main job: learned rotation invariance vs no invariance on rotated digits."""
-    from pyro_invariance.plots import plot_eta_history
+    from pyro_invariance.diagnostics.plots import plot_eta_history
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)

@@ -208,7 +208,7 @@ def num_classes_of(model: Any) -> int | None:
 
 
 def coerce_pair(model: Any, x: Tensor, y: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """The dtype rule of :mod:`pyro_invariance.data_utils` for any model (no shape checks).
+    """The dtype rule of :mod:`pyro_invariance.data.arrays` for any model (no shape checks).
 
     ``x`` → ``model_dtype(model)``, checked finite. ``y``: class labels (int64, range checked) when
     the model has an integer ``num_classes``; otherwise float ``y`` → the model's dtype, checked
@@ -235,7 +235,7 @@ class PreparesInputs:
     ``[0, num_classes)``) or to the model's floating dtype (regression, dynamics), checks both for
     non-finite values and both shapes — once, before any compute — so that ``forward`` checks
     shapes only. :func:`pyro_invariance.fit` and :func:`pyro_invariance.evaluate` call it through
-    :func:`pyro_invariance.data_utils.train_arrays` / ``test_arrays``.
+    :func:`pyro_invariance.data.arrays.train_arrays` / ``test_arrays``.
     """
 
     def input_shapes(self) -> list[tuple[int, ...]]:

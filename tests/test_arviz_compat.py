@@ -1,4 +1,4 @@
-"""Tests of ``pyro_invariance/arviz_compat.py`` on whichever ArviZ line is installed.
+"""Tests of ``pyro_invariance/diagnostics/arviz_compat.py`` on whichever ArviZ line is installed.
 
 The module is loaded from its file, not through the package (whose ``__init__`` imports torch and
 Pyro), so this file also runs in the torch-free ArviZ 1.x environment of ``make test-arviz1``
@@ -23,11 +23,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-PATH = Path(__file__).resolve().parents[1] / "pyro_invariance" / "arviz_compat.py"
+PATH = Path(__file__).resolve().parents[1] / "pyro_invariance" / "diagnostics" / "arviz_compat.py"
 
 
 def _load():
-    name = "pyro_invariance.arviz_compat"
+    name = "pyro_invariance.diagnostics.arviz_compat"
     if name in sys.modules:  # already imported through the package (main environment)
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location("_arviz_compat_by_path", PATH)

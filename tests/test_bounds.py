@@ -15,7 +15,7 @@ from pyro.nn import PyroModule, PyroSample
 
 import pyro_invariance as pi
 from pyro_invariance import guides
-from pyro_invariance.bounds import (
+from pyro_invariance.infer.bounds import (
     check_observed,
     elbo_bound,
     evidence_bounds,

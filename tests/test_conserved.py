@@ -1,4 +1,4 @@
-"""Tests of pyro_invariance.conserved: generators, flows, oracles and the SVD analysis."""
+"""Tests of pyro_invariance.symmetry.conserved: generators, flows, oracles and the SVD analysis."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from pyro_invariance import conserved as C
-from pyro_invariance import physics as P
+from pyro_invariance.symmetry import conserved as C
+from pyro_invariance.data import physics as P
 
 torch.set_num_threads(1)
 DT = torch.float64

@@ -1,4 +1,4 @@
-"""Tests of pyro_invariance.datasets and pyro_invariance.idx (all offline, small)."""
+"""Tests of pyro_invariance.data.images and pyro_invariance.data.idx (all offline, small)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from pyro_invariance.datasets import (
+from pyro_invariance.data.images import (
     BASES,
     DEFAULT_FASHION_MNIST_DIR,
     TEST_SEED,
@@ -24,7 +24,7 @@ from pyro_invariance.datasets import (
     load_dataset,
     warp_images,
 )
-from pyro_invariance.idx import read_idx
+from pyro_invariance.data.idx import read_idx
 from pyro_invariance.registry import DATASETS, UnknownNameError
 
 torch.set_num_threads(1)

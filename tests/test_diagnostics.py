@@ -1,4 +1,4 @@
-"""Tests of ``pyro_invariance.diagnostics.to_inference_data`` (guide and MCMC draws -> ArviZ) and of
+"""Tests of ``pyro_invariance.diagnostics.inference_data.to_inference_data`` (guide and MCMC draws -> ArviZ) and of
 the ArviZ functions on its result for every registered model (ArviZ 0.23 here; the ArviZ 1.x side of
 the container is checked through ``arviz_compat`` with a monkeypatched version, and for real by
 ``make test-arviz1`` in tests/test_arviz_compat.py)."""
@@ -26,7 +26,9 @@ from pyro.infer import MCMC, NUTS  # noqa: E402
 from pyro.nn import PyroModule, PyroSample  # noqa: E402
 
 import pyro_invariance  # noqa: E402
-from pyro_invariance import arviz_compat, diagnostics, guides, to_inference_data  # noqa: E402
+from pyro_invariance import guides, to_inference_data  # noqa: E402
+from pyro_invariance.diagnostics import arviz_compat  # noqa: E402
+from pyro_invariance.diagnostics import inference_data as diagnostics  # noqa: E402
 from pyro_invariance.models.basis_regression import BasisRegression, make_symmetric_toy  # noqa: E402
 
 STEPS = 30
@@ -35,7 +37,7 @@ DRAWS = 7
 
 @lru_cache(maxsize=None)
 def digits():
-    return pyro_invariance.datasets.load_dataset("digits", train_size=200, test_size=100)
+    return pyro_invariance.data.images.load_dataset("digits", train_size=200, test_size=100)
 
 
 def build_invariant_mlp():

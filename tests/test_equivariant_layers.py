@@ -8,7 +8,7 @@ import pytest
 import torch
 from pyro import poutine
 
-from pyro_invariance import equivariant_layers as L
+from pyro_invariance.symmetry import equivariant_layers as L
 
 torch.set_num_threads(1)
 

@@ -7,7 +7,7 @@ import torch
 
 import pyro_invariance as pi
 from pyro_invariance import guides
-from pyro_invariance.evaluation import elbo_per_datum
+from pyro_invariance.diagnostics.evaluation import elbo_per_datum
 from pyro_invariance.models.basis_regression import make_symmetric_toy
 
 torch.set_num_threads(1)

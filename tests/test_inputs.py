@@ -13,10 +13,11 @@ from pyro.infer import Trace_ELBO
 
 import pyro_invariance as pi
 from pyro_invariance import guides
-from pyro_invariance.compare import evaluation_metrics, regression_metrics
-from pyro_invariance.data_utils import test_arrays, train_arrays
-from pyro_invariance.datasets import load_dataset
-from pyro_invariance.hnn_metrics import evaluate_hnn
+from pyro_invariance.diagnostics.compare import evaluation_metrics, regression_metrics
+from pyro_invariance.data.arrays import test_arrays as held_out_arrays
+from pyro_invariance.data.arrays import train_arrays
+from pyro_invariance.data.images import load_dataset
+from pyro_invariance.diagnostics.hnn_metrics import evaluate_hnn
 from pyro_invariance.models.basis_regression import make_symmetric_toy
 from pyro_invariance.registry import DATASETS
 from small_runs import small_digits, small_model
@@ -218,10 +219,10 @@ def test_regression_metrics_seeded_and_coerced():
     assert a == regression_metrics(model, guide, (x, y), num_samples=3)
     assert a == evaluation_metrics(model, guide, (x, y), 3)
     assert torch.equal(torch.get_rng_state(), state)
-    xs, ys = test_arrays((x.double(), torch.ones(30, 2, dtype=torch.int64)), model)
+    xs, ys = held_out_arrays((x.double(), torch.ones(30, 2, dtype=torch.int64)), model)
     assert xs.dtype == ys.dtype == torch.float32
     with pytest.raises(ValueError, match=r"y must have shape \(B, 2\), got \(30, 3\)"):
-        test_arrays((x, torch.zeros(30, 3)), model)
+        held_out_arrays((x, torch.zeros(30, 3)), model)
 
 
 def test_hnn_inputs_and_evaluate_hnn_seeded():

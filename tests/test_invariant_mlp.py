@@ -7,7 +7,7 @@ import torch
 from pyro import poutine
 
 import pyro_invariance as pi
-from pyro_invariance.symmetry import transform_images, affine_generators
+from pyro_invariance.symmetry.affine import transform_images, affine_generators
 
 torch.set_num_threads(1)
 

@@ -10,7 +10,7 @@ from pyro import poutine
 
 import pyro_invariance as pi
 from pyro_invariance import guides
-from pyro_invariance.laplace import (
+from pyro_invariance.infer.laplace import (
     DiagonalLaplacePosterior,
     LaplaceEvidenceUpdate,
     diagonal_ggn,
@@ -19,9 +19,9 @@ from pyro_invariance.laplace import (
     log_likelihood,
     mackay_update,
 )
-from pyro_invariance.layerwise_analysis import analyse_pathways
+from pyro_invariance.diagnostics.layerwise_analysis import analyse_pathways
 from pyro_invariance.models.layerwise import LayerwiseNet, make_init_loc_fn
-from pyro_invariance.quadrant import build_quadrant_dataset
+from pyro_invariance.data.quadrant import build_quadrant_dataset
 
 torch.set_num_threads(1)
 

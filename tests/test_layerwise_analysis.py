@@ -1,4 +1,4 @@
-"""Tests of pyro_invariance.layerwise_analysis: δ, γ = P − δ·tr Σ_q, shares, table and figure."""
+"""Tests of pyro_invariance.diagnostics.layerwise_analysis: δ, γ = P − δ·tr Σ_q, shares, table and figure."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from pyro import poutine
 
 from pyro_invariance import guides
-from pyro_invariance.layerwise_analysis import analyse_pathways, block_shares, pathway_table, plot_pathways
+from pyro_invariance.diagnostics.layerwise_analysis import analyse_pathways, block_shares, pathway_table, plot_pathways
 from pyro_invariance.models.layerwise import LayerwiseNet
 
 torch.set_num_threads(1)

@@ -13,7 +13,7 @@ import pyro_invariance as pi
 from pyro_invariance import guides
 from pyro_invariance.models.layerwise import LayerwiseNet, count_parameters, resolve_strides
 from pyro_invariance.registry import UnknownNameError
-from pyro_invariance.training import is_symmetry_parameter
+from pyro_invariance.infer.training import is_symmetry_parameter
 
 torch.set_num_threads(1)
 

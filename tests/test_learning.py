@@ -10,7 +10,7 @@ import torch
 
 import pyro_invariance as pi
 from pyro_invariance import guides
-from pyro_invariance.datasets import load_dataset
+from pyro_invariance.data.images import load_dataset
 
 torch.set_num_threads(1)
 

@@ -1,4 +1,4 @@
-"""Tests of pyro_invariance.physics: systems defined by H, integration, splits, seeds, cache."""
+"""Tests of pyro_invariance.data.physics: systems defined by H, integration, splits, seeds, cache."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pyro_invariance import physics as P
+from pyro_invariance.data import physics as P
 from pyro_invariance.registry import DATASETS
 
 torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""Tests of ``pyro_invariance.plots``: each function writes its PNG, and the figure has the panels,
+"""Tests of ``pyro_invariance.diagnostics.plots``: each function writes its PNG, and the figure has the panels,
 lines and images it should (captured before the figure is closed)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import matplotlib  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from pyro_invariance import plots  # noqa: E402
-from pyro_invariance.conserved import oracle_generators  # noqa: E402
+from pyro_invariance.diagnostics import plots  # noqa: E402
+from pyro_invariance.symmetry.conserved import oracle_generators  # noqa: E402
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def test_eta_history_human_units_and_data_range(tmp_path, figures):
 
 
 def test_eta_history_from_a_dataset_several_runs_and_other_parameters(tmp_path, figures):
-    from pyro_invariance.datasets import load_dataset
+    from pyro_invariance.data.images import load_dataset
 
     data = load_dataset("scaled-digits", train_size=10, test_size=10)
     assert plots.data_eta_range(data) == {"sx": pytest.approx(math.log(2)), "sy": pytest.approx(math.log(2))}

@@ -1,12 +1,12 @@
-"""Tests of the quadrant task and resized datasets (pyro_invariance.quadrant; paper 004 Table 1/3)."""
+"""Tests of the quadrant task and resized datasets (pyro_invariance.data.quadrant; paper 004 Table 1/3)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from pyro_invariance.datasets import load_dataset
-from pyro_invariance.quadrant import build_quadrant_dataset, paste_in_quadrants, resize_images
+from pyro_invariance.data.images import load_dataset
+from pyro_invariance.data.quadrant import build_quadrant_dataset, paste_in_quadrants, resize_images
 from pyro_invariance.registry import DATASETS, UnknownNameError
 
 from test_datasets import write_mnist_like

@@ -19,8 +19,8 @@ from pyro.poutine.util import site_is_subsample  # noqa: E402
 
 import pyro_invariance as pi  # noqa: E402
 from pyro_invariance import guides  # noqa: E402
-from pyro_invariance import reference as ref_mod  # noqa: E402
-from pyro_invariance.reference import (  # noqa: E402
+from pyro_invariance.diagnostics import reference as ref_mod  # noqa: E402
+from pyro_invariance.diagnostics.reference import (  # noqa: E402
     ESS_BULK_MIN,
     RHAT_MAX,
     NUTSSettings,
@@ -73,7 +73,7 @@ def test_stored_reference_passes_diagnostics(name):
     for key in ("seed", "wall_seconds", "date", "versions", "command", "entry", "data", "divergences"):
         assert key in meta, key
     assert meta["divergences"] == 0
-    assert meta["command"] == f"python -m pyro_invariance.reference regenerate --name {name}"
+    assert meta["command"] == f"python -m pyro_invariance.diagnostics.reference regenerate --name {name}"
     assert (ref_mod.REFERENCE_DIR / f"{name}.npz").stat().st_size < 1.1e6  # compact
 
 

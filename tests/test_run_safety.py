@@ -17,10 +17,10 @@ import torch
 
 import pyro_invariance as pi
 from pyro_invariance import guides
-from pyro_invariance.checkpoint import CheckpointError, load_checkpoint, payload_digest
+from pyro_invariance.infer.checkpoint import CheckpointError, load_checkpoint, payload_digest
 from pyro_invariance.cli import main
-from pyro_invariance.interrupts import FitInterrupted
-from pyro_invariance.runlock import RunLock, RunLockedError
+from pyro_invariance.infer.interrupts import FitInterrupted
+from pyro_invariance.infer.runlock import RunLock, RunLockedError
 from small_runs import fit_state, small_digits, small_fit, small_model
 
 torch.set_num_threads(1)
@@ -199,7 +199,7 @@ def test_until_step_below_the_saved_step_is_refused(data, tmp_path):
 
 
 def test_laplace_settings_are_part_of_the_run(tmp_path):
-    from pyro_invariance.laplace import fit_laplace
+    from pyro_invariance.infer.laplace import fit_laplace
     from pyro_invariance.models.layerwise import LayerwiseNet
 
     gen = torch.Generator().manual_seed(0)
@@ -247,7 +247,7 @@ def test_cli_does_not_replace_a_finished_run(tmp_path, capsys):
 
 def test_a_second_writer_is_refused(data, tmp_path, capsys):
     path = tmp_path / "checkpoint.pt"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pyro_invariance.runlock import RunLock; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pyro_invariance.infer.runlock import RunLock; "
                                f"RunLock({str(path)!r}).acquire(); print('locked', flush=True); time.sleep(60)"],
                               cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
@@ -284,7 +284,7 @@ def test_lock_is_reentrant_in_one_process(tmp_path):
 
 
 def test_disk_full_keeps_the_previous_checkpoint(data, tmp_path, monkeypatch):
-    import pyro_invariance.checkpoint as ck
+    import pyro_invariance.infer.checkpoint as ck
 
     path = tmp_path / "c.pt"
     real_save, calls = torch.save, []
@@ -427,7 +427,7 @@ def test_cli_user_errors_are_one_line(tmp_path, capsys, extra, message):
 
 
 def test_cli_out_that_is_a_file_fails_before_compute(tmp_path, capsys, monkeypatch):
-    import pyro_invariance.training as training
+    import pyro_invariance.infer.training as training
 
     def no_compute(*a, **k):  # pragma: no cover - must not be reached
         raise AssertionError("compute started")
@@ -436,7 +436,7 @@ def test_cli_out_that_is_a_file_fails_before_compute(tmp_path, capsys, monkeypat
     (tmp_path / "file").write_text("x")
     assert main([*FIT, "--steps", "2", "--out", str(tmp_path / "file")]) == 2
     assert "is a file, not a folder" in capsys.readouterr().err
-    import pyro_invariance.compare as compare
+    import pyro_invariance.diagnostics.compare as compare
 
     monkeypatch.setattr(compare, "compare_guides", no_compute)
     code = main(["compare", "--model", "invariant-mlp", "--data", "digits", "--guides", "mean-field", "--steps", "2",

@@ -8,11 +8,13 @@ import pyro
 import pytest
 import torch
 
-from pyro_invariance import fit, guides, physics
-from pyro_invariance.conserved import flow_matrices, oracle_generators, sample_weights
-from pyro_invariance.hnn_metrics import evaluate_hnn, symmetry_analysis
+from pyro_invariance import fit, guides
+
+from pyro_invariance.data import physics
+from pyro_invariance.symmetry.conserved import flow_matrices, oracle_generators, sample_weights
+from pyro_invariance.diagnostics.hnn_metrics import evaluate_hnn, symmetry_analysis
 from pyro_invariance.models.symmetrised_hnn import SymmetrisedHNN
-from pyro_invariance.prior_update import PriorUpdatingGuide, update_prior_variance
+from pyro_invariance.infer.prior_update import PriorUpdatingGuide, update_prior_variance
 from pyro_invariance.registry import MODELS, UnknownNameError
 
 torch.set_num_threads(1)
@@ -194,7 +196,7 @@ def test_metrics_and_plots(tmp_path) -> None:
     assert set(out) == {"train_mse", "nll", "kl", "neg_elbo", "test_mse", "wider_mse", "moved_mse", "energy_drift"}
     assert all(math.isfinite(v) for v in out.values()) and out["kl"] > 0
     assert abs(out["neg_elbo"] - out["nll"] - out["kl"]) < 1e-9
-    from pyro_invariance.hnn_metrics import energy_drift, plot_generators, plot_symmetry_analysis
+    from pyro_invariance.diagnostics.hnn_metrics import energy_drift, plot_generators, plot_symmetry_analysis
 
     # the true trajectories conserve energy; a scaled copy does not
     traj = torch.tensor(data.trajectories["test"])

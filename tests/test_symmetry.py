@@ -6,7 +6,7 @@ import pytest
 import torch
 import torchvision.transforms.functional as TF
 
-from pyro_invariance.symmetry import (
+from pyro_invariance.symmetry.affine import (
     DEFAULT_ETA_MAX,
     GENERATOR_NAMES,
     affine_generators,

@@ -17,7 +17,7 @@ import pyro_invariance as pi  # noqa: E402
 from pyro_invariance import guides  # noqa: E402,F401  (registers the guides fit() takes by name)
 from pyro_invariance.catalogue import model_kwargs_for  # noqa: E402
 from pyro_invariance.registry import DATASETS, MODELS  # noqa: E402
-from pyro_invariance.toy2d import (  # noqa: E402
+from pyro_invariance.data.toy2d import (  # noqa: E402
     in_sector,
     main,
     make_rotation_toy,
@@ -207,7 +207,7 @@ def test_fit_decreases_loss_and_full_invariance_extrapolates(tmp_path):
     outside = ~in_sector(data.x_test, data.info["sector"])
     acc = {}
     for label, result in results.items():
-        probs = pi.toy2d.predictive_probabilities(result.model, result.guide, data.x_test[outside], num_samples=16)
+        probs = pi.data.toy2d.predictive_probabilities(result.model, result.guide, data.x_test[outside], num_samples=16)
         acc[label] = float((probs.argmax(-1) == data.y_test[outside]).float().mean())
     assert acc["η = π"] > 0.95 and acc["η = 0"] < 0.85, acc
 

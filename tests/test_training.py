@@ -7,8 +7,8 @@ import torch
 
 import pyro_invariance as pi
 from pyro_invariance import guides
-from pyro_invariance.checkpoint import CheckpointError
-from pyro_invariance.training import _param_groups, FitConfig
+from pyro_invariance.infer.checkpoint import CheckpointError
+from pyro_invariance.infer.training import _param_groups, FitConfig
 from small_runs import fit_state, small_digits, small_fit, small_model
 
 torch.set_num_threads(1)

@@ -21,7 +21,7 @@ block-Cholesky: ``guide.get_distribution(site).variance``), zero for ``map`` (th
 estimate has no posterior volume, so the share only says which pathways exist), and a Monte-Carlo
 estimate from ``num_samples`` guide draws otherwise (full-rank, low-rank). For a Laplace fit pass
 its posterior, ``analyse_pathways(model, result.laplace)``
-(:class:`~pyro_invariance.laplace.DiagonalLaplacePosterior`): then γ = Σ h/(h+δ) exactly.
+(:class:`~pyro_invariance.infer.laplace.DiagonalLaplacePosterior`): then γ = Σ h/(h+δ) exactly.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Held-out metrics of a fitted model: accuracy, test NLL and ELBO per datum.
 
-Every entry point (:func:`evaluate` here, :func:`pyro_invariance.compare.evaluation_metrics` /
-``regression_metrics``, :func:`pyro_invariance.hnn_metrics.evaluate_hnn`) checks its arguments and
-converts the data once for the model (:func:`pyro_invariance.data_utils.test_arrays`: numpy
+Every entry point (:func:`evaluate` here, :func:`pyro_invariance.diagnostics.compare.evaluation_metrics` /
+``regression_metrics``, :func:`pyro_invariance.diagnostics.hnn_metrics.evaluate_hnn`) checks its arguments and
+converts the data once for the model (:func:`pyro_invariance.data.arrays.test_arrays`: numpy
 arrays and any real dtype are accepted, labels are range-checked), and runs under a fixed ``seed``
 (:func:`seeded_rng`) so that two calls give the same numbers without touching the caller's RNG.
 """
@@ -18,7 +18,7 @@ from pyro import poutine
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from torch import Tensor
 
-from pyro_invariance.data_utils import test_arrays, train_arrays
+from pyro_invariance.data.arrays import test_arrays, train_arrays
 from pyro_invariance.validation import check_positive_int, check_seed, coerce_labels, num_classes_of
 
 
@@ -97,11 +97,11 @@ def evaluate(
     """Accuracy and NLL of the posterior predictive on the held-out split, ELBO/N on training data.
 
     Args:
-        result: a :class:`~pyro_invariance.training.FitResult` or a pair ``(model, guide)`` of a
+        result: a :class:`~pyro_invariance.infer.training.FitResult` or a pair ``(model, guide)`` of a
             classification model (its forward returns logits ``(B, C)``).
         data: a dataset (held-out split = ``x_test``/``y_test``; ELBO on ``x_train``) or a pair
             ``(x, y)`` used for all three numbers. Converted and checked once for the model
-            (:mod:`pyro_invariance.data_utils`): ``x`` of any real dtype (numpy arrays too) becomes
+            (:mod:`pyro_invariance.data.arrays`): ``x`` of any real dtype (numpy arrays too) becomes
             the model's floating dtype — integer ``x`` as-is unless the dataset has an
             ``input_scale`` — labels become int64 and must lie in ``[0, num_classes)``.
         num_samples: guide draws averaged in the posterior predictive p(y|x) ≈ (1/K) Σ_k p(y|x, θ_k).

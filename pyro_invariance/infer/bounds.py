@@ -28,7 +28,7 @@ noise (the transform samples ε of ``invariant-mlp`` and ``symmetrised-hnn``) ge
 chunk: their "likelihood" is the S-sample estimate the model defines, and the bounds are bounds for
 the model as implemented.
 
-    from pyro_invariance.bounds import evidence_bounds
+    from pyro_invariance.infer.bounds import evidence_bounds
     b = evidence_bounds(model, guide, x, y, Ks=(10, 100, 1000))
     b.elbo.value, b.iwae[1000].value, b.k_hat
 """

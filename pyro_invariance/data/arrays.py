@@ -1,7 +1,7 @@
 """Turning user data into checked ``(x, y)`` tensors for training and evaluation — once, at the API boundary.
 
 ``data`` is a dataset object (``x_train``/``y_train``/``x_test``/``y_test``, see
-:mod:`pyro_invariance.datasets`) or a pair ``(x, y)`` of tensors, numpy arrays or lists.
+:mod:`pyro_invariance.data.images`) or a pair ``(x, y)`` of tensors, numpy arrays or lists.
 
 **With a model** (``train_arrays(data, model)``, what :func:`pyro_invariance.fit`,
 :func:`pyro_invariance.evaluate` and the other evaluation entry points use) the data are
@@ -88,7 +88,7 @@ def _as_pair(data: Any) -> tuple[Any, Any]:
     if isinstance(data, (tuple, list)) and len(data) == 2:
         return data[0], data[1]
     raise TypeError(
-        "data must be a dataset with x_train/y_train/x_test/y_test (see pyro_invariance.datasets) "
+        "data must be a dataset with x_train/y_train/x_test/y_test (see pyro_invariance.data.images) "
         f"or a pair (x, y) of tensors, got {type(data).__name__}"
     )
 

@@ -28,9 +28,9 @@ variant                each image is warped once by
 =====================  ===========================================================================
 
 e.g. ``digits``, ``rotated-digits``, ``partially-rotated-fashion-mnist``, ``translated-mnist``,
-``scaled-cifar10``. The 3×3 matrices come from :func:`pyro_invariance.symmetry.lie_exp`
-(generators of :func:`~pyro_invariance.symmetry.affine_generators`) and images are warped by
-:func:`~pyro_invariance.symmetry.transform_images` (bilinear, zero padding), then clamped to [0, 1].
+``scaled-cifar10``. The 3×3 matrices come from :func:`pyro_invariance.symmetry.affine.lie_exp`
+(generators of :func:`~pyro_invariance.symmetry.affine.affine_generators`) and images are warped by
+:func:`~pyro_invariance.symmetry.affine.transform_images` (bilinear, zero padding), then clamped to [0, 1].
 
 Seeds: the per-image parameters of the training split are drawn from a ``torch.Generator`` seeded
 with :data:`TRAIN_SEED` (1234), those of the test split with :data:`TEST_SEED` (5678), so the two
@@ -54,9 +54,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pyro_invariance.idx import read_idx
+from pyro_invariance.data.idx import read_idx
 from pyro_invariance.registry import DATASETS
-from pyro_invariance.symmetry import GENERATOR_NAMES, affine_generators, lie_exp, sample_epsilon, transform_images
+from pyro_invariance.symmetry.affine import GENERATOR_NAMES, affine_generators, lie_exp, sample_epsilon, transform_images
 from pyro_invariance.validation import check_data_dir, check_subset_size
 
 #: Seed of the per-image transforms of every training split.
@@ -292,7 +292,7 @@ BASES: dict[str, tuple[Callable[[Path | None, bool], _Raw], str]] = {
 @dataclass(frozen=True)
 class Variant:
     """A per-image random affine transform: parameter j ~ U[−eta_j, eta_j] multiplies the sum of
-    the generators ``generators[j]`` (names from :data:`pyro_invariance.symmetry.GENERATOR_NAMES`)."""
+    the generators ``generators[j]`` (names from :data:`pyro_invariance.symmetry.affine.GENERATOR_NAMES`)."""
 
     name: str
     param_names: tuple[str, ...]
@@ -484,8 +484,8 @@ def load_dataset(
 
     Returns:
         the dataset: :class:`ImageDataset` with ``(N, C, H, W)`` float32 images in [0, 1] for image
-        names; :class:`~pyro_invariance.physics.PhysicsDataset` /
-        :class:`~pyro_invariance.toy2d.Toy2DDataset` for the others.
+        names; :class:`~pyro_invariance.data.physics.PhysicsDataset` /
+        :class:`~pyro_invariance.data.toy2d.Toy2DDataset` for the others.
 
     Raises:
         UnknownNameError: ``name`` is not registered (the message lists the known names).
@@ -502,7 +502,3 @@ def load_dataset(
 def list_datasets() -> list[str]:
     """All registered dataset names, sorted."""
     return DATASETS.names()
-
-
-# The quadrant task and the resized variants (paper 004) register themselves on import.
-from pyro_invariance import quadrant as _quadrant  # noqa: E402,F401

@@ -3,7 +3,7 @@
 A checkpoint holds everything the next step depends on: model and guide state, optimiser and
 learning-rate schedule state, every random number generator (torch, Python, NumPy, and the
 minibatch shuffler), the position in the current epoch, the history so far, the settings and a
-*fingerprint* of the run (:mod:`pyro_invariance.fingerprint`) that a resume must match.
+*fingerprint* of the run (:mod:`pyro_invariance.infer.fingerprint`) that a resume must match.
 
 Guarantees (tested in ``tests/test_run_safety.py``):
 
@@ -20,7 +20,7 @@ Guarantees (tested in ``tests/test_run_safety.py``):
 * **Format version.** :data:`FORMAT` names the layout; other versions are refused with the reason.
 
 On the CPU a resumed run is identical to an uninterrupted one. The CUDA RNG states are saved too;
-for repeatable CUDA kernels see :func:`pyro_invariance.training.make_deterministic`.
+for repeatable CUDA kernels see :func:`pyro_invariance.infer.training.make_deterministic`.
 """
 
 from __future__ import annotations

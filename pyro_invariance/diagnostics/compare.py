@@ -1,10 +1,10 @@
 """The guide-comparison workbench: one model × data, several guides, the same seeds and budget.
 
-:func:`compare_guides` fits every guide with :func:`~pyro_invariance.training.fit` from the same
+:func:`compare_guides` fits every guide with :func:`~pyro_invariance.infer.training.fit` from the same
 model initialisation (a fresh model per guide, built after seeding with ``seed``; a model
 *instance* is deep-copied per guide) and the same settings, then reports per guide:
 
-* the bounds on the training evidence from :mod:`pyro_invariance.bounds` -- the Monte-Carlo ELBO
+* the bounds on the training evidence from :mod:`pyro_invariance.infer.bounds` -- the Monte-Carlo ELBO
   and the importance-weighted bounds IWAE_K (``RenyiELBO(alpha=0)``) for each K, per datum, with
   standard errors, and the PSIS k̂ of the guide as an importance proposal;
 * the exact log evidence per datum where the model has one (``basis-regression``);
@@ -41,8 +41,8 @@ import torch
 from pyro import poutine
 from torch import nn
 
-from pyro_invariance.bounds import _validate_Ks, check_observed, evidence_bounds
-from pyro_invariance.data_utils import test_arrays, train_arrays
+from pyro_invariance.infer.bounds import _validate_Ks, check_observed, evidence_bounds
+from pyro_invariance.data.arrays import test_arrays, train_arrays
 from pyro_invariance.registry import DATASETS, GUIDES, MODELS
 from pyro_invariance.validation import check_positive_int, check_seed, num_classes_of
 
@@ -82,10 +82,10 @@ def regression_metrics(model: Any, guide: Any, data: Any, num_samples: int = 16,
 
     Adds ``log_evidence_per_datum`` (training data) when the model has an exact ``log_evidence``.
     The data are converted and checked once for the model
-    (:func:`~pyro_invariance.data_utils.test_arrays`); the draws are seeded by ``seed``
-    (:func:`~pyro_invariance.evaluation.seeded_rng`), the caller's RNG is left as it was.
+    (:func:`~pyro_invariance.data.arrays.test_arrays`); the draws are seeded by ``seed``
+    (:func:`~pyro_invariance.diagnostics.evaluation.seeded_rng`), the caller's RNG is left as it was.
     """
-    from pyro_invariance.evaluation import model_device, seeded_rng
+    from pyro_invariance.diagnostics.evaluation import model_device, seeded_rng
 
     check_positive_int("num_samples", num_samples)
     check_seed(seed)
@@ -118,25 +118,25 @@ def evaluation_metrics(
     model: Any, guide: Any, data: Any, num_samples: int = 16, device: Any = None, seed: int = 0
 ) -> dict[str, float]:
     """Held-out metrics by kind of data: the talk's HNN columns for physics data
-    (:func:`~pyro_invariance.hnn_metrics.evaluate_hnn`), accuracy / NLL / ELBO/N for classification
-    (:func:`~pyro_invariance.evaluation.evaluate`), RMSE / NLL for regression. The kind comes from
+    (:func:`~pyro_invariance.diagnostics.hnn_metrics.evaluate_hnn`), accuracy / NLL / ELBO/N for classification
+    (:func:`~pyro_invariance.diagnostics.evaluation.evaluate`), RMSE / NLL for regression. The kind comes from
     :func:`task_kind` (the model's ``num_classes`` decides between classification and regression).
     Seeded by ``seed``: two calls give the same numbers; the caller's RNG is left as it was."""
     kind = task_kind(data, model)
     if kind == "dynamics":
-        from pyro_invariance.hnn_metrics import evaluate_hnn
+        from pyro_invariance.diagnostics.hnn_metrics import evaluate_hnn
 
         return evaluate_hnn(model, guide, data, num_samples=num_samples, seed=seed)
     if kind == "regression":
         return regression_metrics(model, guide, data, num_samples, seed=seed)
-    from pyro_invariance.evaluation import evaluate
+    from pyro_invariance.diagnostics.evaluation import evaluate
 
     return evaluate((model, guide), data, num_samples=num_samples, device=device, seed=seed)
 
 
 def format_eta(model: Any, image_size: int | None = None) -> str:
     """η of ``model`` for tables: ``rot=3.015 (±172.7°)`` for image generators, else ``name=value``."""
-    from pyro_invariance.symmetry import GENERATOR_NAMES, eta_to_human
+    from pyro_invariance.symmetry.affine import GENERATOR_NAMES, eta_to_human
 
     params = getattr(model, "symmetry_parameters", lambda: {})()
     if not params:
@@ -445,7 +445,7 @@ def compare_guides(
         data: a dataset name (built with ``data_kwargs``), a dataset object, or a pair ``(x, y)``
             (then the test metrics are on the same pair).
         guides: guide names (:mod:`pyro_invariance.guides`); checked before anything is fitted.
-        steps, seed, batch_size, lr, **fit_kwargs: passed to :func:`~pyro_invariance.training.fit`
+        steps, seed, batch_size, lr, **fit_kwargs: passed to :func:`~pyro_invariance.infer.training.fit`
             for every guide (``lr=None``: fit's default).
         K: importance sample sizes of the IWAE bounds (ints ≥ 1).
         bound_samples: guide draws for the bounds (default ``max(K)``).
@@ -455,7 +455,7 @@ def compare_guides(
         bound_batch_size: rows per forward pass when evaluating the bounds.
         bound_vectorize: draw the bound's particles in vectorised batches (only for models that
             broadcast over a batch of latents, e.g. ``basis-regression``; see
-            :func:`~pyro_invariance.bounds.log_weights`).
+            :func:`~pyro_invariance.infer.bounds.log_weights`).
         guide_kwargs: per-guide keyword arguments, ``{"mean-field": {"init_scale": 0.1}}``.
         log: optional ``print``-like progress callback.
 
@@ -472,7 +472,7 @@ def compare_guides(
         ValueError: K or another setting is invalid, or the model observes nothing.
     """
     from pyro_invariance import guides as guide_registry
-    from pyro_invariance.training import fit
+    from pyro_invariance.infer.training import fit
 
     if isinstance(guides, str):
         guides = [g.strip() for g in guides.split(",") if g.strip()]

@@ -15,9 +15,9 @@ function                           what
 =================================  ==============================================================
 
 Every function saves one PNG and returns its path. For the Hamiltonian generators as heat maps and
-their SVD, see :func:`pyro_invariance.hnn_metrics.plot_generators` and
-:func:`~pyro_invariance.hnn_metrics.plot_symmetry_analysis`; for ArviZ's own plots on posterior
-draws, :func:`pyro_invariance.diagnostics.plot_posterior` / ``plot_forest``.
+their SVD, see :func:`pyro_invariance.diagnostics.hnn_metrics.plot_generators` and
+:func:`~pyro_invariance.diagnostics.hnn_metrics.plot_symmetry_analysis`; for ArviZ's own plots on posterior
+draws, :func:`pyro_invariance.diagnostics.inference_data.plot_posterior` / ``plot_forest``.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def data_eta_range(data: Any) -> dict[str, float]:
     info = getattr(data, "info", None)
     if not isinstance(info, dict) or "eta" not in info:
         return {}
-    from pyro_invariance.datasets import VARIANTS
+    from pyro_invariance.data.images import VARIANTS
 
     variant = VARIANTS.get(info.get("variant"))
     groups = variant.generators if variant is not None else tuple((n,) for n in info.get("param_names", ()))
@@ -249,7 +249,7 @@ def plot_generators(
 
     Args:
         eta: generator name -> η (``FitResult.eta`` of an InvariantMLP), names from
-            :data:`pyro_invariance.symmetry.GENERATOR_NAMES`.
+            :data:`pyro_invariance.symmetry.affine.GENERATOR_NAMES`.
         path: the PNG to write.
         image: ``(C, H, W)`` or ``(H, W)`` example image (tensor or array), optional.
         num_examples: images along the orbit.
@@ -260,7 +260,7 @@ def plot_generators(
     """
     import torch
 
-    from pyro_invariance.symmetry import GENERATOR_NAMES, affine_generators, eta_to_human, transform_images
+    from pyro_invariance.symmetry.affine import GENERATOR_NAMES, affine_generators, eta_to_human, transform_images
 
     unknown = [k for k in eta if k not in GENERATOR_NAMES]
     if unknown:
@@ -311,7 +311,7 @@ def plot_conserved_quantities(
 ) -> Path:
     """Noether's razor: level sets of each conserved quantity and the flow it generates.
 
-    For each generator ``G = [[JA, Jb], [0, 0]]`` (:mod:`pyro_invariance.conserved`), the quantity
+    For each generator ``G = [[JA, Jb], [0, 0]]`` (:mod:`pyro_invariance.symmetry.conserved`), the quantity
     ``C(x) = xᵀAx/2 + bᵀx`` on the plane of phase-space coordinates ``dims`` (the others at 0), as
     contours, with the symmetry's flow ``ẋ = J∇C(x) = G [x; 1]`` as arrows (tangent to the
     contours). For the SHO the learned quantity should show circles (energy / SO(2)).
@@ -331,7 +331,7 @@ def plot_conserved_quantities(
     """
     import torch
 
-    from pyro_invariance.conserved import quadratic_from_generator
+    from pyro_invariance.symmetry.conserved import quadratic_from_generator
 
     g = generators.generators() if callable(getattr(generators, "generators", None)) else generators
     g = torch.as_tensor(g).detach().to(torch.float64).cpu()

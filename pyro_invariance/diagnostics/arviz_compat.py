@@ -5,7 +5,7 @@ Python >= 3.12 gets ArviZ 1.x (``xarray.DataTree``, ``from_dict(data)`` with one
 ``loo_approximate_posterior``, plots returning a ``PlotCollection``; methods.md §5). This module
 imports only numpy, xarray and arviz, so it can be tested in an environment without torch (the
 ``make test-arviz1`` environment on Python 3.12 loads this file by path). The torch side -- drawing
-from guides and MCMC, the pointwise log-likelihood -- lives in :mod:`pyro_invariance.diagnostics`,
+from guides and MCMC, the pointwise log-likelihood -- lives in :mod:`pyro_invariance.diagnostics.inference_data`,
 which calls :func:`from_arrays`.
 
 ==============================  ===============================================================

@@ -9,7 +9,7 @@ records, at the start of a run (after the guide's parameters exist, before any s
   ``bool``/``None`` attributes and tuples of them), state-dict names, shapes and dtypes, and a
   SHA-256 of the buffers (fixed tensors such as RFF weights or generators follow from the
   constructor arguments; trained parameters are left out, as the checkpoint restores them);
-* ``config``: the :class:`~pyro_invariance.training.FitConfig`;
+* ``config``: the :class:`~pyro_invariance.infer.training.FitConfig`;
 * ``data``: shapes, dtypes and a SHA-256 of ``x`` and ``y`` (after coercion);
 * ``spec``: how the catalogue built model, guide and data, when given.
 
@@ -23,7 +23,7 @@ from typing import Any, Iterable
 
 from torch import Tensor, nn
 
-from pyro_invariance.checkpoint import payload_digest
+from pyro_invariance.infer.checkpoint import payload_digest
 
 _PLAIN = (bool, int, float, str, type(None))
 

@@ -11,8 +11,8 @@ Quadrants are numbered 0 = upper left, 1 = upper right, 2 = lower left, 3 = lowe
 
 Both names draw the *same* images and quadrants (the 40-class labels refine the 10-class ones).
 Default sizes: 28×28 bases → 56×56 canvas → 32×32 (the paper's recipe); 8×8 digits → 16×16
-canvas, kept at 16×16 (``size`` overrides). Quadrants are drawn with :data:`~pyro_invariance.datasets.TRAIN_SEED`
-for the training split and :data:`~pyro_invariance.datasets.TEST_SEED` for the test split, for the
+canvas, kept at 16×16 (``size`` overrides). Quadrants are drawn with :data:`~pyro_invariance.data.images.TRAIN_SEED`
+for the training split and :data:`~pyro_invariance.data.images.TEST_SEED` for the test split, for the
 whole split, so subsets are prefixes.
 
 **Resized datasets** for the group-selection experiment (paper 004 Table 3: MNIST, translated and
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pyro_invariance.datasets import REGULAR, TEST_SEED, TRAIN_SEED, VARIANTS, ImageDataset, build_dataset, dataset_name
+from pyro_invariance.data.images import REGULAR, TEST_SEED, TRAIN_SEED, VARIANTS, ImageDataset, build_dataset, dataset_name
 from pyro_invariance.registry import DATASETS
 
 QUADRANT_BASES = ("digits", "fashion-mnist", "mnist")
@@ -103,10 +103,10 @@ def build_quadrant_dataset(
         base: ``"digits"``, ``"fashion-mnist"`` or ``"mnist"``.
         num_classes: 10 (label = class) or 40 (label = class + 10·quadrant).
         size: output side length (default :data:`DEFAULT_SIZE` of the base).
-        data_dir, download, train_size, test_size, root: as :func:`~pyro_invariance.datasets.build_dataset`.
+        data_dir, download, train_size, test_size, root: as :func:`~pyro_invariance.data.images.build_dataset`.
 
     Returns:
-        :class:`~pyro_invariance.datasets.ImageDataset` with images ``(N, 1, size, size)``;
+        :class:`~pyro_invariance.data.images.ImageDataset` with images ``(N, 1, size, size)``;
         ``info["train_quadrants"]`` / ``info["test_quadrants"]`` hold the quadrants.
     """
     if base not in QUADRANT_BASES:

@@ -23,8 +23,8 @@ import torch
 from pyro import poutine
 from torch import Tensor
 
-from pyro_invariance.conserved import SymmetryAnalysis, analyse_generators, oracle_generators
-from pyro_invariance.data_utils import prepare_arrays
+from pyro_invariance.symmetry.conserved import SymmetryAnalysis, analyse_generators, oracle_generators
+from pyro_invariance.data.arrays import prepare_arrays
 from pyro_invariance.validation import check_positive_int, check_seed
 
 _ORACLE_FOR = {"sho": "so2", "oscillators": "un", "nbody": "se2"}
@@ -106,7 +106,7 @@ def evaluate_hnn(
     max_test: int | None = None,
     seed: int = 0,
 ) -> dict[str, float]:
-    """The talk's table columns for a fitted model on a :class:`~pyro_invariance.physics.PhysicsDataset`.
+    """The talk's table columns for a fitted model on a :class:`~pyro_invariance.data.physics.PhysicsDataset`.
 
     Args:
         num_samples: guide draws in the predictive mean.
@@ -114,13 +114,13 @@ def evaluate_hnn(
         rollout_steps: steps of the energy-drift rollouts (default the test split's ``steps``; 0 skips
             the energy drift).
         max_test: evaluate at most this many pairs per held-out split (speed).
-        seed: seeds every draw (:func:`~pyro_invariance.evaluation.seeded_rng`): two calls give the
+        seed: seeds every draw (:func:`~pyro_invariance.diagnostics.evaluation.seeded_rng`): two calls give the
             same numbers, and the caller's RNG state is left as it was.
 
     Every split is converted and checked once for the model
-    (:func:`~pyro_invariance.data_utils.prepare_arrays`) and moved to the model's device.
+    (:func:`~pyro_invariance.data.arrays.prepare_arrays`) and moved to the model's device.
     """
-    from pyro_invariance.evaluation import model_device, seeded_rng
+    from pyro_invariance.diagnostics.evaluation import model_device, seeded_rng
 
     check_positive_int("num_samples", num_samples)
     check_positive_int("num_particles", num_particles)

@@ -12,13 +12,13 @@ data only the invariant models carry the fitted pattern around the circle. This 
   outside the sector measures extrapolation (:func:`in_sector` tells the two parts apart).
 * :func:`plot_extrapolation` — predictive-probability contours over the plane, one panel per model
   (e.g. η = 0, π/2, π), with the training points drawn as ○ and ×.
-* ``python -m pyro_invariance.toy2d --out DIR [--learned]`` — fits the catalogue model
+* ``python -m pyro_invariance.data.toy2d --out DIR [--learned]`` — fits the catalogue model
   ``rotation-toy-2d`` (``models/toy2d.py``) at fixed η = 0, π/2 and π (and, with ``--learned``, with
   η learned by the ELBO), prints the accuracy inside / outside the training sector and the ELBO,
   and writes the figure ``DIR/extrapolation.png`` and ``DIR/results.json``.
 
-Seeds: the training split is drawn from :data:`pyro_invariance.datasets.TRAIN_SEED` + ``seed``, the
-test split from :data:`~pyro_invariance.datasets.TEST_SEED` + ``seed``; the two never coincide.
+Seeds: the training split is drawn from :data:`pyro_invariance.data.images.TRAIN_SEED` + ``seed``, the
+test split from :data:`~pyro_invariance.data.images.TEST_SEED` + ``seed``; the two never coincide.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pyro_invariance.datasets import TEST_SEED, TRAIN_SEED
+from pyro_invariance.data.images import TEST_SEED, TRAIN_SEED
 from pyro_invariance.registry import DATASETS
 from pyro_invariance.validation import check_positive_float, check_positive_int, refuse_data_dir
 
@@ -171,7 +171,7 @@ def rotation_toy_2d(
     return make_rotation_toy(**{k: v for k, v in kwargs.items() if not (k in defaults and v is None)})
 
 
-# `python -m pyro_invariance.toy2d` executes a second copy of this file as __main__ (after the package
+# `python -m pyro_invariance.data.toy2d` executes a second copy of this file as __main__ (after the package
 # import has registered the first): only the imported module registers.
 if __name__ != "__main__":
     DATASETS.register(
@@ -203,7 +203,7 @@ def predictive_probabilities(model: Any, guide: Any, x: Tensor, num_samples: int
 
     Returns ``(N, C)``. The global RNG state is restored afterwards.
     """
-    from pyro_invariance.evaluation import predictive_logits
+    from pyro_invariance.diagnostics.evaluation import predictive_logits
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -245,7 +245,7 @@ def plot_extrapolation(
     """Predictive contours of p(class 1 | x) over the plane, one panel per model (paper 003, Fig. 1).
 
     Args:
-        panels: label → one of: a :class:`~pyro_invariance.training.FitResult` or a pair
+        panels: label → one of: a :class:`~pyro_invariance.infer.training.FitResult` or a pair
             ``(model, guide)`` (posterior predictive from ``num_samples`` guide draws); a callable
             ``points (G, 2) -> probabilities`` (``(G,)`` for class 1 or ``(G, 2)``); or an array of
             ``G = grid_size²`` class-1 probabilities on :func:`plane_grid`'s points.
@@ -296,7 +296,7 @@ def plot_extrapolation(
 
 
 # ------------------------------------------------------------------------------------------------
-# python -m pyro_invariance.toy2d: the figure and a small table
+# python -m pyro_invariance.data.toy2d: the figure and a small table
 
 
 #: The panels of paper 003's Fig. 1: label and fixed η.
@@ -335,7 +335,7 @@ def run_figure(
 
     import pyro_invariance as pi
     from pyro_invariance import guides as guide_registry  # noqa: F401  (registers the guides)
-    from pyro_invariance.evaluation import elbo_per_datum
+    from pyro_invariance.diagnostics.evaluation import elbo_per_datum
 
     out = Path(out)
     data = make_rotation_toy()
@@ -369,9 +369,9 @@ def run_figure(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pyro_invariance.toy2d --out results/toy2d [--steps N] [--guide G] [--learned] [--quick]``."""
+    """``python -m pyro_invariance.data.toy2d --out results/toy2d [--steps N] [--guide G] [--learned] [--quick]``."""
     parser = argparse.ArgumentParser(
-        prog="python -m pyro_invariance.toy2d",
+        prog="python -m pyro_invariance.data.toy2d",
         description="Paper 003 Fig. 1: extrapolation of the 2-D rotation toy with no / some / full "
         "(/ learned) invariance.",
     )
@@ -390,6 +390,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from pyro_invariance.toy2d import main as _main  # the registered module, not this __main__ copy
+    from pyro_invariance.data.toy2d import main as _main  # the registered module, not this __main__ copy
 
     raise SystemExit(_main())

@@ -28,14 +28,14 @@ from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from pyro_invariance.checkpoint import (
+from pyro_invariance.infer.checkpoint import (
     CheckpointError, atomic_write_text, load_checkpoint, peek_step, rng_state, save_checkpoint, set_rng_state,
 )  # fmt: skip
-from pyro_invariance.data_utils import train_arrays
-from pyro_invariance.divergence import first_invalid_state, locate_problem
-from pyro_invariance.fingerprint import fingerprint_differences, run_fingerprint
-from pyro_invariance.interrupts import FitInterrupted, StopSignals
-from pyro_invariance.runlock import RunLock
+from pyro_invariance.data.arrays import train_arrays
+from pyro_invariance.infer.divergence import first_invalid_state, locate_problem
+from pyro_invariance.infer.fingerprint import fingerprint_differences, run_fingerprint
+from pyro_invariance.infer.interrupts import FitInterrupted, StopSignals
+from pyro_invariance.infer.runlock import RunLock
 from pyro_invariance.validation import check_positive_float, check_positive_int
 
 ELBOS: dict[str, type] = {"meanfield": TraceMeanField_ELBO, "trace": Trace_ELBO}
@@ -298,7 +298,7 @@ def fit(
         model: a catalogue model (``model(x, y=None, num_data=None)``).
         guide: a guide object, or a guide name for :func:`pyro_invariance.guides.get`.
         data: a dataset (its training split is used) or a pair ``(x, y)`` of tensors or arrays;
-            checked and converted once, before any step (:func:`pyro_invariance.data_utils.train_arrays`).
+            checked and converted once, before any step (:func:`pyro_invariance.data.arrays.train_arrays`).
         steps: total number of SVI steps (the cosine schedule spans them).
         batch_size: minibatch size B (``None``: full batch); the likelihood is scaled by N/B.
         lr, eta_lr, model_lr, factor_lr: Adam learning rates for the guide's means and scales,
@@ -311,9 +311,9 @@ def fit(
         device: ``"cpu"`` or ``"cuda"``; model, guide and data are moved there.
         checkpoint_path / checkpoint_every: save a checkpoint every k steps and at the end. While
             the run writes it, the checkpoint is locked against other processes
-            (:class:`~pyro_invariance.runlock.RunLock`); writes are atomic.
+            (:class:`~pyro_invariance.infer.runlock.RunLock`); writes are atomic.
         resume: continue from ``checkpoint_path``. The run's fingerprint (model and guide settings
-            and buffers, these settings, the data; :mod:`pyro_invariance.fingerprint`) must match.
+            and buffers, these settings, the data; :mod:`pyro_invariance.infer.fingerprint`) must match.
         overwrite: replace an existing checkpoint at ``checkpoint_path`` (otherwise refused).
         allow_changes: with ``resume``, learning-rate settings (``"lr"``, ``"eta_lr"``,
             ``"model_lr"``, ``"factor_lr"``) that may differ from the saved run — to rescue a
@@ -329,7 +329,7 @@ def fit(
             the model's or guide's ``state_dict`` (buffers, parameters) to be checkpointed.
 
     SIGINT and SIGTERM stop the run after the current step, write the checkpoint and raise
-    :class:`~pyro_invariance.interrupts.FitInterrupted` (see :mod:`pyro_invariance.interrupts`).
+    :class:`~pyro_invariance.infer.interrupts.FitInterrupted` (see :mod:`pyro_invariance.infer.interrupts`).
 
     Raises:
         FloatingPointError: the loss or the parameters became non-finite, or a distribution got

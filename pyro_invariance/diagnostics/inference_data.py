@@ -2,7 +2,7 @@
 
 Two sources of draws, one result layout:
 
-* **variational** -- a :class:`~pyro_invariance.training.FitResult` or a pair ``(model, guide)``:
+* **variational** -- a :class:`~pyro_invariance.infer.training.FitResult` or a pair ``(model, guide)``:
   ``num_samples`` joint draws θ_s ~ q(θ) from the guide (ArviZ's ``from_pyro`` needs an MCMC
   object, methods.md §5);
 * **MCMC** -- a ``pyro.infer.MCMC`` that has run (e.g. NUTS on the model, with ``model(x, y)``),
@@ -10,10 +10,10 @@ Two sources of draws, one result layout:
 
 Each draw is replayed through the model on the data, giving the pointwise log-likelihood
 ``log p(y_n | x_n, θ_s)`` from the observed site's distribution and a posterior-predictive sample.
-The ArviZ container is built by the torch-free :mod:`pyro_invariance.arviz_compat`
+The ArviZ container is built by the torch-free :mod:`pyro_invariance.diagnostics.arviz_compat`
 (``arviz.InferenceData`` on ArviZ 0.x, ``xarray.DataTree`` on 1.x), whose version-independent
-:func:`~pyro_invariance.arviz_compat.summary`, :func:`~pyro_invariance.arviz_compat.loo`,
-:func:`~pyro_invariance.arviz_compat.loo_approximate_posterior`, :func:`loo_values`,
+:func:`~pyro_invariance.diagnostics.arviz_compat.summary`, :func:`~pyro_invariance.diagnostics.arviz_compat.loo`,
+:func:`~pyro_invariance.diagnostics.arviz_compat.loo_approximate_posterior`, :func:`loo_values`,
 :func:`plot_posterior` and :func:`plot_forest` are re-exported here.
 
 Guide draws come from q, not from the posterior: plain PSIS-LOO on them treats q as the posterior
@@ -56,8 +56,8 @@ from pyro.poutine.trace_struct import Trace
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
-from pyro_invariance import arviz_compat
-from pyro_invariance.arviz_compat import (  # noqa: F401  (re-exported)
+from pyro_invariance.diagnostics import arviz_compat
+from pyro_invariance.diagnostics.arviz_compat import (  # noqa: F401  (re-exported)
     loo,
     loo_approximate_posterior,
     loo_values,
@@ -65,7 +65,7 @@ from pyro_invariance.arviz_compat import (  # noqa: F401  (re-exported)
     plot_posterior,
     summary,
 )
-from pyro_invariance.data_utils import test_arrays, train_arrays
+from pyro_invariance.data.arrays import test_arrays, train_arrays
 from pyro_invariance.validation import check_positive_int
 
 __all__ = [
@@ -96,7 +96,7 @@ def to_inference_data(
 
     Args:
         source: where the draws come from --
-            a :class:`~pyro_invariance.training.FitResult` or a pair ``(model, guide)`` (guide
+            a :class:`~pyro_invariance.infer.training.FitResult` or a pair ``(model, guide)`` (guide
             draws); a ``pyro.infer.MCMC`` after ``run`` (its kernel's model is used); or a pair
             ``(model, draws)`` with ``draws`` a mapping ``site -> (chain, draw, *site_shape)``
             array of every latent site. ``model(x, y=None, num_data=None)`` must have one

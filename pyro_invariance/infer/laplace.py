@@ -26,7 +26,7 @@ guide of :func:`pyro_invariance.fit` with ``prior="fixed"`` precisions, which ar
 every ``every`` steps after ``warmup``, the curvature and the δ update (:class:`LaplaceEvidenceUpdate`,
 a ``fit`` callback, so checkpoints and bit-for-bit resume keep working). :func:`fit_laplace` wraps
 both and returns the posterior ``N(θ*, diag(h + δ)⁻¹)`` as a :class:`DiagonalLaplacePosterior`,
-which :func:`pyro_invariance.layerwise_analysis.analyse_pathways` reads like a guide (then
+which :func:`pyro_invariance.diagnostics.layerwise_analysis.analyse_pathways` reads like a guide (then
 ``γ = P − δ·tr Σ = Σ h/(h+δ)`` exactly).
 
 Models: anything with ``precision_groups()`` returning :class:`PrecisionGroup` s and a forward
@@ -286,13 +286,13 @@ def fit_laplace(
     Runs :func:`pyro_invariance.fit` with the ``map`` guide (or ``guide``) and a
     :class:`LaplaceEvidenceUpdate` callback, then computes the curvature at the final point.
 
-    Returns the :class:`~pyro_invariance.training.FitResult` with three extra attributes:
+    Returns the :class:`~pyro_invariance.infer.training.FitResult` with three extra attributes:
     ``laplace`` (:class:`DiagonalLaplacePosterior`), ``log_evidence`` (final Laplace log evidence,
     nats) and ``evidence_log`` (list of (step, log evidence / N) before each update).
     """
     from pyro_invariance import guides as guide_registry
-    from pyro_invariance.data_utils import train_arrays
-    from pyro_invariance.training import fit
+    from pyro_invariance.data.arrays import train_arrays
+    from pyro_invariance.infer.training import fit
 
     _groups(model)
     x, y = train_arrays(data, model)

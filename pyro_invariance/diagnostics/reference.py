@@ -6,8 +6,8 @@ fixed (η and λ are hyperparameters chosen by the marginal likelihood, not late
 posterior is conditional on stated values). :func:`run_nuts` samples the entry's latent sites with
 Pyro's NUTS; :func:`save_reference` stores the draws compactly next to this module::
 
-    pyro_invariance/reference_posteriors/<name>.npz    float32 draws per site, (chain, draw, *site shape)
-    pyro_invariance/reference_posteriors/<name>.json   sampler settings, seed, R-hat / ESS, wall time,
+    pyro_invariance/diagnostics/reference_posteriors/<name>.npz    float32 draws per site, (chain, draw, *site shape)
+    pyro_invariance/diagnostics/reference_posteriors/<name>.json   sampler settings, seed, R-hat / ESS, wall time,
                                                         data settings and fingerprint, versions, date
 
 and :func:`load_reference` reads them back (checking that the two files agree). The stored
@@ -25,10 +25,10 @@ a load of 4–6 — basis-regression 2.8, rotation-toy-2d-full 5.2, rotation-toy
 invariant-mlp-digits 9.1 minutes; ``--quick`` is a smoke test that must be written elsewhere with
 ``--out``)::
 
-    python -m pyro_invariance.reference regenerate [--name NAME ...] [--quick --out DIR]
-    python -m pyro_invariance.reference check      # recompute R-hat / ESS from the stored draws
-    python -m pyro_invariance.reference score [--name NAME] [--guide GUIDE ...] [--steps N]
-    python -m pyro_invariance.reference list
+    python -m pyro_invariance.diagnostics.reference regenerate [--name NAME ...] [--quick --out DIR]
+    python -m pyro_invariance.diagnostics.reference check      # recompute R-hat / ESS from the stored draws
+    python -m pyro_invariance.diagnostics.reference score [--name NAME] [--guide GUIDE ...] [--steps N]
+    python -m pyro_invariance.diagnostics.reference list
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ class ReferenceEntry:
     def build(self) -> tuple[Any, Tensor, Tensor]:
         """``(model, x, y)``: the model with its symmetry parameters fixed, and the training data."""
         from pyro_invariance.catalogue import model_kwargs_for
-        from pyro_invariance.data_utils import train_arrays
+        from pyro_invariance.data.arrays import train_arrays
 
         if self.data in DATA_SOURCES:
             dataset: Any = None
@@ -528,7 +528,7 @@ def run_nuts(
         },
         "versions": _versions(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": f"python -m pyro_invariance.reference regenerate --name {e.name}",
+        "command": f"python -m pyro_invariance.diagnostics.reference regenerate --name {e.name}",
     }
     return Reference(e.name, draws, metadata)
 
@@ -563,7 +563,7 @@ def load_reference(name: str, directory: str | Path | None = None) -> Reference:
     """
     e = entry(name)
     npz, meta = _paths(e.name, directory)
-    regen = f"regenerate it with `python -m pyro_invariance.reference regenerate --name {e.name}`"
+    regen = f"regenerate it with `python -m pyro_invariance.diagnostics.reference regenerate --name {e.name}`"
     for p in (npz, meta):
         if not p.is_file():
             raise FileNotFoundError(f"reference {e.name!r}: {p} does not exist; {regen}")
@@ -794,7 +794,7 @@ def fit_and_score(
     import pyro
 
     from pyro_invariance import guides as guide_registry
-    from pyro_invariance.training import fit
+    from pyro_invariance.infer.training import fit
 
     rows = []
     for name in reference_names:
@@ -849,8 +849,8 @@ def _row(ref: Reference, npz: Path | None = None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pyro_invariance.reference {list, regenerate, check, score}``; see ``--help``."""
-    parser = argparse.ArgumentParser(prog="python -m pyro_invariance.reference",
+    """``python -m pyro_invariance.diagnostics.reference {list, regenerate, check, score}``; see ``--help``."""
+    parser = argparse.ArgumentParser(prog="python -m pyro_invariance.diagnostics.reference",
                                      description="NUTS reference posteriors of small catalogue entries.")  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the catalogue of references and what is stored")

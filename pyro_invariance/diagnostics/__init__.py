@@ -1,0 +1,15 @@
+"""Diagnostics: what a fitted model and guide say, and how good the fit is.
+
+* :mod:`.evaluation` — held-out metrics (:func:`evaluate`), posterior predictive logits.
+* :mod:`.compare` — :func:`compare_guides`: several guides alike, with bounds, η and metrics.
+* :mod:`.inference_data` / :mod:`.arviz_compat` — ArviZ export (``to_inference_data``) and LOO.
+* :mod:`.reference` — NUTS reference posteriors and scoring guides against them.
+* :mod:`.hnn_metrics`, :mod:`.layerwise_analysis` — family-specific analyses.
+* :mod:`.plots` — figures.
+"""
+
+from pyro_invariance.diagnostics.compare import GuideComparison, compare_guides
+from pyro_invariance.diagnostics.evaluation import evaluate
+from pyro_invariance.diagnostics.inference_data import to_inference_data
+
+__all__ = ["GuideComparison", "compare_guides", "evaluate", "to_inference_data"]
