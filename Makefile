@@ -13,12 +13,14 @@ VENV1  := .venv-arviz1
 STAMP1 := $(VENV1)/.installed
 ARVIZ1_DEPS := "arviz>=1" numpy scipy pytest matplotlib
 
-.PHONY: demo test test-arviz1 test-slow test-all bench bench-quick references install clean
+.PHONY: demo test test-arviz1 test-slow test-all bench bench-quick references install docs clean
 
-$(STAMP): pyproject.toml
+# pyproject.toml gives version ranges; constraints.txt pins the exact versions that resolve offline
+# here (torch and torchvision from the local wheel store).
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
-	$(BIN)/pip install -q -e '.[dev,tutorials]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,tutorials,docs]'
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
@@ -76,5 +78,11 @@ bench-quick: $(STAMP)
 	$(BIN)/python benchmarks/step_time.py --quick
 	$(BIN)/python benchmarks/invariant_mlp_tables.py --quick
 
+# API reference, method notes and the tutorials (not executed) as HTML in docs/_build/html;
+# warnings are errors (tests/test_docs.py runs the same build).
+docs: $(STAMP)
+	$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+	@echo "docs: open docs/_build/html/index.html"
+
 clean:
-	rm -rf $(VENV) $(VENV1) results .pytest_cache
+	rm -rf $(VENV) $(VENV1) results .pytest_cache docs/_build docs/jupyter_execute

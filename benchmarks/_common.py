@@ -2,7 +2,7 @@
 
 Every benchmark script calls :func:`set_threads` first (default 1 thread: the project's machines
 have 2 cores shared with other jobs, and torch with 2 threads can run small ops far slower under
-load, methods.md §5), records :func:`machine_info` and the exact command that regenerates it at the
+load, docs/methods.md §5), records :func:`machine_info` and the exact command that regenerates it at the
 top of its markdown file, and writes ``benchmarks/results/<name>.md`` with a JSON twin.
 """
 

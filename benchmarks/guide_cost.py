@@ -35,7 +35,8 @@ import pyro  # noqa: E402
 import torch  # noqa: E402
 from pyro.infer import TraceMeanField_ELBO  # noqa: E402
 
-import pyro_invariance  # noqa: E402,F401  (module-local params)
+import pyro_invariance  # noqa: E402
+from pyro_invariance import pyro_scope  # noqa: E402  (module-local params for main's own loops)
 from pyro_invariance import guides  # noqa: E402
 from pyro_invariance.infer import training  # noqa: E402
 from pyro_invariance.data.images import load_dataset  # noqa: E402
@@ -46,7 +47,7 @@ GUIDES = ("map", "mean-field", "matrix-normal", "block-cholesky", "full-rank")
 
 def setup(name: str, hidden: int, samples: int, x: torch.Tensor, y: torch.Tensor, n: int, seed: int) -> dict[str, Any]:
     pyro.set_rng_seed(seed)
-    model = InvariantMLP(image_shape=(1, 8, 8), num_classes=10, hidden=hidden, num_samples=samples, symmetry="rotation")
+    model = InvariantMLP(image_shape=(1, 8, 8), num_classes=10, hidden=hidden, num_transforms=samples, symmetry="rotation")
     guide = guides.get(name, model)
     with torch.no_grad():
         guide(x, y, num_data=n)
@@ -124,6 +125,7 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], settings: dict[st
     return "\n".join(parts)
 
 
+@pyro_scope()
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--widths", default="32,64,128,256,512")

@@ -11,14 +11,14 @@ test accuracy (plus the learned η and the ELBO per datum in their own tables).
 Every fit uses ``pyro_invariance.fit`` with its defaults (Adam lr 0.05, η lr 0.1, factor lr 1e-3,
 cosine to 0, TraceMeanField_ELBO, one particle), the block-Cholesky guide, the hierarchical prior
 and the model's default RFF lengthscale √D/8 = 3.5; ReLU fits use ``model_lr=3e-4`` for W1, b1
-(methods.md §6). Learned η starts at 0.1 (rad / half-sides / log-scale) for every generator.
+(docs/methods.md §6). Learned η starts at 0.1 (rad / half-sides / log-scale) for every generator.
 
 Sizes: the default is a REDUCED size chosen to run both tables in about half an hour on one CPU
 thread (see ``SIZES``); ``--paper-size`` uses the paper's H=1024, S=32, batch 128 and the full data
 (``--steps`` to choose the length; the paper does not state it); ``--quick`` is a ~1–2 min smoke test.
 
 Held-out metrics: accuracy and NLL of the posterior predictive averaged over ``eval_samples`` guide
-draws on the test split (``pyro_invariance.diagnostics.evaluation.predictive_logits``, as ``evaluate`` does), and
+draws on the test split (``pyro_invariance.diagnostics.evaluation.posterior_predictive``, as ``evaluate`` does), and
 the ELBO per datum on the training split with ``elbo_particles`` draws. The ELBO is computed in chunks
 of training rows with a fresh guide draw per chunk (the same expectation as ``evaluate``'s full-batch
 estimate, whose memory grows as N·S·H and would need ~8 GB per tensor at paper size).
@@ -44,13 +44,12 @@ import _common as common  # noqa: E402
 
 import pyro  # noqa: E402
 import torch  # noqa: E402
-from pyro import poutine  # noqa: E402
 from pyro.infer import TraceMeanField_ELBO  # noqa: E402
 
 import pyro_invariance  # noqa: E402
 from pyro_invariance import guides  # noqa: E402
 from pyro_invariance.data.images import dataset_name, load_dataset  # noqa: E402
-from pyro_invariance.diagnostics.evaluation import predictive_logits  # noqa: E402
+from pyro_invariance.diagnostics.evaluation import posterior_predictive  # noqa: E402
 from pyro_invariance.models import InvariantMLP  # noqa: E402
 from pyro_invariance.symmetry.affine import eta_to_human  # noqa: E402
 
@@ -146,8 +145,8 @@ def run_fit(spec: dict[str, Any], data: Any, device: str) -> dict[str, Any]:
     pyro.set_rng_seed(spec["seed"])
     model = InvariantMLP(
         image_shape=data.image_shape, num_classes=data.num_classes, hidden=spec["hidden"],
-        activation=spec["activation"], symmetry=spec["symmetry"], learn_eta=spec["learn_eta"],
-        eta_init=spec["eta_init"], num_samples=spec["samples"], prior="hierarchical", feature_seed=0,
+        activation=spec["activation"], symmetry=spec["symmetry"], learn_symmetry=spec["learn_eta"],
+        eta_init=spec["eta_init"], num_transforms=spec["samples"], prior="hierarchical", init_seed=0,
     )  # fmt: skip
     guide = guides.get("block-cholesky", model)
     t0, cpu0 = time.perf_counter(), time.process_time()
@@ -161,7 +160,7 @@ def run_fit(spec: dict[str, Any], data: Any, device: str) -> dict[str, Any]:
     x_train, y_train = data.x_train.to(device), data.y_train.to(device)
     model.eval()
     pyro.set_rng_seed(spec["seed"] + 1)
-    logits = predictive_logits(model, guide, x_test, spec["eval_samples"], batch_size=1000)
+    logits = posterior_predictive(model, guide, x_test, spec["eval_samples"], batch_size=1000)
     mixture = torch.logsumexp(torch.log_softmax(logits, -1), 0) - math.log(spec["eval_samples"])
     accuracy = float((mixture.argmax(-1) == y_test).float().mean())
     nll = float(-mixture.gather(1, y_test.unsqueeze(1)).mean())
@@ -374,6 +373,7 @@ def render(info: dict[str, Any], settings: dict[str, Any], results: dict[str, An
 
 
 # --------------------------------------------------------------------------------------------
+@pyro_invariance.pyro_scope()  # module-local params for the script's own loops
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     size = parser.add_mutually_exclusive_group()

@@ -102,7 +102,7 @@ def run_fit(variant: str, method: str, data: Any, sizes: dict[str, Any], seed: i
     model = MODELS.get(name, **model_kwargs_for(name, data, alpha=sizes["alpha"], **model_kw))
     t0 = time.perf_counter()
     if method == "Laplace":
-        result = fit_laplace(model, data, steps=sizes["steps"], every=sizes["laplace_every"],
+        result = fit_laplace(model, "map", data, steps=sizes["steps"], every=sizes["laplace_every"],
                              warmup=sizes["laplace_warmup"], ggn_batch_size=sizes["ggn_batch"], seed=seed,
                              batch_size=128, progress=False, lr=FIT_DEFAULTS["lr"])  # fmt: skip
     else:

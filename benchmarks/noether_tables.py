@@ -1,7 +1,7 @@
 """Noether's razor tables (talk 000): SHO, n = 3 oscillators, 2-d 3-body; HNN / learned / oracle.
 
 For each system three ``symmetrised-hnn`` models are fitted with the matrix-normal guide on the
-same data -- ``symmetry="none"`` (HNN), ``"learned"`` (K conserved quantities) and the oracle
+same data -- ``symmetry="none"`` (HNN), ``"quadratic"`` (row "learned": K learned quadratic conserved quantities) and the oracle
 (SO(2), U(3), SE(2)) -- and evaluated with :func:`pyro_invariance.diagnostics.hnn_metrics.evaluate_hnn`
 (train MSE, NLL/N, KL/N, −ELBO/N, test / wider / moved MSE, energy drift). The learned generators
 are analysed by SVD (number of significant singular values against the target: 1 for SHO, n² = 9
@@ -10,7 +10,7 @@ numbers are printed next to ours. A step-timing section measures the time per SV
 and of the symmetrised model and the cost ratio symmetrised / (S × HNN) per symmetry sample.
 
 Reduced settings (default; each system ≤ 30 min on 2 CPU cores, 1 thread) versus paper settings
-(``--paper``; methods.md §4: widths 200/200 and 250/250/250, S = 200/100, E = 20/10, full data)
+(``--paper``; docs/methods.md §4: widths 200/200 and 250/250/250, S = 200/100, E = 20/10, full data)
 are listed in :data:`REDUCED` / :data:`PAPER`. The reference's closed-form prior-variance update for
 the 3-body system is available (``prior="closed-form"``) but not used: started from a guide of scale
 0.01 it collapses the prior at once (see the comment at :data:`REDUCED`). Each system writes ``results/noether_<system>.json``; the markdown
@@ -36,6 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS_DIR, command_line, log, machine_info, md_table, set_threads  # noqa: E402
+from pyro_invariance import pyro_scope  # noqa: E402
 
 ORACLE = {"sho": "so2", "oscillators": "un", "nbody": "se2"}
 TARGET_RANK = {"sho": 1, "oscillators": 9, "nbody": 3}
@@ -60,7 +61,7 @@ PAPER: dict[str, dict[str, Any]] = {
     "nbody": dict(REDUCED["nbody"], data=dict(n=3), hidden=(250, 250, 250), S=100, E=10, steps=20000, batch=200),
 }
 
-#: The talk's tables (talk 000; methods.md §4). None: not reported.
+#: The talk's tables (talk 000; docs/methods.md §4). None: not reported.
 TALK = {
     "sho": {
         "none": dict(train_mse=0.005, nll=0.3667, kl=3314.374, neg_elbo=3314.741, test_mse=0.005),
@@ -91,8 +92,8 @@ def build(system: str, symmetry: str, s: dict[str, Any], seed: int):
 
     pyro.set_rng_seed(seed)
     m = 2 * (1 if system == "sho" else (s["data"]["n"] if system == "oscillators" else 2 * s["data"]["n"]))
-    sym = ORACLE[system] if symmetry == "oracle" else symmetry
-    model = SymmetrisedHNN(m, s["hidden"], symmetry=sym, num_generators=s["K"], num_samples=s["S"], euler_steps=s["E"],
+    sym = {"oracle": ORACLE[system], "learned": "quadratic"}.get(symmetry, symmetry)  # row label -> model's symmetry
+    model = SymmetrisedHNN(m, s["hidden"], symmetry=sym, num_generators=s["K"], num_transforms=s["S"], euler_steps=s["E"],
                            sampling=s["sampling"], dt=s["dt"], prior=s["prior"], init_seed=seed)
     guide = guides.get("matrix-normal", model, init_scale=0.01)
     if s["prior"] == "closed-form":
@@ -133,9 +134,10 @@ def run_system(system: str, s: dict[str, Any], seed: int, cache_dir: str | None,
             }
             try:
                 from pyro_invariance.diagnostics.hnn_metrics import plot_symmetry_analysis
+                from pyro_invariance.diagnostics.plots import save_figure
 
-                plot_symmetry_analysis(a, RESULTS_DIR / f"noether_{system}_svd.png", title=f"{system}: learned generators",
-                                       target=TARGET_RANK[system])
+                fig = plot_symmetry_analysis(a, title=f"{system}: learned generators", target=TARGET_RANK[system])
+                save_figure(fig, RESULTS_DIR / f"noether_{system}_svd.png", dpi=120)
             except Exception as exc:  # plotting is optional
                 log(f"plot failed: {exc}")
     return out
@@ -155,9 +157,9 @@ def step_timing(reps: int, seed: int) -> dict[str, Any]:
                                          ("3-body (64,64,64), B=100, E=5", 12, (64, 64, 64), 100, 10, 5)):
         x, y = torch.randn(batch, m), torch.randn(batch, m)
         times: dict[str, float] = {}
-        for name, sym, s in (("hnn", "none", 1), ("sym-8", "learned", 8), ("sym-32", "learned", 32)):
+        for name, sym, s in (("hnn", "none", 1), ("sym-8", "quadratic", 8), ("sym-32", "quadratic", 32)):
             pyro.set_rng_seed(seed)
-            model = SymmetrisedHNN(m, hidden, symmetry=sym, num_generators=k, num_samples=s, euler_steps=e)
+            model = SymmetrisedHNN(m, hidden, symmetry=sym, num_generators=k, num_transforms=s, euler_steps=e)
             guide = guides.get("matrix-normal", model, init_scale=0.01)
             guide(x, y, num_data=batch)
             opt = torch.optim.Adam(list(model.parameters()) + list(guide.parameters()), lr=1e-3)
@@ -255,6 +257,7 @@ def markdown(paper: bool) -> str:
     return "\n".join(parts)
 
 
+@pyro_scope()  # module-local params for the script's own loops
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--systems", default="sho,oscillators,nbody")

@@ -48,7 +48,8 @@ from pyro.infer import TraceMeanField_ELBO  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 from torch.distributions.utils import _standard_normal  # noqa: E402
 
-import pyro_invariance  # noqa: E402,F401  (sets module-local params)
+import pyro_invariance  # noqa: E402
+from pyro_invariance import pyro_scope  # noqa: E402  (module-local params for main's own loops)
 from pyro_invariance import guides  # noqa: E402
 from pyro_invariance.infer import training  # noqa: E402
 from pyro_invariance.models import InvariantMLP  # noqa: E402
@@ -79,7 +80,7 @@ class HandWrittenInvariantMLP(nn.Module):
             return nn.Parameter(t.detach().clone())
 
         self.image_shape = model.image_shape
-        self.num_samples = model.num_samples
+        self.num_samples = model.num_transforms
         self.activation = model.activation
         self.hidden = model.hidden
         self.k = len(model.generator_names)
@@ -150,7 +151,7 @@ def build_pyro(activation: str, cfg: dict[str, int], x: Tensor, y: Tensor, seed:
     pyro.set_rng_seed(seed)
     model = InvariantMLP(
         image_shape=(1, cfg["side"], cfg["side"]), num_classes=cfg["classes"], hidden=cfg["hidden"],
-        activation=activation, symmetry="rotation", learn_eta=True, num_samples=cfg["samples"],
+        activation=activation, symmetry="rotation", learn_symmetry=True, num_transforms=cfg["samples"],
     )  # fmt: skip
     guide = guides.get("block-cholesky", model)
     with pyro.poutine.block():
@@ -318,6 +319,7 @@ def time_fit(activation: str, cfg: dict[str, int], x: Tensor, y: Tensor, steps: 
 
 
 # --------------------------------------------------------------------------------------------
+@pyro_scope()
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes (B=32, S=4, H=128), few steps: a smoke test")

@@ -41,12 +41,14 @@ def get(name: str, model: Callable, **kwargs: Any) -> Any:
     """Build guide ``name`` for ``model``; an unknown name raises
     :class:`~pyro_invariance.registry.UnknownNameError` listing the known ones.
 
-    A model may recommend settings by a method ``guide_defaults(name) -> dict`` (e.g. the
-    layer-wise networks' initialisation); explicit ``kwargs`` override them."""
+    A catalogue model recommends settings by ``model.guide_defaults(name)``
+    (:class:`~pyro_invariance.models.base.CatalogueModel`; e.g. the layer-wise networks'
+    initialisation); explicit ``kwargs`` override them. Any other model gets none."""
+    from pyro_invariance.models.base import CatalogueModel
+
     GUIDES.entry(name)  # unknown names fail here, before the model is asked
-    defaults = getattr(model, "guide_defaults", None)
-    if callable(defaults):
-        kwargs = {**defaults(name), **kwargs}
+    if isinstance(model, CatalogueModel):
+        kwargs = {**model.guide_defaults(name), **kwargs}
     return GUIDES.get(name, model, **kwargs)
 
 

@@ -23,7 +23,8 @@ finds an analytic KL wherever one exists:
 
 (Pyro 1.9's ``AutoNormal`` puts the log-Jacobian into ``Delta.log_density``, which Pyro's
 ``KL(Delta ‖ ·)`` dropped; :mod:`pyro_invariance.distributions` corrects that KL for the
-packed autoguides, and this class avoids the indirection altogether.)
+packed autoguides inside :func:`pyro_invariance.pyro_scope`, and this class avoids the
+indirection altogether.)
 
 :func:`num_guide_parameters` counts a guide's free parameters.
 """
@@ -34,7 +35,7 @@ import math
 import numbers
 from contextlib import ExitStack
 from operator import attrgetter
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional, Union
 
 import pyro
 import pyro.distributions as dist
@@ -107,7 +108,18 @@ def is_matrix_site(site: dict) -> bool:
     )
 
 
-class StructuredGuide(AutoNormal):
+class CatalogueGuide:
+    """What every catalogue guide declares (a mixin of the registered guide classes).
+
+    ``fit_defaults``: :class:`~pyro_invariance.infer.config.FitConfig` settings this family
+    recommends; they rank below the model's ``fit_defaults`` and explicit settings
+    (:mod:`pyro_invariance.infer.config`).
+    """
+
+    fit_defaults: ClassVar[Mapping[str, Any]] = {}
+
+
+class StructuredGuide(CatalogueGuide, AutoNormal):
     """AutoNormal-style guide with optional structured sites (see module docstring).
 
     Subclasses override :meth:`_is_structured`, :meth:`_make_structured` (returns a
@@ -119,7 +131,7 @@ class StructuredGuide(AutoNormal):
         init_loc_fn: per-site initialisation of the means (Pyro's ``init_to_*``); the default
             ``init_to_feasible`` gives 0 for real sites and 1 for positive ones.
         init_scale: initial standard deviation of every (unconstrained) latent coordinate.
-            Default 1.0, matching a unit prior: in our digits experiments (methods.md §6) a guide
+            Default 1.0, matching a unit prior: in our digits experiments (docs/methods.md §6) a guide
             initialised at 0.1 (Pyro's default) saw η collapse to 0; scale 1 was one of the
             changes that together made η grow.
         create_plates: as in Pyro's autoguides.
@@ -291,7 +303,7 @@ def num_guide_parameters(guide: torch.nn.Module, *args: Any, effective: bool = T
 
     Args:
         guide: any guide module (ours, Pyro's autoguides, ``AutoGuideList``).
-        *args, **kwargs: the model's arguments; only needed when the guide has not been
+        *args: the model's arguments (and ``**kwargs``); only needed when the guide has not been
             called yet (its parameters are created lazily on the first call).
         effective: count free coordinates rather than stored entries: a unit-lower-triangular
             ``n×n`` factor counts ``n(n−1)/2``, a lower-Cholesky one ``n(n+1)/2`` (they are

@@ -6,13 +6,13 @@ For every weight-matrix site ``W`` of shape ``(C, H)`` (rows = output classes; s
     q(W) = Π_c N(W_c; μ_c, L_c L_cᵀ),     L_c = diag(s_c) · T_c,
 
 with ``s_c > 0`` (softplus) and ``T_c`` unit lower triangular: a Gaussian over ``vec_r(W)`` with
-block-diagonal covariance, one ``H×H`` Cholesky block per class (methods.md §1, "Guide").
+block-diagonal covariance, one ``H×H`` Cholesky block per class (docs/methods.md §1, "Guide").
 Initialisation as in the paper: ``μ = 0`` (``init_loc_fn=init_to_feasible``) and
 ``L_c = init_scale·I``. Every other latent site gets a mean-field Normal.
 
 ``log q`` of the guide's own sample is computed from the noise, ``−½‖ε‖² − Σ log s − const``
 (:class:`~pyro_invariance.distributions.RowwiseMultivariateNormal`), not by re-solving
-``L_c z = W_c − μ_c``, which broke down numerically in a large test (methods.md §5). The KL to a
+``L_c z = W_c − μ_c``, which broke down numerically in a large test (docs/methods.md §5). The KL to a
 ``Normal(...).to_event(2)`` prior is analytic under :class:`~pyro.infer.TraceMeanField_ELBO`.
 """
 

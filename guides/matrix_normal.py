@@ -6,7 +6,7 @@ inputs; see :func:`~pyro_invariance.guides.base.is_matrix_site`)::
     q(W) = MatrixNormal(M, L_U, L_V):   W = M + L_U E L_Vᵀ,   vec_r(W) ~ N(vec_r M, U ⊗ V),
 
 with ``U = L_U L_Uᵀ`` (r×r, among rows) and ``V = L_V L_Vᵀ`` (c×c, among columns)
-(methods.md §4; the reference writes ``W = M + L_s E L_a``). Every other latent site (biases,
+(docs/methods.md §4; the reference writes ``W = M + L_s E L_a``). Every other latent site (biases,
 positive prior scales, ...) gets a mean-field Normal (:class:`StructuredGuide`). Under
 :class:`~pyro.infer.TraceMeanField_ELBO` the KL of each matrix site to a
 ``Normal(...).to_event(2)`` prior is analytic.

@@ -1,12 +1,14 @@
 """The catalogue's Pyro models. ``get(name, **kwargs)`` builds one by name.
 
-Each entry is one file that registers itself with :data:`pyro_invariance.registry.MODELS`.
+Each entry is one file that registers itself with :data:`pyro_invariance.registry.MODELS` and
+inherits :class:`~.base.CatalogueModel`, the protocol every model follows (``models/base.py``).
 """
 
 from typing import Any
 
 from pyro_invariance.registry import MODELS
 
+from .base import PRIORS, CatalogueModel
 from . import basis_regression, invariant_mlp  # noqa: F401  (each registers itself)
 from . import symmetrised_hnn  # noqa: F401
 from . import layerwise  # noqa: F401  (layerwise-* entries, paper 004)
@@ -15,7 +17,7 @@ from .basis_regression import BasisRegression
 from .invariant_mlp import InvariantMLP
 
 
-def get(name: str, **kwargs: Any) -> Any:
+def get(name: str, **kwargs: Any) -> CatalogueModel:
     """Build the catalogue model ``name`` (see :func:`names`)."""
     return MODELS.get(name, **kwargs)
 
@@ -24,4 +26,4 @@ def names() -> list[str]:
     return MODELS.names()
 
 
-__all__ = ["get", "names", "BasisRegression", "InvariantMLP"]
+__all__ = ["get", "names", "BasisRegression", "CatalogueModel", "InvariantMLP", "PRIORS"]

@@ -12,15 +12,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import pyro
 import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
-from pyro.nn import PyroModule, PyroParam, PyroSample
-from torch import Tensor
+from pyro.nn import PyroParam, PyroSample
+from torch import Tensor, nn
 
 from pyro_invariance.registry import MODELS
-from pyro_invariance.validation import PreparesInputs
+from pyro_invariance.tasks import REGRESSION
+
+from .base import CatalogueModel
 
 __all__ = ["BasisRegression", "make_symmetric_toy", "BASES"]
 
@@ -51,7 +52,7 @@ def _check_count(name: str, value: Any, minimum: int = 1) -> int:
     summary="Bayesian linear regression on basis functions with a learnable reflection symmetry "
     "φ^λ(x) = (1−λ/2)φ(x) + (λ/2)φ(−x); closed-form evidence (talk 000)",
 )
-class BasisRegression(PreparesInputs, PyroModule):
+class BasisRegression(CatalogueModel):
     r"""Bayesian linear regression on symmetrised basis functions (talk 000, "Inductive bias in
     basis functions").
 
@@ -62,7 +63,8 @@ class BasisRegression(PreparesInputs, PyroModule):
         y_n    ~ N(W φ^λ(x_n), σ² I_{D_out})           site "obs", inside plate "data"
 
     with prior scale ``s_p = prior_scale``, a fixed, known noise scale ``σ = noise_scale`` and the
-    symmetry parameter ``λ ∈ [0, 2]`` (a ``PyroParam`` when ``learn_lambda``, else a buffer). The
+    symmetry parameter ``λ ∈ [0, 2]`` (the model's η: a ``PyroParam`` when ``learn_symmetry``, else a
+    buffer). The
     slide writes ``f(x) = wᵀφ(x)`` and the symmetric basis ``φ^sym(x) = |G|⁻¹ Σ_g φ(g·x)`` for the
     reflection group ``G = {x, −x}``; ``φ^λ`` interpolates between no symmetry (λ = 0), the fully
     symmetrised, even basis (λ = 1, every ``f`` satisfies ``f(x) = f(−x)``) and the mirrored basis
@@ -87,7 +89,7 @@ class BasisRegression(PreparesInputs, PyroModule):
       a grid on ``[lo, hi]^{D_in}`` (``F`` points for ``D_in = 1``; for ``D_in > 1``, ``F`` must
       be ``m^{D_in}``: ``m`` points per axis).
     * ``"rff"``: random Fourier features ``sqrt(2/F) [cos(Ωx), sin(Ωx)]`` with ``F/2`` frequencies
-      ``Ω ~ N(0, ℓ⁻² I)`` drawn once from ``seed`` (``F`` even); ``s_p² φᵀφ'`` approximates an RBF
+      ``Ω ~ N(0, ℓ⁻² I)`` drawn once from ``init_seed`` (``F`` even); ``s_p² φᵀφ'`` approximates an RBF
       kernel of variance ``s_p²``.
     * ``"poly"``: ``[1, z_j^k]`` for ``k = 1..degree`` and every input dimension ``j``, with
       ``z = x / max(|lo|, |hi|)`` (so that powers stay O(1)); ``F = 1 + D_in·degree``.
@@ -109,8 +111,9 @@ class BasisRegression(PreparesInputs, PyroModule):
     when ``"weight"`` is batched, e.g. vectorised particles). With the exact posterior as guide the
     ELBO equals :meth:`log_evidence`. ``forward`` checks shapes only; :meth:`prepare_inputs` (called
     once by ``fit`` / ``evaluate``) converts ``x`` and ``y`` to the model's dtype and rejects
-    non-finite values; the exact-inference methods check their inputs themselves. The learnt λ is the module parameter ``lam`` (importing
-    ``pyro_invariance`` turns on Pyro's ``module_local_params``, so models never share it).
+    non-finite values; the exact-inference methods check their inputs themselves. The learnt λ is the module parameter ``lam`` (the package's calls
+    run with Pyro's ``module_local_params``, :func:`pyro_invariance.pyro_scope`, so models never share
+    it there; under plain Pyro it is also the param-store entry ``"lam"``).
 
     Args:
         in_features: input dimension ``D_in``.
@@ -122,15 +125,24 @@ class BasisRegression(PreparesInputs, PyroModule):
         degree: polynomial degree of the ``"poly"`` basis.
         lo, hi: input range: the ``"rbf"`` grid and the ``"poly"`` normalisation.
         centres: explicit ``"rbf"`` centres, shape ``(F, D_in)`` (overrides the grid).
+        symmetry: ``"reflection"``, the group ``{x, −x}`` (the only one this model takes).
+        learn_symmetry: make λ a ``PyroParam`` constrained to ``[0, 2]`` (``fit`` trains it with
+            ``eta_lr``); else a fixed buffer.
+        eta_init: initial (or fixed) λ; in ``[0, 2]``, and in ``(0, 2)`` when learnt.
+        prior: ``"fixed"`` (the only prior this model takes: the evidence is exact for a fixed ``s_p``).
         prior_scale: ``s_p``, standard deviation of every weight.
         noise_scale: ``σ``, the known observation noise standard deviation.
-        lambda_init: initial (or fixed) λ; in ``[0, 2]``, and in ``(0, 2)`` when learnt.
-        learn_lambda: make λ a ``PyroParam`` constrained to ``[0, 2]``; else a fixed buffer.
-        seed: seed of the ``"rff"`` frequencies.
+        init_seed: seed of the ``"rff"`` frequencies.
     """
 
-    #: parameters trained with ``fit``'s symmetry learning rate
-    symmetry_param_names = ("lam",)
+    task = REGRESSION
+    priors = ("fixed",)
+    #: Four ELBO particles per step: the model is tiny (full batch, D = features × outputs), so the
+    #: cost is small, and the gradient noise of one particle kept Gaussian guides 2-4 nats below
+    #: the exact log evidence after 500 steps (about 1 nat with four; ``tests/test_config.py``).
+    fit_defaults = {"num_particles": 4}
+    #: the symmetry groups this model takes
+    symmetries: tuple[str, ...] = ("reflection",)
 
     def __init__(
         self,
@@ -143,13 +155,19 @@ class BasisRegression(PreparesInputs, PyroModule):
         lo: float = -3.0,
         hi: float = 3.0,
         centres: Tensor | None = None,
+        symmetry: str = "reflection",
+        learn_symmetry: bool = True,
+        eta_init: float = 0.5,
+        prior: str = "fixed",
         prior_scale: float = 1.0,
         noise_scale: float = 0.1,
-        lambda_init: float = 0.5,
-        learn_lambda: bool = True,
-        seed: int = 0,
+        init_seed: int = 0,
     ) -> None:
         super().__init__()
+        if symmetry not in self.symmetries:
+            raise ValueError(f"unknown symmetry {symmetry!r}; use one of {self.symmetries}")
+        self.symmetry = symmetry
+        self.prior = self.check_prior(prior)
         self.in_features = _check_count("in_features", in_features)
         self.out_features = _check_count("out_features", out_features)
         if basis not in BASES:
@@ -200,25 +218,25 @@ class BasisRegression(PreparesInputs, PyroModule):
             if centres is not None:
                 raise ValueError("centres only apply to basis 'rbf'")
             self.num_features = f
-            gen = torch.Generator().manual_seed(int(seed))
+            gen = torch.Generator().manual_seed(int(init_seed))
             omega = torch.randn(f // 2, self.in_features, generator=gen, dtype=torch.float64) / self.lengthscale
             self.register_buffer("frequencies", omega.to(torch.get_default_dtype()))
 
         try:
-            lam0 = float(lambda_init)
+            lam0 = float(eta_init)
         except (TypeError, ValueError):
-            raise ValueError(f"lambda_init must be a number in [0, 2], got {lambda_init!r}") from None
-        self.learn_lambda = bool(learn_lambda)
-        if self.learn_lambda:
+            raise ValueError(f"eta_init must be a number in [0, 2], got {eta_init!r}") from None
+        self.learn_symmetry = bool(learn_symmetry)
+        if self.learn_symmetry:
             if not 0.0 < lam0 < 2.0:
                 raise ValueError(
-                    "a learnt lambda must start inside (0, 2) (the constraint's boundary maps to ±inf), "
-                    f"got {lambda_init!r}"
+                    "a learnt eta_init (λ) must start inside (0, 2) (the constraint's boundary maps to ±inf), "
+                    f"got {eta_init!r}"
                 )
             self.lam = PyroParam(torch.tensor(lam0), constraint=constraints.interval(0.0, 2.0))
         else:
             if not 0.0 <= lam0 <= 2.0:
-                raise ValueError(f"lambda_init must lie in [0, 2], got {lambda_init!r}")
+                raise ValueError(f"eta_init (λ) must lie in [0, 2], got {eta_init!r}")
             self.register_buffer("lam", torch.tensor(lam0))
 
         # The prior's loc is a buffer so that `.to(device / dtype)` moves the prior with the model.
@@ -247,7 +265,7 @@ class BasisRegression(PreparesInputs, PyroModule):
         return (
             f"basis={self.basis!r}, in_features={self.in_features}, out_features={self.out_features}, "
             f"num_features={self.num_features}, prior_scale={self.prior_scale}, noise_scale={self.noise_scale}, "
-            f"learn_lambda={self.learn_lambda}"
+            f"learn_symmetry={self.learn_symmetry}"
         )
 
     # ----------------------------------------------------------------------------------------------
@@ -336,7 +354,11 @@ class BasisRegression(PreparesInputs, PyroModule):
         lam_t = self._lambda(lam, x)
         return (1.0 - 0.5 * lam_t) * self._base_features(x) + (0.5 * lam_t) * self._base_features(-x)
 
-    def symmetry_parameters(self) -> dict[str, Tensor]:
+    def symmetry_parameters(self) -> list[nn.Parameter]:
+        """``[λ's unconstrained parameter]`` when λ is learned."""
+        return [self.lam_unconstrained] if self.learn_symmetry else []
+
+    def symmetry_summary(self) -> dict[str, Tensor]:
         """``{"lambda": λ}`` (detached, constrained), for logging."""
         return {"lambda": self.lam.detach().clone()}
 
@@ -362,12 +384,8 @@ class BasisRegression(PreparesInputs, PyroModule):
             ``(..., B, D_out)``.
         """
         x = self._check_x(x, finite=False)  # values: checked once by prepare_inputs (fit / evaluate)
-        batch = x.shape[0]
         if y is not None:
             y = self._check_y(y, x, finite=False)
-        if num_data is not None:
-            if isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < batch:
-                raise ValueError(f"num_data must be an integer >= batch size {batch}, got {num_data!r}")
         phi = self._features(x)
         weight = self.weight
         mean = phi @ weight.to(phi.dtype).transpose(-1, -2)  # (..., B, D_out)
@@ -380,12 +398,8 @@ class BasisRegression(PreparesInputs, PyroModule):
                     f"got {tuple(weight.shape)}"
                 )
             mean = mean.squeeze(-3)
-        with pyro.plate("data", size=num_data or batch, subsample=torch.arange(batch, device=x.device)):
-            pyro.sample(
-                "obs",
-                dist.Normal(mean, torch.as_tensor(self.noise_scale, dtype=mean.dtype, device=mean.device)).to_event(1),
-                obs=None if y is None else y.to(mean.dtype),
-            )
+        noise = torch.as_tensor(self.noise_scale, dtype=mean.dtype, device=mean.device)
+        self.observe(dist.Normal(mean, noise).to_event(1), None if y is None else y.to(mean.dtype), x, num_data)
         return mean
 
     # ----------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Invariant shallow Bayesian neural network (paper 003, "Learning Invariant Weights in NNs").
 
-Generative story (paper 003, Eqs. 1–3, 6; methods.md §1):
+Generative story (paper 003, Eqs. 1–3, 6; docs/methods.md §1)::
 
     η ∈ [0, η_max]^k                      invariance parameters (point estimate, learned or fixed)
     T_s = expm(Σ_i ε_si η_i G_i),  ε_s ~ U[-1, 1]^k,  s = 1..S          (Eq. 3, shared by a batch)
@@ -11,6 +11,7 @@ Generative story (paper 003, Eqs. 1–3, 6; methods.md §1):
     y_n ~ Categorical(logits = W2 h(x_n) + b2)         in a subsampled plate "data"
 
 φ and W1:
+
 - ``activation="rff"``: random Fourier features, W1 fixed with entries N(0, 1/ℓ²), b1 ~ U[0, 2π),
   φ(a) = √(2/H)·cos(a) — a weight-space RBF-kernel GP with lengthscale ℓ (Rahimi & Recht).
 - ``activation="relu"``: W1 and b1 learned as point estimates (Xavier init), φ(a) = ReLU(a)/√H.
@@ -19,21 +20,20 @@ The average over transforms is taken over hidden features (equivalently over log
 read-out is linear), i.e. the invariant function of Eq. 1 without the soft-max inside g; the
 log-likelihood is then evaluated on the averaged logits (second line of Eq. 9, a tighter bound
 than the last line). ``transform_on="inputs"`` warps the images instead of the weight rows
-(identical up to interpolation; Section 3.2). Fixed η (``learn_eta=False``) gives Table 1's
+(identical up to interpolation; Section 3.2). Fixed η (``learn_symmetry=False``) gives Table 1's
 fixed-invariance baselines; ``symmetry="none"`` is the plain MLP.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
 from pyro.distributions import constraints
-from pyro.nn import PyroModule, PyroParam, PyroSample
+from pyro.nn import PyroParam, PyroSample
 from torch import Tensor, nn
 
 from pyro_invariance.registry import MODELS
@@ -47,14 +47,19 @@ from pyro_invariance.symmetry.affine import (
     transform_images,
     transform_weight_rows,
 )
-from pyro_invariance.validation import PreparesInputs, check_label_shape, check_positive_int, check_trailing_shape
+from pyro_invariance.tasks import CLASSIFICATION
+from pyro_invariance.validation import check_label_shape, check_positive_int, check_trailing_shape
 
-PRIORS = ("hierarchical", "learned", "fixed")
+from .base import CatalogueModel
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 ACTIVATIONS = ("rff", "relu")
 
 
 @MODELS.register("invariant-mlp", summary="Invariant shallow BNN learning affine invariance (paper 003)")
-class InvariantMLP(PreparesInputs, PyroModule):
+class InvariantMLP(CatalogueModel):
     """Shallow BNN whose first layer is averaged over sampled affine transforms.
 
     Args:
@@ -64,21 +69,21 @@ class InvariantMLP(PreparesInputs, PyroModule):
         activation: ``"rff"`` (fixed random Fourier features, cos) or ``"relu"`` (learned W1).
         symmetry: subgroup name(s) for :func:`pyro_invariance.symmetry.affine.resolve_subgroup`
             (``"rotation"``, ``"translation"``, ``"scale"``, ``"affine"``, ``"none"``, ``"tx+rot"``...).
-        learn_eta: learn η (by the bound) or keep it fixed at ``eta_init``.
+        learn_symmetry: learn η (by the bound, with ``fit``'s ``eta_lr``) or keep it fixed at ``eta_init``.
         eta_init: initial η, a float for all generators or a mapping generator -> value. Must be
-            > 0 to learn: η = 0 is a stationary point of the expected gradient (methods.md §1).
+            > 0 to learn: η = 0 is a stationary point of the expected gradient (docs/methods.md §1).
         eta_max: optional mapping generator -> upper bound (default
             :data:`pyro_invariance.symmetry.affine.DEFAULT_ETA_MAX`; rotation capped at π).
-        num_samples: S transform samples per forward pass.
+        num_transforms: S transform samples per forward pass.
         sampling: ``"stochastic"`` (ε ~ U) or ``"deterministic"`` (linspace grid; Section 3.4).
         transform_on: ``"weights"`` (default, paper 003) or ``"inputs"``.
         lengthscale: RFF lengthscale ℓ (ignored for ReLU); default √(C·h·w)/8 for inputs in [0, 1]
             (1.0 on 8×8 digits, 3.5 on 28×28 images), where the rotation-averaged RFF model fits
             well (a lengthscale of 3 on digits gave ELBO/N ≈ −2.1 instead of −0.9 at η = π).
-        prior: ``"hierarchical"`` (σ_p ~ LogNormal(0, 1)), ``"learned"`` (σ_p point estimate) or
-            ``"fixed"``.
+        prior: ``"hierarchical"`` (σ_p ~ LogNormal(log prior_scale, 1)), ``"learned"`` (σ_p point
+            estimate) or ``"fixed"`` (:data:`~pyro_invariance.models.base.PRIORS`).
         prior_scale: initial / fixed σ_p.
-        feature_seed: seed for the fixed RFF weights (or the ReLU init), independent of training.
+        init_seed: seed for the fixed RFF weights (or the ReLU init), independent of training.
 
     Shapes: ``forward(x (B, C, h, w) or (B, C·h·w), y (B,))`` → logits ``(B, C)``.
 
@@ -95,16 +100,16 @@ class InvariantMLP(PreparesInputs, PyroModule):
         hidden: int = 256,
         activation: str = "rff",
         symmetry: str | Sequence[str] = "rotation",
-        learn_eta: bool = True,
+        learn_symmetry: bool = True,
         eta_init: float | Mapping[str, float] = 0.1,
         eta_max: Mapping[str, float] | None = None,
-        num_samples: int = 16,
+        num_transforms: int = 16,
         sampling: str = "stochastic",
         transform_on: str = "weights",
         lengthscale: float | None = None,
         prior: str = "hierarchical",
         prior_scale: float = 1.0,
-        feature_seed: int = 0,
+        init_seed: int = 0,
     ) -> None:
         super().__init__()
         image_shape = tuple(int(v) for v in image_shape)
@@ -112,11 +117,10 @@ class InvariantMLP(PreparesInputs, PyroModule):
             raise ValueError(f"image_shape must be (C, h, w) with positive entries, got {image_shape}")
         check_positive_int("num_classes", num_classes, minimum=2)
         check_positive_int("hidden", hidden)
-        check_positive_int("num_samples", num_samples)
+        check_positive_int("num_transforms", num_transforms)
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; use one of {ACTIVATIONS}")
-        if prior not in PRIORS:
-            raise ValueError(f"unknown prior {prior!r}; use one of {PRIORS}")
+        self.check_prior(prior)
         if sampling not in ("stochastic", "deterministic"):
             raise ValueError(f"unknown sampling {sampling!r}; use 'stochastic' or 'deterministic'")
         if transform_on not in ("weights", "inputs"):
@@ -132,11 +136,11 @@ class InvariantMLP(PreparesInputs, PyroModule):
         self.num_classes = int(num_classes)
         self.hidden = int(hidden)
         self.activation = activation
-        self.num_samples = int(num_samples)
+        self.num_transforms = int(num_transforms)
         self.sampling = sampling
         self.transform_on = transform_on
         self.prior = prior
-        self.learn_eta = bool(learn_eta)
+        self.learn_symmetry = bool(learn_symmetry)
 
         # --- symmetry parameters η -------------------------------------------------------
         self.generator_names = resolve_subgroup(symmetry)
@@ -147,7 +151,7 @@ class InvariantMLP(PreparesInputs, PyroModule):
         init = _eta_init_tensor(eta_init, self.generator_names)
         if torch.any(init < 0) or torch.any(init > upper):
             raise ValueError(f"eta_init {init.tolist()} outside [0, {upper.tolist()}]")
-        if self.learn_eta and k > 0:
+        if self.learn_symmetry and k > 0:
             if torch.any(init <= 0) or torch.any(init >= upper):
                 raise ValueError("a learned eta_init must lie strictly inside (0, eta_max): η = 0 cannot learn")
             # η = η_max · u with u ∈ (0, 1): constant bounds keep the constraint device-agnostic.
@@ -156,7 +160,7 @@ class InvariantMLP(PreparesInputs, PyroModule):
             self.register_buffer("eta_fixed", init)
 
         # --- first layer ---------------------------------------------------------------
-        gen = torch.Generator().manual_seed(int(feature_seed))
+        gen = torch.Generator().manual_seed(int(init_seed))
         if activation == "rff":
             self.register_buffer("w1", torch.randn(hidden, self.input_dim, generator=gen) / lengthscale)
             self.register_buffer("b1", 2 * math.pi * torch.rand(hidden, generator=gen))
@@ -177,26 +181,48 @@ class InvariantMLP(PreparesInputs, PyroModule):
         self.out_weight = PyroSample(lambda m: dist.Normal(0.0, m.prior_scale).expand([c, h]).to_event(2))
         self.out_bias = PyroSample(lambda m: dist.Normal(0.0, m.prior_scale).expand([c]).to_event(1))
 
+    task = CLASSIFICATION
+    priors = ("fixed", "learned", "hierarchical")
+
     # ------------------------------------------------------------------------------------
     @property
     def eta(self) -> Tensor:
         """η, shape ``(k,)`` (constrained to ``[0, η_max]``)."""
-        if self.learn_eta and len(self.generator_names):
+        if self.learn_symmetry and len(self.generator_names):
             return self.eta_unit * self.eta_upper
         return self.eta_fixed
 
-    def symmetry_parameters(self) -> dict[str, Tensor]:
+    def symmetry_parameters(self) -> list[nn.Parameter]:
+        """``[u]`` with η = η_max·u (the unconstrained parameter behind ``eta_unit``) when η is learned."""
+        return [self.eta_unit_unconstrained] if self.learn_symmetry and len(self.generator_names) else []
+
+    def symmetry_summary(self) -> dict[str, Tensor]:
         """Current η per generator name (constrained values, detached)."""
         eta = self.eta.detach() if len(self.generator_names) else torch.zeros(0)
         return {name: eta[i] for i, name in enumerate(self.generator_names)}
+
+    def figures(self, data: Any = None) -> dict[str, Figure]:
+        """``"filters"``: the filter bank (paper 003, Fig. 3); ``"orbits"``: the first 5 training
+        images of ``data`` moved along the learned orbit. An RFF model's fixed random filters show
+        the transforms, not what η learned, so without ``data`` it has no orbit figure; a ReLU model
+        shows its first learned filters."""
+        from pyro_invariance.data.arrays import train_arrays
+        from pyro_invariance.diagnostics.plots import plot_filter_bank, plot_orbits
+
+        out = {"filters": plot_filter_bank(self)}
+        if self.activation != "rff":
+            out["orbits"] = plot_orbits(self)
+        elif data is not None:
+            out["orbits"] = plot_orbits(self, train_arrays(data, self)[0][:5])
+        return out
 
     def arviz_dims(self) -> dict[str, list[str]]:
         """ArviZ dim names of the sample sites' own dims (:func:`pyro_invariance.diagnostics.inference_data.to_inference_data`)."""
         return {"out_weight": ["class", "hidden"], "out_bias": ["class"], "prior_scale": [], "obs": ["obs_dim_0"]}
 
-    def sample_transforms(self, num_samples: int | None = None) -> Tensor:
+    def sample_transforms(self, num_transforms: int | None = None) -> Tensor:
         """S affine matrices T_s = expm(Σ ε_si η_i G_i), shape ``(S, 3, 3)`` (Eq. 3)."""
-        s = num_samples or self.num_samples
+        s = num_transforms or self.num_transforms
         eta = self.eta
         eps = sample_epsilon(s, len(self.generator_names), self.sampling, dtype=eta.dtype, device=eta.device)
         return lie_exp(eta, eps, self.generators)
@@ -252,10 +278,8 @@ class InvariantMLP(PreparesInputs, PyroModule):
         x = self._flatten(x)
         if y is not None:
             check_label_shape(y, x.shape[0])
-        batch = x.shape[0]
         logits = self.features(x) @ self.out_weight.T + self.out_bias
-        with pyro.plate("data", size=num_data or batch, subsample=torch.arange(batch, device=x.device)):
-            pyro.sample("obs", dist.Categorical(logits=logits), obs=y)
+        self.observe(dist.Categorical(logits=logits), y, x, num_data)
         return logits
 
 

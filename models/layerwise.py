@@ -1,7 +1,7 @@
 """Layer-wise relaxed equivariance: ELLA's networks (paper 004) as catalogue entries ``layerwise-*``.
 
 *Learning Layer-wise Equivariances Automatically using Gradients* (van der Ouderaa, Immer and
-van der Wilk, NeurIPS 2023; ``papers/004``, methods.md §3). Every layer is a sum of pathways —
+van der Wilk, NeurIPS 2023; ``papers/004``, docs/methods.md §3). Every layer is a sum of pathways —
 fully-connected (FC), convolutional (CONV), factored (F-FC), sparse (S-FC, S-CONV), p4 group
 convolution (GCONV) — each with its own prior precision δ. A layer becomes strictly equivariant
 when δ of its non-equivariant pathways → ∞ (Eq. 8); the δ are learnt by model selection (the
@@ -11,7 +11,7 @@ paper maximises a Laplace marginal likelihood, Eq. 9; here the ELBO). The layers
 Generative story (x an image ``(C, H, W)``, α the width)::
 
     channels  α, 2α, 2α, 4α, 4α, 8α, 8α, 16α;   strides 1, 2, 1, 2, 1, 2, 2, 2   (paper App. F)
-    block l:  δ_{l,k}  precision of pathway tensor k        ("learned": point estimate, init 1;
+    block l:  δ_{l,k}  precision of pathway tensor k        ("learned": point estimate, init prior_scale⁻² = 1;
                                                              "hierarchical": δ ~ LogNormal(0, 3);
                                                              "fixed": constant)
               θ_{l,k} ~ N(0, δ_{l,k}⁻¹ I)                    one 2-D matrix site per tensor
@@ -62,7 +62,7 @@ Two ways to learn δ.
   (chance accuracy); with ``eta_lr=1e-3`` (:data:`FIT_DEFAULTS`) δ move by tens of percent in a few
   hundred steps, so the bound does not select a symmetry in a short run.
 
-Where the guides start (``start``, :func:`make_init_loc_fn`, used by :meth:`guide_defaults`). An
+Where the guides start (``start``, :func:`make_init_loc_fn`, used by :meth:`LayerwiseNet.guide_defaults`). An
 8-block network without BatchNorm does not train from a guide centred at zero (a MAP point at 0
 has zero gradients; a mean-field guide at the prior's scale samples pure noise) nor with N(0, 1)
 block biases (dead ReLUs). ``start="equivariant"`` (default) starts at the He-scaled equivariant
@@ -77,8 +77,8 @@ Why ``prior="learned"`` by default: it is the paper's type-II maximum likelihood
 of δ maximising the bound) and lets δ run to the equivariant limit δ → ∞ without a hyperprior
 penalty; ``"hierarchical"`` adds a LogNormal hyperprior and a mean-field posterior over log δ
 (a full Bayesian treatment, but a hyperprior that penalises the very limit that selects a symmetry).
-Learned δ are listed in ``symmetry_param_names``, so :func:`pyro_invariance.fit` trains them with
-``eta_lr``.
+Learned δ are the model's :meth:`~LayerwiseNet.symmetry_parameters`, so :func:`pyro_invariance.fit`
+trains them with ``eta_lr``.
 """
 
 from __future__ import annotations
@@ -87,7 +87,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
@@ -96,7 +95,10 @@ from torch import Tensor, nn
 
 from pyro_invariance.symmetry import equivariant_layers as L
 from pyro_invariance.registry import MODELS
-from pyro_invariance.validation import PreparesInputs, check_label_shape, check_positive_int, check_trailing_shape
+from pyro_invariance.tasks import CLASSIFICATION
+from pyro_invariance.validation import check_label_shape, check_positive_int, check_trailing_shape
+
+from .base import CatalogueModel
 
 __all__ = [
     "CHANNEL_MULTIPLIERS",
@@ -231,12 +233,13 @@ def architecture(
     rbf_lengthscale: float = 1.0,
     rbf_variance: float = 1.0,
     rbf_noise: float = 0.01,
-    anchor_seed: int = 0,
+    init_seed: int = 0,
 ) -> Architecture:
     """Sizes of every block and of the head (no tensors are built).
 
     ``sconv_anchors=None`` uses the paper's choice: 4 anchors when the variant also has S-FC,
-    else 7 (of 9).
+    else 7 (of 9). ``init_seed`` seeds the sparse layers' random anchor subsets
+    (``LayerOptions.anchor_seed``).
     """
     kinds = parse_variant(variant)
     check_positive_int("alpha", alpha)
@@ -254,7 +257,7 @@ def architecture(
         rbf_lengthscale=rbf_lengthscale,
         rbf_variance=rbf_variance,
         rbf_noise=rbf_noise,
-        anchor_seed=anchor_seed,
+        anchor_seed=init_seed,
     )
     g_out = L.P4 if group else 1
     blocks, c_in, g_in = [], c, 1
@@ -355,7 +358,7 @@ def make_init_loc_fn(arch: "Architecture", start: str = "equivariant") -> Any:
     return init_loc
 
 
-class LayerwiseNet(PreparesInputs, PyroModule):
+class LayerwiseNet(CatalogueModel):
     """ELLA's 8-block network with relaxed-equivariance layers (see the module docstring).
 
     Args:
@@ -365,11 +368,13 @@ class LayerwiseNet(PreparesInputs, PyroModule):
         num_classes: number of classes.
         alpha: width α (the paper: 10; 2 for GCONV variants).
         prior: ``"learned"`` (default), ``"hierarchical"`` or ``"fixed"`` precisions δ.
-        precision_init: initial (or fixed) δ; the hierarchical prior's median.
-        hyperprior_scale: scale of ``log δ ~ N(log precision_init, scale²)`` (hierarchical).
+        prior_scale: initial (or fixed) prior standard deviation of θ, δ₀ = prior_scale⁻²; the
+            hierarchical prior's median of δ is δ₀.
+        hyperprior_scale: scale of ``log δ ~ N(log δ₀, scale²)`` (hierarchical).
         strides: ``"auto"`` or 8 strides in {1, 2} whose product divides H and W.
-        sconv_anchors, sfc_anchor_fraction, rbf_lengthscale, rbf_variance, rbf_noise, anchor_seed:
+        sconv_anchors, sfc_anchor_fraction, rbf_lengthscale, rbf_variance, rbf_noise:
             sparse-layer settings (:class:`~pyro_invariance.symmetry.equivariant_layers.LayerOptions`).
+        init_seed: seed of the sparse layers' random anchor subsets (``LayerOptions.anchor_seed``).
         allow_large: build dense FC weights above 50M elements (otherwise a ValueError suggests F-FC).
         start: where the guides start, ``"equivariant"`` (default) or ``"prior"``
             (:func:`make_init_loc_fn`; used by :meth:`guide_defaults`).
@@ -390,7 +395,7 @@ class LayerwiseNet(PreparesInputs, PyroModule):
         num_classes: int = 10,
         alpha: int = 2,
         prior: str = "learned",
-        precision_init: float = 1.0,
+        prior_scale: float = 1.0,
         hyperprior_scale: float = 3.0,
         strides: str | Sequence[int] = "auto",
         sconv_anchors: int | None = None,
@@ -398,16 +403,15 @@ class LayerwiseNet(PreparesInputs, PyroModule):
         rbf_lengthscale: float = 1.0,
         rbf_variance: float = 1.0,
         rbf_noise: float = 0.01,
-        anchor_seed: int = 0,
+        init_seed: int = 0,
         allow_large: bool = False,
         start: str = "equivariant",
     ) -> None:
         super().__init__()
         if start not in STARTS:
             raise ValueError(f"unknown start {start!r}; use one of {STARTS}")
-        if prior not in L.PRIORS:
-            raise ValueError(f"unknown prior {prior!r}; use one of {L.PRIORS}")
-        for name, value in (("precision_init", precision_init), ("hyperprior_scale", hyperprior_scale)):
+        self.check_prior(prior)
+        for name, value in (("prior_scale", prior_scale), ("hyperprior_scale", hyperprior_scale)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive finite number, got {value!r}")
         arch = architecture(
@@ -421,7 +425,7 @@ class LayerwiseNet(PreparesInputs, PyroModule):
             rbf_lengthscale=rbf_lengthscale,
             rbf_variance=rbf_variance,
             rbf_noise=rbf_noise,
-            anchor_seed=anchor_seed,
+            init_seed=init_seed,
         )
         if "fc" in arch.kinds and not allow_large:
             for spec in arch.blocks:
@@ -440,7 +444,8 @@ class LayerwiseNet(PreparesInputs, PyroModule):
         self.alpha = int(alpha)
         self.prior = prior
         self.strides = tuple(spec.stride for spec in arch.blocks)
-        kw = dict(prior=prior, precision_init=float(precision_init), hyperprior_scale=float(hyperprior_scale))
+        precision_init = 1.0 / float(prior_scale) ** 2  # δ₀ = prior_scale⁻²
+        kw = dict(prior=prior, precision_init=precision_init, hyperprior_scale=float(hyperprior_scale))
         self.blocks = PyroModule[nn.ModuleList](
             [L.RelaxedBlock(spec, arch.kinds, arch.options, **kw) for spec in arch.blocks]  # type: ignore[arg-type]
         )
@@ -451,10 +456,10 @@ class LayerwiseNet(PreparesInputs, PyroModule):
             ]
         )
 
+    task = CLASSIFICATION
+    priors = ("fixed", "learned", "hierarchical")
     #: Learning rates the CLI uses unless given (:data:`FIT_DEFAULTS`).
     fit_defaults = FIT_DEFAULTS
-    #: Learned precisions are trained with ``eta_lr`` (:func:`pyro_invariance.infer.training.is_symmetry_parameter`).
-    symmetry_param_names = L.PRECISION_NAMES
 
     # ------------------------------------------------------------------------------------------
     # analysis interface
@@ -542,7 +547,14 @@ class LayerwiseNet(PreparesInputs, PyroModule):
             out["diagonal_factors"] = 512
         return out
 
-    def symmetry_parameters(self) -> dict[str, Tensor]:
+    def symmetry_parameters(self) -> list[nn.Parameter]:
+        """The learned precisions δ (``prior="learned"``: every pathway, block-bias and head precision, as
+        the unconstrained parameters of their ``PyroParam`` s), which ``fit`` trains with ``eta_lr``;
+        empty for fixed (buffers) and hierarchical (latent) precisions."""
+        return [p for name, p in self.named_parameters()
+                if name.rsplit(".", 1)[-1].removesuffix("_unconstrained") in L.PRECISION_NAMES]  # fmt: skip
+
+    def symmetry_summary(self) -> dict[str, Tensor]:
         """δ of every block pathway tensor (``"delta.<block>.<kind>[.out|.in]"``) for point-estimate
         or fixed priors (empty for the hierarchical prior, whose δ are latent)."""
         if self.prior == "hierarchical":
@@ -606,9 +618,7 @@ class LayerwiseNet(PreparesInputs, PyroModule):
             check_label_shape(y, x.shape[0])
         z = self.features(x)
         logits = self.head[1](F.relu(self.head[0](z)))
-        batch = x.shape[0]
-        with pyro.plate("data", size=num_data or batch, subsample=torch.arange(batch, device=x.device)):
-            pyro.sample("obs", dist.Categorical(logits=logits), obs=y)
+        self.observe(dist.Categorical(logits=logits), y, x, num_data)
         return logits
 
 

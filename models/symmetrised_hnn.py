@@ -1,6 +1,6 @@
-"""Symmetrised Bayesian Hamiltonian neural network (Noether's razor; talk 000, methods.md §4).
+"""Symmetrised Bayesian Hamiltonian neural network (Noether's razor; talk 000, docs/methods.md §4).
 
-Generative story (talk 000, "Noether's theorem parameterisation" and "Objective function"):
+Generative story (talk 000, "Noether's theorem parameterisation" and "Objective function")::
 
     v_l                                       prior variance of layer l: fixed, closed-form
                                               (v* = (tr Σ + ‖m‖²)/D, :mod:`pyro_invariance.infer.prior_update`)
@@ -8,16 +8,18 @@ Generative story (talk 000, "Noether's theorem parameterisation" and "Objective 
     W_l ~ N(0, v_l I)   (out × in)            Bayesian weights; biases b_l and the first layer's
                                               scalar scale c are point estimates; last layer has no bias
     f(x) = W_L ELU_α(... ELU_α(c·W_1 x/√M + b_1) ...)/√H       the MLP "observable" F (ELU α = 2)
-    η = (W_k, b_k), k = 1..K                  learned quadratic conserved quantities
+    η = (W_k, b_k), k = 1..K                  quadratic conserved quantities (learned by the bound)
     C_k(x) = xᵀA_k x/2 + b_kᵀx,  A_k = W_k + W_kᵀ,  G_k = [[J A_k, J b_k], [0, 0]]
     T_s = expm(π Σ_k w_sk G_k),  w_s ~ U[−1,1]^K (or the unit ball), s = 1..S
     H̄(x) = (1/S) Σ_s f([T_s [x; 1]]_{1:M})                           (talk: NN_{θ,η} = ∫ NN_θ∘Φ^τ dμ)
     x̂ = E explicit-Euler sub-steps of ẋ = J∇H̄(x) with step dt/E       (∇ by autograd)
-    y_n ~ N(x̂_n, σ² I)   (σ² = 0.001 fixed, or learned)              in a subsampled plate "data"
+    y_n ~ N(x̂_n, σ² I)   (σ = √0.001 fixed, or learned)             in a subsampled plate "data"
 
 The S flow matrices are computed once per forward pass, shared by the batch and reused across
-all E Euler sub-steps. ``symmetry="none"`` is the plain Bayesian HNN; ``"so2"``, ``"un"``,
-``"se2"`` use the fixed oracle generators of :mod:`pyro_invariance.symmetry.conserved` instead of η.
+all E Euler sub-steps. ``symmetry="quadratic"`` (default) is the family above, with η learned
+(``learn_symmetry=True``) or held at its random start; ``symmetry="none"`` is the plain Bayesian
+HNN; ``"so2"``, ``"un"``, ``"se2"`` use the fixed oracle generators of
+:mod:`pyro_invariance.symmetry.conserved` instead of η.
 
 Parameterisation note: each layer's input is divided by √fan_in (NTK-style), so that unit prior
 variance gives O(1) activations at any width; the first layer's learned scalar scale c
@@ -29,11 +31,10 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
-from pyro.nn import PyroModule, PyroSample
+from pyro.nn import PyroSample
 from torch import Tensor, nn
 
 from pyro_invariance.data import physics  # noqa: F401  (registers the physics datasets)
@@ -47,15 +48,18 @@ from pyro_invariance.symmetry.conserved import (
 )
 from pyro_invariance.data.physics import symplectic
 from pyro_invariance.registry import MODELS
-from pyro_invariance.validation import PreparesInputs, check_positive_float, check_positive_int, check_trailing_shape
+from pyro_invariance.tasks import DYNAMICS
+from pyro_invariance.validation import check_positive_float, check_positive_int, check_trailing_shape
 
-SYMMETRIES = ("none", "learned") + ORACLES
-PRIORS = ("fixed", "closed-form", "hierarchical")
+from .base import CatalogueModel
+
+#: ``"quadratic"``: K conserved quantities C_k(x) = xᵀA_k x/2 + b_kᵀx with parameters η; oracles: fixed generators.
+SYMMETRIES = ("none", "quadratic") + ORACLES
 SAMPLINGS = ("cube", "ball", "grid")
 
 
 @MODELS.register("symmetrised-hnn", summary="Bayesian HNN symmetrised by learned conserved quantities (Noether's razor)")
-class SymmetrisedHNN(PreparesInputs, PyroModule):
+class SymmetrisedHNN(CatalogueModel):
     """Bayesian Hamiltonian MLP averaged over the flows of (learned) quadratic conserved quantities.
 
     Args:
@@ -63,20 +67,24 @@ class SymmetrisedHNN(PreparesInputs, PyroModule):
         hidden: hidden widths (reference: (200, 200) SHO and oscillators, (250, 250, 250) 3-body;
             default a reduced (64, 64)).
         elu_alpha: α of the ELU activation (reference 2).
-        symmetry: ``"none"`` (HNN), ``"learned"`` or an oracle ``"so2"`` / ``"un"`` / ``"se2"``.
-        num_generators: K learned conserved quantities (reference 1 SHO, 30 oscillators, 10 3-body).
-        num_samples: S symmetry samples per forward pass (reference 200 SHO, 100 others; default 16).
+        symmetry: ``"none"`` (HNN), ``"quadratic"`` (K quadratic conserved quantities with parameters
+            η) or an oracle ``"so2"`` / ``"un"`` / ``"se2"`` (fixed generators).
+        learn_symmetry: learn η (``symmetry="quadratic"``; ``fit`` trains it with ``eta_lr``) or keep
+            it at its random start. Oracles and ``"none"`` have no η.
+        num_generators: K conserved quantities (reference 1 SHO, 30 oscillators, 10 3-body).
+        num_transforms: S symmetry samples per forward pass (reference 200 SHO, 100 others; default 16).
         sampling: ``"cube"`` (U[−1,1]^K), ``"ball"`` (unit ball) or ``"grid"`` (K = 1, evenly spaced).
             For large K prefer ``"ball"`` (‖w‖ ≤ 1; the cube's ‖w‖ ≈ √(K/3)) with a small η learning
             rate: on 3 oscillators (K = 30) the cube with eta_lr 0.02 let the generators grow
             hyperbolic parts and the flows blew up (benchmarks/noether_tables.py).
         euler_steps: E explicit-Euler sub-steps per data step (reference 20, 10 for 3-body; default 5).
         dt: time between a state and its target (must match the data).
-        noise_var: σ² of the Gaussian likelihood (fixed, or the initial value if ``learn_noise``).
+        noise_scale: σ, standard deviation of the Gaussian likelihood (fixed, or the initial value if
+            ``learn_noise``; default √0.001).
         learn_noise: learn σ² as a point estimate (``log_noise_var``).
         prior: ``"fixed"``, ``"closed-form"`` (updated by :func:`pyro_invariance.infer.prior_update.update_prior_variance`)
             or ``"hierarchical"``.
-        prior_var: (initial) prior variance v₀ of every weight matrix.
+        prior_scale: (initial) prior standard deviation √v₀ of every weight matrix.
         eta_init_std: std of the small random initial η (η = 0 cannot learn under symmetric sampling).
         init_seed: seed for the initial η and biases.
 
@@ -90,16 +98,17 @@ class SymmetrisedHNN(PreparesInputs, PyroModule):
         state_dim: int = 2,
         hidden: Sequence[int] = (64, 64),
         elu_alpha: float = 2.0,
-        symmetry: str = "learned",
+        symmetry: str = "quadratic",
+        learn_symmetry: bool = True,
         num_generators: int = 1,
-        num_samples: int = 16,
+        num_transforms: int = 16,
         sampling: str = "cube",
         euler_steps: int = 5,
         dt: float = 0.2,
-        noise_var: float = 1e-3,
+        noise_scale: float = 1e-3 ** 0.5,
         learn_noise: bool = False,
         prior: str = "fixed",
-        prior_var: float = 1.0,
+        prior_scale: float = 1.0,
         eta_init_std: float = 0.01,
         init_seed: int = 0,
     ) -> None:
@@ -112,29 +121,34 @@ class SymmetrisedHNN(PreparesInputs, PyroModule):
             raise ValueError(f"hidden must be a non-empty list of positive widths, got {hidden}")
         if symmetry not in SYMMETRIES:
             raise ValueError(f"unknown symmetry {symmetry!r}; use one of {SYMMETRIES}")
-        if prior not in PRIORS:
-            raise ValueError(f"unknown prior {prior!r}; use one of {PRIORS}")
+        self.check_prior(prior)
         if sampling not in SAMPLINGS:
             raise ValueError(f"unknown sampling {sampling!r}; use one of {SAMPLINGS}")
         check_positive_int("num_generators", num_generators)
-        check_positive_int("num_samples", num_samples)
+        check_positive_int("num_transforms", num_transforms)
         check_positive_int("euler_steps", euler_steps)
-        for name, value in (("elu_alpha", elu_alpha), ("dt", dt), ("noise_var", noise_var), ("prior_var", prior_var)):
+        for name, value in (("elu_alpha", elu_alpha), ("dt", dt), ("noise_scale", noise_scale), ("prior_scale", prior_scale)):
             check_positive_float(name, value)
         if not (eta_init_std >= 0 and math.isfinite(eta_init_std)):
             raise ValueError(f"eta_init_std must be >= 0, got {eta_init_std}")
 
         self.state_dim, self.hidden, self.elu_alpha = int(state_dim), hidden, float(elu_alpha)
         self.symmetry, self.sampling, self.prior = symmetry, sampling, prior
-        self.num_samples, self.euler_steps, self.dt = int(num_samples), int(euler_steps), float(dt)
+        self.learn_symmetry = bool(learn_symmetry)
+        self.num_transforms, self.euler_steps, self.dt = int(num_transforms), int(euler_steps), float(dt)
         m = self.state_dim
         gen = torch.Generator().manual_seed(int(init_seed))
 
         # --- symmetry --------------------------------------------------------------------
-        if symmetry == "learned":
+        if symmetry == "quadratic":
             k = int(num_generators)
-            self.eta_W = nn.Parameter(eta_init_std * torch.randn(k, m, m, generator=gen))
-            self.eta_b = nn.Parameter(eta_init_std * torch.randn(k, m, generator=gen))
+            eta_W = eta_init_std * torch.randn(k, m, m, generator=gen)
+            eta_b = eta_init_std * torch.randn(k, m, generator=gen)
+            if self.learn_symmetry:
+                self.eta_W, self.eta_b = nn.Parameter(eta_W), nn.Parameter(eta_b)
+            else:
+                self.register_buffer("eta_W", eta_W)
+                self.register_buffer("eta_b", eta_b)
         elif symmetry in ORACLES:
             self.register_buffer("oracle", oracle_generators(symmetry, m))
         if sampling == "grid" and self.num_generators != 1 and symmetry != "none":
@@ -146,7 +160,7 @@ class SymmetrisedHNN(PreparesInputs, PyroModule):
         self.input_scale = nn.Parameter(torch.tensor(1.0))
         for i in range(self.num_layers - 1):
             setattr(self, f"bias_{i}", nn.Parameter(torch.zeros(sizes[i + 1])))
-        self.register_buffer("prior_var", torch.full((self.num_layers,), float(prior_var)))
+        self.register_buffer("prior_var", torch.full((self.num_layers,), float(prior_scale) ** 2))
         for i in range(self.num_layers):
             if prior == "hierarchical":
                 setattr(self, f"prior_scale_{i}", PyroSample(
@@ -155,15 +169,19 @@ class SymmetrisedHNN(PreparesInputs, PyroModule):
                 lambda mod, i=i, shape=(sizes[i + 1], sizes[i]): dist.Normal(0.0, mod.layer_prior_scale(i))
                 .expand(list(shape)).to_event(2)))
         self.learn_noise = bool(learn_noise)
+        log_noise_var = torch.tensor(2.0 * math.log(noise_scale))
         if learn_noise:
-            self.log_noise_var = nn.Parameter(torch.tensor(math.log(noise_var)))
+            self.log_noise_var = nn.Parameter(log_noise_var)
         else:
-            self.register_buffer("log_noise_var", torch.tensor(math.log(noise_var)))
+            self.register_buffer("log_noise_var", log_noise_var)
+
+    task = DYNAMICS
+    priors = ("fixed", "closed-form", "hierarchical")
 
     # ------------------------------------------------------------------------------------
     @property
     def num_generators(self) -> int:
-        if self.symmetry == "learned":
+        if self.symmetry == "quadratic":
             return self.eta_W.shape[0]
         if self.symmetry in ORACLES:
             return self.oracle.shape[0]
@@ -183,27 +201,32 @@ class SymmetrisedHNN(PreparesInputs, PyroModule):
         return [f"weight_{i}" for i in range(self.num_layers)]
 
     def generators(self) -> Tensor:
-        """Current generators ``(K, M+1, M+1)`` (learned: from η; oracle: fixed; none: empty)."""
-        if self.symmetry == "learned":
+        """Current generators ``(K, M+1, M+1)`` (quadratic: from η; oracle: fixed; none: empty)."""
+        if self.symmetry == "quadratic":
             return generator_from_params(self.eta_W, self.eta_b)
         if self.symmetry in ORACLES:
             return self.oracle
         m = self.state_dim + 1
         return self.input_scale.new_zeros(0, m, m)
 
-    def symmetry_parameters(self) -> dict[str, Tensor]:
-        """Frobenius norm of each generator ``G_k`` (the amount of symmetry), detached."""
-        if self.symmetry != "learned":
+    def symmetry_parameters(self) -> list[nn.Parameter]:
+        """``[eta_W, eta_b]`` (the K quadratic conserved quantities) when they are learned."""
+        return [self.eta_W, self.eta_b] if self.symmetry == "quadratic" and self.learn_symmetry else []
+
+    def symmetry_summary(self) -> dict[str, Tensor]:
+        """Frobenius norm of each generator ``G_k`` of η (the amount of symmetry), detached."""
+        if self.symmetry != "quadratic":
             return {}
         norms = self.generators().detach().flatten(1).norm(dim=1)
         return {f"G{k}": norms[k] for k in range(norms.shape[0])}
 
-    def sample_flows(self, num_samples: int | None = None) -> Tensor | None:
+    def sample_flows(self, num_transforms: int | None = None) -> Tensor | None:
         """S flow matrices ``(S, M+1, M+1)`` (None for ``symmetry="none"``)."""
         if self.symmetry == "none":
             return None
         g = self.generators()
-        w = sample_weights(num_samples or self.num_samples, g.shape[0], self.sampling, dtype=g.dtype, device=g.device)
+        w = sample_weights(num_transforms or self.num_transforms, g.shape[0], self.sampling, dtype=g.dtype,
+                           device=g.device)  # fmt: skip
         return flow_matrices(g, w)
 
     # ------------------------------------------------------------------------------------
@@ -267,7 +290,5 @@ class SymmetrisedHNN(PreparesInputs, PyroModule):
         weights = self.sampled_weights()
         flows = self.sample_flows()
         pred = self.step(x, weights, flows)
-        batch = x.shape[0]
-        with pyro.plate("data", size=num_data or batch, subsample=torch.arange(batch, device=x.device)):
-            pyro.sample("obs", dist.Normal(pred, self.noise_var.sqrt()).to_event(1), obs=y)
+        self.observe(dist.Normal(pred, self.noise_var.sqrt()).to_event(1), y, x, num_data)
         return pred

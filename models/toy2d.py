@@ -10,23 +10,25 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import pyro
 import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
-from pyro.nn import PyroModule, PyroParam, PyroSample
-from torch import Tensor
+from pyro.nn import PyroParam, PyroSample
+from torch import Tensor, nn
 
 from pyro_invariance.data import toy2d  # noqa: F401  (registers the "rotation-toy-2d" dataset)
 from pyro_invariance.registry import MODELS
-from pyro_invariance.validation import PreparesInputs, check_label_shape, check_positive_int, check_trailing_shape
+from pyro_invariance.tasks import CLASSIFICATION
+from pyro_invariance.validation import check_label_shape, check_positive_int, check_trailing_shape
+
+from .base import CatalogueModel
 
 __all__ = ["RotationToy2D", "rotation_grid"]
 
 SAMPLINGS = ("deterministic", "stochastic")
 
 
-def rotation_grid(num_samples: int, dtype: torch.dtype = torch.float32, device: Any = None) -> Tensor:
+def rotation_grid(num_transforms: int, dtype: torch.dtype = torch.float32, device: Any = None) -> Tensor:
     """Midpoints ε_s = −1 + (2s − 1)/S, s = 1..S, of S equal cells of [−1, 1], shape ``(S,)``.
 
     At η = π the angles ηε_s are S equally spaced angles around the circle (no angle counted twice,
@@ -34,18 +36,18 @@ def rotation_grid(num_samples: int, dtype: torch.dtype = torch.float32, device: 
     rotations by multiples of 2π/S and, for smooth features, invariant to any rotation up to the
     quadrature error of an S-point trapezoid rule on a periodic function.
     """
-    check_positive_int("num_samples", num_samples)
-    return -1.0 + (2.0 * torch.arange(num_samples, dtype=dtype, device=device) + 1.0) / num_samples
+    check_positive_int("num_transforms", num_transforms)
+    return -1.0 + (2.0 * torch.arange(num_transforms, dtype=dtype, device=device) + 1.0) / num_transforms
 
 
 @MODELS.register(
     "rotation-toy-2d",
     summary="2-D RFF classifier averaged over rotations by ε·η (paper 003 Fig. 1 toy; small enough for NUTS)",
 )
-class RotationToy2D(PreparesInputs, PyroModule):
+class RotationToy2D(CatalogueModel):
     r"""Bayesian RFF classifier on 2-D inputs with learnable rotational invariance (paper 003, Fig. 1).
 
-    Generative story (paper 003, Eqs. 1–3 and 6, with the rotation generator of methods.md §1)::
+    Generative story (paper 003, Eqs. 1–3 and 6, with the rotation generator of docs/methods.md §1)::
 
         η ∈ [0, π]                                  amount of rotational invariance (point estimate,
                                                     learned or fixed; η = π is full SO(2) invariance)
@@ -77,13 +79,14 @@ class RotationToy2D(PreparesInputs, PyroModule):
         num_classes: C ≥ 2.
         hidden: H, number of random Fourier features.
         lengthscale: ℓ of the RBF kernel that the features approximate.
-        num_samples: S, rotations averaged per forward pass.
+        num_transforms: S, rotations averaged per forward pass.
         sampling: ``"deterministic"`` (midpoint grid, default) or ``"stochastic"`` (ε ~ U[−1, 1]).
-        learn_eta: learn η (``fit`` uses its ``eta_lr``) or keep it fixed at ``eta_init``.
+        learn_symmetry: learn η (``fit`` uses its ``eta_lr``) or keep it fixed at ``eta_init``.
         eta_init: initial / fixed η in radians, in ``[0, π]`` (``(0, π)`` when learned: η = 0 is
-            a stationary point of the gradient, methods.md §1).
-        prior_scale: σ_p, standard deviation of the read-out weights and biases (fixed).
-        feature_seed: seed of the fixed ``W1``, ``b1``.
+            a stationary point of the gradient, docs/methods.md §1).
+        prior_scale: σ_p, standard deviation of the read-out weights and biases (``prior="fixed"``,
+            the only prior this model takes).
+        init_seed: seed of the fixed ``W1``, ``b1``.
 
     Shapes: ``forward(x (B, 2), y (B,) int64 or None, num_data=None)`` → logits ``(B, C)``.
     ``forward`` checks shapes and dtypes only; values (non-finite ``x``, labels outside
@@ -95,17 +98,19 @@ class RotationToy2D(PreparesInputs, PyroModule):
         num_classes: int = 2,
         hidden: int = 32,
         lengthscale: float = 0.75,
-        num_samples: int = 32,
+        num_transforms: int = 32,
         sampling: str = "deterministic",
-        learn_eta: bool = True,
+        learn_symmetry: bool = True,
         eta_init: float = 0.1,
+        prior: str = "fixed",
         prior_scale: float = 3.0,
-        feature_seed: int = 0,
+        init_seed: int = 0,
     ) -> None:
         super().__init__()
         self.num_classes = check_positive_int("num_classes", num_classes, minimum=2)
         self.hidden = check_positive_int("hidden", hidden)
-        self.num_samples = check_positive_int("num_samples", num_samples)
+        self.num_transforms = check_positive_int("num_transforms", num_transforms)
+        self.prior = self.check_prior(prior)
         if sampling not in SAMPLINGS:
             raise ValueError(f"unknown sampling {sampling!r}; use one of {SAMPLINGS}")
         self.sampling = sampling
@@ -114,7 +119,7 @@ class RotationToy2D(PreparesInputs, PyroModule):
             if bad_type or not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive finite number, got {value!r}")
         self.lengthscale = float(lengthscale)
-        self.learn_eta = bool(learn_eta)
+        self.learn_symmetry = bool(learn_symmetry)
         try:
             eta0 = float(eta_init)
         except (TypeError, ValueError):
@@ -123,17 +128,17 @@ class RotationToy2D(PreparesInputs, PyroModule):
         if not (0.0 <= eta0 <= math.pi + 1e-6):
             raise ValueError(f"eta_init must lie in [0, π], got {eta_init!r}")
         eta0 = min(eta0, math.pi)
-        if self.learn_eta:
+        if self.learn_symmetry:
             if not 0.0 < eta0 < math.pi:
                 raise ValueError(
                     f"a learned eta_init must lie strictly inside (0, π) (η = 0 cannot learn), got {eta_init!r}"
                 )
-            # η = π·u with u ∈ (0, 1), as InvariantMLP; the name starts with "eta" so fit() uses eta_lr.
+            # η = π·u with u ∈ (0, 1), as InvariantMLP; symmetry_parameters() gives u to fit's eta_lr.
             self.eta_unit = PyroParam(torch.tensor(eta0 / math.pi), constraint=constraints.interval(0.0, 1.0))
         else:
             self.register_buffer("eta_fixed", torch.tensor(eta0))
 
-        gen = torch.Generator().manual_seed(int(feature_seed))
+        gen = torch.Generator().manual_seed(int(init_seed))
         self.register_buffer("w1", torch.randn(self.hidden, 2, generator=gen) / self.lengthscale)
         self.register_buffer("b1", 2 * math.pi * torch.rand(self.hidden, generator=gen))
         self.register_buffer("prior_scale", torch.tensor(float(prior_scale)))
@@ -144,16 +149,23 @@ class RotationToy2D(PreparesInputs, PyroModule):
     def extra_repr(self) -> str:
         return (
             f"num_classes={self.num_classes}, hidden={self.hidden}, lengthscale={self.lengthscale}, "
-            f"num_samples={self.num_samples}, sampling={self.sampling!r}, learn_eta={self.learn_eta}"
+            f"num_transforms={self.num_transforms}, sampling={self.sampling!r}, learn_symmetry={self.learn_symmetry}"
         )
+
+    task = CLASSIFICATION
+    priors = ("fixed",)
 
     # ------------------------------------------------------------------------------------------
     @property
     def eta(self) -> Tensor:
         """η in radians, a scalar tensor in ``[0, π]``."""
-        return self.eta_unit * math.pi if self.learn_eta else self.eta_fixed
+        return self.eta_unit * math.pi if self.learn_symmetry else self.eta_fixed
 
-    def symmetry_parameters(self) -> dict[str, Tensor]:
+    def symmetry_parameters(self) -> list[nn.Parameter]:
+        """``[u]`` with η = π·u (the unconstrained parameter behind ``eta_unit``) when η is learned."""
+        return [self.eta_unit_unconstrained] if self.learn_symmetry else []
+
+    def symmetry_summary(self) -> dict[str, Tensor]:
         """``{"rot": η}`` (detached), for logging."""
         return {"rot": self.eta.detach().clone()}
 
@@ -165,9 +177,9 @@ class RotationToy2D(PreparesInputs, PyroModule):
         """The S rotation angles θ_s = η ε_s of this forward pass, shape ``(S,)``."""
         eta = self.eta
         if self.sampling == "deterministic":
-            eps = rotation_grid(self.num_samples, dtype=eta.dtype, device=eta.device)
+            eps = rotation_grid(self.num_transforms, dtype=eta.dtype, device=eta.device)
         else:
-            eps = 2.0 * torch.rand(self.num_samples, dtype=eta.dtype, device=eta.device) - 1.0
+            eps = 2.0 * torch.rand(self.num_transforms, dtype=eta.dtype, device=eta.device) - 1.0
         return eta * eps
 
     def features(self, x: Tensor) -> Tensor:
@@ -204,9 +216,6 @@ class RotationToy2D(PreparesInputs, PyroModule):
         batch = x.shape[0]
         if y is not None:
             check_label_shape(y, batch)
-        if num_data is not None and (isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < batch):
-            raise ValueError(f"num_data must be an integer >= batch size {batch}, got {num_data!r}")
         logits = self.logits_from(self.features(x), self.out_weight, self.out_bias)
-        with pyro.plate("data", size=num_data or batch, subsample=torch.arange(batch, device=x.device)):
-            pyro.sample("obs", dist.Categorical(logits=logits), obs=y)
+        self.observe(dist.Categorical(logits=logits), y, x, num_data)
         return logits

@@ -8,24 +8,24 @@ The package is laid out by concern (see ``ARCHITECTURE.md``)::
     infer/        fit (SVI), fit_laplace, evidence bounds, checkpoints
     diagnostics/  evaluation, guide comparison, ArviZ, reference posteriors, plots
 
-Importing the package registers every model, guide and dataset. It also sets Pyro's
-``module_local_params`` so that each model and guide keeps its own parameters (several models
-can be trained in one process without sharing names in the global param store).
+Importing the package registers every model, guide and dataset in the package's own registries,
+and changes nothing in Pyro or torch (``pyro.settings``, the param store and torch's KL registry are
+left as they were, apart from KL rules for the package's own distribution types). The package's
+calls switch on what they need -- Pyro's ``module_local_params`` (each model and guide keeps its
+own parameters, so several models train in one process without sharing names in the global param
+store) and a corrected ``KL(Delta ‖ ·)`` -- for their duration only: :func:`pyro_scope`.
 """
 
-import pyro
-
-pyro.settings.set(module_local_params=True)
-
-from pyro_invariance.registry import DATASETS, GUIDES, MODELS  # noqa: E402
-from pyro_invariance import data, guides, models  # noqa: E402  (each registers its entries)
-from pyro_invariance.infer import FitConfig, FitResult, fit, fit_laplace  # noqa: E402
-from pyro_invariance.diagnostics import GuideComparison, compare_guides, evaluate, to_inference_data  # noqa: E402
-from pyro_invariance.data import load_dataset  # noqa: E402
+from pyro_invariance.registry import DATASETS, GUIDES, MODELS
+from pyro_invariance._pyro_scope import pyro_scope
+from pyro_invariance import data, guides, models  # (each registers its entries)
+from pyro_invariance.infer import FitConfig, FitResult, fit, fit_laplace
+from pyro_invariance.diagnostics import GuideComparison, compare_guides, evaluate, to_inference_data
+from pyro_invariance.data import load_dataset
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DATASETS", "GUIDES", "MODELS", "FitConfig", "FitResult", "GuideComparison", "compare_guides", "data",
-    "evaluate", "fit", "fit_laplace", "guides", "load_dataset", "models", "to_inference_data",
+    "evaluate", "fit", "fit_laplace", "guides", "load_dataset", "models", "pyro_scope", "to_inference_data",
 ]  # fmt: skip

@@ -18,6 +18,7 @@ from pyro import poutine
 from pyro_invariance.infer.checkpoint import CheckpointError, load_checkpoint
 from pyro_invariance.data.arrays import train_arrays
 from pyro_invariance.registry import DATASETS, MODELS
+from pyro_invariance._pyro_scope import pyro_scope
 
 
 def _accepts(factory: Any, name: str) -> bool:
@@ -56,6 +57,7 @@ def build(spec: dict[str, Any]) -> tuple[Any, Any, Any]:
     return data, model, guide
 
 
+@pyro_scope()
 def load_run(checkpoint_path: str | Path, data: Any = None) -> tuple[Any, Any, Any, dict[str, Any]]:
     """Rebuild ``(model, guide, data, checkpoint)`` from a checkpoint written by ``fit`` with a spec.
 

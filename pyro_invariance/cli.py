@@ -33,10 +33,13 @@ from typing import Any, Sequence
 import torch
 
 from pyro_invariance.infer.checkpoint import atomic_write_text, peek_step
+from pyro_invariance.infer.config import config_overrides, config_parent
 from pyro_invariance.infer.interrupts import FitInterrupted
 from pyro_invariance.registry import DATASETS, GUIDES, MODELS, UnknownNameError
+from pyro_invariance.tasks import get as get_task, task_for
 from pyro_invariance.infer.runlock import RunLock
 from pyro_invariance.validation import check_positive_int
+from pyro_invariance._pyro_scope import pyro_scope
 
 #: a bare word (``rotation``, ``tx+rot``, ``layerwise-fc``) is a string; anything else must be JSON
 _BARE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_+\-.:/]*")
@@ -167,18 +170,26 @@ def _image_size(data: Any) -> int | None:
     return int(shape[-1]) if shape else None
 
 
-def _save_plots(result: Any, out: Path) -> list[str]:
-    from pyro_invariance.diagnostics.plots import plot_eta_history, plot_filter_bank
+def _save_plots(result: Any, out: Path, data: Any = None) -> list[str]:
+    """Write ``eta.png`` and the model's own figures (:meth:`CatalogueModel.figures
+    <pyro_invariance.models.base.CatalogueModel.figures>`, e.g. an InvariantMLP's ``filters.png`` and
+    ``orbits.png``) as ``<name>.png``; returns the paths."""
+    from pyro_invariance.diagnostics.plots import plot_eta_history, save_figure
+    from pyro_invariance.models.base import CatalogueModel
 
-    files = [str(plot_eta_history({result.spec["model"] if result.spec else "run": result.history}, out / "eta.png"))]
-    if hasattr(result.model, "filter_bank"):
-        files.append(str(plot_filter_bank(result.model, out / "filters.png")))
-    return files
+    history = {result.spec["model"] if result.spec else "run": result.history}
+    files = [save_figure(plot_eta_history(history, image_size=_image_size(data)), out / "eta.png")]
+    if isinstance(result.model, CatalogueModel):  # the model's own figures (InvariantMLP: filters, orbits)
+        files += [save_figure(fig, out / f"{name}.png") for name, fig in result.model.figures(data).items()]
+    return [str(f) for f in files]
 
 
 def run_fit(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eval_samples: int = 16,
-            eval_seed: int = 0) -> dict[str, Any]:  # fmt: skip
+            eval_seed: int | None = None) -> dict[str, Any]:  # fmt: skip
     """Build the spec, fit, evaluate, write result.json + plots to ``out``; returns the summary.
+
+    ``fit_kwargs``: FitConfig overrides and ``fit``'s run options; ``eval_seed`` (default: the
+    run's seed) seeds the held-out evaluation.
 
     ``out`` is checked first (:func:`prepare_out`) and locked for the whole run
     (:class:`~pyro_invariance.infer.runlock.RunLock`), so a second writer is refused before any compute.
@@ -190,32 +201,32 @@ def run_fit(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eva
 
 
 def _run_fit_locked(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eval_samples: int,
-                    eval_seed: int) -> dict[str, Any]:  # fmt: skip
+                    eval_seed: int | None) -> dict[str, Any]:  # fmt: skip
     from pyro_invariance import guides  # noqa: F401
     from pyro_invariance.catalogue import build
     from pyro_invariance.infer.training import fit
 
     data, model, guide = build(spec)
-    fit_kwargs = dict(fit_kwargs)
-    for key, value in getattr(model, "fit_defaults", {}).items():  # a model's recommended rates, unless given
-        fit_kwargs.setdefault(key, value)
+    fit_kwargs = dict(fit_kwargs)  # FitConfig overrides + run options; fit resolves model/guide defaults
     laplace_kw = {k: fit_kwargs.pop(k) for k in ("laplace_every", "laplace_warmup") if k in fit_kwargs}
     extra: dict[str, Any] = {}
     if spec.get("objective") == "laplace":
         from pyro_invariance.infer.laplace import fit_laplace
 
-        result = fit_laplace(model, data, guide=guide, checkpoint_path=out / "checkpoint.pt", spec=spec,
+        result = fit_laplace(model, guide, data, checkpoint_path=out / "checkpoint.pt", spec=spec,
                              every=laplace_kw.get("laplace_every", 50), warmup=laplace_kw.get("laplace_warmup", 100),
                              **fit_kwargs)  # fmt: skip
         extra = {"laplace_log_evidence_per_datum": result.log_evidence / result.num_data,
                  "laplace_evidence_log": result.evidence_log}  # fmt: skip
     else:
         result = fit(model, guide, data, checkpoint_path=out / "checkpoint.pt", spec=spec, **fit_kwargs)
-    metrics = _metrics(result.model, result.guide, data, num_eval_samples, fit_kwargs.get("device"), eval_seed)
+    seed = result.config.seed if eval_seed is None else eval_seed
+    metrics = _metrics(result.model, result.guide, data, num_eval_samples, result.config.device, seed)
     summary = {
         "model": spec["model"],
         "guide": spec["guide"],
         "data": spec["data"],
+        "task": task_for(result.model, data).name,
         "eta": result.eta,
         "eta_readable": _format_eta(result.model, _image_size(data)),
         "metrics": metrics,
@@ -226,28 +237,18 @@ def _run_fit_locked(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any],
     payload = result.to_dict()
     payload["summary"] = summary
     atomic_write_text(out / "result.json", json.dumps(payload, indent=1))
-    summary["plots"] = _save_plots(result, out)
+    summary["plots"] = _save_plots(result, out, data)
     return summary
 
 
 def _metrics(model: Any, guide: Any, data: Any, num_samples: int, device: Any = None, seed: int = 0) -> dict[str, float]:
-    """Classification metrics for image data; the talk's HNN columns for physics data
-    (:func:`pyro_invariance.diagnostics.compare.evaluation_metrics`), seeded."""
-    from pyro_invariance.diagnostics.compare import evaluation_metrics
-
-    return evaluation_metrics(model, guide, data, num_samples, device, seed=seed)
+    """Held-out metrics as the model's task defines them (:meth:`pyro_invariance.tasks.Task.metrics`), seeded."""
+    return task_for(model, data).metrics(model, guide, data, num_samples=num_samples, device=device, seed=seed)
 
 
 def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    kw: dict[str, Any] = {
-        "steps": args.steps,
-        "batch_size": args.batch_size,
-        "seed": args.seed,
-        "device": args.device,
-        "progress": not args.no_progress,
-        "num_particles": args.num_particles,
-        "elbo": args.elbo,
-    }
+    """FitConfig settings the user gave (:func:`~pyro_invariance.infer.config.config_overrides`) and run options."""
+    kw: dict[str, Any] = {**config_overrides(args), "progress": not args.no_progress}
     for name in ("resume", "checkpoint_every", "overwrite"):
         if hasattr(args, name):
             kw[name] = getattr(args, name)
@@ -260,39 +261,21 @@ def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"--allow-change takes learning rates ({','.join(LR_SETTINGS)}) with --resume, got "
                              f"{args.allow_change!r}" + ("" if getattr(args, "resume", False) else " without --resume"))
         kw["allow_changes"] = changes
-    for name in ("lr", "eta_lr", "model_lr", "factor_lr"):
-        if getattr(args, name) is not None:
-            kw[name] = getattr(args, name)
     if getattr(args, "objective", "elbo") == "laplace":
         kw["laplace_every"] = check_positive_int("--laplace-every", args.laplace_every)
         kw["laplace_warmup"] = check_positive_int("--laplace-warmup", args.laplace_warmup, minimum=0)
     return kw
 
 
-#: (metric key, column title, format) per kind of task
-COLUMNS = {
-    "classification": [("accuracy", "test acc", ".3f"), ("nll", "test NLL", ".3f"), ("elbo_per_datum", "ELBO/N", ".3f")],
-    "dynamics": [("train_mse", "train MSE", ".3g"), ("neg_elbo", "-ELBO/N", ".4g"), ("test_mse", "test MSE", ".3g"),
-                 ("wider_mse", "wider MSE", ".3g"), ("moved_mse", "moved MSE", ".3g"), ("energy_drift", "energy drift", ".3g")],
-}
-
-
 def _print_summaries(summaries: list[dict[str, Any]]) -> None:
-    kind = "classification" if "accuracy" in summaries[0]["metrics"] else "dynamics"
-    columns = [c for c in COLUMNS[kind] if c[0] in summaries[0]["metrics"]]
-    rows = [("model", "guide", "data", "η", *(title for _, title, _ in columns), "time")]
+    """One table row per run summary; the metric columns are those of the first summary's task
+    (:attr:`pyro_invariance.tasks.Task.columns`, the ones its metrics hold)."""
+    columns = get_task(summaries[0]["task"]).table_columns(summaries[0]["metrics"])
+    rows = [("model", "guide", "data", "η", *(c.title for c in columns), "time")]
     for s in summaries:
         m = s["metrics"]
-        rows.append(
-            (
-                s.get("label", s["model"]),
-                s["guide"],
-                s["data"],
-                s["eta_readable"],
-                *(format(m[key], fmt) for key, _, fmt in columns),
-                f"{s['seconds']:.0f}s",
-            )
-        )
+        rows.append((s.get("label", s["model"]), s["guide"], s["data"], s["eta_readable"],
+                     *(c.render(m.get(c.key)) for c in columns), f"{s['seconds']:.0f}s"))  # fmt: skip
     print(_table(rows))
 
 
@@ -302,8 +285,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
         make_deterministic()
     spec = _build_spec(args)
-    summary = run_fit(spec, Path(args.out), _fit_kwargs(args), check_positive_int("--eval-samples", args.eval_samples),
-                      args.seed)  # fmt: skip
+    summary = run_fit(spec, Path(args.out), _fit_kwargs(args), check_positive_int("--eval-samples", args.eval_samples))
     _print_summaries([summary])
     print(f"\nwrote {Path(args.out) / 'result.json'}, {Path(args.out) / 'checkpoint.pt'} and plots {summary['plots']}")
     return 0
@@ -327,6 +309,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         "model": spec["model"],
         "guide": spec["guide"],
         "data": args.data or spec["data"],
+        "task": task_for(model, data).name,
         "eta_readable": _format_eta(model, _image_size(data)),
         "metrics": metrics,
         "eval_seed": args.seed,
@@ -383,18 +366,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     Ks = _int_list(args.K, "--K")
     if args.out:  # checked before any compute, so the table cannot be lost at the end
         prepare_out(Path(args.out), overwrite=args.overwrite, products=("table.md", "table.json", "bounds.png"))
-    fit_kwargs = _fit_kwargs(args)
-    fit_kwargs.pop("overwrite", None)
-    fit_kwargs.pop("seed"), fit_kwargs.pop("steps"), fit_kwargs.pop("batch_size")
-    progress = fit_kwargs.pop("progress")
-    device = fit_kwargs.pop("device")
     log = None if args.no_progress else (lambda msg: print(msg, file=sys.stderr, flush=True))
     cmp = compare_guides(
-        args.model, args.data, guides, steps=args.steps, seed=args.seed, batch_size=args.batch_size, K=Ks,
+        args.model, args.data, guides, K=Ks,
         bound_samples=args.bound_samples, eval_subset=args.eval_subset, eval_samples=args.eval_samples,
         bound_vectorize=args.vectorize_bounds,
         guide_kwargs=_guide_kwargs(args.guide_arg, guides), model_kwargs=_parse_kv(args.model_arg, "--model-arg"),
-        data_kwargs=_data_kwargs(args), progress=progress, device=device, log=log, **fit_kwargs,
+        data_kwargs=_data_kwargs(args), progress=not args.no_progress, log=log, **config_overrides(args),
     )
     if args.format == "json":
         print(cmp.to_json())
@@ -410,7 +388,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The main job: learned rotation invariance vs no invariance on rotated digits."""
-    from pyro_invariance.diagnostics.plots import plot_eta_history
+    from pyro_invariance.diagnostics.plots import plot_eta_history, save_figure
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -432,7 +410,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         summary["label"] = label
         summaries.append(summary)
         histories[label] = json.loads((out / label.replace(" ", "-") / "result.json").read_text())["history"]
-    plot = plot_eta_history(histories, out / "eta_and_elbo.png", title="rotated digits: learned vs no invariance")
+    fig = plot_eta_history(histories, title="rotated digits: learned vs no invariance")
+    plot = save_figure(fig, out / "eta_and_elbo.png")
     print()
     _print_summaries(summaries)
     learned = summaries[0]
@@ -444,7 +423,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _catalogue_parent() -> argparse.ArgumentParser:
+    """Options naming a model × dataset (shared by ``fit`` and ``compare``)."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("model and data")
+    g.add_argument("--model", required=True, help="a registered model (pyro-invariance list models)")
+    g.add_argument("--data", required=True, help="a registered dataset (pyro-invariance list datasets)")
+    g.add_argument("--model-arg", action="append", metavar="KEY=VALUE", help="model keyword (JSON value or bare word)")
+    g.add_argument("--data-arg", action="append", metavar="KEY=VALUE", help="dataset keyword (JSON value or bare word)")
+    g.add_argument("--data-dir", default=None, help="where dataset files live (fashion-mnist IDX, torchvision)")
+    g.add_argument("--download", action="store_true", help="allow torchvision to download MNIST/CIFAR-10")
+    g.add_argument("--train-size", type=int, default=None, help="keep the first N training examples")
+    g.add_argument("--test-size", type=int, default=None, help="keep the first N test examples")
+    g.add_argument("--eval-samples", type=int, default=16, help="posterior draws in the held-out metrics")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The CLI's parser; the training settings are generated from :class:`~pyro_invariance.infer.config.FitConfig`."""
+    catalogue, config = _catalogue_parent(), config_parent()
     parser = argparse.ArgumentParser(prog="pyro-invariance", description=__doc__.split("\n\n")[0])
     parser.add_argument("--traceback", action="store_true", help="show the Python traceback of an error (debugging)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -453,31 +451,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("what", nargs="?", choices=["models", "guides", "datasets"])
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("fit", help="fit a model × guide × dataset")
-    p.add_argument("--model", required=True)
+    p = sub.add_parser("fit", help="fit a model × guide × dataset", parents=[catalogue, config])
     p.add_argument("--guide", default=None, help="default: block-cholesky (map with --objective laplace)")
-    p.add_argument("--data", required=True)
-    p.add_argument("--model-arg", action="append", metavar="KEY=VALUE", help="model keyword (JSON value)")
-    p.add_argument("--guide-arg", action="append", metavar="KEY=VALUE", help="guide keyword (JSON value)")
-    p.add_argument("--data-arg", action="append", metavar="KEY=VALUE", help="dataset keyword (JSON value)")
-    p.add_argument("--data-dir", default=None, help="where dataset files live (fashion-mnist IDX, torchvision)")
-    p.add_argument("--download", action="store_true", help="allow torchvision to download MNIST/CIFAR-10")
-    p.add_argument("--train-size", type=int, default=None)
-    p.add_argument("--test-size", type=int, default=None)
-    p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--eta-lr", type=float, default=None)
-    p.add_argument("--model-lr", type=float, default=None)
-    p.add_argument("--factor-lr", type=float, default=None)
-    p.add_argument("--num-particles", type=int, default=1)
-    p.add_argument("--elbo", default="meanfield", choices=["meanfield", "trace"])
+    p.add_argument("--guide-arg", action="append", metavar="KEY=VALUE", help="guide keyword (JSON value or bare word)")
     p.add_argument("--objective", default="elbo", choices=["elbo", "laplace"],
                    help="laplace: MAP weights, prior precisions by the Laplace evidence (layer-wise models)")
     p.add_argument("--laplace-every", type=int, default=50, help="steps between Laplace evidence updates")
     p.add_argument("--laplace-warmup", type=int, default=100, help="MAP steps before the first update")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic CUDA kernels, so GPU runs repeat and resume bit-for-bit (slower)")
     p.add_argument("--checkpoint-every", type=int, default=None)
@@ -485,9 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace a run that OUT already holds")
     p.add_argument("--allow-change", default=None, metavar="lr,eta_lr,...",
                    help="with --resume: learning rates that may differ from the saved run (rescue a diverged run)")
-    p.add_argument("--eval-samples", type=int, default=16)
     p.add_argument("--out", default="results/run")
-    p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser("evaluate", help="evaluate a saved run (folder or checkpoint file)")
@@ -498,11 +476,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the evaluation's guide and symmetry draws")
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("compare", help="fit several guides alike; table of ELBO, IWAE_K, PSIS k̂, η, metrics, cost")
-    p.add_argument("--model", required=True)
+    p = sub.add_parser("compare", help="fit several guides alike; table of ELBO, IWAE_K, PSIS k̂, η, metrics, cost",
+                       parents=[catalogue, config])  # fmt: skip
     p.add_argument("--guides", default="mean-field,matrix-normal,block-cholesky",
                    help="comma-separated guide names (pyro-invariance list guides)")
-    p.add_argument("--data", required=True)
     p.add_argument("--K", default="10,100,1000", help="importance sample sizes of the IWAE bounds, e.g. 10,100,1000")
     p.add_argument("--bound-samples", type=int, default=None, help="guide draws for the bounds (default max K)")
     p.add_argument("--eval-subset", type=int, default=None,
@@ -512,27 +489,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="text", choices=["text", "markdown", "json"])
     p.add_argument("--out", default=None, help="write table.md, table.json and bounds.png here")
     p.add_argument("--overwrite", action="store_true", help="replace a table that OUT already holds")
-    p.add_argument("--model-arg", action="append", metavar="KEY=VALUE", help="model keyword (JSON value)")
     p.add_argument("--guide-arg", action="append", metavar="[GUIDE:]KEY=VALUE",
                    help="guide keyword (JSON value) for every guide, or for GUIDE only")
-    p.add_argument("--data-arg", action="append", metavar="KEY=VALUE", help="dataset keyword (JSON value)")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--download", action="store_true")
-    p.add_argument("--train-size", type=int, default=None)
-    p.add_argument("--test-size", type=int, default=None)
-    p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--eta-lr", type=float, default=None)
-    p.add_argument("--model-lr", type=float, default=None)
-    p.add_argument("--factor-lr", type=float, default=None)
-    p.add_argument("--num-particles", type=int, default=1)
-    p.add_argument("--elbo", default="meanfield", choices=["meanfield", "trace"])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--eval-samples", type=int, default=16)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("demo", help="the main job on embedded data (rotated digits)")
@@ -551,6 +510,7 @@ def _one_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+@pyro_scope()
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 2 user error, 128 + signal when interrupted)."""
     parser = build_parser()

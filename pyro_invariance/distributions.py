@@ -3,7 +3,7 @@
 Two distributions used by the guides in :mod:`pyro_invariance.guides`:
 
 * :class:`MatrixNormal` -- a random ``(r, c)`` matrix with Kronecker-structured covariance
-  (the Noether's-razor guide, methods.md §4):
+  (the Noether's-razor guide, docs/methods.md §4):
 
       W = M + L_U E L_Vᵀ,   E_ij ~ N(0, 1),
       vec_r(W) ~ N(vec_r(M), U ⊗ V),   U = L_U L_Uᵀ (r×r, among rows), V = L_V L_Vᵀ (c×c, among columns),
@@ -17,7 +17,7 @@ Two distributions used by the guides in :mod:`pyro_invariance.guides`:
 
 Both keep the noise of their last ``rsample`` and compute ``log_prob`` of *that* sample from
 the noise (no triangular solve), which is exact even when a factor is badly conditioned
-(methods.md §5); any other value goes through triangular solves.
+(docs/methods.md §5); any other value goes through triangular solves.
 
 Analytic KL divergences (registered with :func:`torch.distributions.kl.register_kl`, so
 ``torch.distributions.kl_divergence`` -- which ``pyro.distributions.kl`` re-exports and
@@ -39,16 +39,23 @@ Analytic KL divergences (registered with :func:`torch.distributions.kl.register_
 * ``KL(RowwiseMultivariateNormal ‖ Independent(Normal, 2))`` and
   ``KL(RowwiseMultivariateNormal ‖ RowwiseMultivariateNormal)`` (sums of per-row Gaussian KLs).
 
-Importing this module also corrects Pyro 1.9's ``KL(Delta ‖ ·)`` (see :func:`_kl_delta`), which
-drops ``Delta.log_density`` and so biases :class:`~pyro.infer.TraceMeanField_ELBO` for Pyro's
-packed autoguides (``AutoMultivariateNormal``, ``AutoLowRankMultivariateNormal``, ``AutoNormal``)
-on constrained sites such as a ``LogNormal`` prior scale.
+These four registrations are global (made when this module is imported) and harmless to other
+code: each concerns one of *our* distribution types as its first argument, a pair no other code
+dispatches on.
+
+Pyro 1.9's ``KL(Delta ‖ ·)`` drops ``Delta.log_density`` and so biases
+:class:`~pyro.infer.TraceMeanField_ELBO` for Pyro's packed autoguides (``AutoMultivariateNormal``,
+``AutoLowRankMultivariateNormal``, ``AutoNormal``) on constrained sites such as a ``LogNormal``
+prior scale. Its correction (:func:`_kl_delta`) concerns Pyro's own ``Delta``, so it is *not*
+registered at import: :func:`corrected_delta_kl` installs it for the duration of a block, and the
+package's entry points run inside it (:func:`pyro_invariance.pyro_scope`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 from pyro.distributions import Delta
@@ -56,9 +63,10 @@ from pyro.distributions.distribution import Distribution as PyroDistribution
 from pyro.distributions.torch_distribution import ExpandedDistribution, TorchDistribution
 from torch import Tensor
 from torch.distributions import Independent, Normal, constraints
+from torch.distributions import kl as _torch_kl
 from torch.distributions.kl import register_kl
 
-__all__ = ["MatrixNormal", "RowwiseMultivariateNormal"]
+__all__ = ["MatrixNormal", "RowwiseMultivariateNormal", "corrected_delta_kl"]
 
 _LOG_2PI = math.log(2 * math.pi)
 
@@ -499,11 +507,11 @@ def _kl_rowwise_rowwise(p: RowwiseMultivariateNormal, q: RowwiseMultivariateNorm
     return kl.expand(torch.broadcast_shapes(kl.shape, p.batch_shape, q.batch_shape))
 
 
-@register_kl(Delta, PyroDistribution)
 def _kl_delta(p: Delta, q: torch.distributions.Distribution) -> Tensor:
     """KL(Delta(v, log_density) ‖ q) = log_density − log q(v).
 
-    Replaces Pyro 1.9's registration (``−q.log_prob(v)``), which drops ``log_density``. Pyro's
+    Replaces Pyro 1.9's ``KL(Delta ‖ Distribution)`` (``−q.log_prob(v)``), which drops
+    ``log_density``, inside :func:`corrected_delta_kl` only. Pyro's
     autoguides put the log-Jacobian of the constraining transform of each site in
     ``Delta.log_density``; without it :class:`~pyro.infer.TraceMeanField_ELBO` misses
     ``E_q[log|det ∂u/∂z|]`` on constrained sites (e.g. a LogNormal prior scale) and disagrees
@@ -511,3 +519,29 @@ def _kl_delta(p: Delta, q: torch.distributions.Distribution) -> Tensor:
     (log_density = 0) nothing changes. NumPyro made the same fix (pyro-ppl/numpyro#1625).
     """
     return p.log_density - q.log_prob(p.v)
+
+
+_DELTA_KL_KEY = (Delta, PyroDistribution)
+
+
+@contextlib.contextmanager
+def corrected_delta_kl() -> Iterator[None]:
+    """Use the corrected ``KL(Delta ‖ ·)`` (:func:`_kl_delta`) inside the block.
+
+    Puts :func:`_kl_delta` in torch's KL registry under Pyro's own key ``(Delta, Distribution)``
+    and clears torch's dispatch cache; on exit puts back whatever was there before (Pyro's
+    function, or an enclosing block's) and clears the cache again, so code outside the block
+    dispatches exactly as without this package. Process-wide while it lasts.
+    """
+    registry, missing = _torch_kl._KL_REGISTRY, object()
+    before = registry.get(_DELTA_KL_KEY, missing)
+    registry[_DELTA_KL_KEY] = _kl_delta
+    _torch_kl._KL_MEMOIZE.clear()
+    try:
+        yield
+    finally:
+        if before is missing:
+            registry.pop(_DELTA_KL_KEY, None)
+        else:
+            registry[_DELTA_KL_KEY] = before
+        _torch_kl._KL_MEMOIZE.clear()

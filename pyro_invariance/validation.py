@@ -3,8 +3,8 @@
 Two kinds of checks live here:
 
 * **boundary checks** (:func:`model_dtype`, :func:`as_real_tensor`, :func:`coerce_inputs`,
-  :func:`coerce_labels`, :func:`coerce_targets` and the :class:`PreparesInputs` mixin behind every
-  catalogue model's ``prepare_inputs``): run once per call of ``fit`` / ``evaluate`` on the whole
+  :func:`coerce_labels`, :func:`coerce_targets`, used by every catalogue model's ``prepare_inputs``
+  (:class:`pyro_invariance.models.base.CatalogueModel`)): run once per call of ``fit`` / ``evaluate`` on the whole
   data set; they look at the values (non-finite inputs, labels outside ``[0, num_classes)``), which
   costs one host synchronisation on a GPU;
 * **per-forward checks** (:func:`check_label_shape`, shapes in the models' ``forward``): shapes
@@ -223,50 +223,3 @@ def coerce_pair(model: Any, x: Tensor, y: Tensor | None) -> tuple[Tensor, Tensor
         return x, coerce_labels(y, classes)
     y = as_real_tensor("y", y)
     return x, coerce_targets("y", y, dtype) if y.is_floating_point() else y
-
-
-class PreparesInputs:
-    """Mixin for catalogue models: ``prepare_inputs(x, y)``, the checks of the data boundary.
-
-    A model lists the shapes it takes, :meth:`input_shapes` (trailing shapes of ``x`` after the
-    batch dimension) and :meth:`target_shapes` (of ``y``; default ``[()]``, one class label per
-    row). ``prepare_inputs`` converts ``x`` to the model's floating dtype, converts ``y`` to int64
-    labels (models with an integer ``num_classes``, every label checked against
-    ``[0, num_classes)``) or to the model's floating dtype (regression, dynamics), checks both for
-    non-finite values and both shapes — once, before any compute — so that ``forward`` checks
-    shapes only. :func:`pyro_invariance.fit` and :func:`pyro_invariance.evaluate` call it through
-    :func:`pyro_invariance.data.arrays.train_arrays` / ``test_arrays``.
-    """
-
-    def input_shapes(self) -> list[tuple[int, ...]]:
-        """Trailing shapes of ``x`` that ``forward`` takes (after the batch dimension)."""
-        raise NotImplementedError
-
-    def target_shapes(self) -> list[tuple[int, ...]]:
-        """Trailing shapes of ``y`` (default: one label per row)."""
-        return [()]
-
-    def prepare_inputs(self, x: Tensor, y: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """Checked ``(x, y)`` for this model: ``x`` ``(N, *input_shape)`` in the model's floating
-        dtype; ``y`` ``(N,)`` int64 labels for classification, ``(N, *target_shape)`` floats
-        otherwise (``None`` stays ``None``). Tensors stay on their device.
-
-        Raises:
-            ValueError: one line naming ``x`` or ``y``: wrong shape, no rows, complex / bool /
-                non-numeric values, non-finite values, labels that are not whole numbers or lie outside
-                ``[0, num_classes)``.
-        """
-        x = as_real_tensor("x", x)
-        check_trailing_shape("x", x, self.input_shapes())
-        if x.shape[0] == 0:
-            raise ValueError(f"x is empty, shape {tuple(x.shape)}")
-        if y is not None:
-            y = as_real_tensor("y", y)
-            if y.dim() < 1 or y.shape[0] != x.shape[0]:
-                raise ValueError(
-                    f"x and y must have the same number of rows, got {tuple(x.shape)} and {tuple(y.shape)}"
-                )
-            check_trailing_shape("y", y, self.target_shapes())
-        if y is not None and num_classes_of(self) is None and not y.is_floating_point():
-            y = y.to(model_dtype(self))  # integer regression targets are numbers too
-        return coerce_pair(self, x, y)

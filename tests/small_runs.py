@@ -19,7 +19,7 @@ def small_digits() -> Any:
 def small_model(**kw: Any) -> Any:
     """An invariant MLP with H = 16 and S = 4 (other arguments as given)."""
     kw.setdefault("hidden", 16)
-    kw.setdefault("num_samples", 4)
+    kw.setdefault("num_transforms", 4)
     return pi.models.get("invariant-mlp", image_shape=(1, 8, 8), **kw)
 
 

@@ -77,7 +77,7 @@ def toy_for(cfg, n=30, out_features=2, seed=0):
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c['basis']}-{c.get('in_features', 1)}d")
 @pytest.mark.parametrize("lam", [0.0, 0.3, 1.0, 1.7])
 def test_log_evidence_matches_dense(cfg, lam):
-    model = BasisRegression(out_features=2, lambda_init=lam, learn_lambda=False, **cfg)
+    model = BasisRegression(out_features=2, eta_init=lam, learn_symmetry=False, **cfg)
     x, y = toy_for(cfg)
     ev = model.log_evidence(x, y)
     assert ev.dtype == torch.float64 and ev.dim() == 0
@@ -85,7 +85,7 @@ def test_log_evidence_matches_dense(cfg, lam):
 
 
 def test_single_output_accepts_flat_y():
-    model = BasisRegression(learn_lambda=False)
+    model = BasisRegression(learn_symmetry=False)
     x, y = make_symmetric_toy(20, seed=3)
     torch.testing.assert_close(model.log_evidence(x[:, 0], y[:, 0]), model.log_evidence(x, y))
     torch.testing.assert_close(model.log_evidence(x, y), dense_log_evidence(model, x, y), rtol=1e-9, atol=1e-8)
@@ -93,7 +93,7 @@ def test_single_output_accepts_flat_y():
 
 @pytest.mark.parametrize("cfg", CONFIGS[:4], ids=lambda c: c["basis"])
 def test_posterior_matches_dense_bayesian_linear_regression(cfg):
-    model = BasisRegression(out_features=3, lambda_init=0.4, learn_lambda=False, **cfg)
+    model = BasisRegression(out_features=3, eta_init=0.4, learn_symmetry=False, **cfg)
     x, y = toy_for(cfg, out_features=3)
     mean, cov = model.posterior(x, y)
     f = model.num_features
@@ -119,7 +119,7 @@ def test_posterior_matches_dense_bayesian_linear_regression(cfg):
 
 
 def test_log_evidence_gradient_in_lambda_matches_finite_differences():
-    model = BasisRegression(out_features=2, learn_lambda=False)
+    model = BasisRegression(out_features=2, learn_symmetry=False)
     x, y = make_symmetric_toy(25, seed=1, even=False, num_outputs=2)
     for lam0 in (0.3, 1.4):
         lam = torch.tensor(lam0, dtype=torch.float64, requires_grad=True)
@@ -131,14 +131,14 @@ def test_log_evidence_gradient_in_lambda_matches_finite_differences():
 
 
 def test_learnt_lambda_is_a_pyro_param_with_gradient():
-    model = BasisRegression(lambda_init=0.5)
+    model = BasisRegression(eta_init=0.5)
     x, y = make_symmetric_toy(25, seed=2)
     params = list(model.parameters())
     assert len(params) == 1  # only λ (unconstrained); the weight is a latent site
     model.log_evidence(x, y).backward()
     assert params[0].grad is not None and torch.isfinite(params[0].grad).all() and params[0].grad.abs() > 0
-    assert set(model.symmetry_parameters()) == {"lambda"}
-    assert model.symmetry_parameters()["lambda"].requires_grad is False
+    assert set(model.symmetry_summary()) == {"lambda"}
+    assert model.symmetry_summary()["lambda"].requires_grad is False
 
 
 # --------------------------------------------------------------------------------------------------
@@ -147,7 +147,7 @@ def test_learnt_lambda_is_a_pyro_param_with_gradient():
 
 @pytest.mark.parametrize("basis", ["rbf", "rff"])
 def test_evidence_prefers_lambda_one_on_even_data(basis):
-    model = BasisRegression(basis=basis, out_features=2, prior_scale=0.5, learn_lambda=False)
+    model = BasisRegression(basis=basis, out_features=2, prior_scale=0.5, learn_symmetry=False)
     for seed in range(3):
         x, y = make_symmetric_toy(40, seed=seed, even=True, num_outputs=2)
         curve = evidence_curve(model, x, y)
@@ -158,7 +158,7 @@ def test_evidence_prefers_lambda_one_on_even_data(basis):
 
 @pytest.mark.parametrize("basis", ["rbf", "rff"])
 def test_evidence_rejects_symmetry_on_non_symmetric_data(basis):
-    model = BasisRegression(basis=basis, out_features=2, prior_scale=0.5, learn_lambda=False)
+    model = BasisRegression(basis=basis, out_features=2, prior_scale=0.5, learn_symmetry=False)
     for seed in range(3):
         x, y = make_symmetric_toy(40, seed=seed, even=False, num_outputs=2)
         curve = evidence_curve(model, x, y)
@@ -172,7 +172,7 @@ def test_evidence_rejects_symmetry_on_non_symmetric_data(basis):
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c['basis']}-{c.get('in_features', 1)}d")
 def test_evidence_is_symmetric_about_lambda_one(cfg):
     """For a basis closed under reflection, k_λ = k_even + (1-λ)² k_odd: p(y|λ) = p(y|2-λ)."""
-    model = BasisRegression(out_features=2, learn_lambda=False, **cfg)
+    model = BasisRegression(out_features=2, learn_symmetry=False, **cfg)
     x, y = toy_for(cfg)
     curve = evidence_curve(model, x, y)
     torch.testing.assert_close(curve, curve.flip(0), rtol=1e-9, atol=1e-7)
@@ -183,13 +183,13 @@ def test_gradient_ascent_on_evidence_learns_lambda():
     x_odd, y_odd = make_symmetric_toy(40, seed=0, even=False)
     for (x, y), target in (((x_even, y_even), 1.0), ((x_odd, y_odd), 0.0)):
         pyro.clear_param_store()
-        model = BasisRegression(prior_scale=0.5, lambda_init=0.6)
+        model = BasisRegression(prior_scale=0.5, eta_init=0.6)
         opt = torch.optim.Adam(model.parameters(), lr=0.1)
         for _ in range(150):
             opt.zero_grad()
             (-model.log_evidence(x, y)).backward()
             opt.step()
-        assert abs(model.symmetry_parameters()["lambda"].item() - target) < 0.1
+        assert abs(model.symmetry_summary()["lambda"].item() - target) < 0.1
 
 
 # --------------------------------------------------------------------------------------------------
@@ -204,7 +204,7 @@ def hand_log_joint(model, x, w, y, scale=1.0):
 
 
 def test_trace_log_joint_matches_hand_computation():
-    model = BasisRegression(out_features=2, lambda_init=0.7)
+    model = BasisRegression(out_features=2, eta_init=0.7)
     x, y = make_symmetric_toy(24, seed=4, num_outputs=2)
     w = torch.randn(2, model.num_features, generator=torch.Generator().manual_seed(0))
     prior_trace = poutine.trace(model).get_trace(x, y)
@@ -218,7 +218,7 @@ def test_trace_log_joint_matches_hand_computation():
 
 
 def test_num_data_scales_the_likelihood_exactly():
-    model = BasisRegression(out_features=2, lambda_init=0.7)
+    model = BasisRegression(out_features=2, eta_init=0.7)
     x, y = make_symmetric_toy(24, seed=5, num_outputs=2)
     w = torch.randn(2, model.num_features, generator=torch.Generator().manual_seed(1))
     conditioned = poutine.condition(model, data={"weight": w})
@@ -247,7 +247,7 @@ def exact_guide_for(model, x, y, cov_factor=1.0, dtype=torch.float64):
 @pytest.mark.parametrize("vectorize", [False, True])
 def test_elbo_with_exact_posterior_equals_log_evidence(vectorize):
     with default_dtype(torch.float64):
-        model = BasisRegression(out_features=2, lambda_init=0.8)
+        model = BasisRegression(out_features=2, eta_init=0.8)
         x, y = make_symmetric_toy(30, seed=6, num_outputs=2)
         evidence = model.log_evidence(x, y)
         guide = exact_guide_for(model, x, y)
@@ -258,7 +258,7 @@ def test_elbo_with_exact_posterior_equals_log_evidence(vectorize):
 
 
 def test_elbo_with_exact_posterior_float32():
-    model = BasisRegression(out_features=2, lambda_init=0.8)
+    model = BasisRegression(out_features=2, eta_init=0.8)
     x, y = make_symmetric_toy(30, seed=6, num_outputs=2)
     evidence = model.log_evidence(x, y).item()
     guide = exact_guide_for(model, x, y, dtype=torch.float32)
@@ -269,7 +269,7 @@ def test_elbo_with_exact_posterior_float32():
 def test_elbo_gap_is_kl_to_the_exact_posterior():
     """A worse guide (posterior covariance inflated) loses exactly KL(q || posterior), to MC error."""
     with default_dtype(torch.float64):
-        model = BasisRegression(out_features=2, lambda_init=0.8, num_features=8, lengthscale=1.0)
+        model = BasisRegression(out_features=2, eta_init=0.8, num_features=8, lengthscale=1.0)
         x, y = make_symmetric_toy(30, seed=7, num_outputs=2)
         evidence = model.log_evidence(x, y).item()
         mean, cov = model.posterior(x, y)
@@ -288,7 +288,7 @@ def test_elbo_gap_is_kl_to_the_exact_posterior():
 
 
 def test_predictive_and_vectorised_weight_shapes():
-    model = BasisRegression(out_features=3, lambda_init=0.5)
+    model = BasisRegression(out_features=3, eta_init=0.5)
     x, _ = make_symmetric_toy(10, seed=8)
     for parallel in (False, True):
         samples = Predictive(model, num_samples=5, parallel=parallel, return_sites=["weight", "obs", "_RETURN"])(x)
@@ -303,16 +303,18 @@ def test_predictive_and_vectorised_weight_shapes():
 
 def test_registry_and_symmetry_parameters():
     assert "basis-regression" in MODELS
-    model = MODELS.get("basis-regression", out_features=2, lambda_init=0.25)
+    model = MODELS.get("basis-regression", out_features=2, eta_init=0.25)
     assert isinstance(model, BasisRegression)
-    lam = model.symmetry_parameters()["lambda"]
+    lam = model.symmetry_summary()["lambda"]
     assert lam.shape == () and math.isclose(lam.item(), 0.25, rel_tol=1e-5)
-    fixed = BasisRegression(lambda_init=1.0, learn_lambda=False)
-    assert list(fixed.parameters()) == [] and fixed.symmetry_parameters()["lambda"].item() == 1.0
+    assert model.symmetry_parameters() == [model.lam_unconstrained]
+    fixed = BasisRegression(eta_init=1.0, learn_symmetry=False)
+    assert list(fixed.parameters()) == [] and fixed.symmetry_summary()["lambda"].item() == 1.0
+    assert fixed.symmetry_parameters() == []
 
 
 def test_features_interpolate_between_basis_and_mirror():
-    model = BasisRegression(learn_lambda=False)
+    model = BasisRegression(learn_symmetry=False)
     x = torch.linspace(-2.5, 2.5, 11)
     phi0, phi1, phi2 = (model.features(x, lam=v) for v in (0.0, 1.0, 2.0))
     torch.testing.assert_close(phi2, model.features(-x, lam=0.0))  # λ = 2: mirrored
@@ -346,9 +348,9 @@ def test_toy_data():
         (dict(in_features=0), "in_features"),
         (dict(out_features=1.5), "out_features"),
         (dict(basis="fourier"), "unknown basis"),
-        (dict(lambda_init=2.5, learn_lambda=False), r"\[0, 2\]"),
-        (dict(lambda_init=0.0), r"\(0, 2\)"),
-        (dict(lambda_init=2.0), r"\(0, 2\)"),
+        (dict(eta_init=2.5, learn_symmetry=False), r"\[0, 2\]"),
+        (dict(eta_init=0.0), r"\(0, 2\)"),
+        (dict(eta_init=2.0), r"\(0, 2\)"),
         (dict(basis="rff", num_features=7), "even"),
         (dict(basis="rbf", in_features=2, num_features=10), "m\\*\\*2"),
         (dict(basis="poly", degree=3, num_features=10), "poly"),
@@ -363,7 +365,7 @@ def test_bad_constructor_arguments(kwargs, match):
 
 
 def test_bad_inputs():
-    model = BasisRegression(out_features=2, lambda_init=0.5)
+    model = BasisRegression(out_features=2, eta_init=0.5)
     x, y = make_symmetric_toy(10, seed=0, num_outputs=2)
     bad_x_nan = x.clone()
     bad_x_nan[3, 0] = float("nan")

@@ -12,7 +12,7 @@ from pyro_invariance.cli import _parse_kv, main
 
 torch.set_num_threads(1)
 
-SMALL = ["--model-arg", "hidden=16", "--model-arg", "num_samples=4", "--train-size", "200", "--test-size", "50",
+SMALL = ["--model-arg", "hidden=16", "--model-arg", "num_transforms=4", "--train-size", "200", "--test-size", "50",
          "--no-progress", "--eval-samples", "2"]
 
 
@@ -36,7 +36,7 @@ def test_fit_writes_result_checkpoint_plots_and_evaluate_reads_them(tmp_path, ca
     payload = json.loads((out / "result.json").read_text())
     assert payload["config"]["steps"] == 6 and len(payload["history"]["elbo"]) == 6
     assert 0.0 <= payload["summary"]["metrics"]["accuracy"] <= 1.0
-    for name in ("checkpoint.pt", "eta.png", "filters.png"):
+    for name in ("checkpoint.pt", "eta.png", "filters.png", "orbits.png"):
         assert (out / name).stat().st_size > 0
     assert main(["evaluate", "--run", str(out), "--eval-samples", "2"]) == 0
     evaluation = json.loads((out / "evaluation.json").read_text())
@@ -63,7 +63,7 @@ def test_fit_resume_continues_the_run(tmp_path):
         (["fit", "--model", "invariant-mlp", "--guide", "nope", "--data", "digits"], "unknown guide 'nope'"),
         (["fit", "--model", "invariant-mlp", "--data", "rotated-nope"], "unknown dataset 'rotated-nope'"),
         (["fit", "--model", "invariant-mlp", "--data", "digits", "--steps", "-1"], "steps must be"),
-        (["fit", "--model", "invariant-mlp", "--data", "digits", "--model-arg", "num_samples=-2"], "num_samples"),
+        (["fit", "--model", "invariant-mlp", "--data", "digits", "--model-arg", "num_transforms=-2"], "num_transforms"),
         (["fit", "--model", "invariant-mlp", "--data", "digits", "--model-arg", "symmetry=spin"], "unknown symmetry"),
         (["fit", "--model", "invariant-mlp", "--data", "fashion-mnist", "--data-dir", "/nonexistent"], "apt-get install"),
         (["evaluate", "--run", "/nonexistent/run"], "does not exist"),
@@ -82,8 +82,8 @@ def test_corrupt_checkpoint_on_evaluate(tmp_path, capsys):
 
 
 def test_parse_key_values():
-    assert _parse_kv(["a=1", "b=rotation", "c=[1, 8, 8]", "learn-eta=false"]) == {
-        "a": 1, "b": "rotation", "c": [1, 8, 8], "learn_eta": False}
+    assert _parse_kv(["a=1", "b=rotation", "c=[1, 8, 8]", "learn-symmetry=false"]) == {
+        "a": 1, "b": "rotation", "c": [1, 8, 8], "learn_symmetry": False}
     with pytest.raises(ValueError, match="KEY=VALUE"):
         _parse_kv(["oops"])
 
@@ -105,7 +105,7 @@ def test_fit_and_evaluate_symmetrised_hnn_on_physics_data(tmp_path, capsys):
     out = tmp_path / "hnn"
     args = ["fit", "--model", "symmetrised-hnn", "--guide", "matrix-normal", "--data", "sho", "--steps", "4",
             "--batch-size", "28", "--out", str(out), "--no-progress", "--eval-samples", "2",
-            "--model-arg", "hidden=[8,8]", "--model-arg", "num_samples=2", "--model-arg", "euler_steps=2",
+            "--model-arg", "hidden=[8,8]", "--model-arg", "num_transforms=2", "--model-arg", "euler_steps=2",
             "--data-arg", f"cache_dir={json.dumps(str(tmp_path / 'cache'))}"]
     assert main(args) == 0
     printed = capsys.readouterr().out

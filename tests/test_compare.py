@@ -19,7 +19,7 @@ THREE = ["mean-field", "matrix-normal", "block-cholesky"]
 
 def _toy_model():
     return pi.models.get("basis-regression", in_features=1, out_features=2, num_features=8, lengthscale=0.6,
-                         prior_scale=0.5, noise_scale=0.3, lambda_init=0.4, learn_lambda=True)
+                         prior_scale=0.5, noise_scale=0.3, eta_init=0.4, learn_symmetry=True)
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ def test_api_bad_input(toy):
 def test_cli_compare_three_guides_on_rotated_digits(tmp_path, capsys):
     out = tmp_path / "cmp"
     code = main(["compare", "--model", "invariant-mlp", "--data", "rotated-digits", "--guides", ",".join(THREE),
-                 "--steps", "30", "--model-arg", "hidden=32", "--model-arg", "num_samples=4", "--train-size", "200",
+                 "--steps", "30", "--model-arg", "hidden=32", "--model-arg", "num_transforms=4", "--train-size", "200",
                  "--test-size", "50", "--eval-samples", "2", "--K", "10,100", "--eval-subset", "100",
                  "--format", "markdown", "--no-progress", "--threads", "1", "--out", str(out)])
     assert code == 0

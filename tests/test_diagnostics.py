@@ -42,7 +42,7 @@ def digits():
 
 def build_invariant_mlp():
     """Model, data and the expected ``{site: (dims, shape)}`` / obs dims of the conversion."""
-    model = pyro_invariance.models.get("invariant-mlp", image_shape=(1, 8, 8), hidden=32, num_samples=4)
+    model = pyro_invariance.models.get("invariant-mlp", image_shape=(1, 8, 8), hidden=32, num_transforms=4)
     sites = {
         "out_weight": (("class", "hidden"), (10, 32)),
         "out_bias": (("class",), (10,)),
@@ -59,7 +59,7 @@ def build_basis_regression():
 
 def build_symmetrised_hnn():
     """A tiny HNN on random (q, p) pairs; dims as its ``arviz_dims()`` gives them (else generic)."""
-    model = pyro_invariance.models.get("symmetrised-hnn", state_dim=2, hidden=(8, 8), num_samples=2, euler_steps=1)
+    model = pyro_invariance.models.get("symmetrised-hnn", state_dim=2, hidden=(8, 8), num_transforms=2, euler_steps=1)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(40, 2, generator=gen)
     data = (x, x + 0.1 * torch.randn(40, 2, generator=gen))
@@ -80,12 +80,12 @@ def build_layerwise(variant: str):
 
 def model_dims(model, site, ndim):
     """What the model's ``arviz_dims()`` says for ``site``, else the generic ``<site>_dim_<i>``."""
-    given = model.arviz_dims() if hasattr(model, "arviz_dims") else {}
+    given = model.arviz_dims()
     return tuple(given.get(site, [f"{site}_dim_{i}" for i in range(ndim)]))
 
 
 def build_rotation_toy_2d():
-    model = pyro_invariance.models.get("rotation-toy-2d", hidden=8, num_samples=4)
+    model = pyro_invariance.models.get("rotation-toy-2d", hidden=8, num_transforms=4)
     data = pyro_invariance.DATASETS.get("rotation-toy-2d", train_size=30, test_size=20)
     return model, data, {"out_weight": (("logit", "hidden"), (1, 8)), "out_bias": (("logit",), (1,))}, ("obs_dim_0",)
 
@@ -327,10 +327,18 @@ def test_generic_dims_and_single_observed_site():
 
 
 def test_bad_arviz_dims():
+    model = BasisRegression(num_features=4)
+    model.arviz_dims = lambda: {"weight": ["row"]}  # the weight has 2 dims
+    with pytest.raises(ValueError, match="arviz_dims"):
+        to_inference_data((model, guides.get("mean-field", model)), make_symmetric_toy(20), num_samples=2)
+
+
+def test_arviz_dims_of_other_models_are_not_read():
+    """Only catalogue models declare dims (CatalogueModel.arviz_dims); any other module gets generic names."""
     model = _Plain()
     model.arviz_dims = lambda: {"w": ["row"]}
-    with pytest.raises(ValueError, match="arviz_dims"):
-        to_inference_data((model, guides.get("mean-field", model)), _plain_data(), num_samples=2)
+    idata = to_inference_data((model, guides.get("mean-field", model)), _plain_data(), num_samples=2)
+    assert idata.posterior["w"].dims == ("chain", "draw", "w_dim_0", "w_dim_1")
 
 
 def test_model_without_observed_site():

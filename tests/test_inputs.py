@@ -156,10 +156,10 @@ def _no_tensor_reads():
 @pytest.mark.parametrize(
     "name, kwargs, x, y",
     [
-        ("invariant-mlp", dict(image_shape=(1, 8, 8), hidden=8, num_samples=2), (4, 1, 8, 8), torch.arange(4)),
+        ("invariant-mlp", dict(image_shape=(1, 8, 8), hidden=8, num_transforms=2), (4, 1, 8, 8), torch.arange(4)),
         ("layerwise-fc+conv", dict(image_shape=(1, 8, 8), alpha=1), (4, 1, 8, 8), torch.arange(4)),
         ("rotation-toy-2d", {}, (4, 2), torch.tensor([0, 1, 0, 1])),
-        ("symmetrised-hnn", dict(state_dim=2, hidden=(8,), num_samples=2, euler_steps=1), (4, 2), torch.rand(4, 2)),
+        ("symmetrised-hnn", dict(state_dim=2, hidden=(8,), num_transforms=2, euler_steps=1), (4, 2), torch.rand(4, 2)),
         ("basis-regression", dict(num_features=8), (4, 1), torch.rand(4, 1)),
     ],
 )
@@ -227,7 +227,7 @@ def test_regression_metrics_seeded_and_coerced():
 
 def test_hnn_inputs_and_evaluate_hnn_seeded():
     phys = load_dataset("sho", cache_dir=False, train_trajectories=3, train_steps=2, test_trajectories=2, test_steps=2)
-    model = pi.models.get("symmetrised-hnn", state_dim=2, hidden=(8,), num_samples=2, euler_steps=1)
+    model = pi.models.get("symmetrised-hnn", state_dim=2, hidden=(8,), num_transforms=2, euler_steps=1)
     x, y = train_arrays((phys.x_train.double().numpy(), phys.y_train.double().numpy()), model)
     assert x.dtype == y.dtype == torch.float32 and torch.equal(x, phys.x_train)
     with pytest.raises(ValueError, match=r"x must have shape \(B, 2\), got \(6, 3\)"):

@@ -7,7 +7,6 @@ import torch
 from pyro import poutine
 
 import pyro_invariance as pi
-from pyro_invariance.symmetry.affine import transform_images, affine_generators
 
 torch.set_num_threads(1)
 
@@ -15,7 +14,7 @@ torch.set_num_threads(1)
 def _mlp(**kw):
     kw.setdefault("image_shape", (1, 8, 8))
     kw.setdefault("hidden", 32)
-    kw.setdefault("num_samples", 4)
+    kw.setdefault("num_transforms", 4)
     return pi.models.get("invariant-mlp", **kw)
 
 
@@ -48,7 +47,7 @@ def test_priors(prior):
 def test_full_rotation_invariance_by_construction():
     """η = π with a fine deterministic grid over SO(2): logits of x and rot90(x) agree."""
     torch.manual_seed(0)
-    model = _mlp(learn_eta=False, eta_init=math.pi, sampling="deterministic", num_samples=257, hidden=64)
+    model = _mlp(learn_symmetry=False, eta_init=math.pi, sampling="deterministic", num_transforms=257, hidden=64)
     x = torch.zeros(4, 1, 8, 8)
     x[:, :, 2:6, 2:6] = _images(4)[:, :, 2:6, 2:6]  # content away from the border
     rotated = torch.rot90(x, k=1, dims=(2, 3))
@@ -57,22 +56,22 @@ def test_full_rotation_invariance_by_construction():
     b = poutine.replay(model, guide_trace)(rotated)
     assert torch.allclose(a, b, atol=0.02 * float(a.abs().max()))
     # while η = 0 is not invariant
-    plain = _mlp(learn_eta=False, eta_init=0.0, hidden=64)
+    plain = _mlp(learn_symmetry=False, eta_init=0.0, hidden=64)
     t = poutine.trace(plain).get_trace(x)
     assert not torch.allclose(poutine.replay(plain, t)(x), poutine.replay(plain, t)(rotated), atol=0.05)
 
 
 def test_weights_and_inputs_transforms_agree_for_right_angles():
     """Rotating weight rows or inputs by ±90° is exact on the grid; features must agree."""
-    weights = _mlp(learn_eta=False, eta_init=math.pi / 2, sampling="deterministic", num_samples=3)
-    inputs = _mlp(learn_eta=False, eta_init=math.pi / 2, sampling="deterministic", num_samples=3, transform_on="inputs")
+    weights = _mlp(learn_symmetry=False, eta_init=math.pi / 2, sampling="deterministic", num_transforms=3)
+    inputs = _mlp(learn_symmetry=False, eta_init=math.pi / 2, sampling="deterministic", num_transforms=3, transform_on="inputs")
     x = _images()
     assert torch.allclose(weights.features(x.reshape(6, 64)), inputs.features(x.reshape(6, 64)), atol=1e-5)
 
 
 def test_eta_is_learnable_and_capped():
     model = _mlp(symmetry="affine", eta_init={"rot": 0.5})
-    eta = model.symmetry_parameters()
+    eta = model.symmetry_summary()
     assert list(eta) == ["tx", "ty", "rot", "sx", "sy", "shear"]
     assert float(eta["rot"]) == pytest.approx(0.5) and float(eta["tx"]) == pytest.approx(0.1)
     with torch.no_grad():
@@ -89,7 +88,7 @@ def test_relu_variant_learns_first_layer():
 
 
 def test_filter_bank_shape_and_identity_at_zero():
-    model = _mlp(learn_eta=False, eta_init=0.0)
+    model = _mlp(learn_symmetry=False, eta_init=0.0)
     bank = model.filter_bank([0, 3], num=5)
     assert bank.shape == (2, 5, 1, 8, 8)
     assert torch.allclose(bank[:, 0], bank[:, 4], atol=1e-6)
@@ -98,8 +97,8 @@ def test_filter_bank_shape_and_identity_at_zero():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"num_samples": -1}, "num_samples"),
-        ({"num_samples": 0}, "num_samples"),
+        ({"num_transforms": -1}, "num_transforms"),
+        ({"num_transforms": 0}, "num_transforms"),
         ({"hidden": 0}, "hidden"),
         ({"num_classes": 1}, "num_classes"),
         ({"activation": "tanh"}, "unknown activation"),

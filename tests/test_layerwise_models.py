@@ -203,7 +203,7 @@ def test_pathways_and_prior_precision():
         model.prior_precision(8, "conv")
     with pytest.raises(ValueError, match="head"):
         model.prior_precision(3, "head")
-    assert set(model.symmetry_parameters()) == {
+    assert set(model.symmetry_summary()) == {
         f"delta.{b}.{k}" for b in range(8) for k in ("ffc.out", "ffc.in", "conv")
     }
 
@@ -211,7 +211,8 @@ def test_pathways_and_prior_precision():
 def test_learned_precisions_are_trained_with_eta_lr():
     model = LayerwiseNet("fc+conv", image_shape=(1, 8, 8), alpha=1)
     names = [n for n, _ in model.named_parameters()]
-    assert names and all(is_symmetry_parameter(model, n) for n in names)
+    assert names and all(is_symmetry_parameter(model, p) for p in model.parameters())
+    assert len(model.symmetry_parameters()) == len(names)
     assert "blocks.0.fc.precision_unconstrained" in names and "blocks.0.bias_precision_unconstrained" in names
 
 
@@ -220,7 +221,7 @@ def test_hierarchical_prior_needs_the_guide_for_precisions():
     x = _images(2, shape=(1, 8, 8), dtype=torch.float32)
     trace = poutine.trace(model).get_trace(x)
     assert type(trace.nodes["blocks.3.conv.precision"]["fn"]).__name__ == "LogNormal"
-    assert list(model.parameters()) == [] and model.symmetry_parameters() == {}
+    assert list(model.parameters()) == [] and model.symmetry_summary() == {} and model.symmetry_parameters() == []
     with pytest.raises(ValueError, match="guide"):
         model.prior_precision(3, "conv")
     guide = guides.get("mean-field", model)
@@ -234,7 +235,7 @@ def test_hierarchical_prior_needs_the_guide_for_precisions():
 
 
 def test_fixed_prior_has_no_parameters():
-    model = LayerwiseNet("s-fc+s-conv", image_shape=(1, 8, 8), alpha=1, prior="fixed", precision_init=4.0)
+    model = LayerwiseNet("s-fc+s-conv", image_shape=(1, 8, 8), alpha=1, prior="fixed", prior_scale=0.5)
     assert list(model.parameters()) == []
     assert torch.allclose(model.prior_precision(2, "sfc"), torch.full((2,), 4.0))
 

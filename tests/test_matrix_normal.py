@@ -271,9 +271,19 @@ def test_rowwise_sample_covariance():
     assert ((torch.cov(w.T) - cov).abs() / se).max() < 5.0
 
 
-def test_delta_kl_keeps_log_density():
-    """Corrected KL(Delta ‖ q) = log_density − log q(v) (Pyro 1.9 dropped log_density)."""
+@pytest.mark.plain_pyro
+def test_delta_kl_keeps_log_density_inside_the_scope_only():
+    """Corrected KL(Delta ‖ q) = log_density − log q(v) (Pyro 1.9 dropped log_density) inside
+    ``corrected_delta_kl`` (nested too); Pyro's own rule before, between and after."""
+    from pyro_invariance.distributions import corrected_delta_kl
+
     v, ld = torch.tensor(0.3), torch.tensor(-1.25)
     q = dist.Normal(0.0, 2.0)
-    kl = pyro_kl_divergence(dist.Delta(v, log_density=ld), q)
-    torch.testing.assert_close(kl, ld - q.log_prob(v))
+    pyro_rule = -q.log_prob(v)
+    torch.testing.assert_close(pyro_kl_divergence(dist.Delta(v, log_density=ld), q), pyro_rule)
+    with corrected_delta_kl():
+        torch.testing.assert_close(pyro_kl_divergence(dist.Delta(v, log_density=ld), q), ld - q.log_prob(v))
+        with corrected_delta_kl():
+            torch.testing.assert_close(pyro_kl_divergence(dist.Delta(v, log_density=ld), q), ld - q.log_prob(v))
+        torch.testing.assert_close(pyro_kl_divergence(dist.Delta(v, log_density=ld), q), ld - q.log_prob(v))
+    torch.testing.assert_close(pyro_kl_divergence(dist.Delta(v, log_density=ld), q), pyro_rule)

@@ -252,7 +252,7 @@ def test_settings_and_entries_are_validated():
 
     learnable = dataclasses.replace(
         ref_mod.entry("basis-regression"),
-        model_kwargs={**ref_mod.entry("basis-regression").model_kwargs, "learn_lambda": True},
+        model_kwargs={**ref_mod.entry("basis-regression").model_kwargs, "learn_symmetry": True},
     )
     with pytest.raises(ValueError, match="learnable parameters"):
         learnable.build()

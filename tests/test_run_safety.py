@@ -26,7 +26,7 @@ from small_runs import fit_state, small_digits, small_fit, small_model
 torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = ["--model-arg", "hidden=16", "--model-arg", "num_samples=4", "--train-size", "200", "--test-size", "50",
+SMALL = ["--model-arg", "hidden=16", "--model-arg", "num_transforms=4", "--train-size", "200", "--test-size", "50",
          "--no-progress", "--eval-samples", "2"]
 FIT = ["fit", "--model", "invariant-mlp", "--guide", "mean-field", "--data", "rotated-digits", *SMALL]
 
@@ -170,7 +170,7 @@ def test_older_format_is_refused_with_the_reason(tmp_path):
 @pytest.mark.parametrize(
     "model_kw, message",
     [
-        ({"num_samples": 8}, "model setting 'num_samples': saved 4, now 8"),
+        ({"num_transforms": 8}, "model setting 'num_transforms': saved 4, now 8"),
         ({"sampling": "deterministic"}, "model setting 'sampling'"),
         ({"transform_on": "inputs"}, "model setting 'transform_on'"),
         ({"lengthscale": 2.0}, "model buffers differ"),
@@ -207,7 +207,7 @@ def test_laplace_settings_are_part_of_the_run(tmp_path):
 
     def run(**kw):
         model = LayerwiseNet("fc+conv", (1, 8, 8), 3, alpha=1, prior="fixed")
-        return fit_laplace(model, (x, y), steps=8, ggn_batch_size=8, batch_size=8, progress=False, lr=1e-2,
+        return fit_laplace(model, "map", (x, y), steps=8, ggn_batch_size=8, batch_size=8, progress=False, lr=1e-2,
                            checkpoint_path=tmp_path / "l.pt", **kw)  # fmt: skip
 
     run(every=2, warmup=2, until_step=3)

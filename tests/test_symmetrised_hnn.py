@@ -11,7 +11,7 @@ import torch
 from pyro_invariance import fit, guides
 
 from pyro_invariance.data import physics
-from pyro_invariance.symmetry.conserved import flow_matrices, oracle_generators, sample_weights
+from pyro_invariance.symmetry.conserved import flow_matrices, oracle_generators
 from pyro_invariance.diagnostics.hnn_metrics import evaluate_hnn, symmetry_analysis
 from pyro_invariance.models.symmetrised_hnn import SymmetrisedHNN
 from pyro_invariance.infer.prior_update import PriorUpdatingGuide, update_prior_variance
@@ -34,7 +34,7 @@ def test_registered_and_builds() -> None:
 
 
 def test_vector_field_and_euler_step_match_finite_differences() -> None:
-    m = SymmetrisedHNN(4, (16, 16), symmetry="learned", num_generators=2, eta_init_std=0.3, euler_steps=3, dt=0.3).double()
+    m = SymmetrisedHNN(4, (16, 16), symmetry="quadratic", num_generators=2, eta_init_std=0.3, euler_steps=3, dt=0.3).double()
     w = _weights(m)
     flows = m.sample_flows()
     x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
@@ -67,7 +67,7 @@ def test_hnn_vector_field_on_known_quadratic_h() -> None:
 
 
 def test_oracle_symmetrisation_over_full_orbit_is_invariant() -> None:
-    m = SymmetrisedHNN(2, (32, 32), symmetry="so2", sampling="grid", num_samples=256).double()
+    m = SymmetrisedHNN(2, (32, 32), symmetry="so2", sampling="grid", num_transforms=256).double()
     w = _weights(m, 2)
     flows = m.sample_flows()
     x = torch.randn(8, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
@@ -86,24 +86,24 @@ def test_oracle_symmetrisation_over_full_orbit_is_invariant() -> None:
 
 
 def test_learned_generators_get_eta_learning_rate_names() -> None:
-    m = SymmetrisedHNN(2, (8,), symmetry="learned")
+    m = SymmetrisedHNN(2, (8,), symmetry="quadratic")
     names = [n for n, _ in m.named_parameters()]
     assert "eta_W" in names and "eta_b" in names
-    assert set(m.symmetry_parameters()) == {"G0"}
-    assert SymmetrisedHNN(2, (8,), symmetry="so2").symmetry_parameters() == {}
+    assert set(m.symmetry_summary()) == {"G0"}
+    assert SymmetrisedHNN(2, (8,), symmetry="so2").symmetry_summary() == {}
 
 
 def test_other_guides_are_swappable() -> None:
     data = (torch.randn(12, 2), torch.randn(12, 2))
     for name, kwargs in (("mean-field", {}), ("matrix-normal", {"freeze_row_factor": True}), ("map", {})):
         pyro.set_rng_seed(0)
-        m = SymmetrisedHNN(2, (8,), num_samples=4, euler_steps=2)
+        m = SymmetrisedHNN(2, (8,), num_transforms=4, euler_steps=2)
         r = fit(m, guides.get(name, m, **kwargs), data, steps=3, batch_size=None, progress=False)
         assert len(r.history["elbo"]) == 3 and math.isfinite(r.history["elbo"][-1])
 
 
 def test_closed_form_prior_update() -> None:
-    m = SymmetrisedHNN(2, (8,), prior="closed-form", prior_var=1.0, num_samples=4, euler_steps=2)
+    m = SymmetrisedHNN(2, (8,), prior="closed-form", prior_scale=1.0, num_transforms=4, euler_steps=2)
     g = guides.get("matrix-normal", m, init_scale=0.5)
     x, y = torch.randn(10, 2), torch.randn(10, 2)
     g(x, y)
@@ -127,7 +127,7 @@ def test_closed_form_prior_update() -> None:
 
 
 def test_hierarchical_prior_runs() -> None:
-    m = SymmetrisedHNN(2, (8,), prior="hierarchical", num_samples=4, euler_steps=2)
+    m = SymmetrisedHNN(2, (8,), prior="hierarchical", num_transforms=4, euler_steps=2)
     r = fit(m, guides.get("matrix-normal", m, init_scale=0.1), (torch.randn(6, 2), torch.randn(6, 2)),
             steps=2, batch_size=None, progress=False)
     assert math.isfinite(r.history["elbo"][-1])
@@ -158,7 +158,7 @@ def test_bad_input() -> None:
 
 def _train_sho(symmetry: str, data: physics.PhysicsDataset, steps: int = 400, seed: int = 0):
     pyro.set_rng_seed(seed)
-    m = SymmetrisedHNN(2, (32, 32), symmetry=symmetry, num_samples=8, euler_steps=4, init_seed=seed)
+    m = SymmetrisedHNN(2, (32, 32), symmetry=symmetry, num_transforms=8, euler_steps=4, init_seed=seed)
     g = guides.get("matrix-normal", m, init_scale=0.01)
     fit(m, g, data, steps=steps, batch_size=None, lr=0.05, eta_lr=0.05, progress=False, seed=seed)
     pyro.set_rng_seed(seed + 100)
@@ -168,7 +168,7 @@ def _train_sho(symmetry: str, data: physics.PhysicsDataset, steps: int = 400, se
 def test_learning_sho_learned_beats_hnn_and_finds_so2(tmp_path) -> None:
     data = physics.make_dataset("sho", test_trajectories=20, cache_dir=tmp_path)
     _, hnn = _train_sho("none", data)
-    model, learned = _train_sho("learned", data)
+    model, learned = _train_sho("quadratic", data)
     assert learned["neg_elbo"] < hnn["neg_elbo"]
     assert learned["test_mse"] < hnn["test_mse"]
     a = symmetry_analysis(model, system="sho")
@@ -180,7 +180,7 @@ def test_learning_sho_learned_beats_hnn_and_finds_so2(tmp_path) -> None:
 def test_learning_sho_slow_with_oracle(seed: int, tmp_path) -> None:
     data = physics.make_dataset("sho", test_trajectories=50, cache_dir=tmp_path, seed=seed)
     _, hnn = _train_sho("none", data, 800, seed)
-    model, learned = _train_sho("learned", data, 800, seed)
+    model, learned = _train_sho("quadratic", data, 800, seed)
     _, oracle = _train_sho("so2", data, 800, seed)
     assert learned["neg_elbo"] < hnn["neg_elbo"] and learned["test_mse"] < hnn["test_mse"]
     assert oracle["test_mse"] < hnn["test_mse"]
@@ -189,13 +189,15 @@ def test_learning_sho_slow_with_oracle(seed: int, tmp_path) -> None:
 
 def test_metrics_and_plots(tmp_path) -> None:
     data = physics.make_dataset("sho", train_trajectories=3, train_steps=2, test_trajectories=2, test_steps=3, cache_dir=tmp_path)
-    m = SymmetrisedHNN(2, (8,), num_samples=4, euler_steps=2)
+    m = SymmetrisedHNN(2, (8,), num_transforms=4, euler_steps=2)
     g = guides.get("matrix-normal", m, init_scale=0.1)
     fit(m, g, data, steps=2, batch_size=None, progress=False)
     out = evaluate_hnn(m, g, data, num_samples=2, num_particles=2)
     assert set(out) == {"train_mse", "nll", "kl", "neg_elbo", "test_mse", "wider_mse", "moved_mse", "energy_drift"}
     assert all(math.isfinite(v) for v in out.values()) and out["kl"] > 0
     assert abs(out["neg_elbo"] - out["nll"] - out["kl"]) < 1e-9
+    import matplotlib.pyplot as plt
+
     from pyro_invariance.diagnostics.hnn_metrics import energy_drift, plot_generators, plot_symmetry_analysis
 
     # the true trajectories conserve energy; a scaled copy does not
@@ -203,9 +205,11 @@ def test_metrics_and_plots(tmp_path) -> None:
     assert energy_drift(data.system, traj) < 1e-8
     assert energy_drift(data.system, traj * torch.linspace(1, 2, traj.shape[1]).view(1, -1, 1)) > 0.1
     a = symmetry_analysis(m, system="sho")
-    plot_symmetry_analysis(a, tmp_path / "svd.png", target=1)
-    plot_generators([m.generators()[0], a.vectors[0].reshape(3, 3)], ["learned", "v0"], tmp_path / "g.png")
-    assert (tmp_path / "svd.png").exists() and (tmp_path / "g.png").exists()
+    fig = plot_symmetry_analysis(a, target=1)
+    assert len(fig.axes) == 2 and len(fig.axes[0].patches) == len(a.singular_values)
+    fig = plot_generators([m.generators()[0], a.vectors[0].reshape(3, 3)], ["learned", "v0"])
+    assert [ax.get_title() for ax in fig.axes] == ["learned", "v0"]
+    plt.close("all")
     with pytest.raises(ValueError, match="no generators"):
         symmetry_analysis(SymmetrisedHNN(2, (8,), symmetry="none"))
 
@@ -221,7 +225,7 @@ def test_closed_form_prior_update_as_fit_callback_resumes_bit_for_bit(tmp_path) 
         update_prior_variance(model, guide, damping=0.5)
 
     def run(**kw):
-        m = SymmetrisedHNN(2, (8,), prior="closed-form", num_samples=4, euler_steps=2)
+        m = SymmetrisedHNN(2, (8,), prior="closed-form", num_transforms=4, euler_steps=2)
         g = guides.get("matrix-normal", m, init_scale=0.5)
         fit(m, g, (x, y), steps=6, batch_size=None, progress=False, callbacks=[update], **kw)
         return m

@@ -1,4 +1,4 @@
-"""Affine generators, transform sampling and warping (paper 003, Section 3.3; methods.md §1)."""
+"""Affine generators, transform sampling and warping (paper 003, Section 3.3; docs/methods.md §1)."""
 
 import math
 

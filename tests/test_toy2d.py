@@ -8,6 +8,7 @@ import torch
 
 torch.set_num_threads(1)
 
+import matplotlib.pyplot as plt  # noqa: E402
 import pyro  # noqa: E402
 import pytest  # noqa: E402
 from pyro import poutine  # noqa: E402
@@ -91,7 +92,7 @@ def test_registry_and_kwargs_from_dataset():
     assert kwargs == {"num_classes": 2}
     model = MODELS.get("rotation-toy-2d", **kwargs)
     assert isinstance(model, RotationToy2D)
-    assert set(model.symmetry_parameters()) == {"rot"}
+    assert set(model.symmetry_summary()) == {"rot"}
     tr = poutine.trace(model).get_trace(data.x_train, data.y_train)
     latents = {
         n: s["value"].shape
@@ -113,8 +114,8 @@ def test_full_invariance_predictions_are_rotation_invariant():
     torch.manual_seed(0)
     angle, radius = 2 * math.pi * torch.rand(50), 3.0 * torch.rand(50).sqrt()  # uniform on the plotted disk
     x = torch.stack([radius * angle.cos(), radius * angle.sin()], -1)
-    full = RotationToy2D(learn_eta=False, eta_init=math.pi)
-    none = RotationToy2D(learn_eta=False, eta_init=0.0)
+    full = RotationToy2D(learn_symmetry=False, eta_init=math.pi)
+    none = RotationToy2D(learn_symmetry=False, eta_init=0.0)
     weight, bias = torch.randn(1, 32), torch.randn(1)
     with torch.no_grad():
         for model, invariant in ((full, True), (none, False)):
@@ -131,7 +132,7 @@ def test_full_invariance_predictions_are_rotation_invariant():
 
 def test_some_invariance_is_partial_and_eta_is_learnable():
     x = torch.tensor([[1.5, 0.0]])
-    some = RotationToy2D(learn_eta=False, eta_init=math.pi / 2)
+    some = RotationToy2D(learn_symmetry=False, eta_init=math.pi / 2)
     h = some.features(x)
     assert not torch.allclose(h, some.features(rotate(x, 0.5)), atol=1e-4)
     model = RotationToy2D(eta_init=0.5)
@@ -143,7 +144,7 @@ def test_some_invariance_is_partial_and_eta_is_learnable():
 
 
 def test_stochastic_sampling_and_more_classes():
-    model = RotationToy2D(num_classes=3, sampling="stochastic", learn_eta=False, eta_init=1.0, num_samples=4)
+    model = RotationToy2D(num_classes=3, sampling="stochastic", learn_symmetry=False, eta_init=1.0, num_transforms=4)
     x = torch.randn(5, 2)
     logits = model(x, torch.tensor([0, 1, 2, 0, 1]))
     assert logits.shape == (5, 3) and torch.all(logits[:, 0] == 0)
@@ -169,7 +170,7 @@ def test_bad_model_arguments(kwargs, match):
 
 
 def test_bad_model_inputs():
-    model = RotationToy2D(learn_eta=False, eta_init=1.0)
+    model = RotationToy2D(learn_symmetry=False, eta_init=1.0)
     with pytest.raises(ValueError, match="shape"):
         model(torch.zeros(3, 3))
     # values are checked once at the data boundary (prepare_inputs, called by fit / evaluate)
@@ -188,7 +189,7 @@ def test_bad_model_inputs():
 @pytest.mark.parametrize("guide", ["mean-field", "full-rank", "matrix-normal", "block-cholesky", "low-rank", "map"])
 def test_fit_runs_with_every_guide(guide):
     data = make_rotation_toy(train_size=16, test_size=8)
-    model = pi.models.get("rotation-toy-2d", hidden=8, num_samples=8)
+    model = pi.models.get("rotation-toy-2d", hidden=8, num_transforms=8)
     result = pi.fit(model, guide, data, steps=20, batch_size=8, progress=False)
     assert len(result.history["elbo"]) == 20 and math.isfinite(result.final_elbo)
     assert 0.0 <= result.eta["rot"] <= math.pi
@@ -196,11 +197,11 @@ def test_fit_runs_with_every_guide(guide):
     assert 0.0 <= metrics["accuracy"] <= 1.0
 
 
-def test_fit_decreases_loss_and_full_invariance_extrapolates(tmp_path):
+def test_fit_decreases_loss_and_full_invariance_extrapolates():
     data = make_rotation_toy()
     results = {}
     for label, eta in (("η = 0", 0.0), ("η = π", math.pi)):
-        model = pi.models.get("rotation-toy-2d", learn_eta=False, eta_init=eta, hidden=16)
+        model = pi.models.get("rotation-toy-2d", learn_symmetry=False, eta_init=eta, hidden=16)
         results[label] = pi.fit(model, "mean-field", data, steps=150, batch_size=None, lr=0.05, progress=False)
         elbo = results[label].history["elbo"]
         assert sum(elbo[-20:]) / 20 > sum(elbo[:20]) / 20 + 0.25  # ELBO/N rises: the loss decreases
@@ -211,24 +212,25 @@ def test_fit_decreases_loss_and_full_invariance_extrapolates(tmp_path):
         acc[label] = float((probs.argmax(-1) == data.y_test[outside]).float().mean())
     assert acc["η = π"] > 0.95 and acc["η = 0"] < 0.85, acc
 
-    path = plot_extrapolation(results, tmp_path / "fig" / "extrapolation.png", data=data, grid_size=21)
-    assert path.is_file() and path.stat().st_size > 5000
+    fig = plot_extrapolation(results, data=data, grid_size=21)
+    assert [ax.get_title() for ax in fig.axes[:2]] == ["η = 0", "η = π"] and len(fig.axes) == 3  # + colour bar
+    plt.close(fig)
 
 
-def test_plot_accepts_arrays_and_callables_and_rejects_bad_shapes(tmp_path):
+def test_plot_accepts_arrays_and_callables_and_rejects_bad_shapes():
     _, _, points = plane_grid(3.0, 11)
     radial = (points.norm(dim=-1) > 1.5).float()
-    path = plot_extrapolation(
+    fig = plot_extrapolation(
         {"array": radial.numpy(), "callable": lambda p: torch.stack([1 - radial, radial], -1)},
-        tmp_path / "a.png",
         data=make_rotation_toy(train_size=6, test_size=4),
         grid_size=11,
     )
-    assert path.is_file()
+    assert [ax.get_title() for ax in fig.axes[:2]] == ["array", "callable"]
+    plt.close(fig)
     with pytest.raises(ValueError, match="one value per grid point"):
-        plot_extrapolation({"bad": torch.zeros(5)}, tmp_path / "b.png", grid_size=11)
+        plot_extrapolation({"bad": torch.zeros(5)}, grid_size=11)
     with pytest.raises(ValueError, match="empty"):
-        plot_extrapolation({}, tmp_path / "c.png")
+        plot_extrapolation({})
 
 
 @pytest.mark.slow

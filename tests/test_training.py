@@ -61,7 +61,7 @@ def test_resume_with_other_settings_is_refused(data, tmp_path):
 
 def test_resume_into_another_model_is_refused(data, tmp_path):
     _run(data, tmp_path, checkpoint_path=tmp_path / "c.pt", until_step=3)
-    model = pi.models.get("invariant-mlp", image_shape=(1, 8, 8), hidden=24, num_samples=4)
+    model = pi.models.get("invariant-mlp", image_shape=(1, 8, 8), hidden=24, num_transforms=4)
     with pytest.raises(CheckpointError, match="model setting 'hidden': saved 16, now 24"):
         pi.fit(model, guides.get("block-cholesky", model), data, steps=12, batch_size=64, progress=False,
                seed=5, checkpoint_path=tmp_path / "c.pt", resume=True)
@@ -169,7 +169,7 @@ def test_minibatch_elbo_is_unbiased_for_full_batch(data):
     """E over minibatches of the scaled likelihood equals the full-data likelihood (plate scaling)."""
     from pyro import poutine
 
-    model = _model(learn_eta=False, eta_init=0.0, symmetry="none")
+    model = _model(learn_symmetry=False, eta_init=0.0, symmetry="none")
     guide = guides.get("map", model)
     x, y = data.x_train, data.y_train
     n = x.shape[0]

@@ -5,6 +5,7 @@
 * :mod:`.quadrant` — paper 004's quadrant task and resized variants.
 * :mod:`.physics` — Hamiltonian trajectories from our own integrators (Noether's razor).
 * :mod:`.toy2d` — paper 003's 2-D rotation toy.
+* :mod:`.basis_toy` — the symmetric-basis regression toy of talk 000 (``basis-toy``).
 * :mod:`.arrays` — turning a dataset or an ``(x, y)`` pair into checked tensors for a model.
 * :mod:`.idx` — the IDX file reader.
 
@@ -12,7 +13,7 @@ A new dataset is one module here that registers its factory with ``@DATASETS.reg
 and one import line below.
 """
 
-from pyro_invariance.data import images, physics, quadrant, toy2d  # noqa: F401  (each registers its datasets)
+from pyro_invariance.data import basis_toy, images, physics, quadrant, toy2d  # noqa: F401  (each registers its datasets)
 from pyro_invariance.data.arrays import prepare_arrays, test_arrays, train_arrays
 from pyro_invariance.data.images import ImageDataset, list_datasets, load_dataset
 

@@ -18,10 +18,9 @@ converted and checked once, before any compute, so that no training step has to:
   label is checked against ``[0, num_classes)`` (the message gives the range found and the first
   bad row).
 * ``y`` for regression / dynamics models: the model's floating dtype, checked finite.
-* shapes: checked against the model (``model.prepare_inputs(x, y)``, which every catalogue model
-  defines through :class:`~pyro_invariance.validation.PreparesInputs`); a model without
-  ``prepare_inputs`` gets the dtype rule above (integer ``y`` of a model without ``num_classes``
-  is left as it is).
+* shapes: checked against the model (``model.prepare_inputs(x, y)`` of every
+  :class:`~pyro_invariance.models.base.CatalogueModel`); any other model gets the dtype rule above
+  (integer ``y`` of a model without ``num_classes`` is left as it is).
 
 Tensors keep their device (the caller moves them). **Without a model** (``train_arrays(data)``,
 kept for backward compatibility) the tensors come back as given (``torch.as_tensor``) after the
@@ -75,8 +74,11 @@ def prepare_arrays(x: Any, y: Any, model: Any = None, input_scale: float | None 
         return _checked(x, y)
     if input_scale is not None and not x.is_floating_point():
         x = x.to(model_dtype(model)) * input_scale
-    prepare = getattr(model, "prepare_inputs", None)
-    return prepare(x, y) if callable(prepare) else coerce_pair(model, x, y)  # type: ignore[return-value]
+    from pyro_invariance.models.base import CatalogueModel  # here: models import the data modules
+
+    if isinstance(model, CatalogueModel):
+        return model.prepare_inputs(x, y)  # type: ignore[return-value]
+    return coerce_pair(model, x, y)  # type: ignore[return-value]
 
 
 def _input_scale(data: Any) -> float | None:

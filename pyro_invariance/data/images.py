@@ -1,4 +1,4 @@
-"""Image classification datasets and their transformed variants (methods.md §2).
+"""Image classification datasets and their transformed variants (docs/methods.md §2).
 
 Every dataset is registered in :data:`pyro_invariance.registry.DATASETS` under a name
 ``<variant>-<base>``, or just ``<base>`` for the untransformed ("regular") variant:

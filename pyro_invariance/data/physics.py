@@ -1,22 +1,22 @@
-"""Hamiltonian trajectory data for Noether's razor (talk 000; methods.md §4).
+"""Hamiltonian trajectory data for Noether's razor (talk 000; docs/methods.md §4).
 
 A system is defined by its Hamiltonian alone: :class:`HamiltonianSystem` holds ``H(x)`` (a torch
 function of states ``x = (q, p)`` of shape ``(..., M)``, ``M = 2·dof``); the vector field
 ``ẋ = J ∇H(x)`` with ``J = [[0, I], [−I, 0]]`` is obtained by autograd, so adding a system is
 writing ``H``. Built-in systems (:data:`SYSTEMS`, :func:`get_system`):
 
-===============  ==================================================================  ==========
-name             H(q, p)                                                              state dim
-===============  ==================================================================  ==========
-``sho``          (q² + p²)/2                                                          2
-``oscillators``  Σ_i (q_i² + p_i²)/2, n uncoupled isotropic oscillators (``n``)        2n
-``nbody``        Σ_i ‖p_i‖²/2 − Σ_{i<j} 1/√(‖q_i − q_j‖² + 1), 2-d, unit masses (``n``) 4n
-===============  ==================================================================  ==========
+===============  ======================================================================  ==========
+name             H(q, p)                                                                 state dim
+===============  ======================================================================  ==========
+``sho``          (q² + p²)/2                                                             2
+``oscillators``  Σ_i (q_i² + p_i²)/2, n uncoupled isotropic oscillators (``n``)          2n
+``nbody``        Σ_i ‖p_i‖²/2 − Σ_{i<j} 1/√(‖q_i − q_j‖² + 1), 2-d, unit masses (``n``)  4n
+===============  ======================================================================  ==========
 
 State layout: ``x = (q, p)``; for the 2-d n-body system ``q = (q_1x, q_1y, q_2x, q_2y, ...)`` and
 ``p`` likewise.
 
-Data (methods.md §4): initial ``q ~ q_shift + q_scale·N(0, I)``, ``p ~ p_scale·N(0, I)``; each
+Data (docs/methods.md §4): initial ``q ~ q_shift + q_scale·N(0, I)``, ``p ~ p_scale·N(0, I)``; each
 trajectory is integrated in float64 by SciPy's DOP853 (``rtol = atol = 1e-10``) and sampled every
 ``dt``; a trajectory of ``steps`` steps gives ``steps`` pairs ``(x_t, x_{t+dt})``. Reference
 splits (:func:`reference_splits`):
@@ -141,7 +141,7 @@ def oscillators(n: int = 3) -> HamiltonianSystem:
 
 def nbody(n: int = 3, softening: float = 1.0) -> HamiltonianSystem:
     """2-d ``n``-body gravity, unit masses, ``H = Σ‖p_i‖²/2 − Σ_{i<j} 1/√(‖q_i−q_j‖² + s)``
-    with softening ``s = 1`` (methods.md §4); M = 4n."""
+    with softening ``s = 1`` (docs/methods.md §4); M = 4n."""
     check_positive_int("n", n, minimum=2)
     check_positive_float("softening", softening)
     return HamiltonianSystem("nbody", 2 * n, _nbody_hamiltonian(n, float(softening)), {"n": n, "softening": float(softening)})

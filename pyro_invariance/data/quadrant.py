@@ -1,6 +1,6 @@
 """Datasets for layer-wise equivariance (paper 004, ELLA): the quadrant task and resized images.
 
-**Quadrant task** (paper 004 Section 5.1, Table 1; methods.md §2). Every ``h×w`` image of a base
+**Quadrant task** (paper 004 Section 5.1, Table 1; docs/methods.md §2). Every ``h×w`` image of a base
 dataset is pasted into one of the four quadrants of a ``2h×2w`` zero canvas (quadrant drawn
 uniformly per image, seeded), then the canvas is resized to ``size×size`` (bilinear, antialiased).
 Quadrants are numbered 0 = upper left, 1 = upper right, 2 = lower left, 3 = lower right.

@@ -28,7 +28,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -37,6 +37,10 @@ from torch import Tensor
 from pyro_invariance.data.images import TEST_SEED, TRAIN_SEED
 from pyro_invariance.registry import DATASETS
 from pyro_invariance.validation import check_positive_float, check_positive_int, refuse_data_dir
+from pyro_invariance._pyro_scope import pyro_scope
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "Toy2DDataset",
@@ -203,11 +207,11 @@ def predictive_probabilities(model: Any, guide: Any, x: Tensor, num_samples: int
 
     Returns ``(N, C)``. The global RNG state is restored afterwards.
     """
-    from pyro_invariance.diagnostics.evaluation import predictive_logits
+    from pyro_invariance.diagnostics.evaluation import posterior_predictive
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        logits = predictive_logits(model, guide, x, num_samples=num_samples)
+        logits = posterior_predictive(model, guide, x, num_samples=num_samples)
     return logits.softmax(-1).mean(0)
 
 
@@ -235,13 +239,14 @@ def _panel_probabilities(value: Any, points: Tensor, num_samples: int) -> np.nda
 
 def plot_extrapolation(
     panels: Mapping[str, Any],
-    path: str | Path,
+    *,
     data: Toy2DDataset | None = None,
     extent: float = 3.0,
     grid_size: int = 81,
     num_samples: int = 32,
     title: str = "",
-) -> Path:
+    fig: Figure | None = None,
+) -> Figure:
     """Predictive contours of p(class 1 | x) over the plane, one panel per model (paper 003, Fig. 1).
 
     Args:
@@ -250,22 +255,23 @@ def plot_extrapolation(
             ``points (G, 2) -> probabilities`` (``(G,)`` for class 1 or ``(G, 2)``); or an array of
             ``G = grid_size²`` class-1 probabilities on :func:`plane_grid`'s points.
             E.g. ``{"no invariance (η = 0)": r0, "some (η = π/2)": r1, "full (η = π)": r2}``.
-        path: output file (``.png``, ``.pdf`` ...); folders are created.
         data: the dataset whose training points (○ class 0, × class 1) and sector are drawn.
         extent, grid_size: the grid ``[−extent, extent]²`` with ``grid_size`` points per axis.
+        num_samples: guide draws per model panel.
+        title: figure title.
+        fig: an empty figure to draw into (default: a new one).
 
     Returns:
-        ``path`` as a :class:`~pathlib.Path`.
+        The figure: one square panel per entry of ``panels`` and a shared colour bar. Save it with
+        ``fig.savefig(path, bbox_inches="tight")`` (the colour bar sits outside the panels).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     if not panels:
         raise ValueError("panels is empty: give at least one label -> model/guide, callable or array")
     xx, yy, points = plane_grid(extent, grid_size)
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), squeeze=False)
+    fig = fig if fig is not None else plt.figure(figsize=(3.6 * len(panels), 3.6))
+    axes = fig.subplots(1, len(panels), squeeze=False)
     levels = np.linspace(0.0, 1.0, 11)
     contour = None
     for ax, (label, value) in zip(axes[0], panels.items()):
@@ -288,11 +294,7 @@ def plot_extrapolation(
     fig.colorbar(contour, ax=list(axes[0]), shrink=0.8, label="p(× | x)")
     if title:
         fig.suptitle(title)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return fig
 
 
 # ------------------------------------------------------------------------------------------------
@@ -321,6 +323,7 @@ def _accuracies(model: Any, guide: Any, data: Toy2DDataset, num_samples: int) ->
     }
 
 
+@pyro_scope()
 def run_figure(
     out: str | Path,
     steps: int = 1500,
@@ -336,6 +339,7 @@ def run_figure(
     import pyro_invariance as pi
     from pyro_invariance import guides as guide_registry  # noqa: F401  (registers the guides)
     from pyro_invariance.diagnostics.evaluation import elbo_per_datum
+    from pyro_invariance.diagnostics.plots import save_figure
 
     out = Path(out)
     data = make_rotation_toy()
@@ -360,8 +364,8 @@ def run_figure(
             f"outside {metrics['acc_outside']:.3f}  test NLL {metrics['test_nll']:.3f}  "
             f"ELBO/N {metrics['elbo_per_datum']:.3f}  {seconds:.0f}s"
         )
-    figure = plot_extrapolation(panels, out / "extrapolation.png", data=data,
-                                title=f"rotation-toy-2d, {guide} guide, {steps} steps")  # fmt: skip
+    fig = plot_extrapolation(panels, data=data, title=f"rotation-toy-2d, {guide} guide, {steps} steps")
+    figure = save_figure(fig, out / "extrapolation.png", dpi=120, bbox_inches="tight")
     (out / "results.json").write_text(json.dumps({"guide": guide, "steps": steps, "seed": seed, "rows": rows,
                                                   "data": data.info}, indent=1))  # fmt: skip
     log(f"wrote {figure} and {out / 'results.json'}")

@@ -9,8 +9,8 @@ model initialisation (a fresh model per guide, built after seeding with ``seed``
   standard errors, and the PSIS k̂ of the guide as an importance proposal;
 * the exact log evidence per datum where the model has one (``basis-regression``);
 * the learned symmetry parameters η;
-* held-out metrics (accuracy / NLL for images, the talk's MSE columns for physics data, RMSE /
-  NLL for regression);
+* held-out metrics, as the model's task defines them (:mod:`pyro_invariance.tasks`: accuracy / NLL
+  for classification, the talk's MSE columns for dynamics, RMSE / NLL for regression);
 * time per SVI step and the guide's number of parameters.
 
 :class:`GuideComparison` renders the table as text, markdown, JSON and a bar chart::
@@ -18,7 +18,7 @@ model initialisation (a fresh model per guide, built after seeding with ``seed``
     import pyro_invariance as pi
     cmp = pi.compare_guides("invariant-mlp", "rotated-digits", guides=["mean-field", "matrix-normal", "block-cholesky"],
                             steps=300, model_kwargs={"hidden": 32})
-    print(cmp.to_text()); cmp.plot("bounds.png")
+    print(cmp.to_text()); cmp.plot().savefig("bounds.png")
 
 All bounds are on log p(y_1..n | x_1..n, η) for the first n training points (all of them unless
 ``eval_subset`` says otherwise); with a subset they bound the evidence of that subset, computed with
@@ -32,32 +32,31 @@ import copy
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import pyro
 import torch
-from pyro import poutine
 from torch import nn
 
 from pyro_invariance.infer.bounds import _validate_Ks, check_observed, evidence_bounds
-from pyro_invariance.data.arrays import test_arrays, train_arrays
+from pyro_invariance.infer.config import FitConfig, resolve_config
+from pyro_invariance.data.arrays import train_arrays
+from pyro_invariance.diagnostics.evaluation import regression_metrics  # noqa: F401  (re-exported)
+from pyro_invariance.models.base import CatalogueModel, symmetry_summary
 from pyro_invariance.registry import DATASETS, GUIDES, MODELS
-from pyro_invariance.validation import check_positive_int, check_seed, num_classes_of
+from pyro_invariance.tasks import Column, get as get_task, task_for
+from pyro_invariance.validation import check_positive_int
+from pyro_invariance._pyro_scope import pyro_scope
 
-__all__ = ["GuideComparison", "compare_guides", "evaluation_metrics", "format_eta", "task_kind", "METRIC_COLUMNS"]
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = ["GuideComparison", "compare_guides", "evaluation_metrics", "format_eta", "task_kind"]
 
 DEFAULT_GUIDES = ("mean-field", "matrix-normal", "block-cholesky")
-
-#: held-out metric columns of the tables: (metric key, column title, format), per kind of task
-METRIC_COLUMNS: dict[str, list[tuple[str, str, str]]] = {
-    "classification": [("accuracy", "test acc", ".3f"), ("nll", "test NLL", ".3f")],
-    "dynamics": [("train_mse", "train MSE", ".3g"), ("test_mse", "test MSE", ".3g"),
-                 ("wider_mse", "wider MSE", ".3g"), ("moved_mse", "moved MSE", ".3g"),
-                 ("energy_drift", "energy drift", ".3g")],
-    "regression": [("rmse", "test RMSE", ".3f"), ("nll", "test NLL", ".3f")],
-}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -65,80 +64,35 @@ METRIC_COLUMNS: dict[str, list[tuple[str, str, str]]] = {
 
 
 def task_kind(data: Any, model: Any = None) -> str:
-    """``"dynamics"`` (physics data), ``"classification"`` (a ``model`` with an integer
-    ``num_classes``, else integer labels) or ``"regression"`` (float targets)."""
-    if hasattr(data, "system"):
-        return "dynamics"
-    if num_classes_of(model) is not None:
-        return "classification"
-    _, y = train_arrays(data)
-    return "regression" if y.dtype.is_floating_point else "classification"
+    """The name of ``model``'s task (:func:`pyro_invariance.tasks.task_for`: ``model.task`` for a
+    catalogue model; for any other model classification or regression by its labels)."""
+    return task_for(model, data).name
 
 
-@torch.no_grad()
-def regression_metrics(model: Any, guide: Any, data: Any, num_samples: int = 16, seed: int = 0) -> dict[str, float]:
-    """Held-out RMSE of the posterior-predictive mean and NLL per example of the predictive
-    mixture ``(1/S) Σ_s p(y | x, θ_s)`` (the model's own observation distribution), ``θ_s ~ q``.
-
-    Adds ``log_evidence_per_datum`` (training data) when the model has an exact ``log_evidence``.
-    The data are converted and checked once for the model
-    (:func:`~pyro_invariance.data.arrays.test_arrays`); the draws are seeded by ``seed``
-    (:func:`~pyro_invariance.diagnostics.evaluation.seeded_rng`), the caller's RNG is left as it was.
-    """
-    from pyro_invariance.diagnostics.evaluation import model_device, seeded_rng
-
-    check_positive_int("num_samples", num_samples)
-    check_seed(seed)
-    dev = model_device(model)
-    x, y = (t.to(dev) for t in test_arrays(data, model))
-    log_probs, means = [], []
-    with seeded_rng(seed, dev):
-        for _ in range(num_samples):
-            guide_tr = poutine.trace(guide).get_trace(x[:1], y[:1])
-            tr = poutine.trace(poutine.replay(model, trace=guide_tr)).get_trace(x, y)
-            obs = [s for s in tr.nodes.values() if s["type"] == "sample" and s["is_observed"]]
-            if not obs:
-                raise ValueError("model has no observed site: no predictive metrics")
-            fn, value = obs[0]["fn"], obs[0]["value"]
-            log_probs.append(fn.log_prob(value).double())
-            means.append(fn.mean.double())
-    lp = torch.stack(log_probs)  # (S, N)
-    mean = torch.stack(means).mean(0)
-    out = {
-        "rmse": float((mean - obs[0]["value"].double()).pow(2).mean().sqrt()),
-        "nll": float(-(torch.logsumexp(lp, 0) - math.log(num_samples)).mean()),
-    }
-    if hasattr(model, "log_evidence"):
-        xt, yt = (t.to(dev) for t in train_arrays(data, model))
-        out["log_evidence_per_datum"] = float(model.log_evidence(xt, yt)) / xt.shape[0]
-    return out
-
-
+@pyro_scope()
 def evaluation_metrics(
     model: Any, guide: Any, data: Any, num_samples: int = 16, device: Any = None, seed: int = 0
 ) -> dict[str, float]:
-    """Held-out metrics by kind of data: the talk's HNN columns for physics data
-    (:func:`~pyro_invariance.diagnostics.hnn_metrics.evaluate_hnn`), accuracy / NLL / ELBO/N for classification
-    (:func:`~pyro_invariance.diagnostics.evaluation.evaluate`), RMSE / NLL for regression. The kind comes from
-    :func:`task_kind` (the model's ``num_classes`` decides between classification and regression).
-    Seeded by ``seed``: two calls give the same numbers; the caller's RNG is left as it was."""
-    kind = task_kind(data, model)
-    if kind == "dynamics":
-        from pyro_invariance.diagnostics.hnn_metrics import evaluate_hnn
+    """Held-out metrics of ``(model, guide)`` on ``data`` (a dataset object or a pair ``(x, y)``), as
+    the model's task defines them (:meth:`pyro_invariance.tasks.Task.metrics`). Seeded by ``seed``:
+    two calls give the same numbers; the caller's RNG is left as it was."""
+    return task_for(model, data).metrics(model, guide, data, num_samples=num_samples, device=device, seed=seed)
 
-        return evaluate_hnn(model, guide, data, num_samples=num_samples, seed=seed)
-    if kind == "regression":
-        return regression_metrics(model, guide, data, num_samples, seed=seed)
-    from pyro_invariance.diagnostics.evaluation import evaluate
 
-    return evaluate((model, guide), data, num_samples=num_samples, device=device, seed=seed)
+def exact_log_evidence(model: Any, x: Any, y: Any) -> float | None:
+    """``model.log_evidence(x, y)`` (total, nats) for a catalogue model that has one in closed form, else ``None``."""
+    if not isinstance(model, CatalogueModel):
+        return None
+    with torch.no_grad():
+        value = model.log_evidence(x, y)
+    return None if value is None else float(value)
 
 
 def format_eta(model: Any, image_size: int | None = None) -> str:
     """η of ``model`` for tables: ``rot=3.015 (±172.7°)`` for image generators, else ``name=value``."""
     from pyro_invariance.symmetry.affine import GENERATOR_NAMES, eta_to_human
 
-    params = getattr(model, "symmetry_parameters", lambda: {})()
+    params = symmetry_summary(model)
     if not params:
         return "-"
     values = {k: v for k, v in params.items() if torch.as_tensor(v).numel() == 1}
@@ -154,7 +108,7 @@ def format_eta(model: Any, image_size: int | None = None) -> str:
 
 
 def _eta_values(model: Any) -> dict[str, Any]:
-    params = getattr(model, "symmetry_parameters", lambda: {})()
+    params = symmetry_summary(model)
     return {k: (float(v) if torch.as_tensor(v).numel() == 1 else torch.as_tensor(v).tolist()) for k, v in params.items()}
 
 
@@ -195,7 +149,7 @@ class GuideComparison:
     Attributes:
         rows: one dict per guide (keys listed in :func:`compare_guides`).
         settings: model, data, fit and bound settings (everything needed to rerun it).
-        kind: ``"classification"``, ``"dynamics"`` or ``"regression"`` (selects metric columns).
+        kind: the name of the model's task (:mod:`pyro_invariance.tasks`; selects the metric columns).
         Ks: the importance sample sizes of the IWAE columns.
     """
 
@@ -206,9 +160,11 @@ class GuideComparison:
     results: dict[str, Any] = field(default_factory=dict, repr=False)
 
     # -- table ------------------------------------------------------------------------------------
-    def _metric_columns(self) -> list[tuple[str, str, str]]:
+    def _metric_columns(self) -> list[Column]:
+        """The task's held-out columns present in the rows; its bound columns are left out (the table
+        has its own ELBO / IWAE / log Z columns)."""
         present = set().union(*(r["metrics"] for r in self.rows)) if self.rows else set()
-        return [c for c in METRIC_COLUMNS[self.kind] if c[0] in present]
+        return get_task(self.kind).table_columns(present, bounds=False)
 
     def has_exact_evidence(self) -> bool:
         return any(r.get("log_evidence") is not None for r in self.rows)
@@ -218,7 +174,7 @@ class GuideComparison:
         cols = ["guide", "params", "s/step", "ELBO/N"] + [f"IWAE{k}/N" for k in self.Ks]
         if self.has_exact_evidence():
             cols.append("log Z/N")
-        cols += [f"IWAE{kmax}−ELBO", "k̂", "η"] + [title for _, title, _ in self._metric_columns()]
+        cols += [f"IWAE{kmax}−ELBO", "k̂", "η"] + [c.title for c in self._metric_columns()]
         return cols
 
     def table_rows(self, with_stderr: bool = False) -> list[list[str]]:
@@ -240,7 +196,7 @@ class GuideComparison:
                 cells.append(_fmt(r.get("log_evidence"), ".4f"))
             gain = (r[f"iwae{kmax}"] - r["elbo"]) * r["n_eval"]
             cells += [_fmt(gain, ".2f"), _fmt(r["k_hat"], ".2f"), r["eta_readable"]]
-            cells += [_fmt(r["metrics"].get(key), fmt) for key, _, fmt in self._metric_columns()]
+            cells += [_fmt(r["metrics"].get(c.key), c.format) for c in self._metric_columns()]
             out.append(cells)
         return out
 
@@ -308,19 +264,23 @@ class GuideComparison:
         return path
 
     def save(self, out_dir: str | Path) -> dict[str, Path]:
-        """Write ``table.md``, ``table.json`` and ``bounds.png`` to ``out_dir``."""
+        """Write ``table.md``, ``table.json`` and ``bounds.png`` (:meth:`plot`) to ``out_dir``."""
+        from pyro_invariance.diagnostics.plots import save_figure
+
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "table.md").write_text(self.to_markdown())
-        return {"markdown": out / "table.md", "json": self.save_json(out / "table.json"), "plot": self.plot(out / "bounds.png")}
+        plot = save_figure(self.plot(), out / "bounds.png", dpi=120)
+        return {"markdown": out / "table.md", "json": self.save_json(out / "table.json"), "plot": plot}
 
     # -- plot -------------------------------------------------------------------------------------
-    def plot(self, path: str | Path, title: str | None = None) -> Path:
+    def plot(self, *, title: str | None = None, ax: Axes | None = None) -> Figure:
         """Bar chart of ELBO/N and IWAE_K/N per guide (± standard errors), k̂ above each group,
-        the exact log Z/N as a dashed mark where known; saved as PNG."""
-        import matplotlib
+        the exact log Z/N as a dashed mark where known (point estimates hatched: not bounds).
 
-        matplotlib.use("Agg")
+        Draws into ``ax`` (a matplotlib ``Axes``; default: a new figure) and returns its
+        ``matplotlib.figure.Figure``; save it with ``fig.savefig(path)`` (:meth:`save` writes
+        ``bounds.png``)."""
         import matplotlib.pyplot as plt
 
         names = ["ELBO"] + [f"IWAE$_{{{k}}}$" for k in self.Ks]
@@ -335,7 +295,10 @@ class GuideComparison:
         lo, hi = (min(lows + exact), max(highs + exact)) if lows else (-1.0, 0.0)
         span = max(hi - lo, 1e-3)
         bottom = lo - 0.15 * span
-        fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * n_guides + 3), 3.8))
+        if ax is None:
+            fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * n_guides + 3), 3.8))
+        else:
+            fig = ax.figure
         for j in range(n_bars):
             xs = [i + (j - (n_bars - 1) / 2) * width for i in range(n_guides)]
             heights = [vals[i][j] - bottom if math.isfinite(vals[i][j]) else 0.0 for i in range(n_guides)]
@@ -362,11 +325,7 @@ class GuideComparison:
         ax.set_title(title or f"{s['model']} on {s['data']}: evidence bounds per guide", fontsize=10)
         ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
         fig.tight_layout()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return path
+        return fig
 
 
 # ------------------------------------------------------------------------------------------------
@@ -413,15 +372,13 @@ def _model_factory(model: Any, data: Any, model_kwargs: Mapping[str, Any] | None
     raise TypeError(f"model must be a catalogue name, a model instance or a factory, got {type(model).__name__}")
 
 
+@pyro_scope()
 def compare_guides(
     model: Any,
     data: Any,
     guides: Sequence[str] = DEFAULT_GUIDES,
+    config: FitConfig | None = None,
     *,
-    steps: int = 1000,
-    seed: int = 0,
-    batch_size: int | None = 128,
-    lr: float | None = None,
     K: Sequence[int] | int = (10, 100, 1000),
     bound_samples: int | None = None,
     eval_subset: int | None = None,
@@ -432,9 +389,8 @@ def compare_guides(
     model_kwargs: Mapping[str, Any] | None = None,
     data_kwargs: Mapping[str, Any] | None = None,
     progress: bool = False,
-    device: str = "cpu",
     log: Callable[[str], None] | None = None,
-    **fit_kwargs: Any,
+    **overrides: Any,
 ) -> GuideComparison:
     """Fit ``guides`` on ``model`` × ``data`` with the same seeds and budget; tabulate bounds and metrics.
 
@@ -445,8 +401,10 @@ def compare_guides(
         data: a dataset name (built with ``data_kwargs``), a dataset object, or a pair ``(x, y)``
             (then the test metrics are on the same pair).
         guides: guide names (:mod:`pyro_invariance.guides`); checked before anything is fitted.
-        steps, seed, batch_size, lr, **fit_kwargs: passed to :func:`~pyro_invariance.infer.training.fit`
-            for every guide (``lr=None``: fit's default).
+        config: with ``**overrides``, the training settings, as in :func:`~pyro_invariance.infer.training.fit`
+            (:class:`~pyro_invariance.infer.config.FitConfig` fields), resolved per guide: explicit
+            settings, then the model's and that guide's ``fit_defaults``, then the library's. The
+            seed (and so the model's start and the minibatches) is the same for every guide.
         K: importance sample sizes of the IWAE bounds (ints ≥ 1).
         bound_samples: guide draws for the bounds (default ``max(K)``).
         eval_subset: bound the evidence of the first ``eval_subset`` training points only (speed);
@@ -492,8 +450,9 @@ def compare_guides(
     unknown = set(guide_kwargs) - set(guides)
     if unknown:
         raise ValueError(f"guide_kwargs for guides not compared: {sorted(unknown)}")
-    if lr is not None:
-        fit_kwargs["lr"] = lr
+    FitConfig.check_names(overrides)
+    shared = resolve_config(config, None, None, overrides)  # the settings common to every guide
+    seed, device = shared.seed, shared.device
 
     dataset, data_label = _resolve_data(data, data_kwargs)
     build, model_label, built_kwargs = _model_factory(model, dataset, model_kwargs, seed)
@@ -503,7 +462,7 @@ def compare_guides(
     n_eval = n_train if eval_subset is None else check_positive_int("eval_subset", eval_subset)
     if n_eval > n_train:
         raise ValueError(f"eval_subset={eval_subset} exceeds the {n_train} training points")
-    kind = task_kind(dataset, probe)
+    kind = task_for(probe, dataset).name
     check_observed(probe, x_train[:2], y_train[:2], num_data=n_train)  # fail before fitting
 
     say = log or (lambda _msg: None)
@@ -512,9 +471,9 @@ def compare_guides(
     for name in guides:
         m = build()
         g = guide_registry.get(name, m, **guide_kwargs.get(name, {}))
-        say(f"fitting {name} ({steps} steps) ...")
-        result = fit(m, g, dataset, steps=steps, batch_size=batch_size, seed=seed, progress=progress,
-                     device=device, **fit_kwargs)
+        result = fit(m, g, dataset, config, progress=progress, **overrides)
+        steps = result.config.steps
+        say(f"fitted {name} ({steps} steps)")
         dev = torch.device(device)
         xe, ye = x_train[:n_eval].to(dev), y_train[:n_eval].to(dev)
         t0 = time.perf_counter()
@@ -524,10 +483,8 @@ def compare_guides(
         bound_seconds = time.perf_counter() - t0
         pyro.set_rng_seed(seed + 2)
         metrics = evaluation_metrics(m, g, dataset, eval_samples, device, seed=seed + 2)
-        log_z = None
-        if hasattr(m, "log_evidence"):
-            with torch.no_grad():
-                log_z = float(m.log_evidence(xe, ye)) / n_eval
+        log_z = exact_log_evidence(m, xe, ye)
+        log_z = None if log_z is None else log_z / n_eval
         from pyro_invariance.guides import num_guide_parameters
 
         row: dict[str, Any] = {
@@ -566,10 +523,11 @@ def compare_guides(
         "data_kwargs": dict(data_kwargs or {}),
         "guides": guides,
         "guide_kwargs": guide_kwargs,
-        "steps": steps,
+        "steps": shared.steps,
         "seed": seed,
-        "batch_size": batch_size,
-        "fit_kwargs": {k: v for k, v in fit_kwargs.items()},
+        "batch_size": shared.batch_size,
+        "fit_settings": dict(overrides) if config is None else asdict(shared),
+        "fit_config": {name: asdict(result.config) for name, result in results.items()},
         "K": list(Ks),
         "bound_samples": num_draws,
         "bound_vectorize": bound_vectorize,

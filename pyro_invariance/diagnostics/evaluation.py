@@ -1,10 +1,14 @@
-"""Held-out metrics of a fitted model: accuracy, test NLL and ELBO per datum.
+"""Held-out metrics of a fitted model, by its task, and the one posterior-predictive loop.
 
-Every entry point (:func:`evaluate` here, :func:`pyro_invariance.diagnostics.compare.evaluation_metrics` /
-``regression_metrics``, :func:`pyro_invariance.diagnostics.hnn_metrics.evaluate_hnn`) checks its arguments and
-converts the data once for the model (:func:`pyro_invariance.data.arrays.test_arrays`: numpy
-arrays and any real dtype are accepted, labels are range-checked), and runs under a fixed ``seed``
-(:func:`seeded_rng`) so that two calls give the same numbers without touching the caller's RNG.
+:func:`evaluate` asks the model's task (:mod:`pyro_invariance.tasks`) for its metrics:
+:func:`classification_metrics` (accuracy, test NLL, ELBO per datum), :func:`regression_metrics`
+(RMSE, NLL, exact log evidence) or :func:`pyro_invariance.diagnostics.hnn_metrics.evaluate_hnn`
+(the talk's HNN columns). All of them draw from :func:`posterior_predictive`.
+
+Every entry point accepts a dataset object or a plain pair ``(x, y)`` (as ``fit`` does), checks its
+arguments and converts the data once for the model (:func:`pyro_invariance.data.arrays.test_arrays`:
+numpy arrays and any real dtype are accepted, labels are range-checked), and runs under a fixed
+``seed`` (:func:`seeded_rng`) so that two calls give the same numbers without touching the caller's RNG.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from torch import Tensor
 
 from pyro_invariance.data.arrays import test_arrays, train_arrays
 from pyro_invariance.validation import check_positive_int, check_seed, coerce_labels, num_classes_of
+from pyro_invariance._pyro_scope import pyro_scope
 
 
 @contextlib.contextmanager
@@ -44,12 +49,16 @@ def model_device(model: Any) -> torch.device:
     return next(iter(model.buffers()), next(iter(model.parameters()), torch.zeros(0))).device
 
 
+@pyro_scope()
 @torch.no_grad()
-def predictive_logits(model: Any, guide: Any, x: Tensor, num_samples: int = 16, batch_size: int = 1024) -> Tensor:
-    """Logits under ``num_samples`` joint draws from the guide (and the model's transforms).
+def posterior_predictive(model: Any, guide: Any, x: Tensor, num_samples: int = 16, batch_size: int = 1024) -> Tensor:
+    """The model's output under ``num_samples`` joint draws from the guide: ``(S, N, *out)``.
 
-    Returns ``(num_samples, N, C)``; each draw uses one guide sample for all of ``x`` (in chunks
-    of ``batch_size`` rows) and fresh symmetry samples per chunk.
+    ``f_s(x) = model(x; θ_s)``, ``θ_s ~ q`` (paper 003, Eq. 9's Monte-Carlo predictive): each draw
+    replays one guide sample into the model for all of ``x`` (in chunks of ``batch_size`` rows),
+    with fresh symmetry samples (transforms, flows) per chunk. Outputs are logits ``(S, N, C)`` for
+    classification, means ``(S, N, D_out)`` for regression, next states ``(S, N, M)`` for dynamics.
+    The RNG is not seeded here (the metric functions seed it, :func:`seeded_rng`).
     """
     check_positive_int("num_samples", num_samples)
     check_positive_int("batch_size", batch_size)
@@ -62,6 +71,7 @@ def predictive_logits(model: Any, guide: Any, x: Tensor, num_samples: int = 16, 
     return torch.stack(out)
 
 
+@pyro_scope()
 @torch.no_grad()
 def elbo_per_datum(
     model: Any, guide: Any, x: Tensor, y: Tensor, num_particles: int = 8, meanfield: bool = True,
@@ -84,8 +94,46 @@ def elbo_per_datum(
     return -total / n
 
 
+@pyro_scope()
 def evaluate(
     result: Any,
+    data: Any,
+    *,
+    num_samples: int = 16,
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    **options: Any,
+) -> dict[str, float]:
+    """Held-out metrics of a fitted model, as its task defines them (:meth:`pyro_invariance.tasks.Task.metrics`).
+
+    Args:
+        result: a :class:`~pyro_invariance.infer.training.FitResult` or a pair ``(model, guide)``.
+        data: a dataset (held-out split ``x_test``/``y_test``, training split for the ELBO) or a pair
+            ``(x, y)`` used for every number. Converted and checked once for the model.
+        num_samples: guide draws in the posterior predictive.
+        device: where to evaluate (default: the model's device).
+        seed: seeds the guide and symmetry draws: the same call gives the same numbers, and the
+            caller's RNG state is left as it was.
+        options: the task's own settings: ``num_particles``, ``batch_size`` (classification);
+            ``num_particles``, ``rollout_steps``, ``max_test`` (dynamics).
+
+    Returns:
+        classification: ``{"accuracy", "nll", "elbo_per_datum"}`` (:func:`classification_metrics`);
+        regression: ``{"rmse", "nll"[, "log_evidence_per_datum"]}`` (:func:`regression_metrics`);
+        dynamics: the talk's columns (:func:`~pyro_invariance.diagnostics.hnn_metrics.evaluate_hnn`).
+    """
+    from pyro_invariance.infer.training import FitResult
+    from pyro_invariance.tasks import task_for
+
+    model, guide = (result.model, result.guide) if isinstance(result, FitResult) else result
+    return task_for(model, data).metrics(model, guide, data, num_samples=num_samples, device=device, seed=seed,
+                                         **options)  # fmt: skip
+
+
+@pyro_scope()
+def classification_metrics(
+    model: Any,
+    guide: Any,
     data: Any,
     *,
     num_samples: int = 16,
@@ -96,15 +144,17 @@ def evaluate(
 ) -> dict[str, float]:
     """Accuracy and NLL of the posterior predictive on the held-out split, ELBO/N on training data.
 
+    The predictive is the mixture ``p(y|x) ≈ (1/S) Σ_s softmax(f_s(x))_y``, ``θ_s ~ q``
+    (:func:`posterior_predictive`; paper 003, Eq. 9).
+
     Args:
-        result: a :class:`~pyro_invariance.infer.training.FitResult` or a pair ``(model, guide)`` of a
-            classification model (its forward returns logits ``(B, C)``).
+        model, guide: a classification model (its forward returns logits ``(B, C)``) and its guide.
         data: a dataset (held-out split = ``x_test``/``y_test``; ELBO on ``x_train``) or a pair
             ``(x, y)`` used for all three numbers. Converted and checked once for the model
             (:mod:`pyro_invariance.data.arrays`): ``x`` of any real dtype (numpy arrays too) becomes
             the model's floating dtype — integer ``x`` as-is unless the dataset has an
             ``input_scale`` — labels become int64 and must lie in ``[0, num_classes)``.
-        num_samples: guide draws averaged in the posterior predictive p(y|x) ≈ (1/K) Σ_k p(y|x, θ_k).
+        num_samples: guide draws S averaged in the posterior predictive.
         num_particles: particles of the ELBO estimate.
         batch_size: rows per chunk.
         device: where to evaluate (default: the model's device).
@@ -122,7 +172,6 @@ def evaluate(
     check_positive_int("num_particles", num_particles)
     check_positive_int("batch_size", batch_size)
     check_seed(seed)
-    model, guide = (result.model, result.guide) if hasattr(result, "model") else result
     dev = torch.device(device) if device is not None else model_device(model)
     x_test, y_test = (t.to(dev) for t in test_arrays(data, model))
     x_train, y_train = (t.to(dev) for t in train_arrays(data, model))
@@ -130,7 +179,7 @@ def evaluate(
     model.eval()
     try:
         with seeded_rng(seed, dev):
-            logits = predictive_logits(model, guide, x_test, num_samples, batch_size)
+            logits = posterior_predictive(model, guide, x_test, num_samples, batch_size)
             if num_classes_of(model) is None:  # a model without num_classes: check against its logits
                 y_test = coerce_labels(y_test, logits.shape[-1])
             log_probs = torch.log_softmax(logits, dim=-1)  # (K, N, C)
@@ -141,3 +190,46 @@ def evaluate(
     finally:
         model.train(was_training)
     return {"accuracy": float(accuracy), "nll": float(nll), "elbo_per_datum": elbo}
+
+
+@pyro_scope()
+@torch.no_grad()
+def regression_metrics(model: Any, guide: Any, data: Any, *, num_samples: int = 16, device: Any = None,
+                       seed: int = 0) -> dict[str, float]:  # fmt: skip
+    """Held-out RMSE of the posterior-predictive mean and NLL per example of the predictive
+    mixture ``(1/S) Σ_s p(y | x, θ_s)`` (the model's own observation distribution), ``θ_s ~ q``.
+
+    Adds ``log_evidence_per_datum`` (training data) when the model has an exact
+    ``log_evidence`` (:meth:`~pyro_invariance.models.base.CatalogueModel.log_evidence`). ``data`` is a
+    dataset or a pair ``(x, y)``, converted and checked once for the model
+    (:func:`~pyro_invariance.data.arrays.test_arrays`); the draws are seeded by ``seed``
+    (:func:`seeded_rng`), the caller's RNG is left as it was.
+    """
+    from pyro_invariance.diagnostics.compare import exact_log_evidence
+
+    check_positive_int("num_samples", num_samples)
+    check_seed(seed)
+    dev = torch.device(device) if device is not None else model_device(model)
+    x, y = (t.to(dev) for t in test_arrays(data, model))
+    log_probs, means = [], []
+    with seeded_rng(seed, dev):
+        for _ in range(num_samples):
+            guide_tr = poutine.trace(guide).get_trace(x[:1], y[:1])
+            tr = poutine.trace(poutine.replay(model, trace=guide_tr)).get_trace(x, y)
+            obs = [s for s in tr.nodes.values() if s["type"] == "sample" and s["is_observed"]]
+            if not obs:
+                raise ValueError("model has no observed site: no predictive metrics")
+            fn, value = obs[0]["fn"], obs[0]["value"]
+            log_probs.append(fn.log_prob(value).double())
+            means.append(fn.mean.double())
+    lp = torch.stack(log_probs)  # (S, N)
+    mean = torch.stack(means).mean(0)
+    out = {
+        "rmse": float((mean - obs[0]["value"].double()).pow(2).mean().sqrt()),
+        "nll": float(-(torch.logsumexp(lp, 0) - math.log(num_samples)).mean()),
+    }
+    xt, yt = (t.to(dev) for t in train_arrays(data, model))
+    log_z = exact_log_evidence(model, xt, yt)
+    if log_z is not None:
+        out["log_evidence_per_datum"] = log_z / xt.shape[0]
+    return out

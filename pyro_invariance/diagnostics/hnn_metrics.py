@@ -1,4 +1,4 @@
-"""Metrics, symmetry analysis and plots for Hamiltonian models (talk 000 tables; methods.md §4).
+"""Metrics, symmetry analysis and plots for Hamiltonian models (talk 000 tables; docs/methods.md §4).
 
 :func:`evaluate_hnn` returns the columns of the talk's tables:
 
@@ -8,7 +8,7 @@
 * ``neg_elbo``: ``nll + kl`` (−ELBO / N, lower is better),
 * ``test_mse``, ``wider_mse``, ``moved_mse``: predictive-mean MSE on the other splits,
 * ``energy_drift``: median over rollouts of the mean relative change of the *true* energy,
-  |H(x̂_t) − H(x_0)| / |H(x_0)| (absolute for |H(x_0)| < 1e-6), along rollouts of the learned
+  ``|H(x̂_t) − H(x_0)| / |H(x_0)|`` (absolute for ``|H(x_0)| < 1e-6``), along rollouts of the learned
   model from the test initial states (the median: a few diverging rollouts should not dominate).
 
 MSEs are averaged over state coordinates and pairs (the talk's convention of a per-element MSE).
@@ -16,16 +16,21 @@ MSEs are averaged over state coordinates and pairs (the talk's convention of a p
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 from pyro import poutine
 from torch import Tensor
 
 from pyro_invariance.symmetry.conserved import SymmetryAnalysis, analyse_generators, oracle_generators
-from pyro_invariance.data.arrays import prepare_arrays
+from pyro_invariance.data.arrays import prepare_arrays, test_arrays, train_arrays
+from pyro_invariance.data.physics import PhysicsDataset
+from pyro_invariance.tasks import DYNAMICS
 from pyro_invariance.validation import check_positive_int, check_seed
+from pyro_invariance._pyro_scope import pyro_scope
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 _ORACLE_FOR = {"sho": "so2", "oscillators": "un", "nbody": "se2"}
 
@@ -35,17 +40,7 @@ def _draw(model: Any, guide: Any, x: Tensor) -> tuple[Any, Any]:
     return guide_tr, poutine.replay(model, trace=guide_tr)
 
 
-@torch.no_grad()
-def predict(model: Any, guide: Any, x: Tensor, num_samples: int = 8, batch_size: int = 4096) -> Tensor:
-    """Next-state predictions under ``num_samples`` guide draws: ``(num_samples, N, M)``."""
-    check_positive_int("num_samples", num_samples)
-    out = []
-    for _ in range(num_samples):
-        _, conditioned = _draw(model, guide, x)
-        out.append(torch.cat([poutine.block(conditioned)(x[i:i + batch_size]) for i in range(0, x.shape[0], batch_size)]))
-    return torch.stack(out)
-
-
+@pyro_scope()
 @torch.no_grad()
 def rollout(model: Any, guide: Any, x0: Tensor, steps: int, num_samples: int = 4) -> Tensor:
     """Autoregressive rollouts ``(num_samples, T, steps + 1, M)``, one guide draw per rollout."""
@@ -60,6 +55,7 @@ def rollout(model: Any, guide: Any, x0: Tensor, steps: int, num_samples: int = 4
     return torch.stack(out)
 
 
+@pyro_scope()
 @torch.no_grad()
 def nll_kl(model: Any, guide: Any, x: Tensor, y: Tensor, num_particles: int = 4) -> tuple[float, float]:
     """``(E_q[−log p(y|x,θ)]/N, KL(q‖p)/N)`` on the full data, averaged over particles."""
@@ -95,6 +91,7 @@ def energy_drift(system: Any, traj: Tensor) -> float:
     return float(per_rollout.flatten().median())
 
 
+@pyro_scope()
 def evaluate_hnn(
     model: Any,
     guide: Any,
@@ -104,21 +101,29 @@ def evaluate_hnn(
     num_particles: int = 4,
     rollout_steps: int | None = None,
     max_test: int | None = None,
+    device: Any = None,
     seed: int = 0,
 ) -> dict[str, float]:
-    """The talk's table columns for a fitted model on a :class:`~pyro_invariance.data.physics.PhysicsDataset`.
+    """The talk's table columns for a fitted dynamics model (the :data:`~pyro_invariance.tasks.DYNAMICS` task).
 
     Args:
+        data: a :class:`~pyro_invariance.data.physics.PhysicsDataset` (every column: the training split,
+            the held-out splits ``test`` / ``wider`` / ``moved`` and the energy drift of rollouts from
+            the test trajectories), another dataset object (``x_train``/``y_train``/``x_test``/``y_test``:
+            ``test_mse`` on its held-out split) or a pair ``(x, y)`` of states and next states, as
+            ``fit`` takes it (every column is computed on the pair; no energy drift: it needs the system).
         num_samples: guide draws in the predictive mean.
         num_particles: draws in the NLL / KL estimates.
         rollout_steps: steps of the energy-drift rollouts (default the test split's ``steps``; 0 skips
             the energy drift).
         max_test: evaluate at most this many pairs per held-out split (speed).
+        device: where to evaluate (default: the model's device).
         seed: seeds every draw (:func:`~pyro_invariance.diagnostics.evaluation.seeded_rng`): two calls give the
             same numbers, and the caller's RNG state is left as it was.
 
     Every split is converted and checked once for the model
-    (:func:`~pyro_invariance.data.arrays.prepare_arrays`) and moved to the model's device.
+    (:func:`~pyro_invariance.data.arrays.prepare_arrays`) and moved to the device. Predictions are
+    :meth:`DYNAMICS.posterior_predictive <pyro_invariance.tasks.Task.posterior_predictive>` draws.
     """
     from pyro_invariance.diagnostics.evaluation import model_device, seeded_rng
 
@@ -129,7 +134,7 @@ def evaluate_hnn(
     if max_test is not None:
         check_positive_int("max_test", max_test)
     check_seed(seed)
-    dev = model_device(model)
+    dev = torch.device(device) if device is not None else model_device(model)
 
     def split_arrays(x: Any, y: Any) -> tuple[Tensor, Tensor]:
         return tuple(t.to(dev) for t in prepare_arrays(x, y, model))  # type: ignore[return-value]
@@ -143,22 +148,27 @@ def evaluate_hnn(
         model.train(was_training)
 
 
+def _mse(model: Any, guide: Any, x: Tensor, y: Tensor, num_samples: int) -> float:
+    """Per-element MSE of the posterior-predictive mean next state, ``mean((E_q f(x) − y)²)``."""
+    return float(((DYNAMICS.posterior_predictive(model, guide, x, num_samples).mean(0) - y) ** 2).mean())
+
+
 def _hnn_columns(model: Any, guide: Any, data: Any, split_arrays: Any, num_samples: int, num_particles: int,
                  rollout_steps: int | None, max_test: int | None) -> dict[str, float]:  # fmt: skip
-    x, y = split_arrays(data.x_train, data.y_train)
+    x, y = split_arrays(*train_arrays(data))
     out: dict[str, float] = {}
-    out["train_mse"] = float(((predict(model, guide, x, num_samples).mean(0) - y) ** 2).mean())
+    out["train_mse"] = _mse(model, guide, x, y, num_samples)
     nll, kl = nll_kl(model, guide, x, y, num_particles)
     out.update(nll=nll, kl=kl, neg_elbo=nll + kl)
-    for split in ("test", "wider", "moved"):
-        if split not in data.arrays:
-            continue
-        xs, ys = data.split(split)
+    physics = isinstance(data, PhysicsDataset)
+    held_out = {s: data.split(s) for s in ("test", "wider", "moved") if s in data.arrays} if physics else {
+        "test": test_arrays(data)}  # fmt: skip
+    for split, (xs, ys) in held_out.items():
         if max_test is not None:
             xs, ys = xs[:max_test], ys[:max_test]
         xs, ys = split_arrays(xs, ys)
-        out[f"{split}_mse"] = float(((predict(model, guide, xs, num_samples).mean(0) - ys) ** 2).mean())
-    if "test" in data.trajectories and rollout_steps != 0:
+        out[f"{split}_mse"] = _mse(model, guide, xs, ys, num_samples)
+    if physics and "test" in data.trajectories and rollout_steps != 0:
         traj = torch.as_tensor(data.trajectories["test"], dtype=x.dtype, device=x.device)
         x0 = traj[: (max_test or traj.shape[0]), 0]
         steps = rollout_steps or data.splits["test"].steps
@@ -179,17 +189,16 @@ def symmetry_analysis(model: Any, oracle: str | None = None, system: str | None 
     return analyse_generators(g, o, rel_threshold)
 
 
-def plot_symmetry_analysis(analysis: SymmetryAnalysis, path: str | Path | None = None, title: str = "",
-                           target: int | None = None) -> Any:
-    """Two panels: singular values (bars; dashed line at ``target`` count) and the parallelness
-    |cos| of each singular vector to the oracle span. Returns the figure (saved if ``path``)."""
-    import matplotlib
-
-    if path is not None:
-        matplotlib.use("Agg", force=False)
+def plot_symmetry_analysis(analysis: SymmetryAnalysis, *, title: str = "", target: int | None = None,
+                           fig: Figure | None = None) -> Figure:
+    """Two panels: singular values of the learned generators (bars; dashed line after the
+    ``target`` count) and the parallelness ``|cos|`` of each singular vector to the oracle span (left
+    blank without an oracle). Draws into ``fig`` (an empty figure; default: a new one) and returns
+    it."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    fig = fig if fig is not None else plt.figure(figsize=(8, 3))
+    axes = fig.subplots(1, 2)
     s = analysis.singular_values.numpy()
     idx = range(1, len(s) + 1)
     axes[0].bar(idx, s, color="C0")
@@ -205,18 +214,17 @@ def plot_symmetry_analysis(analysis: SymmetryAnalysis, path: str | Path | None =
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
     return fig
 
 
-def plot_generators(generators: Sequence[Tensor], titles: Sequence[str], path: str | Path | None = None) -> Any:
-    """Heat maps of generators ``(D, D)`` side by side (e.g. learned next to SO(2))."""
+def plot_generators(generators: Sequence[Tensor], titles: Sequence[str], *, fig: Figure | None = None) -> Figure:
+    """Heat maps of generators ``(D, D)`` side by side (e.g. learned next to SO(2)), one panel and
+    title each, blue < 0 < red. Draws into ``fig`` (an empty figure; default: a new one) and
+    returns it."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(generators), figsize=(2.6 * len(generators), 2.6))
-    axes = [axes] if len(generators) == 1 else list(axes)
+    fig = fig if fig is not None else plt.figure(figsize=(2.6 * len(generators), 2.6))
+    axes = fig.subplots(1, len(generators), squeeze=False)[0]
     for ax, g, t in zip(axes, generators, titles):
         g = g.detach().cpu()
         lim = float(g.abs().max()) or 1.0
@@ -225,6 +233,4 @@ def plot_generators(generators: Sequence[Tensor], titles: Sequence[str], path: s
         ax.set_xticks([])
         ax.set_yticks([])
     fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
     return fig

@@ -4,7 +4,7 @@ Two sources of draws, one result layout:
 
 * **variational** -- a :class:`~pyro_invariance.infer.training.FitResult` or a pair ``(model, guide)``:
   ``num_samples`` joint draws θ_s ~ q(θ) from the guide (ArviZ's ``from_pyro`` needs an MCMC
-  object, methods.md §5);
+  object, docs/methods.md §5);
 * **MCMC** -- a ``pyro.infer.MCMC`` that has run (e.g. NUTS on the model, with ``model(x, y)``),
   or a pair ``(model, draws)`` with ``draws = {site: array (chain, draw, *site_shape)}``.
 
@@ -36,9 +36,10 @@ Groups (C chains, D draws -- one chain of ``num_samples`` draws for a guide -- N
     attrs                model, guide / sampler, split, num_samples, seed, inference, eta_<generator>;
                          MCMC: num_chains, num_warmup, step_size, acceptance_rate (mean over chains)
 
-Dimension names come from the model's optional ``arviz_dims()`` (site name -> list of names for
-the site's own dims, e.g. ``{"out_weight": ["class", "hidden"]}``); sites it leaves out get
-``<site>_dim_<i>``. Coordinates come from the model's optional ``arviz_coords()`` (dim ->
+Dimension names come from a catalogue model's ``arviz_dims()``
+(:class:`~pyro_invariance.models.base.CatalogueModel`; site name -> list of names for the site's own
+dims, e.g. ``{"out_weight": ["class", "hidden"]}``); sites it leaves out, and every site of any other
+model, get ``<site>_dim_<i>``. Coordinates come from a catalogue model's ``arviz_coords()`` (dim ->
 values), else a ``class`` dim is labelled with the dataset's class names (``data.info["classes"]``)
 when their number matches, else ``0, 1, ...``.
 """
@@ -66,7 +67,9 @@ from pyro_invariance.diagnostics.arviz_compat import (  # noqa: F401  (re-export
     summary,
 )
 from pyro_invariance.data.arrays import test_arrays, train_arrays
+from pyro_invariance.models.base import CatalogueModel, symmetry_summary
 from pyro_invariance.validation import check_positive_int
+from pyro_invariance._pyro_scope import pyro_scope
 
 __all__ = [
     "to_inference_data",
@@ -83,6 +86,7 @@ SPLITS = ("train", "test")
 DEFAULT_GUIDE_SAMPLES = 100
 
 
+@pyro_scope()
 def to_inference_data(
     source: Any,
     data: Any,
@@ -171,7 +175,7 @@ def to_inference_data(
     sample_stats.update(src.sample_stats)
 
     dims = _dims(model, {k: v.shape[2:] for k, v in posterior.items()}, obs_name, observed.shape)
-    symmetry = {k: float(v) for k, v in getattr(model, "symmetry_parameters", lambda: {})().items()}
+    symmetry = {k: float(v) for k, v in symmetry_summary(model).items()}
     coords = _coords(model, data, dims)
     groups: dict[str, dict[str, np.ndarray]] = {
         "posterior": posterior,
@@ -451,7 +455,7 @@ def _set_rng_state(state: tuple[Tensor, Tensor | None], device: torch.device) ->
 
 def _dims(model: Any, shapes: dict[str, tuple], obs_name: str, observed_shape: tuple) -> dict[str, list[str]]:
     """Dims per variable (sample dims chain/draw excluded) from ``model.arviz_dims()`` or generic."""
-    given = dict(model.arviz_dims()) if callable(getattr(model, "arviz_dims", None)) else {}
+    given = dict(model.arviz_dims()) if isinstance(model, CatalogueModel) else {}
     dims: dict[str, list[str]] = {}
     all_shapes = {**shapes, obs_name: tuple(observed_shape)}
     for name, shape in all_shapes.items():
@@ -490,10 +494,10 @@ def _registered_name(obj: Any, spec: dict[str, Any], kind: str) -> str:
 
 
 def _coords(model: Any, data: Any, dims: dict[str, list[str]]) -> dict[str, list[Any]]:
-    """Coordinates: ``model.arviz_coords()`` if the model has it; a ``class`` dim gets the dataset's
+    """Coordinates: ``model.arviz_coords()`` of a catalogue model; a ``class`` dim gets the dataset's
     class names when their number matches the site's size (checked by ``from_arrays``)."""
     coords: dict[str, list[Any]] = {}
-    if callable(getattr(model, "arviz_coords", None)):
+    if isinstance(model, CatalogueModel):
         coords.update({k: list(v) for k, v in model.arviz_coords().items()})
     classes = getattr(data, "info", {}).get("classes") if isinstance(getattr(data, "info", None), dict) else None
     num_classes = getattr(model, "num_classes", None)

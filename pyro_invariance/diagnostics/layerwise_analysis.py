@@ -1,7 +1,7 @@
 """Which layers became equivariant? Learned prior precisions, effective parameters, pathway shares.
 
 For a fitted :class:`~pyro_invariance.models.layerwise.LayerwiseNet` and its guide (paper 004
-Section 6.2, App. D; methods.md §3):
+Section 6.2, App. D; docs/methods.md §3):
 
 * **prior precision** δ of every pathway tensor (a non-equivariant pathway with δ → ∞ is switched
   off, so the layer is strictly equivariant);
@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 from pyro import poutine
 from pyro.infer.autoguide import AutoDelta
 from torch import Tensor
+from pyro_invariance._pyro_scope import pyro_scope
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["PathwayReport", "analyse_pathways", "block_shares", "pathway_table", "plot_pathways"]
 
@@ -102,6 +105,7 @@ def _variance_sums(model: Any, guide: Any, sites: Sequence[str], x: Tensor | Non
     return out
 
 
+@pyro_scope()
 def analyse_pathways(model: Any, guide: Any, x: Tensor | None = None, num_samples: int = 64) -> list[PathwayReport]:
     """One :class:`PathwayReport` per pathway of ``model`` (blocks, then the head layers).
 
@@ -160,18 +164,17 @@ def pathway_table(reports: Sequence[PathwayReport]) -> str:
     return "\n".join(lines)
 
 
-def plot_pathways(reports: Sequence[PathwayReport], path: str | Path, title: str = "") -> Path:
+def plot_pathways(reports: Sequence[PathwayReport], *, title: str = "", fig: Figure | None = None) -> Figure:
     """Two panels: relative share of each pathway per block (stacked bars: which layers became
-    FC / CONV / GCONV) and log₁₀ δ per pathway tensor. Saved to ``path`` (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
+    FC / CONV / GCONV) and log₁₀ δ per pathway tensor. Draws into ``fig`` (an empty figure;
+    default: a new one) and returns it."""
     import matplotlib.pyplot as plt
 
     shares = block_shares(reports)
     blocks = sorted(shares)
     kinds = [k for k in KIND_LABELS if any(k in shares[b] for b in blocks)]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig = fig if fig is not None else plt.figure(figsize=(11, 3.8))
+    ax1, ax2 = fig.subplots(1, 2)
     bottom = [0.0] * len(blocks)
     for kind in kinds:
         vals = [shares[b].get(kind, 0.0) if not math.isnan(shares[b].get(kind, 0.0)) else 0.0 for b in blocks]
@@ -194,8 +197,4 @@ def plot_pathways(reports: Sequence[PathwayReport], path: str | Path, title: str
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig

@@ -1,4 +1,4 @@
-"""Plots users expect from a symmetry-learning run (matplotlib, Agg backend, saved to files).
+"""Plots users expect from a symmetry-learning run (matplotlib figures).
 
 =================================  ==============================================================
 function                           what
@@ -6,6 +6,8 @@ function                           what
 :func:`plot_eta_history`           η per generator over training, in human units (degrees,
                                    pixels, scale factors), beside the data's true range; ELBO/N
 :func:`plot_filter_bank`           InvariantMLP: first-layer rows warped over ε ∈ [−1, 1]
+:func:`plot_orbits`                InvariantMLP: what the learned η does -- a few first-layer filters
+                                   (ReLU) or input images (RFF) transformed over ε ∈ [−1, 1]
 :func:`plot_filter_banks`          layer-wise models: the conv filters (and FC receptive fields)
                                    of one block, from site values (e.g. a guide's ``median()``)
 :func:`plot_generators`            the learned affine generator Σ ηᵢGᵢ as a vector field on the
@@ -14,7 +16,11 @@ function                           what
                                    C(x) = xᵀAx/2 + bᵀx and their flows on a phase-space plane
 =================================  ==============================================================
 
-Every function saves one PNG and returns its path. For the Hamiltonian generators as heat maps and
+Every function follows the matplotlib convention: it draws into ``fig=`` (an empty
+:class:`~matplotlib.figure.Figure`, e.g. ``plt.figure()``) or a new pyplot figure, and returns the
+figure; saving is the caller's (``fig.savefig(path)``, or :func:`save_figure`, which also closes it).
+No function selects a backend: scripts without a display set ``MPLBACKEND=Agg`` (matplotlib falls
+back to Agg by itself where no display is found). For the Hamiltonian generators as heat maps and
 their SVD, see :func:`pyro_invariance.diagnostics.hnn_metrics.plot_generators` and
 :func:`~pyro_invariance.diagnostics.hnn_metrics.plot_symmetry_analysis`; for ArviZ's own plots on posterior
 draws, :func:`pyro_invariance.diagnostics.inference_data.plot_posterior` / ``plot_forest``.
@@ -26,11 +32,9 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
 
 __all__ = [
     "data_eta_range",
@@ -39,6 +43,8 @@ __all__ = [
     "plot_filter_bank",
     "plot_filter_banks",
     "plot_generators",
+    "plot_orbits",
+    "save_figure",
 ]
 
 # Panels of plot_eta_history: generator names -> (panel title, y label, η -> display value).
@@ -83,23 +89,24 @@ def data_eta_range(data: Any) -> dict[str, float]:
 
 def plot_eta_history(
     histories: Mapping[str, Mapping[str, Any]],
-    path: str | Path,
-    title: str = "",
     *,
+    title: str = "",
     data_range: Mapping[str, float] | Any = None,
     image_size: int | None = None,
-) -> Path:
+    fig: Figure | None = None,
+) -> Figure:
     """η per generator over training, in human units, and ELBO/N, for one or more runs.
 
     Args:
-        histories: run label -> ``FitResult.history`` (``step``, ``elbo``, ``eta``).
-        path: the PNG to write.
+        histories: run label -> ``FitResult.history`` (``step``, ``elbo``, ``eta``: generator
+            name -> one value per logged step).
         title: figure title.
         data_range: the data's true η per generator (``{"rot": π}``), or a transformed dataset
             (read with :func:`data_eta_range`); drawn as dashed lines in each run's colour.
         image_size: image side in pixels: translations are then shown in pixels.
+        fig: an empty figure to draw into (default: a new one).
 
-    One panel per kind of generator (rotation in degrees with a dotted line at 180° = all of
+    Returns the figure: one panel per kind of generator (rotation in degrees with a dotted line at 180° = all of
     SO(2); translation in half image sides or pixels; scale as the largest factor e^η; shear;
     any other symmetry parameter -- λ, generator norms, layer-wise precisions -- as is, on a
     log axis when positive and spanning over two decades), and one for the smoothed ELBO/N.
@@ -115,8 +122,8 @@ def plot_eta_history(
                 ylabel = "η (pixels)"
             panels.setdefault(kind, (ylabel, []))[1].append((label, name, hist["step"], np.asarray(values, float)))
     n = len(panels) + 1
-    fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 3.6), squeeze=False)
-    axes = list(axes[0])
+    fig = fig if fig is not None else plt.figure(figsize=(4.6 * n, 3.6))
+    axes = list(fig.subplots(1, n, squeeze=False)[0])
     for ax, (kind, (ylabel, lines)) in zip(axes, panels.items()):
         for i, (label, name, steps, values) in enumerate(lines):
             colour = f"C{i % 10}"
@@ -140,13 +147,21 @@ def plot_eta_history(
         ax_elbo.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    return _save(fig, path)
+    return fig
 
 
-def plot_filter_bank(model: Any, path: str | Path, rows: Sequence[int] = (0, 1, 2, 3), num: int = 7) -> Path:
-    """First-layer rows warped over ε ∈ [-1, 1] (paper 003, Fig. 3); needs ``model.filter_bank``."""
+def plot_filter_bank(
+    model: Any, *, rows: Sequence[int] = (0, 1, 2, 3), num: int = 7, fig: Figure | None = None
+) -> Figure:
+    """First-layer rows of W1 warped over ε ∈ [-1, 1] (paper 003, Fig. 3): one row of panels per
+    hidden unit in ``rows``, ``num`` columns of ε; needs ``model.filter_bank`` (an InvariantMLP).
+
+    For an RFF model W1 is fixed random noise, so this shows the transforms but not what η learned
+    on the data: see :func:`plot_orbits` with input images. ``fig``: an empty figure to draw into.
+    """
     bank = model.filter_bank(rows, num=num)  # (R, num, C, h, w)
-    fig, axes = plt.subplots(len(rows), num, figsize=(1.2 * num, 1.2 * len(rows)), squeeze=False)
+    fig = fig if fig is not None else plt.figure(figsize=(1.2 * num, 1.2 * len(rows)))
+    axes = fig.subplots(len(rows), num, squeeze=False)
     for r in range(len(rows)):
         limit = float(bank[r].abs().max()) or 1.0
         for j in range(num):
@@ -154,15 +169,96 @@ def plot_filter_bank(model: Any, path: str | Path, rows: Sequence[int] = (0, 1, 
             img = img[0] if img.shape[0] == 1 else img.permute(1, 2, 0)
             axes[r][j].imshow(img.cpu().numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit)
             axes[r][j].axis("off")
-    eta = {k: round(float(v), 2) for k, v in model.symmetry_parameters().items()}
-    fig.suptitle(f"filter bank, η = {eta}")
+    fig.suptitle("filter bank, η: " + _eta_text(model.eta, model.generator_names, int(bank.shape[-1])))
     fig.tight_layout()
-    return _save(fig, path)
+    return fig
+
+
+def plot_orbits(
+    model: Any, x: Any = None, *, num: int = 5, steps: int = 7, fig: Figure | None = None
+) -> Figure:
+    """What the learned η does: filters or images moved along the model's learned orbit.
+
+    Each row is one image warped by ``T(ε) = expm(Σᵢ ε ηᵢ Gᵢ)`` (every generator of the model's
+    subgroup moved by the same ε, as in :meth:`InvariantMLP.filter_bank`), one column per
+    ε ∈ ``linspace(−1, 1, steps)``: the ε = ±1 columns are the ends of the learned range, ε = 0 is
+    the identity, so with η = 0 all columns are equal. The rows are:
+
+    * ``x`` given: its first ``num`` images -- what the model averages each input over;
+    * ``x`` left out (ReLU models): the first ``num`` rows of the learned first layer W1 as images.
+      An RFF model's W1 is fixed random noise, which shows the transforms but not what was learned,
+      so it needs ``x``.
+
+    Warping uses the model's own :func:`~pyro_invariance.symmetry.affine.transform_weight_rows`
+    (``out(p) = in(T p)``), at the model's ``eta`` and ``generators``. One colour scale per row:
+    grey for images, blue < 0 < red for filters. The title gives η in human units
+    (:func:`~pyro_invariance.symmetry.affine.eta_to_human`).
+
+    Args:
+        model: an :class:`~pyro_invariance.models.InvariantMLP` (``eta``, ``generators``,
+            ``generator_names``, ``image_shape`` ``(C, H, W)``, ``w1`` ``(hidden, C·H·W)``).
+        x: ``(N, C, H, W)`` or ``(N, C·H·W)`` images (tensor or array), e.g. ``data.x_train``.
+        num: rows shown (the first ``num`` images or filters).
+        steps: columns (values of ε).
+        fig: an empty figure to draw into (default: a new one).
+
+    Returns:
+        The figure, ``num × steps`` panels (fewer rows if ``x`` has fewer images).
+
+    Raises:
+        ValueError: an RFF model without ``x``, ``x`` of the wrong shape or empty, or ``num`` or
+            ``steps`` below 1.
+    """
+    import torch
+
+    from pyro_invariance.symmetry.affine import lie_exp, transform_weight_rows
+
+    if num < 1 or steps < 1:
+        raise ValueError(f"num and steps must be at least 1, got num={num}, steps={steps}")
+    shape = tuple(int(v) for v in model.image_shape)
+    if x is None:
+        if getattr(model, "activation", None) == "rff":
+            raise ValueError(
+                "an RFF model's first layer is fixed random features, which do not show what η learned: "
+                "give input images x of shape (N, C, H, W), e.g. data.x_train"
+            )
+        rows, label = model.w1.detach()[:num], "filter"
+    else:
+        images = torch.as_tensor(x.detach().cpu() if hasattr(x, "detach") else np.asarray(x), dtype=torch.float32)
+        if tuple(images.shape[1:]) not in (shape, (math.prod(shape),)) or images.shape[0] == 0:
+            want = ", ".join(map(str, shape))
+            raise ValueError(f"x must have shape (N, {want}) with N >= 1, got {tuple(images.shape)}")
+        rows, label = images.reshape(images.shape[0], -1)[:num], "image"
+    eta = model.eta.detach().to("cpu", torch.float32)
+    grid = torch.linspace(-1, 1, steps)
+    eps = grid.unsqueeze(-1).expand(steps, eta.shape[0])  # (steps, k): all generators moved together
+    with torch.no_grad():
+        transforms = lie_exp(eta, eps, model.generators.detach().to("cpu", torch.float32))
+        warped = transform_weight_rows(rows.to("cpu", torch.float32), transforms, shape)  # (steps, R, C·H·W)
+    warped = warped.transpose(0, 1).reshape(rows.shape[0], steps, *shape).numpy()
+    fig = fig if fig is not None else plt.figure(figsize=(1.15 * steps, 1.2 * len(warped) + 0.5))
+    axes = fig.subplots(len(warped), steps, squeeze=False)
+    for r, row in enumerate(warped):
+        limit = float(np.abs(row).max()) or 1.0
+        lo, hi = (float(row.min()), float(row.max())) if label == "image" else (-limit, limit)
+        for ax, img, e in zip(axes[r], row, grid.tolist()):
+            if img.shape[0] == 1:
+                ax.imshow(img[0], cmap="gray_r" if label == "image" else "RdBu_r", vmin=lo, vmax=hi)
+            else:  # colour: channels last; filters mapped to [0, 1] with 0 at grey
+                rgb = img.transpose(1, 2, 0)
+                ax.imshow(np.clip(rgb if label == "image" else rgb / (2 * limit) + 0.5, 0, 1))
+            ax.set(xticks=[], yticks=[])
+            if r == 0:
+                ax.set_title(f"ε = {round(e, 2) + 0.0:+.2f}", fontsize=8)  # + 0.0: no "-0.00"
+        axes[r][0].set_ylabel(f"{label} {r}", fontsize=8)
+    kind = "learned" if getattr(model, "learn_symmetry", False) else "fixed"
+    fig.suptitle(f"orbits, {kind} η: " + _eta_text(eta, model.generator_names, shape[-1]), fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def plot_filter_banks(
     sites: Mapping[str, Any],
-    path: str | Path,
     *,
     block: int = 0,
     image_shape: Sequence[int] | None = None,
@@ -170,7 +266,8 @@ def plot_filter_banks(
     max_filters: int = 16,
     max_units: int = 8,
     title: str = "",
-) -> Path:
+    fig: Figure | None = None,
+) -> Figure:
     """The learned filters of one block of a layer-wise model (``layerwise-*``).
 
     Args:
@@ -179,16 +276,17 @@ def plot_filter_banks(
             filter) and, if ``image_shape`` is given, ``blocks.<block>.fc.weight`` of shape
             ``(C_out·H·W, C_in·H·W)`` (each row the receptive field of one output unit; rows
             channel-major, the block's output map assumed H × W, i.e. stride 1 as in block 0).
-        path: the PNG to write.
         block: which block.
         image_shape: ``(C_in, H, W)`` of the block's input, to show FC receptive fields.
         kernel_size: k.
         max_filters: conv filters shown (the first ones).
         max_units: FC output units shown (channel 0, positions spread over the map).
         title: figure title.
+        fig: an empty figure to draw into (default: a new one).
 
-    Each panel shares one symmetric colour scale per pathway (blue < 0 < red), so a pathway whose
-    precision δ grew large (switched off by the bound) shows up as faded.
+    Returns the figure, up to 8 panels a row. Each panel shares one symmetric colour scale per
+    pathway (blue < 0 < red), so a pathway whose precision δ grew large (switched off by the
+    bound) shows up as faded.
 
     Raises:
         ValueError: neither site present, or a weight whose shape does not fit.
@@ -219,7 +317,8 @@ def plot_filter_banks(
         )
     cols = min(8, len(panels))
     rows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(1.3 * cols, 1.45 * rows), squeeze=False)
+    fig = fig if fig is not None else plt.figure(figsize=(1.3 * cols, 1.45 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     for ax, (name, img, limit) in zip(axes.flat, panels):
@@ -227,17 +326,17 @@ def plot_filter_banks(
         ax.set_title(name, fontsize=7)
     fig.suptitle(title or f"block {block} filters")
     fig.tight_layout()
-    return _save(fig, path)
+    return fig
 
 
 def plot_generators(
     eta: Mapping[str, float],
-    path: str | Path,
     *,
     image: Any = None,
     num_examples: int = 5,
     title: str = "",
-) -> Path:
+    fig: Figure | None = None,
+) -> Figure:
     """The learned affine generator ``A = Σ ηᵢGᵢ`` and what it does to an image.
 
     Left: the vector field ``v(p) = A [p; 1]`` on the image plane (normalised coordinates
@@ -250,17 +349,19 @@ def plot_generators(
     Args:
         eta: generator name -> η (``FitResult.eta`` of an InvariantMLP), names from
             :data:`pyro_invariance.symmetry.affine.GENERATOR_NAMES`.
-        path: the PNG to write.
         image: ``(C, H, W)`` or ``(H, W)`` example image (tensor or array), optional.
         num_examples: images along the orbit.
         title: figure title (default: η in human units).
+        fig: an empty figure to draw into (default: a new one).
+
+    Returns the figure: the vector field, then ``num_examples`` image panels if ``image`` is given.
 
     Raises:
         ValueError: an unknown generator name.
     """
     import torch
 
-    from pyro_invariance.symmetry.affine import GENERATOR_NAMES, affine_generators, eta_to_human, transform_images
+    from pyro_invariance.symmetry.affine import GENERATOR_NAMES, affine_generators, transform_images
 
     unknown = [k for k in eta if k not in GENERATOR_NAMES]
     if unknown:
@@ -268,11 +369,8 @@ def plot_generators(
     basis = affine_generators(dtype=torch.float64)
     algebra = sum((float(v) * basis[GENERATOR_NAMES.index(k)] for k, v in eta.items()), torch.zeros(3, 3, dtype=torch.float64))
     n_img = num_examples if image is not None else 0
-    fig, axes = plt.subplots(
-        1, 1 + n_img, figsize=(3.6 + 1.6 * n_img, 3.6), squeeze=False,
-        gridspec_kw={"width_ratios": [2.2] + [1] * n_img},
-    )  # fmt: skip
-    axes = list(axes[0])
+    fig = fig if fig is not None else plt.figure(figsize=(3.6 + 1.6 * n_img, 3.6))
+    axes = list(fig.subplots(1, 1 + n_img, squeeze=False, gridspec_kw={"width_ratios": [2.2] + [1] * n_img})[0])
     grid = np.linspace(-1, 1, 13)
     px, py = np.meshgrid(grid, grid)
     a = algebra.numpy()
@@ -293,22 +391,22 @@ def plot_generators(
             axi.imshow(shown.numpy(), cmap="gray_r" if w.shape[0] == 1 else None)
             axi.set_title(f"ε = {e:+.2f}", fontsize=8)
             axi.axis("off")
-    human = eta_to_human(list(eta.values()), list(eta), image_size=None if image is None else int(np.shape(image)[-1]))
-    fig.suptitle(title or "learned generator: " + ", ".join(f"{k} {v}" for k, v in human.items()), fontsize=10)
+    size = None if image is None else int(np.shape(image)[-1])
+    fig.suptitle(title or "learned generator: " + _eta_text(list(eta.values()), list(eta), size), fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return fig
 
 
 def plot_conserved_quantities(
     generators: Any,
-    path: str | Path,
     *,
     dims: tuple[int, int] = (0, 1),
     extent: float = 2.0,
     max_panels: int = 6,
     titles: Sequence[str] | None = None,
     title: str = "",
-) -> Path:
+    fig: Figure | None = None,
+) -> Figure:
     """Noether's razor: level sets of each conserved quantity and the flow it generates.
 
     For each generator ``G = [[JA, Jb], [0, 0]]`` (:mod:`pyro_invariance.symmetry.conserved`), the quantity
@@ -318,13 +416,15 @@ def plot_conserved_quantities(
 
     Args:
         generators: ``(K, M+1, M+1)`` tensor, or a model with ``generators()``
-            (:class:`~pyro_invariance.models.SymmetrisedHNN`).
-        path: the PNG to write.
+            (:class:`~pyro_invariance.models.symmetrised_hnn.SymmetrisedHNN`).
         dims: the two coordinates spanning the plane (``q_i`` is ``i < M/2``, ``p_i`` after).
         extent: the plane is ``[−extent, extent]²``.
         max_panels: at most this many generators (the first ones).
         titles: one title per generator (default ``C_k``).
         title: figure title.
+        fig: an empty figure to draw into (default: a new one).
+
+    Returns the figure, one panel per generator shown.
 
     Raises:
         ValueError: no generators, or ``dims`` out of range.
@@ -343,7 +443,8 @@ def plot_conserved_quantities(
         raise ValueError(f"dims must be two different coordinates of 0..{m - 1}, got {dims}")
     a, b = quadratic_from_generator(g[:max_panels])
     k = a.shape[0]
-    fig, axes = plt.subplots(1, k, figsize=(3.4 * k, 3.3), squeeze=False)
+    fig = fig if fig is not None else plt.figure(figsize=(3.4 * k, 3.3))
+    axes = fig.subplots(1, k, squeeze=False)
     grid = torch.linspace(-extent, extent, 61, dtype=torch.float64)
     gx, gy = torch.meshgrid(grid, grid, indexing="xy")
     x = torch.zeros(*gx.shape, m, dtype=torch.float64)
@@ -365,7 +466,15 @@ def plot_conserved_quantities(
         ax.set_title(titles[n] if titles else f"C_{n}", fontsize=9)
     fig.suptitle(title or f"conserved quantities on the ({_phase_name(i, m)}, {_phase_name(j, m)}) plane")
     fig.tight_layout()
-    return _save(fig, path)
+    return fig
+
+
+def _eta_text(eta: Any, names: Sequence[str], image_size: int | None) -> str:
+    """η in human units for a title: ``"rot ±90.0°, tx ±1.75 px"`` (``"no symmetry"`` without generators)."""
+    from pyro_invariance.symmetry.affine import eta_to_human
+
+    human = eta_to_human(eta, names, image_size=image_size)
+    return ", ".join(f"{k} {v}" for k, v in human.items()) or "no symmetry"
 
 
 def _phase_name(i: int, m: int) -> str:
@@ -398,9 +507,14 @@ def _smooth(values: Sequence[float], window: int = 25) -> list[float]:
     return out
 
 
-def _save(fig: Any, path: str | Path) -> Path:
+def save_figure(fig: Figure, path: str | Path, *, dpi: int = 110, **savefig_kwargs: Any) -> Path:
+    """Write ``fig`` to ``path`` (folders are created), close it (``plt.close``) and return the path.
+
+    For scripts that make many figures: a figure that is saved and closed is not kept by pyplot.
+    ``savefig_kwargs`` go to :meth:`~matplotlib.figure.Figure.savefig` (e.g. ``bbox_inches="tight"``).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=dpi, **savefig_kwargs)
     plt.close(fig)
     return path

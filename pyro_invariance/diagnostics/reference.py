@@ -52,7 +52,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pyro_invariance.models.base import symmetry_summary
 from pyro_invariance.registry import DATASETS, MODELS, UnknownNameError
+from pyro_invariance._pyro_scope import pyro_scope
 
 __all__ = [
     "ENTRIES",
@@ -147,13 +149,13 @@ class ReferenceEntry:
     Attributes:
         name: file stem of the stored reference.
         model, model_kwargs: a registered model (:data:`pyro_invariance.registry.MODELS`) and its
-            arguments; symmetry parameters are fixed there (e.g. ``learn_eta=False``).
+            arguments; symmetry parameters are fixed there (``learn_symmetry=False``).
         data, data_kwargs: a registered dataset (training split used) or one of
             :data:`DATA_SOURCES` (a function returning ``(x, y)``).
         description: one line: what the entry is.
         paper: where it comes from (paper / talk, figure or table).
         symmetry: the symmetry the entry is about and the value it is held at.
-        fixed: the symmetry parameters held fixed, by the model's ``symmetry_parameters()`` names
+        fixed: the symmetry parameters held fixed, by the model's ``symmetry_summary()`` names
             (checked against the built model).
         nuts: :class:`NUTSSettings`.
     """
@@ -182,7 +184,7 @@ class ReferenceEntry:
             x, y = train_arrays(dataset)
         model = MODELS.get(self.model, **model_kwargs_for(self.model, dataset, **dict(self.model_kwargs)))
         model.eval()
-        params = {k: float(v) for k, v in getattr(model, "symmetry_parameters", lambda: {})().items()}
+        params = {k: float(v) for k, v in symmetry_summary(model).items()}
         for key, value in self.fixed.items():
             if key not in params or not math.isclose(params[key], value, rel_tol=1e-6, abs_tol=1e-6):
                 raise ValueError(
@@ -193,7 +195,7 @@ class ReferenceEntry:
             names_ = [n for n, p in model.named_parameters() if p.requires_grad]
             raise ValueError(
                 f"reference {self.name!r}: the model has learnable parameters {names_}; a reference posterior "
-                "needs every hyperparameter fixed (e.g. learn_eta=False, prior='fixed')"
+                "needs every hyperparameter fixed (learn_symmetry=False, prior='fixed')"
             )
         return model, x, y
 
@@ -216,8 +218,8 @@ DATA_SOURCES: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
     "symmetric-toy-1d": _symmetric_toy_1d,  # models.basis_regression.make_symmetric_toy
 }
 
-_TOY2D_MODEL = {"hidden": 16, "lengthscale": 0.75, "num_samples": 32, "sampling": "deterministic",
-                "prior_scale": 3.0, "learn_eta": False}  # fmt: skip
+_TOY2D_MODEL = {"hidden": 16, "lengthscale": 0.75, "num_transforms": 32, "sampling": "deterministic",
+                "prior_scale": 3.0, "learn_symmetry": False}  # fmt: skip
 
 #: The catalogue of references, by name.
 ENTRIES: dict[str, ReferenceEntry] = {
@@ -227,7 +229,7 @@ ENTRIES: dict[str, ReferenceEntry] = {
             name="basis-regression",
             model="basis-regression",
             model_kwargs={"basis": "rbf", "num_features": 8, "lengthscale": 0.6, "noise_scale": 0.3,
-                          "prior_scale": 1.0, "lambda_init": 0.5, "learn_lambda": False},  # fmt: skip
+                          "prior_scale": 1.0, "eta_init": 0.5, "learn_symmetry": False},  # fmt: skip
             data="symmetric-toy-1d",
             data_kwargs={"n": 20, "seed": 0, "noise": 0.3, "even": True},
             description="Bayesian linear regression on 8 RBF features symmetrised with λ = 0.5, 20 noisy "
@@ -263,8 +265,8 @@ ENTRIES: dict[str, ReferenceEntry] = {
         ReferenceEntry(
             name="invariant-mlp-digits",
             model="invariant-mlp",
-            model_kwargs={"hidden": 8, "activation": "rff", "symmetry": "rotation", "learn_eta": False,
-                          "eta_init": math.pi, "num_samples": 8, "sampling": "deterministic",
+            model_kwargs={"hidden": 8, "activation": "rff", "symmetry": "rotation", "learn_symmetry": False,
+                          "eta_init": math.pi, "num_transforms": 8, "sampling": "deterministic",
                           "prior": "fixed", "prior_scale": 1.0},  # fmt: skip
             data="rotated-digits",
             data_kwargs={"train_size": 200, "test_size": 50},
@@ -415,6 +417,7 @@ def _versions() -> dict[str, str]:
     }
 
 
+@pyro_scope()
 def run_nuts(
     ref: str | ReferenceEntry,
     *,
@@ -709,6 +712,7 @@ def score_draws(
     }
 
 
+@pyro_scope()
 @torch.no_grad()
 def guide_draws(guide: Any, x: Tensor, y: Tensor, sites: Sequence[str], num_samples: int = 2000,
                 seed: int = 0) -> dict[str, np.ndarray]:  # fmt: skip
@@ -735,6 +739,7 @@ def guide_draws(guide: Any, x: Tensor, y: Tensor, sites: Sequence[str], num_samp
     return {k: np.stack(v) for k, v in out.items()}
 
 
+@pyro_scope()
 def score_guide(
     guide: Any,
     model: Any,
@@ -762,7 +767,7 @@ def score_guide(
             "here (different library versions can change generated data); scores may be off",
             stacklevel=2,
         )
-    symmetry = {k: float(v) for k, v in getattr(model, "symmetry_parameters", lambda: {})().items()}
+    symmetry = {k: float(v) for k, v in symmetry_summary(model).items()}
     for key, value in ref.entry.fixed.items():
         if key in symmetry and not math.isclose(symmetry[key], value, rel_tol=1e-5, abs_tol=1e-5):
             warnings.warn(
@@ -773,6 +778,7 @@ def score_guide(
     return score_draws(draws, ref, num_projections=num_projections, seed=seed)
 
 
+@pyro_scope()
 def fit_and_score(
     reference_names: Sequence[str],
     guide_names: Sequence[str],
@@ -848,6 +854,7 @@ def _row(ref: Reference, npz: Path | None = None) -> str:
     )
 
 
+@pyro_scope()
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m pyro_invariance.diagnostics.reference {list, regenerate, check, score}``; see ``--help``."""
     parser = argparse.ArgumentParser(prog="python -m pyro_invariance.diagnostics.reference",

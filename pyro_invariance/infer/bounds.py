@@ -15,7 +15,8 @@ latents evaluated on *all* n data: the bounds are on the evidence of the whole d
 
 PSIS k̂ (Yao et al. 2018, "Yes, but did it work?") of the log weights says whether ``q`` is a
 usable importance proposal for the posterior: k̂ < 0.5 good, 0.5–0.7 usable, > 0.7 the IWAE
-estimates and their standard errors are unreliable (the weights have a heavy right tail).
+estimates and their standard errors are unreliable (the weights have a heavy right tail). The
+number is ArviZ's (:func:`psis_khat` documents what degenerate weights give).
 
 Point-estimate guides (``map``, Pyro's ``AutoDelta``) have ``log q = 0``: every "bound" is the log
 joint ``log p(D, ẑ)`` at the point, which is *not* a bound on ``log p(D)`` for continuous latents.
@@ -40,6 +41,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
+import numpy as np
 import pyro
 import torch
 from pyro import poutine
@@ -49,6 +51,7 @@ from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
 from pyro_invariance.validation import check_positive_int
+from pyro_invariance._pyro_scope import pyro_scope
 
 __all__ = [
     "BoundEstimate",
@@ -288,6 +291,7 @@ def _max_plate_nesting(model: Any, x: Tensor, y: Tensor, n: int) -> int:
     return max(dims, default=0)
 
 
+@pyro_scope()
 def log_weights(
     model: Any,
     guide: Any,
@@ -352,41 +356,82 @@ def log_weights(
 # estimators from log weights
 
 
-def psis_khat(log_weights: Tensor) -> float:
-    """Pareto-smoothed importance sampling k̂ of ``log_weights`` (1-D).
+#: Fewer log weights than this give k̂ = NaN: the Pareto tail would hold fewer than 10 draws.
+PSIS_MIN_DRAWS = 50
 
-    The generalised-Pareto fit to the largest ``M = min(0.2 S, 3√S)`` weights, exactly as
-    :func:`pyro.infer.importance.psis_diagnostic` does it, but from given log weights (so the
-    model and guide need not be vectorisable). Returns ``inf`` when fewer than 10 weights lie
-    within a factor 1e-15 of the largest (a few draws carry all the mass: as bad as it gets),
-    ``-inf`` when the weights are constant (to float precision: the guide is the posterior, or a
-    point mass), and NaN with a warning for fewer than 50 weights (the tail needs ≥ 10).
-    """
-    from pyro.ops.stats import fit_generalized_pareto
 
-    lw = torch.as_tensor(log_weights, dtype=torch.float64).flatten()
-    if lw.numel() == 0:
-        raise ValueError("psis_khat needs at least one log weight")
-    if not torch.isfinite(lw).all():
-        return float("nan")
-    lw = torch.sort(lw - lw.max())[0]
-    s = lw.numel()
-    if float(lw[0]) > -1e-9:  # all weights equal (within float64 rounding of the log joint)
-        return float("-inf")
+def _psis_degenerate(lw: np.ndarray) -> tuple[float, str] | None:
+    """k̂ and the reason for log weights whose k̂ ArviZ does not define (``None`` otherwise)."""
+    s = lw.size
+    if np.isnan(lw).any():
+        return float("nan"), f"{int(np.isnan(lw).sum())} of {s} log weights are NaN: k̂ is undefined"
+    if np.isposinf(lw).any():
+        return float("inf"), "a log weight is +inf: one draw carries all the mass"
+    finite = lw[np.isfinite(lw)]
+    if finite.size == 0:
+        return float("nan"), f"all {s} log weights are -inf (every draw has p = 0): k̂ is undefined"
+    top = float(finite.max())
+    tol = 1e-9 * max(1.0, abs(top))
+    if top - float(finite.min()) <= tol:
+        return float("-inf"), ""  # constant weights (zero weights aside): q ∝ posterior, no tail at all
+    if s < PSIS_MIN_DRAWS:
+        return float("nan"), f"{s} log weights are too few for PSIS k̂ (the tail needs ≥ 10; use ≥ {PSIS_MIN_DRAWS} draws)"
+    rel = np.sort(lw)[::-1] - top  # descending, 0 first (−inf last)
+    if int((rel > math.log(1e-15)).sum()) < 10:
+        return float("inf"), ""  # fewer than 10 weights within 1e-15 of the largest: a few draws carry all the mass
     m = int(math.ceil(min(0.2 * s, 3.0 * math.sqrt(s))))
-    if m < 10:
-        warnings.warn(f"{s} log weights are too few for PSIS k̂ (the tail needs ≥ 10; use ≥ 50 draws)")
+    if rel[m] >= -tol:
+        return float("-inf"), ""  # the largest m + 1 weights tie: bounded weights, no tail to fit
+    above = rel[rel > rel[m]]
+    if float(above.min()) >= -tol:
+        return float("inf"), ""  # the tail is a few tied draws with a gap below them
+    return None
+
+
+def psis_khat(log_weights: Tensor) -> float:
+    """Pareto-smoothed importance sampling k̂ of the log importance weights ``log_weights`` (1-D).
+
+    ArviZ's k̂ (:func:`pyro_invariance.diagnostics.arviz_compat.psis_khat`: ``az.psislw`` on ArviZ
+    0.x, arviz-stats' ``psislw`` on 1.x, r_eff = 1): the shape of a generalised Pareto fit to the
+    largest weights. Read it as Yao et al. (2018): < 0.5 good, 0.5–0.7 usable, > 0.7 the proposal
+    is poor (IWAE estimates and their errors unreliable).
+
+    Inputs for which ArviZ defines no k̂ (it returns inf, NaN, or raises, differently on the two
+    lines) are answered here, the same on both; S is the number of weights:
+
+    ==============================================  ======  ====================================
+    log weights                                     k̂       meaning
+    ==============================================  ======  ====================================
+    any NaN                                         NaN     undefined; warns
+    any +inf                                        inf     one draw carries all the mass; warns
+    all −inf                                        NaN     every draw has p = 0; warns
+    some −inf (others finite)                       --      zero weights: kept, k̂ as usual
+    finite ones equal (to ``1e-9·max(1, |max|)``)   −inf    q ∝ posterior (or a point mass)
+    S < 50 (:data:`PSIS_MIN_DRAWS`)                 NaN     too few for a tail of ≥ 10; warns
+    < 10 weights within a factor 1e-15 of the max   inf     a few draws carry all the mass
+    the largest ``ceil(min(S/5, 3√S)) + 1`` tie     −inf    bounded weights: no tail to fit
+    the weights above that cutoff tie               inf     a few tied draws carry the mass
+    ArviZ cannot fit the tail (1.x raises)          NaN     warns
+    ==============================================  ======  ====================================
+    """
+    lw = torch.as_tensor(log_weights, dtype=torch.float64).detach().cpu().flatten().numpy()
+    if lw.size == 0:
+        raise ValueError("psis_khat needs at least one log weight")
+    special = _psis_degenerate(lw)
+    if special is not None:
+        k, reason = special
+        if reason:
+            warnings.warn(reason)
+        return k
+    from pyro_invariance.diagnostics.arviz_compat import psis_khat as arviz_khat
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # exp underflow of tiny weights
+            return arviz_khat(lw)
+    except ValueError as exc:
+        warnings.warn(f"ArviZ could not fit the Pareto tail ({exc}): k̂ = NaN")
         return float("nan")
-    lw_cutoff = max(math.log(1.0e-15), float(lw[-m - 1]))
-    tail = lw[lw > lw_cutoff]
-    if tail.numel() < 10:
-        # fewer than 10 weights within 1e-15 of the largest: the largest few carry all the mass
-        return float("inf")
-    excess = tail.exp() - math.exp(lw_cutoff)
-    if float(excess.max()) <= 0.0:
-        return float("-inf")
-    k, _ = fit_generalized_pareto(excess)
-    return float(k)
 
 
 def _logmeanexp(lw: Tensor, dim: int = -1) -> Tensor:
@@ -445,6 +490,7 @@ def iwae_from_log_weights(
 # public entry points
 
 
+@pyro_scope()
 def evidence_bounds(
     model: Any,
     guide: Any,
@@ -498,6 +544,7 @@ def evidence_bounds(
     return EvidenceBounds(elbo, iwae, k_hat, n, lw.numel(), lw, False, note)
 
 
+@pyro_scope()
 def elbo_bound(
     model: Any, guide: Any, x: Tensor, y: Tensor, num_particles: int = 1000, *, batch_size: int = 4096,
     vectorize: bool = False,
@@ -508,6 +555,7 @@ def elbo_bound(
                            vectorize=vectorize).elbo
 
 
+@pyro_scope()
 def iwae_bound(
     model: Any, guide: Any, x: Tensor, y: Tensor, K: int, *, num_estimates: int = 1, batch_size: int = 4096,
     vectorize: bool = False,

@@ -37,7 +37,7 @@ Models: anything with ``precision_groups()`` returning :class:`PrecisionGroup` s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 
 import pyro.distributions as dist
@@ -45,7 +45,10 @@ import torch
 from pyro import poutine
 from torch import Tensor, nn
 
+from pyro_invariance.infer.config import FitConfig, resolve_config
+from pyro_invariance.infer.training import FitResult
 from pyro_invariance.validation import check_positive_int
+from pyro_invariance._pyro_scope import pyro_scope
 
 __all__ = [
     "DiagonalLaplacePosterior",
@@ -53,6 +56,7 @@ __all__ = [
     "PrecisionGroup",
     "diagonal_ggn",
     "fit_laplace",
+    "LaplaceFitResult",
     "laplace_log_evidence",
     "log_likelihood",
     "mackay_update",
@@ -267,47 +271,62 @@ class LaplaceEvidenceUpdate:
         mackay_update(model, values, h, damping=self.damping, max_precision=self.max_precision)
 
 
+@dataclass
+class LaplaceFitResult(FitResult):
+    """What :func:`fit_laplace` returns: a :class:`~pyro_invariance.infer.training.FitResult` plus
+
+    ``laplace`` (the posterior ``N(θ*, diag(h + δ)⁻¹)``, :class:`DiagonalLaplacePosterior`),
+    ``log_evidence`` (the final Laplace log evidence, Eq. 10, nats) and ``evidence_log``
+    (``(step, log evidence / N)`` before each update).
+    """
+
+    laplace: DiagonalLaplacePosterior | None = None
+    log_evidence: float = math.nan
+    evidence_log: list[tuple[int, float]] = field(default_factory=list)
+
+
+@pyro_scope()
 def fit_laplace(
     model: Any,
+    guide: Any,
     data: Any,
+    config: FitConfig | None = None,
     *,
-    steps: int = 1000,
     every: int = 50,
     warmup: int = 100,
     ggn_batch_size: int = 32,
     num_samples: int = 1,
     damping: float = 1.0,
-    seed: int = 0,
-    guide: Any = None,
-    **fit_kwargs: Any,
-) -> Any:
+    callbacks: Sequence[Any] = (),
+    **kwargs: Any,
+) -> LaplaceFitResult:
     """MAP training with online Laplace-evidence updates of the prior precisions.
 
-    Runs :func:`pyro_invariance.fit` with the ``map`` guide (or ``guide``) and a
-    :class:`LaplaceEvidenceUpdate` callback, then computes the curvature at the final point.
-
-    Returns the :class:`~pyro_invariance.infer.training.FitResult` with three extra attributes:
-    ``laplace`` (:class:`DiagonalLaplacePosterior`), ``log_evidence`` (final Laplace log evidence,
-    nats) and ``evidence_log`` (list of (step, log evidence / N) before each update).
+    The same arguments, in the same order, as :func:`pyro_invariance.fit`: ``guide`` is the
+    ``map`` guide (``None`` or ``"map"`` builds it), ``config`` / ``**kwargs`` the
+    :class:`~pyro_invariance.infer.config.FitConfig` settings and ``fit``'s run options
+    (``checkpoint_path``, ``resume`` ...). Adds a :class:`LaplaceEvidenceUpdate` callback (every
+    ``every`` steps after ``warmup``; curvature on minibatches of ``ggn_batch_size`` with
+    ``num_samples`` label draws; ``damping`` in log space), whose settings are part of the run's
+    fingerprint, and computes the curvature at the final point.
     """
     from pyro_invariance import guides as guide_registry
     from pyro_invariance.data.arrays import train_arrays
     from pyro_invariance.infer.training import fit
 
     _groups(model)
+    guide = guide_registry.get("map" if guide is None else guide, model) if not callable(guide) else guide
+    overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in FitConfig.names()}
+    cfg = resolve_config(config, model, guide, overrides)
     x, y = train_arrays(data, model)
-    device = torch.device(fit_kwargs.get("device", "cpu"))
-    x, y = x.to(device), y.to(device)
+    x, y = x.to(cfg.device), y.to(cfg.device)
     update = LaplaceEvidenceUpdate(x, y, every=every, warmup=warmup, batch_size=ggn_batch_size,
-                                   num_samples=num_samples, damping=damping, seed=seed)  # fmt: skip
-    if guide is None:
-        guide = guide_registry.get("map", model)
-    callbacks = list(fit_kwargs.pop("callbacks", ())) + [update]
+                                   num_samples=num_samples, damping=damping, seed=cfg.seed)  # fmt: skip
     settings = {"laplace": {"every": every, "warmup": warmup, "ggn_batch_size": ggn_batch_size,
                             "num_samples": num_samples, "damping": damping}}  # fmt: skip
-    result = fit(model, guide, (x, y), steps=steps, seed=seed, callbacks=callbacks, run_settings=settings, **fit_kwargs)
-    values, h = update.curvature(model, result.guide, steps + 1)
-    result.laplace = DiagonalLaplacePosterior(model, values, h)
-    result.log_evidence = laplace_log_evidence(model, values, h, log_likelihood(model, values, x, y))
-    result.evidence_log = list(update.log)
-    return result
+    result = fit(model, guide, (x, y), cfg, callbacks=[*callbacks, update], run_settings=settings, **kwargs)
+    values, h = update.curvature(model, result.guide, cfg.steps + 1)
+    log_evidence = laplace_log_evidence(model, values, h, log_likelihood(model, values, x, y))
+    base = {f.name: getattr(result, f.name) for f in fields(FitResult)}
+    return LaplaceFitResult(**base, laplace=DiagonalLaplacePosterior(model, values, h), log_evidence=log_evidence,
+                            evidence_log=list(update.log))  # fmt: skip

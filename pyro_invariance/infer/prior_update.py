@@ -1,4 +1,4 @@
-"""Closed-form (empirical-Bayes) update of per-layer prior variances (methods.md §4).
+"""Closed-form (empirical-Bayes) update of per-layer prior variances (docs/methods.md §4).
 
 For a weight matrix W with D entries, prior N(0, v I) and guide q(W) with mean m and covariance Σ,
 the ELBO is maximised over v at

@@ -32,48 +32,16 @@ from pyro_invariance.infer.checkpoint import (
     CheckpointError, atomic_write_text, load_checkpoint, peek_step, rng_state, save_checkpoint, set_rng_state,
 )  # fmt: skip
 from pyro_invariance.data.arrays import train_arrays
+from pyro_invariance.infer.config import FitConfig, resolve_config
 from pyro_invariance.infer.divergence import first_invalid_state, locate_problem
 from pyro_invariance.infer.fingerprint import fingerprint_differences, run_fingerprint
 from pyro_invariance.infer.interrupts import FitInterrupted, StopSignals
 from pyro_invariance.infer.runlock import RunLock
-from pyro_invariance.validation import check_positive_float, check_positive_int
+from pyro_invariance.models.base import symmetry_parameters, symmetry_summary
+from pyro_invariance.validation import check_positive_int
+from pyro_invariance._pyro_scope import pyro_scope
 
 ELBOS: dict[str, type] = {"meanfield": TraceMeanField_ELBO, "trace": Trace_ELBO}
-SCHEDULES = ("cosine", "constant")
-
-
-@dataclass
-class FitConfig:
-    """Settings of a run (all of them are saved with checkpoints and results)."""
-
-    steps: int = 1000
-    batch_size: int | None = 128
-    lr: float = 5e-2
-    eta_lr: float = 1e-1
-    model_lr: float | None = None
-    factor_lr: float = 1e-3
-    num_particles: int = 1
-    elbo: str = "meanfield"
-    schedule: str = "cosine"
-    seed: int = 0
-    device: str = "cpu"
-
-    def validate(self) -> None:
-        check_positive_int("steps", self.steps)
-        if self.batch_size is not None:
-            check_positive_int("batch_size", self.batch_size)
-        check_positive_float("lr", self.lr)
-        check_positive_float("eta_lr", self.eta_lr)
-        if self.model_lr is not None:
-            check_positive_float("model_lr", self.model_lr)
-        check_positive_float("factor_lr", self.factor_lr)
-        check_positive_int("num_particles", self.num_particles)
-        if self.elbo not in ELBOS:
-            raise ValueError(f"unknown elbo {self.elbo!r}; use one of {sorted(ELBOS)}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {self.schedule!r}; use one of {SCHEDULES}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
 
 
 @dataclass
@@ -101,9 +69,9 @@ class FitResult:
 
     @property
     def eta(self) -> dict[str, float]:
-        """Final symmetry parameters."""
-        params = getattr(self.model, "symmetry_parameters", lambda: {})()
-        return {k: float(v) for k, v in params.items()}
+        """Final symmetry values, ``model.symmetry_summary()`` as floats (``{}`` for a model that is not
+        a :class:`~pyro_invariance.models.base.CatalogueModel`)."""
+        return {k: float(v) for k, v in symmetry_summary(self.model).items()}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly summary (settings, history, final values)."""
@@ -136,11 +104,11 @@ def make_deterministic() -> None:
     torch.backends.cudnn.benchmark = False
 
 
-def is_symmetry_parameter(model: nn.Module, name: str) -> bool:
-    """Model parameters trained with ``eta_lr``: leaf names starting with "eta", or listed in the
-    model's ``symmetry_param_names`` attribute (e.g. ``("lam",)`` for BasisRegression)."""
-    leaf = name.split(".")[-1].removesuffix("_unconstrained")
-    return leaf.startswith("eta") or leaf in getattr(model, "symmetry_param_names", ())
+def is_symmetry_parameter(model: nn.Module, param: Tensor) -> bool:
+    """Whether ``param`` is trained with ``eta_lr``: it is one of ``model.symmetry_parameters()``
+    (:class:`~pyro_invariance.models.base.CatalogueModel`), compared by identity. A model that is not
+    a ``CatalogueModel`` has none: all its parameters train at ``model_lr``."""
+    return any(param is p for p in symmetry_parameters(model))
 
 
 def is_factor_parameter(name: str) -> bool:
@@ -152,16 +120,21 @@ def is_factor_parameter(name: str) -> bool:
 def _param_groups(model: nn.Module, guide: nn.Module, cfg: FitConfig) -> list[dict[str, Any]]:
     """Adam parameter groups.
 
-    guide means and scales (``lr``), guide covariance factors (``factor_lr``), symmetry η
-    (``eta_lr``) and the model's other point estimates (``model_lr``, default ``lr``).
+    guide means and scales (``lr``), guide covariance factors (``factor_lr``), symmetry η — the
+    parameter objects of ``model.symmetry_parameters()``, by identity — (``eta_lr``) and the
+    model's other point estimates (``model_lr``, default ``lr``).
     Covariance factors get their own, smaller rate: Adam normalises their small and noisy
     gradients to steps of size ``lr``, and the resulting random walk of the H(H−1)/2 off-diagonal
     entries inflates the guide's variance (measured on rotated digits: block-Cholesky ELBO/N
     −2.4 with one rate of 0.05 for everything, −0.9 with 1e-3 for the factors).
     """
+    eta_ids = {id(p) for p in symmetry_parameters(model)}  # by identity: the objects the model declares
     eta, other = [], []
-    for name, p in model.named_parameters():
-        (eta if is_symmetry_parameter(model, name) else other).append(p)
+    for p in model.parameters():
+        (eta if id(p) in eta_ids else other).append(p)
+    if len(eta) != len(eta_ids):
+        raise ValueError(f"{type(model).__name__}.symmetry_parameters() returned objects that are not "
+                         "parameters of the model")  # fmt: skip
     taken = {id(p) for p in eta + other}
     guide_named = [(n, p) for n, p in guide.named_parameters() if id(p) not in taken]
     factors = [p for n, p in guide_named if is_factor_parameter(n)]
@@ -265,22 +238,13 @@ def _restore(state: dict[str, Any], fingerprint: dict[str, Any], model: nn.Modul
     batches.load(state["batches"])
 
 
+@pyro_scope()
 def fit(
     model: nn.Module,
     guide: Any,
     data: Any,
+    config: FitConfig | None = None,
     *,
-    steps: int = 1000,
-    batch_size: int | None = 128,
-    lr: float = 5e-2,
-    eta_lr: float = 1e-1,
-    model_lr: float | None = None,
-    factor_lr: float = 1e-3,
-    num_particles: int = 1,
-    elbo: str = "meanfield",
-    schedule: str = "cosine",
-    seed: int = 0,
-    device: str | torch.device = "cpu",
     checkpoint_path: str | Path | None = None,
     checkpoint_every: int | None = None,
     resume: bool = False,
@@ -291,6 +255,7 @@ def fit(
     spec: dict[str, Any] | None = None,
     run_settings: dict[str, Any] | None = None,
     callbacks: Sequence[Callable[[int, nn.Module, Any], None]] = (),
+    **overrides: Any,
 ) -> FitResult:
     """Fit ``guide`` to ``model`` on ``data`` by SVI; returns a :class:`FitResult`.
 
@@ -299,17 +264,16 @@ def fit(
         guide: a guide object, or a guide name for :func:`pyro_invariance.guides.get`.
         data: a dataset (its training split is used) or a pair ``(x, y)`` of tensors or arrays;
             checked and converted once, before any step (:func:`pyro_invariance.data.arrays.train_arrays`).
-        steps: total number of SVI steps (the cosine schedule spans them).
-        batch_size: minibatch size B (``None``: full batch); the likelihood is scaled by N/B.
-        lr, eta_lr, model_lr, factor_lr: Adam learning rates for the guide's means and scales,
-            for η, for the model's other point estimates (default ``lr``) and for the guide's
-            off-diagonal covariance factors (see :func:`_param_groups`).
-        num_particles: Monte-Carlo samples of the ELBO per step.
-        elbo: ``"meanfield"`` (analytic KL where registered) or ``"trace"`` (Monte-Carlo KL).
-        schedule: ``"cosine"`` (to 0) or ``"constant"``.
-        seed: seeds Pyro/torch, the shuffler and hence the whole run.
-        device: ``"cpu"`` or ``"cuda"``; model, guide and data are moved there.
-        checkpoint_path / checkpoint_every: save a checkpoint every k steps and at the end. While
+        config: the training settings (:class:`~pyro_invariance.infer.config.FitConfig`), taken as
+            given; ``None`` (default): the library defaults updated by the guide's and then the
+            model's ``fit_defaults`` (:meth:`FitConfig.recommended`).
+        **overrides: :class:`FitConfig` fields that override the above (``steps=300, lr=0.01``):
+            ``steps``, ``batch_size`` (``None``: full batch; the likelihood is scaled by N/B), the
+            Adam rates ``lr``, ``eta_lr``, ``model_lr``, ``factor_lr`` (see :func:`_param_groups`),
+            ``num_particles``, ``elbo`` (``"meanfield"``/``"trace"``), ``schedule``
+            (``"cosine"``/``"constant"``), ``seed`` (seeds Pyro/torch, the shuffler and hence the
+            whole run) and ``device`` (model, guide and data are moved there).
+        checkpoint_path: save a checkpoint there every ``checkpoint_every`` steps and at the end. While
             the run writes it, the checkpoint is locked against other processes
             (:class:`~pyro_invariance.infer.runlock.RunLock`); writes are atomic.
         resume: continue from ``checkpoint_path``. The run's fingerprint (model and guide settings
@@ -340,10 +304,14 @@ def fit(
         RunLockedError: another process is writing the same checkpoint.
         FitInterrupted: SIGINT/SIGTERM (a ``KeyboardInterrupt``).
     """
-    cfg = FitConfig(steps, batch_size, lr, eta_lr, model_lr, factor_lr, num_particles, elbo, schedule, seed, str(device))
+    if isinstance(guide, str):
+        from pyro_invariance import guides as guide_registry
+
+        guide = guide_registry.get(guide, model)
+    cfg = resolve_config(config, model, guide, overrides)
     allow_changes = tuple(allow_changes)
     _check_run_args(cfg, checkpoint_path, checkpoint_every, resume, until_step, overwrite, allow_changes)
-    dev = torch.device(device)
+    dev = torch.device(cfg.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' requested but torch.cuda.is_available() is False")
     x_all, y_all = train_arrays(data, model)
@@ -366,10 +334,6 @@ def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg:
     n = x_all.shape[0]
     pyro.set_rng_seed(cfg.seed)
     model.to(dev)
-    if isinstance(guide, str):
-        from pyro_invariance import guides as guide_registry
-
-        guide = guide_registry.get(guide, model)
     batches = _Batches(n, cfg.batch_size, cfg.seed)
     first = batches.perm[: batches.batch]
     # Build lazily-initialised guide parameters once, on a first batch (does not advance the shuffler).
@@ -395,7 +359,7 @@ def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg:
         sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda _: 1.0)
     loss_fn = ELBOS[cfg.elbo](num_particles=cfg.num_particles, vectorize_particles=False)
     history: dict[str, Any] = {"step": [], "elbo": [], "lr": [], "eta_lr": [], "eta": {}}
-    for name in getattr(model, "symmetry_parameters", lambda: {})():
+    for name in symmetry_summary(model):
         history["eta"][name] = []
 
     start, seconds, last_good = 0, 0.0, None
@@ -450,7 +414,7 @@ def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg:
             history["elbo"].append(elbo_value)
             history["lr"].append(optim.param_groups[0]["lr"])
             history["eta_lr"].append(eta_group["lr"] if eta_group else 0.0)
-            eta_now = getattr(model, "symmetry_parameters", lambda: {})()
+            eta_now = symmetry_summary(model)
             for name, value in eta_now.items():
                 history["eta"][name].append(float(value))
             if progress:

@@ -1,6 +1,6 @@
 """Quadratic conserved quantities, their flows, oracle symmetry groups and symmetry analysis.
 
-Talk 000 ("Noether's theorem parameterisation"; methods.md §4). A quadratic observable on phase
+Talk 000 ("Noether's theorem parameterisation"; docs/methods.md §4). A quadratic observable on phase
 space ``x = (q, p) ∈ R^M``
 
     C(x) = xᵀ A x / 2 + bᵀ x            (A symmetric M×M, b ∈ R^M)            (talk: C_η)
@@ -11,7 +11,7 @@ augmented generator
     G = [[J A, J b], [0ᵀ, 0]]  ((M+1)×(M+1)),     [Φ_C^τ(x); 1] = expm(τ G) [x; 1].
 
 By Noether's theorem C is conserved by H iff H ∘ Φ_C^τ = H for all τ. Learned quantities are
-parameterised by ``W`` (M×M) and ``b`` with ``A = W + Wᵀ`` (methods.md §4).
+parameterised by ``W`` (M×M) and ``b`` with ``A = W + Wᵀ`` (docs/methods.md §4).
 
 Oracle generator sets (:func:`oracle_generators`): ``so2`` (SHO, ``A = 2I``), ``un`` (n
 isotropic oscillators, the n² quadratics ``q_i p_j − q_j p_i``, ``q_i q_j + p_i p_j``,
@@ -76,7 +76,7 @@ def quadratic_from_generator(g: Tensor) -> tuple[Tensor, Tensor]:
 def flow_matrices(generators: Tensor, weights: Tensor, scale: float = torch.pi) -> Tensor:
     """``T_s = expm(scale · Σ_k w_sk G_k)``: ``generators (K, D, D)``, ``weights (S, K)`` → ``(S, D, D)``.
 
-    One matrix exponential per sample of a random combination (methods.md §4).
+    One matrix exponential per sample of a random combination (docs/methods.md §4).
     """
     if generators.dim() != 3 or generators.shape[-1] != generators.shape[-2]:
         raise ValueError(f"generators must have shape (K, D, D), got {tuple(generators.shape)}")

@@ -1,7 +1,7 @@
 """Relaxed-equivariance layers of ELLA (paper 004) as Pyro modules.
 
 *Learning Layer-wise Equivariances Automatically using Gradients* (van der Ouderaa, Immer and
-van der Wilk, NeurIPS 2023; ``papers/004``, methods.md §3) relaxes translation (and p4 rotation)
+van der Wilk, NeurIPS 2023; ``papers/004``, docs/methods.md §3) relaxes translation (and p4 rotation)
 equivariance by summing *pathways* with their own priors: a layer is strictly equivariant in the
 limit where the prior precision δ of every non-equivariant pathway goes to ∞ (Eq. 8), and the
 precisions are hyperparameters learnt by model selection.
@@ -10,16 +10,16 @@ Feature maps are 5-D, ``(B, C, G, H, W)``: ``G = 1`` for plain images, ``G = 4``
 maps (one copy per 90° rotation). Every pathway maps ``(B, C, G, H, W)`` to
 ``(B, C', G', H', W')``:
 
-============  ==============================================================  =============
-kind          pathway                                                         equivariant
-============  ==============================================================  =============
-``"fc"``      :class:`FullyConnected` — dense ``C'G'H'W' × CGHW`` (Eq. 1)     no
-``"conv"``    :class:`Convolution` — 3×3, circular padding (Eq. 3)            translations
-``"ffc"``     :class:`FactoredFullyConnected` — θ₁(c′,c,q)·θ₂(c′,c,p) (Eq. 5)  no
-``"sconv"``   :class:`SparseConvolution` — RBF-interpolated 3×3 filter (Eq. 6) translations
-``"sfc"``     :class:`SparseFullyConnected` — sparse θ₁, θ₂ (Eq. 7)           no
-``"gconv"``   :class:`GroupConvolution` — p4 lift / group conv (App. A)        translations, rot90
-============  ==============================================================  =============
+============  ===================================================================  ===================
+kind          pathway                                                              equivariant
+============  ===================================================================  ===================
+``"fc"``      :class:`FullyConnected` — dense ``C'G'H'W' × CGHW`` (Eq. 1)          no
+``"conv"``    :class:`Convolution` — 3×3, circular padding (Eq. 3)                 translations
+``"ffc"``     :class:`FactoredFullyConnected` — θ₁(c′,c,q)·θ₂(c′,c,p) (Eq. 5)      no
+``"sconv"``   :class:`SparseConvolution` — RBF-interpolated 3×3 filter (Eq. 6)     translations
+``"sfc"``     :class:`SparseFullyConnected` — sparse θ₁, θ₂ (Eq. 7)                no
+``"gconv"``   :class:`GroupConvolution` — p4 lift / group conv (App. A)            translations, rot90
+============  ===================================================================  ===================
 
 Equivariant pathways compute their output at stride 1; :class:`RelaxedBlock` subsamples their sum
 by **per-example polyphase selection** (Chaman & Dokmanić, 2021: of the four components
@@ -729,6 +729,6 @@ class BayesianLinear(PyroModule):
         return x @ (self.weight * self.scale).T + self.bias
 
 
-#: Leaf attribute names of all precisions δ (``symmetry_param_names`` of the networks, so that
-#: :func:`pyro_invariance.fit` trains learned δ with ``eta_lr``).
+#: Leaf attribute names of all precisions δ (the networks' ``symmetry_parameters()`` are the learned
+#: ones, so that :func:`pyro_invariance.fit` trains them with ``eta_lr``).
 PRECISION_NAMES: tuple[str, ...] = ("precision", "precision_out", "precision_in", "bias_precision")

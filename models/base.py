@@ -1,0 +1,198 @@
+"""The catalogue's model protocol: :class:`CatalogueModel`, and the shared constructor vocabulary.
+
+Every catalogue model (``models/*.py``) inherits :class:`CatalogueModel`, so training, evaluation,
+the guides, ArviZ export and the CLI call the same methods on every model instead of probing for
+attributes:
+
+* ``forward(x, y=None, num_data=None)`` — the Pyro model; its likelihood goes through
+  :meth:`CatalogueModel.observe`, the one place that owns the data plate and its N/B scaling;
+* ``symmetry_parameters()`` — the ``nn.Parameter`` objects ``fit`` trains with ``eta_lr``
+  (grouped by identity); ``symmetry_summary()`` — readable values for logs and tables;
+* ``task`` — a :class:`~pyro_invariance.tasks.Task` (held-out metrics, table columns, predictive);
+* ``fit_defaults``, ``guide_defaults(name)``, ``arviz_dims()``, ``arviz_coords()``,
+  ``log_evidence(x, y)``, ``figures(data)`` — recommendations and capabilities with defaults;
+* ``input_shapes()``, ``target_shapes()``, ``prepare_inputs(x, y)`` — the data boundary.
+
+Constructor vocabulary (README, "Model arguments"): ``symmetry`` is always the group / family of
+symmetries; ``learn_symmetry`` learns its parameters η (else they stay at ``eta_init``);
+``init_seed`` seeds all construction-time randomness; ``prior`` is one of :data:`PRIORS`;
+``prior_scale`` and ``noise_scale`` are standard deviations; ``num_transforms`` counts the
+symmetry samples of a forward pass (``num_samples`` is reserved for posterior draws).
+
+A model that is not a ``CatalogueModel`` (a user's own ``PyroModule``) can still be fitted and
+evaluated: the helper functions below give the documented fallbacks (no symmetry parameters, no
+recommendations), and :func:`pyro_invariance.tasks.task_for` picks its task.
+"""
+
+from __future__ import annotations
+
+from abc import ABCMeta, abstractmethod
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+
+import numpy as np
+import pyro
+import torch
+from pyro.distributions import Distribution
+from pyro.nn import PyroModule
+from torch import Tensor, nn
+
+from pyro_invariance.validation import (
+    as_real_tensor, check_trailing_shape, coerce_pair, model_dtype, num_classes_of,
+)  # fmt: skip
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from pyro_invariance.tasks import Task
+
+__all__ = ["PRIORS", "CatalogueModel", "check_prior", "symmetry_parameters", "symmetry_summary"]
+
+#: Every prior mode of the catalogue (each model takes the subset in its ``priors``):
+#: ``"fixed"`` — the prior scale is a constant (a buffer);
+#: ``"learned"`` — a point estimate trained by the bound (type-II maximum likelihood);
+#: ``"closed-form"`` — a buffer set by a closed-form type-II update (:mod:`pyro_invariance.infer.prior_update`);
+#: ``"hierarchical"`` — a latent variable with a LogNormal hyperprior.
+PRIORS: tuple[str, ...] = ("fixed", "learned", "closed-form", "hierarchical")
+
+
+class _CatalogueMeta(ABCMeta, type(PyroModule)):  # type: ignore[misc]
+    """PyroModule's metaclass with :class:`abc.ABCMeta` (abstract methods are enforced)."""
+
+
+class CatalogueModel(PyroModule, metaclass=_CatalogueMeta):
+    """Base class of every catalogue model (see the module docstring).
+
+    Class attributes:
+        task: the model's :class:`~pyro_invariance.tasks.Task` (classification, regression, dynamics).
+        fit_defaults: recommended :func:`pyro_invariance.fit` settings (e.g. ``{"lr": 1e-2,
+            "eta_lr": 1e-3}``); the CLI applies them unless given.
+        priors: the prior modes (of :data:`PRIORS`) the model takes.
+    """
+
+    task: ClassVar["Task"]
+    fit_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    priors: ClassVar[tuple[str, ...]] = ()
+
+    # -- the Pyro model -------------------------------------------------------------------------
+    @abstractmethod
+    def forward(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
+        """Sample the latents, observe ``y`` (``None``: sample it) through :meth:`observe`; return the
+        prediction for ``x`` (logits, mean or next states; leading dim B)."""
+
+    def observe(self, fn: Distribution, y: Tensor | None, x: Tensor, num_data: int | None = None,
+                name: str = "obs") -> Tensor:  # fmt: skip
+        """Score ``y ~ fn`` for the B rows of the minibatch ``x`` inside ``pyro.plate("data", N,
+        subsample=arange(B))`` with ``N = num_data or B``.
+
+        The plate scales the log likelihood by N/B, so the minibatch ELBO is an unbiased estimate of
+        the full-data ELBO (paper 003, Eq. 10: (N/B) Σ_{n∈batch} E_q log p(y_n | x_n, θ, η) − KL).
+        ``fn`` has batch shape ``(..., B)`` (the plate is the rightmost batch dim). Returns the
+        sample site's value (``y`` when observed).
+
+        Raises:
+            ValueError: ``num_data`` is not an integer ≥ B (one line naming it).
+        """
+        batch = x.shape[0]
+        if num_data is not None and (isinstance(num_data, bool) or not isinstance(num_data, (int, np.integer))
+                                     or num_data < batch):  # fmt: skip
+            raise ValueError(f"num_data must be an integer >= batch size {batch}, got {num_data!r}")
+        with pyro.plate("data", size=int(num_data or batch), subsample=torch.arange(batch, device=x.device)):
+            return pyro.sample(name, fn, obs=y)
+
+    # -- symmetry -----------------------------------------------------------------------------
+    def symmetry_parameters(self) -> list[nn.Parameter]:
+        """The parameter objects of the learned symmetry (η, λ, learned precisions δ), which
+        :func:`pyro_invariance.fit` trains with ``eta_lr``; the optimiser groups them by identity.
+        Constrained parameters appear as their unconstrained ``nn.Parameter``. Default: none."""
+        return []
+
+    def symmetry_summary(self) -> dict[str, Tensor]:
+        """Readable symmetry values for logs and tables (detached): η per generator, λ, δ per block,
+        generator norms. Default: none."""
+        return {}
+
+    # -- recommendations and capabilities --------------------------------------------------------
+    def guide_defaults(self, guide_name: str) -> dict[str, Any]:
+        """Keyword arguments :func:`pyro_invariance.guides.get` adds for guide ``guide_name`` (explicit
+        arguments win). Default: none."""
+        return {}
+
+    def arviz_dims(self) -> dict[str, list[str]]:
+        """ArviZ dim names of the sample sites' own dims, site -> names
+        (:func:`~pyro_invariance.diagnostics.inference_data.to_inference_data`). Default: generic names."""
+        return {}
+
+    def arviz_coords(self) -> dict[str, list[Any]]:
+        """ArviZ coordinates, dim -> labels. Default: none (a ``class`` dim gets the dataset's names)."""
+        return {}
+
+    def log_evidence(self, x: Tensor, y: Tensor) -> Tensor | None:
+        """Exact ``log p(y | x, η)`` (a scalar) where the model has it in closed form; default ``None``."""
+        return None
+
+    def figures(self, data: Any = None) -> dict[str, Figure]:
+        """The model's own figures of a fitted run, name -> matplotlib ``Figure`` (e.g. a filter bank);
+        ``data`` (a dataset or ``(x, y)``) for figures that show inputs. The CLI saves each as
+        ``<name>.png`` next to the run. Default: none."""
+        return {}
+
+    # -- the data boundary ---------------------------------------------------------------------
+    def input_shapes(self) -> list[tuple[int, ...]]:
+        """Trailing shapes of ``x`` that ``forward`` takes (after the batch dimension)."""
+        raise NotImplementedError(f"{type(self).__name__} must define input_shapes()")
+
+    def target_shapes(self) -> list[tuple[int, ...]]:
+        """Trailing shapes of ``y`` (default: one class label per row, ``[()]``)."""
+        return [()]
+
+    def prepare_inputs(self, x: Tensor, y: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Checked ``(x, y)`` for this model, once per ``fit`` / ``evaluate`` call (before any compute),
+        so that ``forward`` checks shapes only.
+
+        ``x`` ``(N, *input_shape)`` in the model's floating dtype; ``y`` ``(N,)`` int64 labels for
+        classification (every label checked against ``[0, num_classes)``), ``(N, *target_shape)``
+        floats otherwise (``None`` stays ``None``). Tensors stay on their device.
+
+        Raises:
+            ValueError: one line naming ``x`` or ``y``: wrong shape, no rows, complex / bool /
+                non-numeric values, non-finite values, labels that are not whole numbers or lie
+                outside ``[0, num_classes)``.
+        """
+        x = as_real_tensor("x", x)
+        check_trailing_shape("x", x, self.input_shapes())
+        if x.shape[0] == 0:
+            raise ValueError(f"x is empty, shape {tuple(x.shape)}")
+        if y is not None:
+            y = as_real_tensor("y", y)
+            if y.dim() < 1 or y.shape[0] != x.shape[0]:
+                raise ValueError(
+                    f"x and y must have the same number of rows, got {tuple(x.shape)} and {tuple(y.shape)}"
+                )
+            check_trailing_shape("y", y, self.target_shapes())
+            if num_classes_of(self) is None and not y.is_floating_point():
+                y = y.to(model_dtype(self))  # integer regression targets are numbers too
+        return coerce_pair(self, x, y)
+
+    @classmethod
+    def check_prior(cls, prior: str) -> str:
+        """``prior`` if this model takes it (one of :attr:`priors`); else a one-line ``ValueError``."""
+        return check_prior(prior, cls.priors, cls.__name__)
+
+
+def check_prior(prior: str, allowed: tuple[str, ...], owner: str = "the model") -> str:
+    """``prior`` if it is one of ``allowed`` (a subset of :data:`PRIORS`); else ``ValueError``."""
+    if prior not in allowed:
+        raise ValueError(f"unknown prior {prior!r} for {owner}; use one of {allowed}")
+    return prior
+
+
+def symmetry_parameters(model: Any) -> list[nn.Parameter]:
+    """``model.symmetry_parameters()`` for a :class:`CatalogueModel`; ``[]`` for any other model
+    (its parameters all train at ``model_lr``)."""
+    return list(model.symmetry_parameters()) if isinstance(model, CatalogueModel) else []
+
+
+def symmetry_summary(model: Any) -> dict[str, Tensor]:
+    """``model.symmetry_summary()`` for a :class:`CatalogueModel`; ``{}`` for any other model."""
+    return dict(model.symmetry_summary()) if isinstance(model, CatalogueModel) else {}

@@ -1,0 +1,176 @@
+"""One configuration for training: :class:`FitConfig`, shared by the API and the CLI.
+
+``fit``, ``fit_laplace`` and ``compare_guides`` take ``config=None, **overrides``, where the
+overrides are :class:`FitConfig` field names. The settings of a run are resolved once, with this
+precedence (highest first):
+
+1. what the caller gives explicitly — a whole ``config`` (taken as it is), then ``**overrides``;
+2. the model's recommended settings, ``model.fit_defaults`` (e.g. the layer-wise networks' rates,
+   without which they collapse);
+3. the guide's recommended settings, ``guide.fit_defaults`` (e.g. the full-rank guide's
+   covariance-factor rate);
+4. the library defaults below.
+
+:meth:`FitConfig.recommended` shows what a run would use; :func:`add_config_arguments` generates
+the CLI options (``--steps``, ``--lr`` ...) from the same fields, so the settings are listed once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from pyro_invariance.validation import check_positive_float, check_positive_int
+
+ELBOS = ("meanfield", "trace")
+SCHEDULES = ("cosine", "constant")
+
+
+def _opt(default: Any, help: str, **cli: Any) -> Any:
+    return field(default=default, metadata={"help": help, **cli})
+
+
+def _batch_size(text: str) -> int | None:
+    """CLI type of ``--batch-size``: a positive integer, or ``full`` for the whole data set."""
+    if text.strip().lower() in ("full", "none", "all"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'full', got {text!r}") from None
+
+
+@dataclass
+class FitConfig:
+    """Settings of a run (all of them are saved with checkpoints and results).
+
+    Learning rates are those of Adam's parameter groups (``training._param_groups``): the guide's
+    means and scales (``lr``), its off-diagonal covariance factors (``factor_lr``), the symmetry
+    parameters η (``eta_lr``) and the model's other point estimates (``model_lr``, default ``lr``).
+    """
+
+    steps: int = _opt(1000, "total SVI steps (the cosine schedule spans them)", type=int)
+    batch_size: int | None = _opt(128, "minibatch size B, or 'full'; the likelihood is scaled by N/B", type=_batch_size)
+    lr: float = _opt(5e-2, "Adam rate of the guide's means and scales", type=float)
+    eta_lr: float = _opt(1e-1, "Adam rate of the symmetry parameters η", type=float)
+    model_lr: float | None = _opt(None, "Adam rate of the model's other point estimates (default: lr)", type=float)
+    factor_lr: float = _opt(1e-3, "Adam rate of the guide's off-diagonal covariance factors", type=float)
+    num_particles: int = _opt(1, "Monte-Carlo samples of the ELBO per step", type=int)
+    elbo: str = _opt("meanfield", "meanfield: analytic KL where registered; trace: Monte-Carlo KL", choices=ELBOS)
+    schedule: str = _opt("cosine", "learning-rate schedule: cosine (to 0) or constant", choices=SCHEDULES)
+    seed: int = _opt(0, "seeds Pyro/torch, the minibatch shuffler and hence the whole run", type=int)
+    device: str = _opt("cpu", "cpu or cuda: model, guide and data are moved there", type=str)
+
+    def validate(self) -> FitConfig:
+        """Check every field; returns ``self`` (raises ``ValueError`` naming the field)."""
+        check_positive_int("steps", self.steps)
+        if self.batch_size is not None:
+            check_positive_int("batch_size", self.batch_size)
+        check_positive_float("lr", self.lr)
+        check_positive_float("eta_lr", self.eta_lr)
+        if self.model_lr is not None:
+            check_positive_float("model_lr", self.model_lr)
+        check_positive_float("factor_lr", self.factor_lr)
+        check_positive_int("num_particles", self.num_particles)
+        if self.elbo not in ELBOS:
+            raise ValueError(f"unknown elbo {self.elbo!r}; use one of {list(ELBOS)}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; use one of {SCHEDULES}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if not isinstance(self.device, str):
+            raise ValueError(f"device must be a string such as 'cpu' or 'cuda', got {self.device!r}")
+        return self
+
+    @classmethod
+    def names(cls) -> list[str]:
+        """The field names, in order."""
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def check_names(cls, settings: Mapping[str, Any], what: str = "fit setting") -> None:
+        """Refuse keys that are not fields (one line listing the fields)."""
+        unknown = sorted(set(settings) - set(cls.names()))
+        if unknown:
+            raise TypeError(f"unknown {what}{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                            f"FitConfig has {', '.join(cls.names())}")  # fmt: skip
+
+    @classmethod
+    def recommended(cls, model: Any = None, guide: Any = None, **overrides: Any) -> FitConfig:
+        """Library defaults, updated by the guide's then the model's ``fit_defaults``, then ``overrides``."""
+        settings: dict[str, Any] = {}
+        for source, what in ((fit_defaults_of(guide), "guide fit_defaults"), (fit_defaults_of(model), "model fit_defaults"),
+                             (overrides, "fit setting")):  # fmt: skip
+            cls.check_names(source, what)
+            settings.update(source)
+        if "device" in settings:
+            settings["device"] = str(settings["device"])
+        return cls(**settings).validate()
+
+    def replace(self, **changes: Any) -> FitConfig:
+        """A copy with ``changes`` (field names), validated."""
+        self.check_names(changes)
+        if "device" in changes:
+            changes["device"] = str(changes["device"])
+        return dataclasses.replace(self, **changes).validate()
+
+
+def fit_defaults_of(obj: Any) -> Mapping[str, Any]:
+    """The settings a catalogue model or guide recommends (its ``fit_defaults``); ``{}`` for other objects."""
+    from pyro_invariance.guides.base import CatalogueGuide
+    from pyro_invariance.models.base import CatalogueModel
+
+    if isinstance(obj, (CatalogueModel, CatalogueGuide)):
+        return dict(obj.fit_defaults)
+    return {}
+
+
+def resolve_config(config: FitConfig | None, model: Any, guide: Any, overrides: Mapping[str, Any]) -> FitConfig:
+    """The settings of a run: ``config`` (as given) or :meth:`FitConfig.recommended`, then ``overrides``."""
+    if config is None:
+        return FitConfig.recommended(model, guide, **overrides)
+    if not isinstance(config, FitConfig):
+        raise TypeError(f"config must be a FitConfig or None, got {type(config).__name__}")
+    return config.replace(**overrides)
+
+
+# ----------------------------------------------------------------------------------------------
+# The CLI's options, generated from the fields
+# ----------------------------------------------------------------------------------------------
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+    """Add ``--<field>`` for every :class:`FitConfig` field (not in ``skip``) to ``parser``.
+
+    An option the user does not give is absent from the parsed namespace (``argparse.SUPPRESS``),
+    so the model's and the guide's recommended settings apply (:func:`config_overrides`).
+    """
+    group = parser.add_argument_group("training settings (FitConfig; default: the model's, then the guide's, "
+                                      "then the library's)")  # fmt: skip
+    for f in fields(FitConfig):
+        if f.name in skip:
+            continue
+        meta = dict(f.metadata)
+        default = f.default if f.default is not None else "—"
+        kwargs: dict[str, Any] = {"help": f"{meta.pop('help')} (library default: {default})", "default": argparse.SUPPRESS}
+        if "type" in meta:
+            kwargs["type"] = meta.pop("type")
+        kwargs.update(meta)
+        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kwargs)
+    return parser
+
+
+def config_parent(skip: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+    """An argparse parent parser holding the :class:`FitConfig` options."""
+    return add_config_arguments(argparse.ArgumentParser(add_help=False), skip)
+
+
+def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`FitConfig` settings the user gave on the command line."""
+    return {name: getattr(args, name) for name in FitConfig.names() if hasattr(args, name)}
+
+
+__all__: list[str] = ["FitConfig", "add_config_arguments", "config_overrides", "config_parent", "fit_defaults_of",
+                      "resolve_config"]  # fmt: skip
