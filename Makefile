@@ -13,7 +13,7 @@ VENV1  := .venv-arviz1
 STAMP1 := $(VENV1)/.installed
 ARVIZ1_DEPS := "arviz>=1" numpy scipy pytest matplotlib
 
-.PHONY: demo test test-arviz1 test-slow test-all bench bench-quick references install docs clean
+.PHONY: demo data test test-arviz1 test-slow test-all bench bench-quick references install docs clean
 
 # pyproject.toml gives version ranges; constraints.txt pins the exact versions that resolve offline
 # here (torch and torchvision from the local wheel store).
@@ -25,6 +25,15 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Offline 28×28 images (Fashion-MNIST) from Debian's dataset-fashion-mnist, for the tests and tables
+# that read real files; needs root (CI) or sudo.
+FASHION_DIR := /usr/share/datasets/fashion-mnist
+data:
+	@if [ -d $(FASHION_DIR) ]; then echo "data: $(FASHION_DIR) present"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null; \
+	else echo "data: run 'sudo apt-get install dataset-fashion-mnist' for $(FASHION_DIR)"; exit 1; fi
 
 demo: $(STAMP)
 	$(BIN)/pyro-invariance demo --out results/demo --overwrite
