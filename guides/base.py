@@ -154,7 +154,9 @@ class StructuredGuide(CatalogueGuide, AutoNormal):
         return False
 
     def _make_structured(self, name: str, site: dict, init_loc: Tensor) -> PyroModule:
-        raise NotImplementedError
+        """Build the parameters of structured site ``name``; a subclass whose :meth:`_is_structured`
+        marks sites must override it (the base class marks none, so it is never called there)."""
+        raise NotImplementedError(f"{type(self).__name__} marks site {name!r} structured but does not build it")
 
     def _check_setup(self) -> None:
         """Called once the prototype trace is known (validate site-name options here)."""

@@ -68,11 +68,17 @@ class CatalogueModel(PyroModule, metaclass=_CatalogueMeta):
         fit_defaults: recommended :func:`pyro_invariance.fit` settings (e.g. ``{"lr": 1e-2,
             "eta_lr": 1e-3}``); the CLI applies them unless given.
         priors: the prior modes (of :data:`PRIORS`) the model takes.
+
+    Instance attributes every model sets:
+        prior: the prior mode this model was built with (one of :attr:`priors`).
+        num_classes: the number of classes of a classification model; ``None`` otherwise.
     """
 
     task: ClassVar["Task"]
     fit_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     priors: ClassVar[tuple[str, ...]] = ()
+    prior: str
+    num_classes: int | None = None
 
     # -- the Pyro model -------------------------------------------------------------------------
     @abstractmethod
@@ -138,9 +144,9 @@ class CatalogueModel(PyroModule, metaclass=_CatalogueMeta):
         return {}
 
     # -- the data boundary ---------------------------------------------------------------------
+    @abstractmethod
     def input_shapes(self) -> list[tuple[int, ...]]:
         """Trailing shapes of ``x`` that ``forward`` takes (after the batch dimension)."""
-        raise NotImplementedError(f"{type(self).__name__} must define input_shapes()")
 
     def target_shapes(self) -> list[tuple[int, ...]]:
         """Trailing shapes of ``y`` (default: one class label per row, ``[()]``)."""

@@ -126,7 +126,11 @@ def prepare_out(out: Path, *, resume: bool = False, overwrite: bool = False,
                 products: Sequence[str] = ("checkpoint.pt", "result.json")) -> Path:  # fmt: skip
     """Check an output folder before any compute: a writable folder (:func:`check_out_folder`) not
     holding a run (any of ``products``) unless ``resume`` (which needs its checkpoint) or ``overwrite``."""
-    check_out_folder(out)
+    return _check_out_contents(check_out_folder(out), resume, overwrite, products)
+
+
+def _check_out_contents(out: Path, resume: bool, overwrite: bool, products: Sequence[str]) -> Path:
+    """The part of :func:`prepare_out` after the folder check (what ``out`` already holds)."""
     existing = [name for name in products if (out / name).exists()]
     if resume:
         if not (out / "checkpoint.pt").is_file():
@@ -144,7 +148,7 @@ def prepare_out(out: Path, *, resume: bool = False, overwrite: bool = False,
 def _build_spec(args: argparse.Namespace) -> dict[str, Any]:
     data_kwargs = _data_kwargs(args)
     model_kwargs = _parse_kv(args.model_arg, "--model-arg")
-    objective = getattr(args, "objective", "elbo")
+    objective = args.objective
     guide = args.guide or ("map" if objective == "laplace" else "block-cholesky")
     if objective == "laplace":
         # MAP weights; the precisions are buffers the evidence updates set (pyro_invariance.infer.laplace)
@@ -195,8 +199,9 @@ def run_fit(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eva
     (:class:`~pyro_invariance.infer.runlock.RunLock`), so a second writer is refused before any compute.
     """
     out = check_out_folder(Path(out))
-    with RunLock(out / "checkpoint.pt"):
-        prepare_out(out, resume=bool(fit_kwargs.get("resume")), overwrite=bool(fit_kwargs.get("overwrite")))
+    with RunLock(out / "checkpoint.pt"):  # the folder must exist for its lock; then what it holds
+        _check_out_contents(out, bool(fit_kwargs.get("resume")), bool(fit_kwargs.get("overwrite")),
+                            ("checkpoint.pt", "result.json"))  # fmt: skip
         return _run_fit_locked(spec, out, fit_kwargs, num_eval_samples, eval_seed)
 
 
@@ -247,21 +252,19 @@ def _metrics(model: Any, guide: Any, data: Any, num_samples: int, device: Any = 
 
 
 def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """FitConfig settings the user gave (:func:`~pyro_invariance.infer.config.config_overrides`) and run options."""
-    kw: dict[str, Any] = {**config_overrides(args), "progress": not args.no_progress}
-    for name in ("resume", "checkpoint_every", "overwrite"):
-        if hasattr(args, name):
-            kw[name] = getattr(args, name)
-    if getattr(args, "allow_change", None):
+    """``fit``'s arguments from the ``fit`` command: the FitConfig settings the user gave
+    (:func:`~pyro_invariance.infer.config.config_overrides`) and the run options."""
+    kw: dict[str, Any] = {**config_overrides(args), "progress": not args.no_progress, "resume": args.resume,
+                          "checkpoint_every": args.checkpoint_every, "overwrite": args.overwrite}  # fmt: skip
+    if args.allow_change:
         from pyro_invariance.infer.training import LR_SETTINGS
 
         changes = [c.strip().replace("-", "_") for c in args.allow_change.split(",") if c.strip()]
-        wrong = [c for c in changes if c not in LR_SETTINGS]
-        if wrong or not getattr(args, "resume", False):
+        if not args.resume or any(c not in LR_SETTINGS for c in changes):
             raise ValueError(f"--allow-change takes learning rates ({','.join(LR_SETTINGS)}) with --resume, got "
-                             f"{args.allow_change!r}" + ("" if getattr(args, "resume", False) else " without --resume"))
+                             f"{args.allow_change!r}" + ("" if args.resume else " without --resume"))
         kw["allow_changes"] = changes
-    if getattr(args, "objective", "elbo") == "laplace":
+    if args.objective == "laplace":
         kw["laplace_every"] = check_positive_int("--laplace-every", args.laplace_every)
         kw["laplace_warmup"] = check_positive_int("--laplace-warmup", args.laplace_warmup, minimum=0)
     return kw

@@ -433,8 +433,8 @@ def _diag_normal_params(q: torch.distributions.Distribution) -> tuple[Tensor, Te
         if isinstance(base, Independent):
             ndims += base.reinterpreted_batch_ndims
         base = base.base_dist
-    if ndims != 2 or not isinstance(base, Normal):
-        raise NotImplementedError
+    if ndims != 2 or not isinstance(base, Normal):  # torch's signal for "no analytic KL": Pyro then samples
+        raise NotImplementedError(f"no analytic KL against {type(q).__name__} of {type(base).__name__}")
     return base.loc, base.scale
 
 
@@ -458,8 +458,8 @@ def _kl_gaussian_diag_normal(
 @register_kl(MatrixNormal, Independent)
 def _kl_matrix_normal_diag_normal(p: MatrixNormal, q: Independent) -> Tensor:
     r, c = p.event_shape
-    if q.event_shape != p.event_shape:
-        raise NotImplementedError
+    if q.event_shape != p.event_shape:  # torch's signal for "no analytic KL": Pyro then samples
+        raise NotImplementedError(f"no analytic KL between event shapes {p.event_shape} and {q.event_shape}")
     log_det = 2 * (c * _half_log_det(p.row_factor, p._row_diag) + r * _half_log_det(p.col_factor, p._col_diag))
     batch_shape = torch.broadcast_shapes(p.batch_shape, q.batch_shape)
     return _kl_gaussian_diag_normal(p.loc, p.variance, log_det, q, batch_shape)
@@ -483,8 +483,8 @@ def _kl_matrix_normal_matrix_normal(p: MatrixNormal, q: MatrixNormal) -> Tensor:
 
 @register_kl(RowwiseMultivariateNormal, Independent)
 def _kl_rowwise_diag_normal(p: RowwiseMultivariateNormal, q: Independent) -> Tensor:
-    if q.event_shape != p.event_shape:
-        raise NotImplementedError
+    if q.event_shape != p.event_shape:  # torch's signal for "no analytic KL": Pyro then samples
+        raise NotImplementedError(f"no analytic KL between event shapes {p.event_shape} and {q.event_shape}")
     C, H = p.event_shape
     log_diag = p.scale_tril.diagonal(dim1=-2, dim2=-1).log()
     log_det = 2 * log_diag.expand(p.batch_shape + (C, H)).sum((-2, -1))

@@ -389,8 +389,7 @@ def test_cli_interrupt_then_resume_is_bit_for_bit(tmp_path, uninterrupted, sig):
     proc.send_signal(sig)
     code = proc.wait(timeout=120)
     err = proc.stderr.read()
-    if code == 0:
-        pytest.skip("the run finished before the signal arrived")  # pragma: no cover - a very fast machine
+    # the signal arrives right after step 10's checkpoint, with 110 steps to go: the run cannot finish first
     assert code == (128 + sig if sig != signal.SIGKILL else -sig), err
     if sig != signal.SIGKILL:
         assert "Traceback" not in err

@@ -375,6 +375,7 @@ def plot_posterior(data: Any, var_names: Sequence[str] | None = None, **kwargs: 
     names = list(var_names) if var_names is not None else None
     if is_legacy():
         return _figure_of(az.plot_posterior(data, var_names=names, **kwargs))
+    _refuse_ax(kwargs)
     return _figure_of_collection(az.plot_dist(data, var_names=names, backend="matplotlib", **kwargs))
 
 
@@ -384,7 +385,14 @@ def plot_forest(data: Any, var_names: Sequence[str] | None = None, **kwargs: Any
     if is_legacy():
         kwargs.setdefault("combined", True)
         return _figure_of(az.plot_forest(data, var_names=names, **kwargs))
+    _refuse_ax(kwargs)
     return _figure_of_collection(az.plot_forest(data, var_names=names, backend="matplotlib", **kwargs))
+
+
+def _refuse_ax(kwargs: dict[str, Any]) -> None:
+    """ArviZ 1.x (arviz-plots) lays out its own figure: an ``ax`` would be ignored, so say so."""
+    if "ax" in kwargs:
+        raise ValueError("on ArviZ 1.x the plot draws its own figure: call it without ax")
 
 
 def _figure_of(axes: Any) -> Any:

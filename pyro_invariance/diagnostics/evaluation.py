@@ -23,6 +23,7 @@ from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from torch import Tensor
 
 from pyro_invariance.data.arrays import test_arrays, train_arrays
+from pyro_invariance.infer.modes import eval_mode
 from pyro_invariance.validation import check_positive_int, check_seed, coerce_labels, num_classes_of
 from pyro_invariance._pyro_scope import pyro_scope
 
@@ -175,20 +176,15 @@ def classification_metrics(
     dev = torch.device(device) if device is not None else model_device(model)
     x_test, y_test = (t.to(dev) for t in test_arrays(data, model))
     x_train, y_train = (t.to(dev) for t in train_arrays(data, model))
-    was_training = model.training
-    model.eval()
-    try:
-        with seeded_rng(seed, dev):
-            logits = posterior_predictive(model, guide, x_test, num_samples, batch_size)
-            if num_classes_of(model) is None:  # a model without num_classes: check against its logits
-                y_test = coerce_labels(y_test, logits.shape[-1])
-            log_probs = torch.log_softmax(logits, dim=-1)  # (K, N, C)
-            mixture = torch.logsumexp(log_probs, dim=0) - math.log(num_samples)  # (N, C)
-            nll = -mixture.gather(1, y_test.unsqueeze(1)).mean()
-            accuracy = (mixture.argmax(-1) == y_test).float().mean()
-            elbo = elbo_per_datum(model, guide, x_train, y_train, num_particles, batch_size=batch_size)
-    finally:
-        model.train(was_training)
+    with eval_mode(model), seeded_rng(seed, dev):
+        logits = posterior_predictive(model, guide, x_test, num_samples, batch_size)
+        if num_classes_of(model) is None:  # a model without num_classes: check against its logits
+            y_test = coerce_labels(y_test, logits.shape[-1])
+        log_probs = torch.log_softmax(logits, dim=-1)  # (K, N, C)
+        mixture = torch.logsumexp(log_probs, dim=0) - math.log(num_samples)  # (N, C)
+        nll = -mixture.gather(1, y_test.unsqueeze(1)).mean()
+        accuracy = (mixture.argmax(-1) == y_test).float().mean()
+        elbo = elbo_per_datum(model, guide, x_train, y_train, num_particles, batch_size=batch_size)
     return {"accuracy": float(accuracy), "nll": float(nll), "elbo_per_datum": elbo}
 
 

@@ -26,6 +26,7 @@ from pyro_invariance.symmetry.conserved import SymmetryAnalysis, analyse_generat
 from pyro_invariance.data.arrays import prepare_arrays, test_arrays, train_arrays
 from pyro_invariance.data.physics import PhysicsDataset
 from pyro_invariance.tasks import DYNAMICS
+from pyro_invariance.infer.modes import eval_mode
 from pyro_invariance.validation import check_positive_int, check_seed
 from pyro_invariance._pyro_scope import pyro_scope
 
@@ -139,13 +140,8 @@ def evaluate_hnn(
     def split_arrays(x: Any, y: Any) -> tuple[Tensor, Tensor]:
         return tuple(t.to(dev) for t in prepare_arrays(x, y, model))  # type: ignore[return-value]
 
-    was_training = model.training
-    model.eval()
-    try:
-        with seeded_rng(seed, dev):
-            return _hnn_columns(model, guide, data, split_arrays, num_samples, num_particles, rollout_steps, max_test)
-    finally:
-        model.train(was_training)
+    with eval_mode(model), seeded_rng(seed, dev):
+        return _hnn_columns(model, guide, data, split_arrays, num_samples, num_particles, rollout_steps, max_test)
 
 
 def _mse(model: Any, guide: Any, x: Tensor, y: Tensor, num_samples: int) -> float:

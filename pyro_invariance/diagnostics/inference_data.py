@@ -68,7 +68,8 @@ from pyro_invariance.diagnostics.arviz_compat import (  # noqa: F401  (re-export
 )
 from pyro_invariance.data.arrays import test_arrays, train_arrays
 from pyro_invariance.models.base import CatalogueModel, symmetry_summary
-from pyro_invariance.validation import check_positive_int
+from pyro_invariance.infer.modes import eval_mode
+from pyro_invariance.validation import check_positive_int, num_classes_of
 from pyro_invariance._pyro_scope import pyro_scope
 
 __all__ = [
@@ -145,19 +146,12 @@ def to_inference_data(
     n = x.shape[0]
     chunks = [(x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, n, batch_size)]
 
-    was_training = getattr(model, "training", None)
-    if was_training is not None:
-        model.eval()
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=_fork_devices(device)):
-            torch.manual_seed(seed)
-            draws = [
-                _one_draw(model, trace, log_q, chunks, device, seed, s, strict=src.kind == "mcmc")
-                for s, (trace, log_q) in enumerate(src.traces(chunks[0], n, device))
-            ]
-    finally:
-        if was_training is not None:
-            model.train(was_training)
+    with eval_mode(model), torch.no_grad(), torch.random.fork_rng(devices=_fork_devices(device)):
+        torch.manual_seed(seed)
+        draws = [
+            _one_draw(model, trace, log_q, chunks, device, seed, s, strict=src.kind == "mcmc")
+            for s, (trace, log_q) in enumerate(src.traces(chunks[0], n, device))
+        ]
 
     chains, per_chain = src.shape
     obs_name = draws[0]["obs_name"]
@@ -500,7 +494,7 @@ def _coords(model: Any, data: Any, dims: dict[str, list[str]]) -> dict[str, list
     if isinstance(model, CatalogueModel):
         coords.update({k: list(v) for k, v in model.arviz_coords().items()})
     classes = getattr(data, "info", {}).get("classes") if isinstance(getattr(data, "info", None), dict) else None
-    num_classes = getattr(model, "num_classes", None)
+    num_classes = num_classes_of(model)
     if (
         "class" not in coords
         and classes is not None

@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from pyro_invariance.models.invariant_mlp import InvariantMLP
 
 __all__ = [
     "data_eta_range",
@@ -175,7 +178,7 @@ def plot_filter_bank(
 
 
 def plot_orbits(
-    model: Any, x: Any = None, *, num: int = 5, steps: int = 7, fig: Figure | None = None
+    model: InvariantMLP, x: Any = None, *, num: int = 5, steps: int = 7, fig: Figure | None = None
 ) -> Figure:
     """What the learned η does: filters or images moved along the model's learned orbit.
 
@@ -213,11 +216,15 @@ def plot_orbits(
 
     from pyro_invariance.symmetry.affine import lie_exp, transform_weight_rows
 
+    from pyro_invariance.models.invariant_mlp import InvariantMLP
+
+    if not isinstance(model, InvariantMLP):
+        raise TypeError(f"plot_orbits draws an InvariantMLP's orbits, got {type(model).__name__}")
     if num < 1 or steps < 1:
         raise ValueError(f"num and steps must be at least 1, got num={num}, steps={steps}")
     shape = tuple(int(v) for v in model.image_shape)
     if x is None:
-        if getattr(model, "activation", None) == "rff":
+        if model.activation == "rff":
             raise ValueError(
                 "an RFF model's first layer is fixed random features, which do not show what η learned: "
                 "give input images x of shape (N, C, H, W), e.g. data.x_train"
@@ -251,7 +258,7 @@ def plot_orbits(
             if r == 0:
                 ax.set_title(f"ε = {round(e, 2) + 0.0:+.2f}", fontsize=8)  # + 0.0: no "-0.00"
         axes[r][0].set_ylabel(f"{label} {r}", fontsize=8)
-    kind = "learned" if getattr(model, "learn_symmetry", False) else "fixed"
+    kind = "learned" if model.learn_symmetry else "fixed"
     fig.suptitle(f"orbits, {kind} η: " + _eta_text(eta, model.generator_names, shape[-1]), fontsize=10)
     fig.tight_layout()
     return fig

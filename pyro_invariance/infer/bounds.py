@@ -50,6 +50,7 @@ from pyro.distributions.util import scale_and_mask
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
+from pyro_invariance.infer.modes import eval_mode
 from pyro_invariance.validation import check_positive_int
 from pyro_invariance._pyro_scope import pyro_scope
 
@@ -325,26 +326,19 @@ def log_weights(
     x, y = _check_xy(x, y)
     out = []
     point = False
-    was_training = getattr(model, "training", None)
-    if was_training is not None:
-        model.eval()
-    try:
-        with torch.no_grad():
-            if vectorize:
-                dim = -_max_plate_nesting(model, x, y, x.shape[0]) - 1
-                done = 0
-                while done < num_samples:
-                    p = min(particle_chunk, num_samples - done)
-                    lw, point = _log_weight(model, guide, x, y, batch_size, particles=p, dim=dim)
-                    out.append(lw)
-                    done += p
-            else:
-                for _ in range(num_samples):
-                    lw, point = _log_weight(model, guide, x, y, batch_size)
-                    out.append(lw.reshape(1))
-    finally:
-        if was_training:
-            model.train()
+    with eval_mode(model), torch.no_grad():
+        if vectorize:
+            dim = -_max_plate_nesting(model, x, y, x.shape[0]) - 1
+            done = 0
+            while done < num_samples:
+                p = min(particle_chunk, num_samples - done)
+                lw, point = _log_weight(model, guide, x, y, batch_size, particles=p, dim=dim)
+                out.append(lw)
+                done += p
+        else:
+            for _ in range(num_samples):
+                lw, point = _log_weight(model, guide, x, y, batch_size)
+                out.append(lw.reshape(1))
     lw = torch.cat(out)
     if not torch.isfinite(lw).all():
         bad = int((~torch.isfinite(lw)).sum())

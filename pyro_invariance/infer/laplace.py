@@ -315,7 +315,8 @@ def fit_laplace(
     from pyro_invariance.infer.training import fit
 
     _groups(model)
-    guide = guide_registry.get("map" if guide is None else guide, model) if not callable(guide) else guide
+    if guide is None or isinstance(guide, str):
+        guide = guide_registry.get(guide or "map", model)
     overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in FitConfig.names()}
     cfg = resolve_config(config, model, guide, overrides)
     x, y = train_arrays(data, model)

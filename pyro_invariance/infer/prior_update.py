@@ -45,8 +45,7 @@ def update_prior_variance(model: nn.Module, guide: Any, damping: float = 0.5) ->
     """
     if not (0 < damping <= 1):
         raise ValueError(f"damping must lie in (0, 1], got {damping}")
-    if getattr(model, "prior", "closed-form") != "closed-form":
-        raise ValueError(f"the model's prior is {model.prior!r}; the closed-form update needs prior='closed-form'")
+    _check_closed_form(model)
     names = model.weight_site_names()
     for i, name in enumerate(names):
         q = guide.get_distribution(name)
@@ -55,6 +54,15 @@ def update_prior_variance(model: nn.Module, guide: Any, damping: float = 0.5) ->
         lam = 1.0 / model.prior_var[i]
         model.prior_var[i] = 1.0 / ((1 - damping) * lam + damping * lam_star)
     return model.prior_var.clone()
+
+
+def _check_closed_form(model: Any) -> None:
+    """The closed-form update sets the prior-variance buffers of a model built for it."""
+    from pyro_invariance.models.base import CatalogueModel
+
+    if not isinstance(model, CatalogueModel) or model.prior != "closed-form":
+        prior = model.prior if isinstance(model, CatalogueModel) else f"a {type(model).__name__}"
+        raise ValueError(f"the closed-form prior update needs a catalogue model built with prior='closed-form', got {prior!r}")
 
 
 class PriorUpdatingGuide(nn.Module):
@@ -76,8 +84,7 @@ class PriorUpdatingGuide(nn.Module):
             raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
         self.warmup = warmup
         self.calls = 0
-        if getattr(model, "prior", None) != "closed-form":
-            raise ValueError("PriorUpdatingGuide needs a model built with prior='closed-form'")
+        _check_closed_form(model)
         self.guide = guide
         self.damping = float(damping)
         object.__setattr__(self, "_model", model)  # not a submodule: its parameters belong to the model

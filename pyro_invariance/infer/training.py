@@ -349,7 +349,8 @@ def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg:
     if isinstance(guide, nn.Module):
         guide.to(dev)
     settings = {**asdict(cfg), **({"run_settings": run_settings} if run_settings else {})}
-    fingerprint = run_fingerprint(model, guide, settings, x_all, y_all, spec)
+    # what defines the run, for its checkpoints (hashing the data is skipped when nothing is saved)
+    fingerprint = run_fingerprint(model, guide, settings, x_all, y_all, spec) if path is not None else {}
     x_all, y_all = x_all.to(dev), y_all.to(dev)
 
     optim = torch.optim.Adam(_param_groups(model, guide, cfg))
