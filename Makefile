@@ -73,6 +73,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/invariant_mlp_tables.py
 	$(BIN)/python benchmarks/noether_tables.py
 	$(BIN)/python benchmarks/guide_cost.py
+	$(BIN)/python benchmarks/full_rank_defaults.py
 	$(BIN)/python benchmarks/guide_comparison.py --model basis-regression
 	$(BIN)/python benchmarks/guide_comparison.py --model invariant-mlp
 	$(BIN)/python benchmarks/guide_comparison.py --model symmetrised-hnn
