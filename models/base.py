@@ -8,6 +8,8 @@ attributes:
   :meth:`CatalogueModel.observe`, the one place that owns the data plate and its N/B scaling;
 * ``symmetry_parameters()`` — the ``nn.Parameter`` objects ``fit`` trains with ``eta_lr``
   (grouped by identity); ``symmetry_summary()`` — readable values for logs and tables;
+  ``symmetry_sites()`` — the latent sample sites of η when ``symmetry_prior`` makes η a latent
+  variable (full Bayes, :mod:`pyro_invariance.symmetry.priors`) instead of a point estimate;
 * ``task`` — a :class:`~pyro_invariance.tasks.Task` (held-out metrics, table columns, predictive);
 * ``fit_defaults``, ``guide_defaults(name)``, ``arviz_dims()``, ``arviz_coords()``,
   ``log_evidence(x, y)``, ``figures(data)`` — recommendations and capabilities with defaults;
@@ -15,6 +17,8 @@ attributes:
 
 Constructor vocabulary (README, "Model arguments"): ``symmetry`` is always the group / family of
 symmetries; ``learn_symmetry`` learns its parameters η (else they stay at ``eta_init``);
+``symmetry_prior`` (``None``: η is a point estimate; a prior name of
+:data:`~pyro_invariance.symmetry.priors.SYMMETRY_PRIORS`: η is a latent site with that prior);
 ``init_seed`` seeds all construction-time randomness; ``prior`` is one of :data:`PRIORS`;
 ``prior_scale`` and ``noise_scale`` are standard deviations; ``num_transforms`` counts the
 symmetry samples of a forward pass (``num_samples`` is reserved for posterior draws).
@@ -68,16 +72,21 @@ class CatalogueModel(PyroModule, metaclass=_CatalogueMeta):
         fit_defaults: recommended :func:`pyro_invariance.fit` settings (e.g. ``{"lr": 1e-2,
             "eta_lr": 1e-3}``); the CLI applies them unless given.
         priors: the prior modes (of :data:`PRIORS`) the model takes.
+        symmetry_priors: the priors over η (of :data:`~pyro_invariance.symmetry.priors.SYMMETRY_PRIORS`)
+            the model takes for ``symmetry_prior``; empty: η is always a point estimate.
 
     Instance attributes every model sets:
         prior: the prior mode this model was built with (one of :attr:`priors`).
         num_classes: the number of classes of a classification model; ``None`` otherwise.
+        symmetry_prior: ``None`` (η a point estimate) or the prior of a latent η.
     """
 
     task: ClassVar["Task"]
     fit_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     priors: ClassVar[tuple[str, ...]] = ()
+    symmetry_priors: ClassVar[tuple[str, ...]] = ()
     prior: str
+    symmetry_prior: str | None = None
     num_classes: int | None = None
 
     # -- the Pyro model -------------------------------------------------------------------------
@@ -115,8 +124,39 @@ class CatalogueModel(PyroModule, metaclass=_CatalogueMeta):
 
     def symmetry_summary(self) -> dict[str, Tensor]:
         """Readable symmetry values for logs and tables (detached): η per generator, λ, δ per block,
-        generator norms. Default: none."""
+        generator norms, for point estimates. A latent η has no value outside a trace: its summary is
+        the guide's (:func:`pyro_invariance.diagnostics.symmetry_posterior`). Default: none."""
         return {}
+
+    def symmetry_sites(self) -> list[str]:
+        """Names of the latent sample sites that hold η (``symmetry_prior`` set), in the order of
+        :meth:`symmetry_summary`'s quantities; ``[]`` when η is a point estimate or fixed. Guides
+        carry ``q(η)`` for these sites; ArviZ puts them in the ``posterior`` group."""
+        return []
+
+    def symmetry_site_labels(self) -> dict[str, list[str]]:
+        """Coordinate labels of each symmetry site's last dim (e.g. ``{"eta": ["rot"]}``); default none."""
+        return {}
+
+    def latent_symmetry(self, name: str) -> Tensor:
+        """The value of the ``PyroSample`` attribute ``name`` in this trace (sampled once per model
+        call, then cached by the ``PyroModule`` context), also where a class property of the same
+        name (the point-estimate accessor, e.g. ``eta``) hides the attribute."""
+        return PyroModule.__getattr__(self, name)
+
+    @classmethod
+    def check_symmetry_prior(cls, symmetry_prior: str | None, learn_symmetry: bool = True) -> str | None:
+        """``symmetry_prior`` if this model takes it (``None`` or one of :attr:`symmetry_priors`) and it
+        is not combined with ``learn_symmetry=False``; else a one-line ``ValueError``."""
+        from pyro_invariance.symmetry.priors import check_symmetry_prior
+
+        check_symmetry_prior(symmetry_prior, cls.symmetry_priors, cls.__name__)
+        if symmetry_prior is not None and not learn_symmetry:
+            raise ValueError(
+                f"symmetry_prior={symmetry_prior!r} makes η a latent variable; learn_symmetry=False fixes it "
+                "at eta_init: choose one"
+            )
+        return symmetry_prior
 
     # -- recommendations and capabilities --------------------------------------------------------
     def guide_defaults(self, guide_name: str) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 Generative story (paper 003, Eqs. 1–3, 6; docs/methods.md §1)::
 
-    η ∈ [0, η_max]^k                      invariance parameters (point estimate, learned or fixed)
+    η ∈ [0, η_max]^k                      invariance parameters (point estimate, learned or fixed;
+                                           or, with ``symmetry_prior``, a latent site "eta" with
+                                           η ~ U(0, η_max) or a scaled logit-normal: full Bayes)
     T_s = expm(Σ_i ε_si η_i G_i),  ε_s ~ U[-1, 1]^k,  s = 1..S          (Eq. 3, shared by a batch)
     h(x) = (1/S) Σ_s φ(W1^(s) x + b1),    W1^(s) = W1 ∘ T_s (rows warped as images)    (Eq. 6)
     σ_p ~ LogNormal(0, 1)                  prior scale of the read-out ("hierarchical", default;
@@ -37,6 +39,7 @@ from pyro.nn import PyroParam, PyroSample
 from torch import Tensor, nn
 
 from pyro_invariance.registry import MODELS
+from pyro_invariance.symmetry.priors import BOUNDED_PRIORS, bounded_prior
 from pyro_invariance.symmetry.affine import (
     affine_generators,
     eta_upper_bounds,
@@ -70,6 +73,10 @@ class InvariantMLP(CatalogueModel):
         symmetry: subgroup name(s) for :func:`pyro_invariance.symmetry.affine.resolve_subgroup`
             (``"rotation"``, ``"translation"``, ``"scale"``, ``"affine"``, ``"none"``, ``"tx+rot"``...).
         learn_symmetry: learn η (by the bound, with ``fit``'s ``eta_lr``) or keep it fixed at ``eta_init``.
+        symmetry_prior: ``None`` (η a point estimate, type-II maximum likelihood) or ``"uniform"`` /
+            ``"logit-normal"`` (:mod:`pyro_invariance.symmetry.priors`): η becomes the latent site
+            ``"eta"`` (shape ``(k,)``, support ``[0, η_max]``), sampled once per forward pass; the
+            guide carries ``q(η)`` and ``eta_init`` is unused.
         eta_init: initial η, a float for all generators or a mapping generator -> value. Must be
             > 0 to learn: η = 0 is a stationary point of the expected gradient (docs/methods.md §1).
         eta_max: optional mapping generator -> upper bound (default
@@ -110,8 +117,10 @@ class InvariantMLP(CatalogueModel):
         prior: str = "hierarchical",
         prior_scale: float = 1.0,
         init_seed: int = 0,
+        symmetry_prior: str | None = None,
     ) -> None:
         super().__init__()
+        self.symmetry_prior = self.check_symmetry_prior(symmetry_prior, learn_symmetry)
         image_shape = tuple(int(v) for v in image_shape)
         if len(image_shape) != 3 or min(image_shape) < 1:
             raise ValueError(f"image_shape must be (C, h, w) with positive entries, got {image_shape}")
@@ -151,7 +160,9 @@ class InvariantMLP(CatalogueModel):
         init = _eta_init_tensor(eta_init, self.generator_names)
         if torch.any(init < 0) or torch.any(init > upper):
             raise ValueError(f"eta_init {init.tolist()} outside [0, {upper.tolist()}]")
-        if self.learn_symmetry and k > 0:
+        if self.symmetry_prior is not None and k > 0:
+            self.eta = PyroSample(lambda m: bounded_prior(m.symmetry_prior, m.eta_upper))
+        elif self.learn_symmetry and k > 0:
             if torch.any(init <= 0) or torch.any(init >= upper):
                 raise ValueError("a learned eta_init must lie strictly inside (0, eta_max): η = 0 cannot learn")
             # η = η_max · u with u ∈ (0, 1): constant bounds keep the constraint device-agnostic.
@@ -183,29 +194,52 @@ class InvariantMLP(CatalogueModel):
 
     task = CLASSIFICATION
     priors = ("fixed", "learned", "hierarchical")
+    symmetry_priors = BOUNDED_PRIORS
 
     # ------------------------------------------------------------------------------------
     @property
+    def eta_is_latent(self) -> bool:
+        """Whether η is the latent site ``"eta"`` (``symmetry_prior`` set, at least one generator)."""
+        return self.symmetry_prior is not None and len(self.generator_names) > 0
+
+    @property
     def eta(self) -> Tensor:
-        """η, shape ``(k,)`` (constrained to ``[0, η_max]``)."""
+        """η, shape ``(k,)`` (constrained to ``[0, η_max]``). A latent η is the site ``"eta"``: its
+        value in the current trace (replayed from the guide), a prior draw outside one."""
+        if self.eta_is_latent:
+            return self.latent_symmetry("eta")
         if self.learn_symmetry and len(self.generator_names):
             return self.eta_unit * self.eta_upper
         return self.eta_fixed
 
     def symmetry_parameters(self) -> list[nn.Parameter]:
-        """``[u]`` with η = η_max·u (the unconstrained parameter behind ``eta_unit``) when η is learned."""
-        return [self.eta_unit_unconstrained] if self.learn_symmetry and len(self.generator_names) else []
+        """``[u]`` with η = η_max·u (the unconstrained parameter behind ``eta_unit``) when η is learned
+        as a point estimate; ``[]`` when fixed or latent (then ``q(η)`` lives in the guide)."""
+        learned = self.learn_symmetry and len(self.generator_names) and not self.eta_is_latent
+        return [self.eta_unit_unconstrained] if learned else []
 
     def symmetry_summary(self) -> dict[str, Tensor]:
-        """Current η per generator name (constrained values, detached)."""
+        """Current η per generator name (constrained values, detached); ``{}`` for a latent η."""
+        if self.eta_is_latent:
+            return {}
         eta = self.eta.detach() if len(self.generator_names) else torch.zeros(0)
         return {name: eta[i] for i, name in enumerate(self.generator_names)}
+
+    def symmetry_sites(self) -> list[str]:
+        """``["eta"]`` when η is latent."""
+        return ["eta"] if self.eta_is_latent else []
+
+    def symmetry_site_labels(self) -> dict[str, list[str]]:
+        return {"eta": list(self.generator_names)} if self.eta_is_latent else {}
 
     def figures(self, data: Any = None) -> dict[str, Figure]:
         """``"filters"``: the filter bank (paper 003, Fig. 3); ``"orbits"``: the first 5 training
         images of ``data`` moved along the learned orbit. An RFF model's fixed random filters show
         the transforms, not what η learned, so without ``data`` it has no orbit figure; a ReLU model
-        shows its first learned filters."""
+        shows its first learned filters. A latent η has no single value: no figures (plot ``q(η)``
+        with ``az.plot_posterior(pi.to_inference_data(...), var_names=["eta"])``)."""
+        if self.eta_is_latent:
+            return {}
         from pyro_invariance.data.arrays import train_arrays
         from pyro_invariance.diagnostics.plots import plot_filter_bank, plot_orbits
 
@@ -218,7 +252,8 @@ class InvariantMLP(CatalogueModel):
 
     def arviz_dims(self) -> dict[str, list[str]]:
         """ArviZ dim names of the sample sites' own dims (:func:`pyro_invariance.diagnostics.inference_data.to_inference_data`)."""
-        return {"out_weight": ["class", "hidden"], "out_bias": ["class"], "prior_scale": [], "obs": ["obs_dim_0"]}
+        return {"out_weight": ["class", "hidden"], "out_bias": ["class"], "prior_scale": [], "obs": ["obs_dim_0"],
+                "eta": ["generator"]}
 
     def sample_transforms(self, num_transforms: int | None = None) -> Tensor:
         """S affine matrices T_s = expm(Σ ε_si η_i G_i), shape ``(S, 3, 3)`` (Eq. 3)."""

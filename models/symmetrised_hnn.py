@@ -8,7 +8,9 @@ Generative story (talk 000, "Noether's theorem parameterisation" and "Objective 
     W_l ~ N(0, v_l I)   (out × in)            Bayesian weights; biases b_l and the first layer's
                                               scalar scale c are point estimates; last layer has no bias
     f(x) = W_L ELU_α(... ELU_α(c·W_1 x/√M + b_1) ...)/√H       the MLP "observable" F (ELU α = 2)
-    η = (W_k, b_k), k = 1..K                  quadratic conserved quantities (learned by the bound)
+    η = (W_k, b_k), k = 1..K                  quadratic conserved quantities (learned by the bound;
+                                              with ``symmetry_prior="normal"`` latent sites
+                                              "eta_W", "eta_b" with N(0, 1) entries: full Bayes)
     C_k(x) = xᵀA_k x/2 + b_kᵀx,  A_k = W_k + W_kᵀ,  G_k = [[J A_k, J b_k], [0, 0]]
     T_s = expm(π Σ_k w_sk G_k),  w_s ~ U[−1,1]^K (or the unit ball), s = 1..S
     H̄(x) = (1/S) Σ_s f([T_s [x; 1]]_{1:M})                           (talk: NN_{θ,η} = ∫ NN_θ∘Φ^τ dμ)
@@ -29,11 +31,12 @@ variance gives O(1) activations at any width; the first layer's learned scalar s
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
+from pyro.infer.autoguide.initialization import init_to_feasible
 from pyro.nn import PyroSample
 from torch import Tensor, nn
 
@@ -48,6 +51,7 @@ from pyro_invariance.symmetry.conserved import (
 )
 from pyro_invariance.data.physics import symplectic
 from pyro_invariance.registry import MODELS
+from pyro_invariance.symmetry.priors import UNBOUNDED_PRIORS, unbounded_prior
 from pyro_invariance.tasks import DYNAMICS
 from pyro_invariance.validation import check_positive_float, check_positive_int, check_trailing_shape
 
@@ -71,6 +75,12 @@ class SymmetrisedHNN(CatalogueModel):
             η) or an oracle ``"so2"`` / ``"un"`` / ``"se2"`` (fixed generators).
         learn_symmetry: learn η (``symmetry="quadratic"``; ``fit`` trains it with ``eta_lr``) or keep
             it at its random start. Oracles and ``"none"`` have no η.
+        symmetry_prior: ``None`` (η a point estimate) or ``"normal"`` (``symmetry="quadratic"`` only):
+            η = (W, b) become the latent sites ``"eta_W"`` ``(K, M, M)`` and ``"eta_b"`` ``(K, M)``
+            with N(0, 1) entries (:mod:`pyro_invariance.symmetry.priors`). The prior and the
+            likelihood are unchanged by flipping the sign of a quantity or rotating the span of the
+            K quantities, so q(η) can sit at any of these equivalent modes: compare spans of the
+            generators (principal angles), not coordinates.
         num_generators: K conserved quantities (reference 1 SHO, 30 oscillators, 10 3-body).
         num_transforms: S symmetry samples per forward pass (reference 200 SHO, 100 others; default 16).
         sampling: ``"cube"`` (U[−1,1]^K), ``"ball"`` (unit ball) or ``"grid"`` (K = 1, evenly spaced).
@@ -111,8 +121,12 @@ class SymmetrisedHNN(CatalogueModel):
         prior_scale: float = 1.0,
         eta_init_std: float = 0.01,
         init_seed: int = 0,
+        symmetry_prior: str | None = None,
     ) -> None:
         super().__init__()
+        self.symmetry_prior = self.check_symmetry_prior(symmetry_prior, learn_symmetry)
+        if self.symmetry_prior is not None and symmetry != "quadratic":
+            raise ValueError(f"symmetry_prior needs symmetry='quadratic' (learned generators), got {symmetry!r}")
         check_positive_int("state_dim", state_dim, minimum=2)
         if state_dim % 2:
             raise ValueError(f"state_dim must be even (x = (q, p)), got {state_dim}")
@@ -141,10 +155,16 @@ class SymmetrisedHNN(CatalogueModel):
 
         # --- symmetry --------------------------------------------------------------------
         if symmetry == "quadratic":
-            k = int(num_generators)
+            k = self._num_generators = int(num_generators)
             eta_W = eta_init_std * torch.randn(k, m, m, generator=gen)
             eta_b = eta_init_std * torch.randn(k, m, generator=gen)
-            if self.learn_symmetry:
+            if self.symmetry_prior is not None:
+                # the guide's q(η) starts at the same small random η as a point estimate (guide_defaults)
+                self.register_buffer("eta_W_init", eta_W, persistent=False)
+                self.register_buffer("eta_b_init", eta_b, persistent=False)
+                self.eta_W = PyroSample(lambda mod: unbounded_prior(mod.symmetry_prior, (k, m, m), mod.prior_var))
+                self.eta_b = PyroSample(lambda mod: unbounded_prior(mod.symmetry_prior, (k, m), mod.prior_var))
+            elif self.learn_symmetry:
                 self.eta_W, self.eta_b = nn.Parameter(eta_W), nn.Parameter(eta_b)
             else:
                 self.register_buffer("eta_W", eta_W)
@@ -177,12 +197,13 @@ class SymmetrisedHNN(CatalogueModel):
 
     task = DYNAMICS
     priors = ("fixed", "closed-form", "hierarchical")
+    symmetry_priors = UNBOUNDED_PRIORS
 
     # ------------------------------------------------------------------------------------
     @property
     def num_generators(self) -> int:
         if self.symmetry == "quadratic":
-            return self.eta_W.shape[0]
+            return self._num_generators
         if self.symmetry in ORACLES:
             return self.oracle.shape[0]
         return 0
@@ -210,12 +231,32 @@ class SymmetrisedHNN(CatalogueModel):
         return self.input_scale.new_zeros(0, m, m)
 
     def symmetry_parameters(self) -> list[nn.Parameter]:
-        """``[eta_W, eta_b]`` (the K quadratic conserved quantities) when they are learned."""
-        return [self.eta_W, self.eta_b] if self.symmetry == "quadratic" and self.learn_symmetry else []
+        """``[eta_W, eta_b]`` (the K quadratic conserved quantities) when they are learned as point
+        estimates; ``[]`` when fixed or latent."""
+        learned = self.symmetry == "quadratic" and self.learn_symmetry and self.symmetry_prior is None
+        return [self.eta_W, self.eta_b] if learned else []
+
+    def guide_defaults(self, guide_name: str) -> dict[str, Any]:
+        """A latent η: q(η) starts at the model's small random η (``eta_init_std``) and every guide
+        coordinate at standard deviation 0.01 — at the guides' default 1.0 the sampled generators'
+        flows ``expm(πΣ w G)`` overflow (−ELBO/N ≈ 10⁸ on the SHO in 3 steps). Point estimates: none."""
+        if self.symmetry_prior is None:
+            return {}
+        inits = {"eta_W": self.eta_W_init, "eta_b": self.eta_b_init}
+
+        def init_loc_fn(site: dict) -> Tensor:
+            return inits[site["name"]].clone() if site["name"] in inits else init_to_feasible(site)
+
+        return {"init_loc_fn": init_loc_fn, **({} if guide_name == "map" else {"init_scale": 0.01})}
+
+    def symmetry_sites(self) -> list[str]:
+        """``["eta_W", "eta_b"]`` when η is latent."""
+        return ["eta_W", "eta_b"] if self.symmetry_prior is not None else []
 
     def symmetry_summary(self) -> dict[str, Tensor]:
-        """Frobenius norm of each generator ``G_k`` of η (the amount of symmetry), detached."""
-        if self.symmetry != "quadratic":
+        """Frobenius norm of each generator ``G_k`` of η (the amount of symmetry), detached; ``{}`` for
+        a latent η."""
+        if self.symmetry != "quadratic" or self.symmetry_prior is not None:
             return {}
         norms = self.generators().detach().flatten(1).norm(dim=1)
         return {f"G{k}": norms[k] for k in range(norms.shape[0])}

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from pyro_invariance.data import toy2d  # noqa: F401  (registers the "rotation-toy-2d" dataset)
 from pyro_invariance.registry import MODELS
+from pyro_invariance.symmetry.priors import BOUNDED_PRIORS, bounded_prior
 from pyro_invariance.tasks import CLASSIFICATION
 from pyro_invariance.validation import check_label_shape, check_positive_int, check_trailing_shape
 
@@ -50,7 +51,8 @@ class RotationToy2D(CatalogueModel):
     Generative story (paper 003, Eqs. 1–3 and 6, with the rotation generator of docs/methods.md §1)::
 
         η ∈ [0, π]                                  amount of rotational invariance (point estimate,
-                                                    learned or fixed; η = π is full SO(2) invariance)
+                                                    learned or fixed; η = π is full SO(2) invariance;
+                                                    with ``symmetry_prior`` the latent site "eta")
         θ_s = η ε_s,  s = 1..S                      ε_s on a midpoint grid of [−1, 1] ("deterministic")
                                                     or ε_s ~ U[−1, 1] per forward pass ("stochastic")
         h(x) = (1/S) Σ_s √(2/H) cos(W1 R(θ_s) x + b1)      invariant features, (H,)  (Eq. 6)
@@ -82,6 +84,8 @@ class RotationToy2D(CatalogueModel):
         num_transforms: S, rotations averaged per forward pass.
         sampling: ``"deterministic"`` (midpoint grid, default) or ``"stochastic"`` (ε ~ U[−1, 1]).
         learn_symmetry: learn η (``fit`` uses its ``eta_lr``) or keep it fixed at ``eta_init``.
+        symmetry_prior: ``None`` (η a point estimate) or ``"uniform"`` / ``"logit-normal"`` on
+            ``[0, π]`` (:mod:`pyro_invariance.symmetry.priors`): η is the latent scalar site ``"eta"``.
         eta_init: initial / fixed η in radians, in ``[0, π]`` (``(0, π)`` when learned: η = 0 is
             a stationary point of the gradient, docs/methods.md §1).
         prior_scale: σ_p, standard deviation of the read-out weights and biases (``prior="fixed"``,
@@ -105,8 +109,10 @@ class RotationToy2D(CatalogueModel):
         prior: str = "fixed",
         prior_scale: float = 3.0,
         init_seed: int = 0,
+        symmetry_prior: str | None = None,
     ) -> None:
         super().__init__()
+        self.symmetry_prior = self.check_symmetry_prior(symmetry_prior, learn_symmetry)
         self.num_classes = check_positive_int("num_classes", num_classes, minimum=2)
         self.hidden = check_positive_int("hidden", hidden)
         self.num_transforms = check_positive_int("num_transforms", num_transforms)
@@ -128,7 +134,10 @@ class RotationToy2D(CatalogueModel):
         if not (0.0 <= eta0 <= math.pi + 1e-6):
             raise ValueError(f"eta_init must lie in [0, π], got {eta_init!r}")
         eta0 = min(eta0, math.pi)
-        if self.learn_symmetry:
+        if self.symmetry_prior is not None:
+            self.register_buffer("eta_upper", torch.tensor(math.pi))
+            self.eta = PyroSample(lambda m: bounded_prior(m.symmetry_prior, m.eta_upper))
+        elif self.learn_symmetry:
             if not 0.0 < eta0 < math.pi:
                 raise ValueError(
                     f"a learned eta_init must lie strictly inside (0, π) (η = 0 cannot learn), got {eta_init!r}"
@@ -154,24 +163,34 @@ class RotationToy2D(CatalogueModel):
 
     task = CLASSIFICATION
     priors = ("fixed",)
+    symmetry_priors = BOUNDED_PRIORS
 
     # ------------------------------------------------------------------------------------------
     @property
     def eta(self) -> Tensor:
-        """η in radians, a scalar tensor in ``[0, π]``."""
+        """η in radians, a scalar tensor in ``[0, π]`` (a latent η: its value in the current trace)."""
+        if self.symmetry_prior is not None:
+            return self.latent_symmetry("eta")
         return self.eta_unit * math.pi if self.learn_symmetry else self.eta_fixed
 
     def symmetry_parameters(self) -> list[nn.Parameter]:
-        """``[u]`` with η = π·u (the unconstrained parameter behind ``eta_unit``) when η is learned."""
-        return [self.eta_unit_unconstrained] if self.learn_symmetry else []
+        """``[u]`` with η = π·u (the unconstrained parameter behind ``eta_unit``) when η is learned as a
+        point estimate; ``[]`` when fixed or latent."""
+        return [self.eta_unit_unconstrained] if self.learn_symmetry and self.symmetry_prior is None else []
 
     def symmetry_summary(self) -> dict[str, Tensor]:
-        """``{"rot": η}`` (detached), for logging."""
+        """``{"rot": η}`` (detached), for logging; ``{}`` for a latent η."""
+        if self.symmetry_prior is not None:
+            return {}
         return {"rot": self.eta.detach().clone()}
+
+    def symmetry_sites(self) -> list[str]:
+        """``["eta"]`` when η is latent."""
+        return ["eta"] if self.symmetry_prior is not None else []
 
     def arviz_dims(self) -> dict[str, list[str]]:
         """ArviZ dim names of the sample sites' own dims (:func:`pyro_invariance.diagnostics.inference_data.to_inference_data`)."""
-        return {"out_weight": ["logit", "hidden"], "out_bias": ["logit"], "obs": ["obs_dim_0"]}
+        return {"out_weight": ["logit", "hidden"], "out_bias": ["logit"], "obs": ["obs_dim_0"], "eta": []}
 
     def angles(self) -> Tensor:
         """The S rotation angles θ_s = η ε_s of this forward pass, shape ``(S,)``."""
