@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from pyro_invariance.registry import GUIDES
 
-from . import autoguides, block_cholesky, matrix_normal  # noqa: F401  (register the entries)
+from . import autoguides, block_cholesky, matrix_normal, symmetry_conditional  # noqa: F401  (register the entries)
 from .base import MeanFieldNormal, StructuredGuide, is_matrix_site, num_guide_parameters
 from .block_cholesky import BlockCholeskyGuide
 from .matrix_normal import MatrixNormalGuide

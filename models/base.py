@@ -122,10 +122,11 @@ class CatalogueModel(PyroModule, metaclass=_CatalogueMeta):
         Constrained parameters appear as their unconstrained ``nn.Parameter``. Default: none."""
         return []
 
-    def symmetry_summary(self) -> dict[str, Tensor]:
+    def symmetry_summary(self, sites: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
         """Readable symmetry values for logs and tables (detached): η per generator, λ, δ per block,
-        generator norms, for point estimates. A latent η has no value outside a trace: its summary is
-        the guide's (:func:`pyro_invariance.diagnostics.symmetry_posterior`). Default: none."""
+        generator norms. A point estimate is read from the model. A latent η has no value outside a
+        trace: pass ``sites``, values of :meth:`symmetry_sites` (e.g. the guide's median, as
+        :func:`symmetry_summary` does), else the summary is empty. Default: none."""
         return {}
 
     def symmetry_sites(self) -> list[str]:
@@ -133,10 +134,6 @@ class CatalogueModel(PyroModule, metaclass=_CatalogueMeta):
         :meth:`symmetry_summary`'s quantities; ``[]`` when η is a point estimate or fixed. Guides
         carry ``q(η)`` for these sites; ArviZ puts them in the ``posterior`` group."""
         return []
-
-    def symmetry_site_labels(self) -> dict[str, list[str]]:
-        """Coordinate labels of each symmetry site's last dim (e.g. ``{"eta": ["rot"]}``); default none."""
-        return {}
 
     def latent_symmetry(self, name: str) -> Tensor:
         """The value of the ``PyroSample`` attribute ``name`` in this trace (sampled once per model
@@ -239,6 +236,18 @@ def symmetry_parameters(model: Any) -> list[nn.Parameter]:
     return list(model.symmetry_parameters()) if isinstance(model, CatalogueModel) else []
 
 
-def symmetry_summary(model: Any) -> dict[str, Tensor]:
-    """``model.symmetry_summary()`` for a :class:`CatalogueModel`; ``{}`` for any other model."""
-    return dict(model.symmetry_summary()) if isinstance(model, CatalogueModel) else {}
+def symmetry_summary(model: Any, guide: Any = None) -> dict[str, Tensor]:
+    """``model.symmetry_summary()`` for a :class:`CatalogueModel`; ``{}`` for any other model. A latent
+    η (``model.symmetry_sites()``) is summarised by the ``guide``'s median (``{}`` without a guide)."""
+    if not isinstance(model, CatalogueModel):
+        return {}
+    sites = model.symmetry_sites()
+    if not sites:
+        return dict(model.symmetry_summary())
+    if guide is None or not hasattr(guide, "median"):
+        return {}
+    from pyro_invariance._pyro_scope import pyro_scope
+
+    with pyro_scope(), torch.no_grad():
+        median = guide.median()
+    return dict(model.symmetry_summary({s: median[s].detach() for s in sites}))

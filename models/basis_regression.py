@@ -10,7 +10,7 @@ guide and objective can be checked against it.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Mapping
 
 import pyro.distributions as dist
 import torch
@@ -382,10 +382,11 @@ class BasisRegression(CatalogueModel):
         """``[λ's unconstrained parameter]`` when λ is learned as a point estimate (``[]`` when latent)."""
         return [self.lam_unconstrained] if self.learn_symmetry and self.symmetry_prior is None else []
 
-    def symmetry_summary(self) -> dict[str, Tensor]:
-        """``{"lambda": λ}`` (detached, constrained), for logging; ``{}`` for a latent λ."""
+    def symmetry_summary(self, sites: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """``{"lambda": λ}`` (detached, constrained), for logging; a latent λ from ``sites["lam"]``
+        (``{}`` without)."""
         if self.symmetry_prior is not None:
-            return {}
+            return {} if sites is None else {"lambda": sites["lam"].detach().clone()}
         return {"lambda": self.lam.detach().clone()}
 
     def symmetry_sites(self) -> list[str]:
@@ -452,8 +453,12 @@ class BasisRegression(CatalogueModel):
             log|s_p²ΦΦᵀ + σ²I| = N log σ² + F log s_p² + log|A|
             yᵀ(s_p²ΦΦᵀ + σ²I)⁻¹y = ‖y‖²/σ² − ‖L⁻¹Φᵀy‖²/σ⁴
 
-        Differentiable in λ (the model's parameter, or a tensor ``lam`` given here).
+        Differentiable in λ (the model's parameter, or a tensor ``lam`` given here). A latent λ
+        (``symmetry_prior``) with ``lam=None`` gives the evidence of the whole model,
+        ``log p(y | x) = log ∫ p(y | x, λ) p(λ) dλ`` (:meth:`log_marginal_evidence`).
         """
+        if lam is None and self.symmetry_prior is not None:
+            return self.log_marginal_evidence(x, y)
         phi, chol, y = self._exact(x, y, lam)
         n, f = phi.shape
         s2, p2 = self.noise_scale**2, self.prior_scale**2
@@ -461,6 +466,34 @@ class BasisRegression(CatalogueModel):
         logdet = n * math.log(s2) + f * math.log(p2) + 2.0 * chol.diagonal().log().sum()
         quad = y.pow(2).sum(0) / s2 - z.pow(2).sum(0)  # (D_out,)
         return -0.5 * (y.shape[1] * (n * _LOG_2PI + logdet) + quad.sum())
+
+    def log_evidence_grid(self, x: Tensor, y: Tensor, num_points: int = 2001) -> tuple[Tensor, Tensor, Tensor]:
+        """``(λ_j, log p(y | x, λ_j), log p(λ_j))`` on ``num_points`` interior points of (0, 2) (float64),
+        for a latent λ (the prior is the model's ``symmetry_prior``); the inputs of a 1-D quadrature
+        of ``p(λ | D) ∝ p(D | λ) p(λ)``. The grid avoids the end points, where a logit-normal
+        density vanishes; ``num_points`` ≥ 3."""
+        if self.symmetry_prior is None:
+            raise ValueError("λ is not latent: build the model with symmetry_prior='uniform' or 'logit-normal'")
+        if isinstance(num_points, bool) or not isinstance(num_points, int) or num_points < 3:
+            raise ValueError(f"num_points must be an integer >= 3, got {num_points!r}")
+        grid = torch.linspace(0.0, 2.0, num_points + 2, dtype=torch.float64)[1:-1]
+        with torch.no_grad():
+            log_ev = torch.stack([self.log_evidence(x, y, lam=value) for value in grid])
+            log_prior = bounded_prior(self.symmetry_prior, torch.tensor(2.0, dtype=torch.float64)).log_prob(grid)
+        return grid, log_ev, log_prior
+
+    def log_marginal_evidence(self, x: Tensor, y: Tensor, num_points: int = 2001) -> Tensor:
+        """``log p(y | x) = log ∫₀² p(y | x, λ) p(λ) dλ`` for a latent λ, by the trapezoidal rule on
+        :meth:`log_evidence_grid` (float64 scalar; with 2001 points the error is far below 1e-6 nats
+        for the evidences here, which are smooth in λ)."""
+        grid, log_ev, log_prior = self.log_evidence_grid(x, y, num_points)
+        joint = log_ev + log_prior
+        weights = torch.full_like(grid, float(grid[1] - grid[0]))
+        weights[0] = weights[-1] = 0.5 * weights[0]  # trapezoid on the interior grid; the two end cells
+        # (width h/1 each, to 0 and 2) add h·(p(λ₁) + p(λ_G))/2 more below
+        log_z = torch.logsumexp(joint + weights.log(), 0)
+        edges = torch.logsumexp(torch.stack([joint[0], joint[-1]]) + math.log(float(grid[0])), 0)
+        return torch.logaddexp(log_z, edges)
 
     def posterior(self, x: Tensor, y: Tensor, lam: float | Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Exact posterior of ``"weight"``: ``(M, Σ)`` with ``M`` of shape ``(D_out, F)``, ``Σ`` ``(F, F)``.

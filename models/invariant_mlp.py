@@ -218,19 +218,24 @@ class InvariantMLP(CatalogueModel):
         learned = self.learn_symmetry and len(self.generator_names) and not self.eta_is_latent
         return [self.eta_unit_unconstrained] if learned else []
 
-    def symmetry_summary(self) -> dict[str, Tensor]:
-        """Current η per generator name (constrained values, detached); ``{}`` for a latent η."""
+    def symmetry_summary(self, sites: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """Current η per generator name (constrained values, detached); a latent η from ``sites["eta"]``
+        (``{}`` without)."""
         if self.eta_is_latent:
-            return {}
-        eta = self.eta.detach() if len(self.generator_names) else torch.zeros(0)
+            if sites is None:
+                return {}
+            eta = sites["eta"].detach()
+        else:
+            eta = self.eta.detach() if len(self.generator_names) else torch.zeros(0)
         return {name: eta[i] for i, name in enumerate(self.generator_names)}
 
     def symmetry_sites(self) -> list[str]:
         """``["eta"]`` when η is latent."""
         return ["eta"] if self.eta_is_latent else []
 
-    def symmetry_site_labels(self) -> dict[str, list[str]]:
-        return {"eta": list(self.generator_names)} if self.eta_is_latent else {}
+    def arviz_coords(self) -> dict[str, list[Any]]:
+        """A latent η's ``generator`` dim is labelled by the generator names (``["rot"]``, ...)."""
+        return {"generator": list(self.generator_names)} if self.eta_is_latent else {}
 
     def figures(self, data: Any = None) -> dict[str, Figure]:
         """``"filters"``: the filter bank (paper 003, Fig. 3); ``"orbits"``: the first 5 training

@@ -85,7 +85,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import pyro.distributions as dist
 import torch
@@ -554,7 +554,7 @@ class LayerwiseNet(CatalogueModel):
         return [p for name, p in self.named_parameters()
                 if name.rsplit(".", 1)[-1].removesuffix("_unconstrained") in L.PRECISION_NAMES]  # fmt: skip
 
-    def symmetry_summary(self) -> dict[str, Tensor]:
+    def symmetry_summary(self, sites: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
         """δ of every block pathway tensor (``"delta.<block>.<kind>[.out|.in]"``) for point-estimate
         or fixed priors (empty for the hierarchical prior, whose δ are latent)."""
         if self.prior == "hierarchical":

@@ -31,7 +31,7 @@ variance gives O(1) activations at any width; the first layer's learned scalar s
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import pyro.distributions as dist
 import torch
@@ -253,12 +253,18 @@ class SymmetrisedHNN(CatalogueModel):
         """``["eta_W", "eta_b"]`` when η is latent."""
         return ["eta_W", "eta_b"] if self.symmetry_prior is not None else []
 
-    def symmetry_summary(self) -> dict[str, Tensor]:
-        """Frobenius norm of each generator ``G_k`` of η (the amount of symmetry), detached; ``{}`` for
-        a latent η."""
-        if self.symmetry != "quadratic" or self.symmetry_prior is not None:
+    def symmetry_summary(self, sites: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """Frobenius norm of each generator ``G_k`` of η (the amount of symmetry), detached; a latent η
+        from ``sites["eta_W"]``, ``sites["eta_b"]`` (``{}`` without)."""
+        if self.symmetry != "quadratic":
             return {}
-        norms = self.generators().detach().flatten(1).norm(dim=1)
+        if self.symmetry_prior is not None:
+            if sites is None:
+                return {}
+            gens = generator_from_params(sites["eta_W"].detach(), sites["eta_b"].detach())
+        else:
+            gens = self.generators().detach()
+        norms = gens.flatten(1).norm(dim=1)
         return {f"G{k}": norms[k] for k in range(norms.shape[0])}
 
     def sample_flows(self, num_transforms: int | None = None) -> Tensor | None:

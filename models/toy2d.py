@@ -8,7 +8,7 @@ read-out. Data: :func:`pyro_invariance.data.toy2d.make_rotation_toy` (registered
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Mapping
 
 import pyro.distributions as dist
 import torch
@@ -178,10 +178,10 @@ class RotationToy2D(CatalogueModel):
         point estimate; ``[]`` when fixed or latent."""
         return [self.eta_unit_unconstrained] if self.learn_symmetry and self.symmetry_prior is None else []
 
-    def symmetry_summary(self) -> dict[str, Tensor]:
-        """``{"rot": η}`` (detached), for logging; ``{}`` for a latent η."""
+    def symmetry_summary(self, sites: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """``{"rot": η}`` (detached), for logging; a latent η from ``sites["eta"]`` (``{}`` without)."""
         if self.symmetry_prior is not None:
-            return {}
+            return {} if sites is None else {"rot": sites["eta"].detach().clone()}
         return {"rot": self.eta.detach().clone()}
 
     def symmetry_sites(self) -> list[str]:

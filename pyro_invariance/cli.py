@@ -76,10 +76,10 @@ def _table(rows: list[tuple[str, ...]]) -> str:
     return "\n".join(lines)
 
 
-def _format_eta(model: Any, image_size: int | None) -> str:
+def _format_eta(model: Any, image_size: int | None, guide: Any = None) -> str:
     from pyro_invariance.diagnostics.compare import format_eta
 
-    return format_eta(model, image_size)
+    return format_eta(model, image_size, guide)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -233,7 +233,7 @@ def _run_fit_locked(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any],
         "data": spec["data"],
         "task": task_for(result.model, data).name,
         "eta": result.eta,
-        "eta_readable": _format_eta(result.model, _image_size(data)),
+        "eta_readable": _format_eta(result.model, _image_size(data), result.guide),
         "metrics": metrics,
         "final_elbo_per_datum_train_minibatch": result.final_elbo,
         "seconds": result.seconds,
@@ -313,7 +313,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         "guide": spec["guide"],
         "data": args.data or spec["data"],
         "task": task_for(model, data).name,
-        "eta_readable": _format_eta(model, _image_size(data)),
+        "eta_readable": _format_eta(model, _image_size(data), guide),
         "metrics": metrics,
         "eval_seed": args.seed,
         "seconds": state.get("seconds", 0.0),

@@ -88,11 +88,18 @@ def exact_log_evidence(model: Any, x: Any, y: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def format_eta(model: Any, image_size: int | None = None) -> str:
-    """η of ``model`` for tables: ``rot=3.015 (±172.7°)`` for image generators, else ``name=value``."""
+def format_eta(model: Any, image_size: int | None = None, guide: Any = None) -> str:
+    """η of ``model`` for tables: ``rot=3.015 (±172.7°)`` for image generators, else ``name=value``
+    (a latent η: the ``guide``'s median, marked ``q-median``)."""
+    params = symmetry_summary(model, guide)
+    latent = isinstance(model, CatalogueModel) and bool(model.symmetry_sites())
+    text = _format_params(params, image_size)
+    return f"q-median {text}" if latent and params else text
+
+
+def _format_params(params: dict[str, Any], image_size: int | None) -> str:
     from pyro_invariance.symmetry.affine import GENERATOR_NAMES, eta_to_human
 
-    params = symmetry_summary(model)
     if not params:
         return "-"
     values = {k: v for k, v in params.items() if torch.as_tensor(v).numel() == 1}
@@ -107,8 +114,8 @@ def format_eta(model: Any, image_size: int | None = None) -> str:
     return ", ".join(f"{k}={float(v):.3f}" for k, v in values.items())
 
 
-def _eta_values(model: Any) -> dict[str, Any]:
-    params = symmetry_summary(model)
+def _eta_values(model: Any, guide: Any = None) -> dict[str, Any]:
+    params = symmetry_summary(model, guide)
     return {k: (float(v) if torch.as_tensor(v).numel() == 1 else torch.as_tensor(v).tolist()) for k, v in params.items()}
 
 
@@ -218,8 +225,13 @@ class GuideComparison:
                          "on the subset's evidence.")
         if any(not r["is_bound"] for r in self.rows):
             lines.append("*: point-estimate guide; the number is log p(D, ẑ) at the point, not a bound on the evidence.")
+        if any(r.get("symmetry_prior") is not None for r in self.rows):
+            lines.append("η point (type-II): the bounds are on log p(D | η̂) at the learned η̂. η latent (a prior "
+                         "name): on log p(D) = log ∫ p(D | η) p(η) dη, which pays an Occam factor for the prior's "
+                         "spread; the two are different quantities, not two bounds on one.")
         if self.has_exact_evidence():
-            lines.append("log Z/N: exact log evidence per datum at the guide's learned η.")
+            lines.append("log Z/N: exact log evidence per datum (at the guide's learned η; for a latent η, "
+                         "log p(D) by quadrature over η).")
         if s.get("test_on_train"):
             lines.append("Test metrics were computed on the training data (data given as a pair).")
         return lines
@@ -388,6 +400,7 @@ def compare_guides(
     guide_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
     model_kwargs: Mapping[str, Any] | None = None,
     data_kwargs: Mapping[str, Any] | None = None,
+    symmetry_priors: Sequence[str | None] = (None,),
     progress: bool = False,
     log: Callable[[str], None] | None = None,
     **overrides: Any,
@@ -415,6 +428,11 @@ def compare_guides(
             broadcast over a batch of latents, e.g. ``basis-regression``; see
             :func:`~pyro_invariance.infer.bounds.log_weights`).
         guide_kwargs: per-guide keyword arguments, ``{"mean-field": {"init_scale": 0.1}}``.
+        symmetry_priors: the model's ``symmetry_prior`` values to compare, each fitted with every
+            guide: ``None`` is η point-estimated (type-II), a prior name makes η latent
+            (:mod:`pyro_invariance.symmetry.priors`), e.g. ``(None, "uniform")``. More than one needs
+            a catalogue model name. The bounds then differ in what they bound: ``log p(D | η̂)`` at the
+            learned η̂ for a point estimate, ``log p(D) = log ∫ p(D | η) p(η) dη`` for a latent η.
         log: optional ``print``-like progress callback.
 
     Returns:
@@ -422,8 +440,8 @@ def compare_guides(
         :func:`~pyro_invariance.guides.num_guide_parameters`), ``fit_seconds``,
         ``seconds_per_step``, ``train_elbo_minibatch`` (smoothed end of training), ``n_eval``,
         ``elbo`` / ``elbo_se`` and ``iwae{K}`` / ``iwae{K}_se`` (per datum), ``k_hat``,
-        ``is_bound``, ``note``, ``log_evidence`` (exact, per datum, or None), ``eta``,
-        ``eta_readable``, ``metrics`` and ``bounds`` (totals in nats, :class:`~.bounds.EvidenceBounds`).
+        ``is_bound``, ``note``, ``log_evidence`` (exact, per datum, or None), ``symmetry_prior``
+        (``None``: η point-estimated), ``eta``, ``eta_readable``, ``metrics`` and ``bounds`` (totals in nats, :class:`~.bounds.EvidenceBounds`).
 
     Raises:
         UnknownNameError: a guide, model or dataset name is not registered.
@@ -454,8 +472,18 @@ def compare_guides(
     shared = resolve_config(config, None, None, overrides)  # the settings common to every guide
     seed, device = shared.seed, shared.device
 
+    symmetry_priors = list(symmetry_priors)
+    if not symmetry_priors or len(set(symmetry_priors)) != len(symmetry_priors):
+        raise ValueError(f"symmetry_priors must be distinct and not empty, got {symmetry_priors}")
+    if symmetry_priors != [None] and not isinstance(model, str):
+        raise ValueError("symmetry_priors needs a catalogue model name (the model is rebuilt with each prior)")
+
     dataset, data_label = _resolve_data(data, data_kwargs)
-    build, model_label, built_kwargs = _model_factory(model, dataset, model_kwargs, seed)
+    builders = {}
+    for prior in symmetry_priors:
+        extra = {} if prior is None else {"symmetry_prior": prior}
+        builders[prior] = _model_factory(model, dataset, {**(model_kwargs or {}), **extra} or None, seed)
+    build, model_label, built_kwargs = builders[symmetry_priors[0]]
     probe = build()
     x_train, y_train = train_arrays(dataset, probe)  # converted and checked once, for the model
     n_train = x_train.shape[0]
@@ -468,12 +496,14 @@ def compare_guides(
     say = log or (lambda _msg: None)
     rows: list[dict[str, Any]] = []
     results: dict[str, Any] = {}
-    for name in guides:
-        m = build()
+    runs = [(name, prior) for prior in symmetry_priors for name in guides]
+    for name, prior in runs:
+        label = name if symmetry_priors == [None] else f"{name} / η {'point' if prior is None else prior}"
+        m = builders[prior][0]()
         g = guide_registry.get(name, m, **guide_kwargs.get(name, {}))
         result = fit(m, g, dataset, config, progress=progress, **overrides)
         steps = result.config.steps
-        say(f"fitted {name} ({steps} steps)")
+        say(f"fitted {label} ({steps} steps)")
         dev = torch.device(device)
         xe, ye = x_train[:n_eval].to(dev), y_train[:n_eval].to(dev)
         t0 = time.perf_counter()
@@ -488,7 +518,8 @@ def compare_guides(
         from pyro_invariance.guides import num_guide_parameters
 
         row: dict[str, Any] = {
-            "guide": name,
+            "guide": label,
+            "symmetry_prior": prior,
             "params": num_guide_parameters(g),
             "fit_seconds": result.seconds,
             "seconds_per_step": result.seconds / steps,
@@ -506,14 +537,14 @@ def compare_guides(
             is_bound=not bounds.point_estimate,
             note=bounds.note,
             log_evidence=log_z,
-            eta=_eta_values(m),
-            eta_readable=format_eta(m, _image_size(dataset)),
+            eta=_eta_values(m, g),
+            eta_readable=format_eta(m, _image_size(dataset), g),
             metrics=metrics,
             bounds=bounds.to_dict(),
         )
         rows.append(row)
-        results[name] = result
-        say(f"{name}: ELBO/N {row['elbo']:.4f}, IWAE{max(Ks)}/N {row[f'iwae{max(Ks)}']:.4f}, k̂ {_fmt(row['k_hat'], '.2f')}, "
+        results[label] = result
+        say(f"{label}: ELBO/N {row['elbo']:.4f}, IWAE{max(Ks)}/N {row[f'iwae{max(Ks)}']:.4f}, k̂ {_fmt(row['k_hat'], '.2f')}, "
             f"{row['seconds_per_step']:.4f} s/step, bounds {bound_seconds:.1f}s")
 
     settings = {
@@ -522,6 +553,7 @@ def compare_guides(
         "data": data_label,
         "data_kwargs": dict(data_kwargs or {}),
         "guides": guides,
+        "symmetry_priors": symmetry_priors,
         "guide_kwargs": guide_kwargs,
         "steps": shared.steps,
         "seed": seed,

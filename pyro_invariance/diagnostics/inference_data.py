@@ -25,13 +25,14 @@ scaling; ``log_q`` is 0 for a MAP (``Delta``) guide; for a model with sampled tr
 
 Groups (C chains, D draws -- one chain of ``num_samples`` draws for a guide -- N rows of the split)::
 
-    posterior            every latent sample site of the model, (C, D, *site_shape)
+    posterior            every latent sample site of the model, (C, D, *site_shape) -- with η
+                         when it is latent (``symmetry_prior``; e.g. "eta", dims ("generator",))
     log_likelihood       "obs": log p(y_n | x_n, θ), (C, D, N), dims (chain, draw, obs_dim_0)
     posterior_predictive "obs": y_n ~ p(y | x_n, θ), (C, D, N, *event_shape)
     observed_data        "obs": y as the model saw it, (N, *event_shape)
     sample_stats         "lp" (log joint on this split), (C, D); guides: "log_q" (guide log-density);
                          MCMC: "diverging" (bool), when the sampler reports divergences
-    constant_data        "eta": symmetry parameters η / λ (point estimates, not posterior draws),
+    constant_data        "eta": symmetry parameters η / λ when they are point estimates (not draws),
                          dims ("generator",) with their names as coords
     attrs                model, guide / sampler, split, num_samples, seed, inference, eta_<generator>;
                          MCMC: num_chains, num_warmup, step_size, acceptance_rate (mean over chains)

@@ -283,6 +283,49 @@ ENTRIES: dict[str, ReferenceEntry] = {
             # entry uses H = 8 (90 latents), a longer warm-up and 700 stored draws per chain (≈ 1 MB).
             nuts=NUTSSettings(full_mass=False, warmup_steps=1000, num_samples=1400, thin=2),
         ),
+        # η latent (issue 15): joint NUTS over the weights and the symmetry parameter.
+        #
+        # Data setting, chosen from the shape of the exact p(λ | D) alone (quadrature of the closed-form
+        # evidence, diagnostics.symmetry_posterior.exact_symmetry_posterior; no variational fit was
+        # looked at). The evidence is even about λ = 1 and depends on λ only through the prior
+        # variance (1 − λ)² of the odd part of f, so with even data the posterior is symmetric about 1
+        # and its shape at 1 is set by whether the odd part of the *noise* looks like signal: the
+        # existing entry's 20 points (seed 0) give two modes at λ ≈ 0.90 and 1.10 (a dip at 1). Over
+        # n = 40..100 and data seeds 0-2 the posterior is unimodal for 9 of 21 sets; with the entry's
+        # seed 0, n = 60 has the strongest curvature at λ = 1 (unimodal, mode 1, sd 0.152, density
+        # at 1 / at 0.9 / at 0.7 = 4.15 / 1.93 / 0.21: a sharp peak with heavy shoulders, excess
+        # kurtosis 5.8, not flat-topped); n = 50 (seed 0) is bimodal, n = 70 and 80 are unimodal but
+        # 3-4× flatter at 1.
+        ReferenceEntry(
+            name="basis-regression-lambda",
+            model="basis-regression",
+            model_kwargs={"basis": "rbf", "num_features": 8, "lengthscale": 0.6, "noise_scale": 0.3,
+                          "prior_scale": 1.0, "symmetry_prior": "uniform"},  # fmt: skip
+            data="symmetric-toy-1d",
+            data_kwargs={"n": 60, "seed": 0, "noise": 0.3, "even": True},
+            description="basis-regression with λ latent, λ ~ U(0, 2): joint posterior of 8 RBF weights and λ, "
+            "60 noisy points of cos(2x); p(λ | D) known by quadrature (exact_symmetry_posterior): unimodal at "
+            "λ = 1 (symmetric about 1, sd 0.15, heavy-tailed) for these data, where 20 points give two modes",
+            paper="talk 000 (papers/000), slides 'Can we learn the inductive bias?' (λ by the marginal "
+            "likelihood; here integrated over, issue 15)",
+            symmetry="reflection x → −x, λ latent with a uniform prior on [0, 2] (λ = 1: fully symmetrised basis)",
+            fixed={},
+        ),
+        ReferenceEntry(
+            name="invariant-mlp-digits-eta",
+            model="invariant-mlp",
+            model_kwargs={"hidden": 8, "activation": "rff", "symmetry": "rotation", "learn_symmetry": True,
+                          "symmetry_prior": "uniform", "num_transforms": 8, "sampling": "deterministic",
+                          "prior": "fixed", "prior_scale": 1.0},  # fmt: skip
+            data="rotated-digits",
+            data_kwargs={"train_size": 200, "test_size": 50},
+            description="invariant-mlp-digits with the rotation range η latent, η ~ U(0, π): joint posterior of "
+            "the read-out (10×8 weights + 10 biases) and η, 200 rotated 8×8 digits",
+            paper="paper 003 (papers/003), Table 1 setting at a tiny size (invariance integrated over, issue 15)",
+            symmetry="rotation, η_rot latent with a uniform prior on [0, π] (angles η·linspace(−1, 1, 8))",
+            fixed={},
+            nuts=NUTSSettings(full_mass=False, warmup_steps=1000, num_samples=1400, thin=2),
+        ),
     )
 }
 

@@ -69,9 +69,9 @@ class FitResult:
 
     @property
     def eta(self) -> dict[str, float]:
-        """Final symmetry values, ``model.symmetry_summary()`` as floats (``{}`` for a model that is not
-        a :class:`~pyro_invariance.models.base.CatalogueModel`)."""
-        return {k: float(v) for k, v in symmetry_summary(self.model).items()}
+        """Final symmetry values, ``model.symmetry_summary()`` as floats (a latent η: the guide's
+        median; ``{}`` for a model that is not a :class:`~pyro_invariance.models.base.CatalogueModel`)."""
+        return {k: float(v) for k, v in symmetry_summary(self.model, self.guide).items()}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly summary (settings, history, final values)."""
@@ -360,7 +360,7 @@ def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg:
         sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda _: 1.0)
     loss_fn = ELBOS[cfg.elbo](num_particles=cfg.num_particles, vectorize_particles=False)
     history: dict[str, Any] = {"step": [], "elbo": [], "lr": [], "eta_lr": [], "eta": {}}
-    for name in symmetry_summary(model):
+    for name in symmetry_summary(model, guide):  # a latent η: the guide's median (guide set up above)
         history["eta"][name] = []
 
     start, seconds, last_good = 0, 0.0, None
@@ -415,7 +415,7 @@ def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg:
             history["elbo"].append(elbo_value)
             history["lr"].append(optim.param_groups[0]["lr"])
             history["eta_lr"].append(eta_group["lr"] if eta_group else 0.0)
-            eta_now = symmetry_summary(model)
+            eta_now = symmetry_summary(model, guide)
             for name, value in eta_now.items():
                 history["eta"][name].append(float(value))
             if progress:
