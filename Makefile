@@ -83,6 +83,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/layerwise_tables.py --table 3
 	$(BIN)/python benchmarks/layerwise_tables.py --table seeds
 	$(BIN)/python benchmarks/layerwise_tables.py --table cost --alpha 2
+	$(BIN)/python benchmarks/uncertain_symmetry.py
 
 bench-quick: $(STAMP)
 	$(BIN)/python benchmarks/step_time.py --quick

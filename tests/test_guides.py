@@ -23,8 +23,8 @@ from pyro_invariance.registry import GUIDES, UnknownNameError
 torch.set_num_threads(1)
 
 C, H, N = 3, 4, 48
-ALL = ["mean-field", "full-rank", "low-rank", "map", "matrix-normal", "block-cholesky"]
-WITH_SCALE = ["mean-field", "full-rank", "low-rank", "matrix-normal", "block-cholesky"]
+ALL = ["mean-field", "full-rank", "low-rank", "map", "matrix-normal", "block-cholesky", "symmetry-conditional"]
+WITH_SCALE = ["mean-field", "full-rank", "low-rank", "matrix-normal", "block-cholesky", "symmetry-conditional"]
 SHAPES = {"linear.prior_scale": (), "linear.weight": (C, H), "linear.bias": (C,)}
 
 

@@ -345,7 +345,7 @@ def run_figure(
     data = make_rotation_toy()
     panels, rows = {}, []
     for label, eta in settings:
-        kwargs = {"learn_eta": True, "eta_init": 0.1} if eta is None else {"learn_eta": False, "eta_init": eta}
+        kwargs = {"learn_symmetry": True, "eta_init": 0.1} if eta is None else {"learn_symmetry": False, "eta_init": eta}
         model = pi.models.get("rotation-toy-2d", **kwargs)
         start = time.perf_counter()
         result = pi.fit(model, guide, data, steps=steps, batch_size=None, lr=0.02, factor_lr=0.02, seed=seed,

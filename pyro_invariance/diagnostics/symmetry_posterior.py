@@ -110,36 +110,31 @@ def exact_symmetry_posterior(model: Any, x: Tensor, y: Tensor, num_points: int =
 
         p(λ | D) = p(D | λ) p(λ) / p(D),      p(D) = ∫_0^2 p(D | λ) p(λ) dλ,
 
-    with the closed-form evidence ``p(D | λ) = model.log_evidence(x, y, lam=λ)`` (the weights
-    integrated out, float64) and the model's own prior ``p(λ)`` (``bounded_prior(model.symmetry_prior, 2)``:
-    ``"uniform"`` or ``"logit-normal"`` on ``[0, 2]``). The grid is the ``num_points`` interior points
-    of an even grid on ``[0, 2]`` (spacing ``2 / (num_points + 1)``; the prior's log density is
-    infinite at a logit-normal's end points), normalised by the trapezoidal rule
-    (:func:`grid_posterior`); the mass of the two end cells left out is at most
-    ``2 / (num_points + 1) · max(p(0 | D), p(2 | D))``.
+    with the closed-form evidence ``log p(D | λ) = model.log_evidence(x, y, lam=λ)`` (the weights
+    integrated out, float64) and the model's own prior ``p(λ)``
+    (``bounded_prior(model.symmetry_prior, 2)``: ``"uniform"`` or ``"logit-normal"`` on ``[0, 2]``),
+    both on the ``num_points`` interior points of an even grid on ``[0, 2]``
+    (:meth:`~pyro_invariance.models.basis_regression.BasisRegression.log_evidence_grid`: spacing
+    ``2 / (num_points + 1)``; a logit-normal's log density is −∞ at the end points), normalised by
+    the trapezoidal rule (:func:`grid_posterior`). The two end cells left out hold at most
+    ``2 / (num_points + 1) · max(p(0 | D), p(2 | D))`` of the mass; ``log_marginal`` is then
+    ``model.log_marginal_evidence(x, y, num_points)``.
 
-    The evidence is even about λ = 1 (``p(D | λ) = p(D | 2 − λ)``, see the model's docstring) and
-    so are both priors: the posterior is symmetric about λ = 1 and its mean is 1.
+    The evidence is even about λ = 1 (``p(D | λ) = p(D | 2 − λ)``, see the model's docstring), and so
+    are both priors and the grid: the posterior is symmetric about λ = 1 and its mean is 1.
 
     Raises:
-        ValueError: ``model`` is not a basis regression with a latent λ, or ``num_points < 2``.
+        ValueError: ``model`` is not a basis regression with a latent λ, or ``num_points < 3``.
     """
     from pyro_invariance.models.basis_regression import BasisRegression
-    from pyro_invariance.symmetry.priors import bounded_prior
 
     if not isinstance(model, BasisRegression) or model.symmetry_sites() != ["lam"]:
         raise ValueError(
-            f"exact_symmetry_posterior needs a BasisRegression with a latent λ (symmetry_prior='uniform' or "
+            "exact_symmetry_posterior needs a BasisRegression with a latent λ (symmetry_prior='uniform' or "
             f"'logit-normal'), got {type(model).__name__} with symmetry_prior={getattr(model, 'symmetry_prior', None)!r}"
         )
-    if isinstance(num_points, bool) or not isinstance(num_points, int) or num_points < 2:
-        raise ValueError(f"num_points must be an integer >= 2, got {num_points!r}")
-    upper = torch.as_tensor(model.lam_upper, dtype=torch.float64).detach().cpu()
-    grid = torch.linspace(0.0, float(upper), num_points + 2, dtype=torch.float64)[1:-1]
-    with torch.no_grad():
-        log_evidence = torch.stack([model.log_evidence(x, y, lam=lam).detach().cpu() for lam in grid])
-        log_prior = bounded_prior(model.symmetry_prior, upper).log_prob(grid)
-    return grid_posterior(grid, log_evidence, log_prior)
+    grid, log_evidence, log_prior = model.log_evidence_grid(x, y, num_points)
+    return grid_posterior(grid.cpu(), log_evidence.cpu(), log_prior.cpu())
 
 
 def symmetry_draws(model: Any, guide: Any, x: Tensor, y: Tensor, num_samples: int = 1000,
