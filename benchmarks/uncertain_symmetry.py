@@ -325,11 +325,16 @@ def run_unit(dataset: str, seed: int, size: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
+def _num(value: float, digits: int = 3) -> str:
+    """``value`` to ``digits`` decimals, without a sign on a rounded zero (1 − CDF can be −1e-16)."""
+    return f"{round(float(value), digits) + 0.0:.{digits}f}"
+
+
 def _ms(values: list[float], digits: int = 3) -> str:
     v = np.asarray(values, dtype=np.float64)
     if v.size == 1:
-        return f"{v[0]:.{digits}f}"
-    return f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f}"
+        return _num(v[0], digits)
+    return f"{_num(v.mean(), digits)} ± {_num(v.std(ddof=1), digits)}"
 
 
 #: table rows: label -> function of a unit
@@ -369,7 +374,7 @@ ROWS: list[tuple[str, Any]] = [
 def dataset_table(units: list[dict[str, Any]]) -> str:
     seeds = [u["seed"] for u in units]
     header = ["quantity", f"mean ± sd ({len(units)} seeds)", *[f"seed {s}" for s in seeds]]
-    rows = [[label, _ms([fn(u) for u in units]), *[f"{fn(u):.3f}" for u in units]] for label, fn in ROWS]
+    rows = [[label, _ms([fn(u) for u in units]), *[_num(fn(u)) for u in units]] for label, fn in ROWS]
     return common.md_table(header, rows)
 
 
@@ -434,12 +439,12 @@ def plot(units: list[dict[str, Any]], path: Path) -> None:
 
 
 def render(units: list[dict[str, Any]], info: dict[str, Any], settings: dict[str, Any], stem: str, wall: float,
-           complete: bool) -> str:  # fmt: skip
+           complete: bool, command: str | None = None) -> str:  # fmt: skip
     intro = (__doc__.split("\n\n")[0] + "\n\n" + ("" if complete else "**PARTIAL RESULTS** (the run is still going).\n\n")
              + "Method, definitions, criteria and the reason for every setting: section *Method* at the end (the "
              "module docstring of `benchmarks/uncertain_symmetry.py`).")  # fmt: skip
     parts = [common.header_markdown("Uncertain symmetry: q(η) vs the grid posterior, full Bayes vs type-II", info,
-                                    settings, common.command_line(), intro)]  # fmt: skip
+                                    settings, command or common.command_line(), intro)]  # fmt: skip
     crit = criteria(units)
     parts += ["## The issue's criteria", "",
               "Evaluated on q(η) for every seed (computed, not typed). *holds*: all seeds; *partly*: some; *fails*: "
@@ -480,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datasets", default=",".join(DATASETS), help=f"comma-separated subset of {list(DATASETS)}")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
+    parser.add_argument("--render-only", action="store_true",
+                        help="rewrite the markdown and the figure from the existing JSON (no fits)")
     args = parser.parse_args(argv)
     common.set_threads(args.threads)
     size = dict(SIZES["quick" if args.quick else "default"])
@@ -489,6 +496,17 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown datasets {sorted(unknown)}; use {list(DATASETS)}")
     stem = STEM + ("_quick" if args.quick else "")
+    if args.render_only:
+        import json
+
+        payload = json.loads((Path(args.out_dir) / f"{stem}.json").read_text())
+        payload["criteria"] = criteria(payload["units"])
+        markdown = render(payload["units"], payload["info"], payload["settings"], stem, payload["wall_seconds"],
+                          payload["complete"], command=payload["command"])  # fmt: skip
+        common.write_results(stem, markdown, payload, args.out_dir)
+        plot(payload["units"], Path(args.out_dir) / f"{stem}.png")
+        common.log(f"re-rendered {stem}.md and {stem}.png from {stem}.json")
+        return 0
     probe = InvariantMLP(symmetry="rotation", symmetry_prior="uniform")
     cfg = pi.FitConfig.recommended(probe, pi.guides.get(GUIDE, probe), steps=size["steps"])
     settings = {**size, "seeds": seeds, "datasets": [DATASETS[k][0] for k in keys], "guide": GUIDE,

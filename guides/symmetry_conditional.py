@@ -68,6 +68,13 @@ class SymmetryConditional(CatalogueGuide, AutoStructured):
         }
         super()._auto_config(sample_sites, args, kwargs)
 
+    def _setup_prototype(self, *args: Any, **kwargs: Any) -> None:
+        super()._setup_prototype(*args, **kwargs)
+        # Pyro builds the "linear" dependencies as nn.Linear in the default dtype: follow the model's
+        # (a float64 model would otherwise mix dtypes in B (u_η − m_η)).
+        dtype = next(iter(self.locs.parameters())).dtype
+        self.deps.to(dtype)
+
     @torch.no_grad()
     def quantiles(self, quantiles: Sequence[float] | Tensor, *args: Any, **kwargs: Any) -> dict[str, Tensor]:
         """Marginal quantiles per site, ``{site: (len(quantiles), *site_shape)}``.
