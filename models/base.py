@@ -13,6 +13,8 @@ attributes:
 * ``task`` — a :class:`~pyro_invariance.tasks.Task` (held-out metrics, table columns, predictive);
 * ``fit_defaults``, ``guide_defaults(name)``, ``arviz_dims()``, ``arviz_coords()``,
   ``log_evidence(x, y)``, ``figures(data)`` — recommendations and capabilities with defaults;
+* ``vectorizable_particles`` — whether ``forward`` evaluates a batch of weight samples (ELBO
+  particles) in one pass (``vectorize_particles=True``); see :class:`CatalogueModel`;
 * ``input_shapes()``, ``target_shapes()``, ``prepare_inputs(x, y)`` — the data boundary.
 
 Constructor vocabulary (README, "Model arguments"): ``symmetry`` is always the group / family of
@@ -74,6 +76,17 @@ class CatalogueModel(PyroModule, metaclass=_CatalogueMeta):
         priors: the prior modes (of :data:`PRIORS`) the model takes.
         symmetry_priors: the priors over η (of :data:`~pyro_invariance.symmetry.priors.SYMMETRY_PRIORS`)
             the model takes for ``symmetry_prior``; empty: η is always a point estimate.
+        vectorizable_particles: ``forward`` broadcasts over a batch of latent draws, so
+            ``Trace_ELBO(num_particles=P, vectorize_particles=True, max_plate_nesting=1)`` (and
+            ``Predictive(parallel=True)``, the bounds' ``vectorize=True``) evaluate the P weight
+            samples in one batched pass. Contract: a particle plate left of the data plate gives
+            every global site (weights, prior scales, a latent η) the shape ``(*P, 1, *event)`` —
+            the ``1`` is the data plate's dim, the rightmost batch dim — and ``forward`` returns
+            ``(*P, B, ...)``, scoring ``"obs"`` with batch shape ``(*P, B)``. Each particle is the
+            model of one sequential particle: its own latents and its own symmetry samples
+            (ε, flow weights), so the estimator is the same as ``vectorize_particles=False``
+            (``tests/test_vectorized_particles.py`` checks that identical draws give identical
+            losses and gradients). Default ``False``: the model runs one particle at a time.
 
     Instance attributes every model sets:
         prior: the prior mode this model was built with (one of :attr:`priors`).
@@ -85,6 +98,7 @@ class CatalogueModel(PyroModule, metaclass=_CatalogueMeta):
     fit_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     priors: ClassVar[tuple[str, ...]] = ()
     symmetry_priors: ClassVar[tuple[str, ...]] = ()
+    vectorizable_particles: ClassVar[bool] = False
     prior: str
     symmetry_prior: str | None = None
     num_classes: int | None = None

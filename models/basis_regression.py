@@ -149,6 +149,8 @@ class BasisRegression(CatalogueModel):
     #: exact log evidence after 500 steps, with four 1.01 ± 0.10 (seeds 0-2;
     #: ``benchmarks/results/full_rank_defaults.md``, checked by ``tests/test_config.py``).
     fit_defaults = {"num_particles": 4}
+    #: ``forward`` broadcasts over a batch of ``"weight"`` (and latent λ) draws: vectorised ELBO particles.
+    vectorizable_particles = True
     #: the symmetry groups this model takes
     symmetries: tuple[str, ...] = ("reflection",)
 

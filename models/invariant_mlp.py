@@ -7,6 +7,7 @@ Generative story (paper 003, Eqs. 1–3, 6; docs/methods.md §1)::
                                            η ~ U(0, η_max) or a scaled logit-normal: full Bayes)
     T_s = expm(Σ_i ε_si η_i G_i),  ε_s ~ U[-1, 1]^k,  s = 1..S          (Eq. 3, shared by a batch)
     h(x) = (1/S) Σ_s φ(W1^(s) x + b1),    W1^(s) = W1 ∘ T_s (rows warped as images)    (Eq. 6)
+         = (1/S) Σ_s φ(|det T_s|⁻¹ W1 (x ∘ T_s⁻¹) + b1)   up to interpolation       (Sec. 3.2)
     σ_p ~ LogNormal(0, 1)                  prior scale of the read-out ("hierarchical", default;
                                            "learned" makes σ_p a point estimate, "fixed" a constant)
     W2 ~ N(0, σ_p² I)   (C × H),   b2 ~ N(0, σ_p² I)   (C,)
@@ -21,14 +22,43 @@ Generative story (paper 003, Eqs. 1–3, 6; docs/methods.md §1)::
 The average over transforms is taken over hidden features (equivalently over logits, since the
 read-out is linear), i.e. the invariant function of Eq. 1 without the soft-max inside g; the
 log-likelihood is then evaluated on the averaged logits (second line of Eq. 9, a tighter bound
-than the last line). ``transform_on="inputs"`` warps the images instead of the weight rows
-(identical up to interpolation; Section 3.2). Fixed η (``learn_symmetry=False``) gives Table 1's
-fixed-invariance baselines; ``symmetry="none"`` is the plain MLP.
+than the last line). Fixed η (``learn_symmetry=False``) gives Table 1's fixed-invariance
+baselines; ``symmetry="none"`` is the plain MLP.
+
+Warping weights or inputs (``transform_on``; paper 003, Sec. 3.2). With ``(f ∘ T)(p) = f(T p)``
+(the :func:`~pyro_invariance.symmetry.affine.transform_images` convention, p in normalised
+coordinates) and the pixel sum read as an integral, the substitution q = T p gives, per row w of W1::
+
+    ⟨x, w ∘ T⟩ = Σ_p x(p) w(T p) ≈ |det T|⁻¹ Σ_q x(T⁻¹ q) w(q) = |det T|⁻¹ ⟨x ∘ T⁻¹, w⟩,
+
+with the same zero-padded support on both sides (p and T p both inside the image). So
+
+* ``"weights"`` (default; paper 003, Eq. 6): warp the S·H rows of W1 by T_s, then one ``(H·S, D) × (D, B)``
+  matmul; about S·H·D bilinear interpolations;
+* ``"inputs"``: warp the S·B images by T_s⁻¹, scale by ``|det T_s|⁻¹ = exp(−Σᵢ ε_si η_i tr Gᵢ)``
+  (1 unless the subgroup has ``sx``/``sy``), then one ``(B·S, D) × (D, H)`` matmul; about S·B·D
+  interpolations;
+* ``"auto"`` (opt-in, for speed): ``"inputs"`` when the batch is smaller than the hidden width
+  (B < H), ``"weights"`` otherwise, decided at every call from the shapes.
+
+The two paths use the same draws ε_s and agree transform by transform up to interpolation error
+(not only in distribution: before issue 14 the inputs path warped by T_s, pairing ε_s with −ε_s,
+and had no Jacobian, a different model for ``sx``/``sy``). The interpolation error is O(h²) for
+smooth images (smooth x and W1; tests/test_invariant_mlp.py), but bilinear warping low-passes the
+white-noise rows of the RFF W1 while the smooth inputs are warped almost exactly, so for RFF models
+the two paths' pre-activations differ by ≈10% of their scale at a generic angle. With ``"auto"``
+a fit with B < H (inputs) evaluated in chunks of ≥ H rows (weights) therefore scores a slightly
+different feature map — and on rotated digits the learned invariance moved (±90° data: q(η) mean
+0.95 instead of 0.66 at seed 0; fully rotated: type-II η 1.53 instead of 2.32). That is why the
+default stays ``"weights"``, the paper's model: ``"auto"`` / ``"inputs"`` are speed options whose
+results are not interchangeable with it for RFF models. The matmul FLOPs (2·S·B·H·D
+forward) are the same; the warps differ. Benchmarks: ``benchmarks/results/transform_path.md``.
 """
 
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import pyro.distributions as dist
@@ -41,24 +71,29 @@ from torch import Tensor, nn
 from pyro_invariance.registry import MODELS
 from pyro_invariance.symmetry.priors import BOUNDED_PRIORS, bounded_prior
 from pyro_invariance.symmetry.affine import (
+    affine_det,
     affine_generators,
     eta_upper_bounds,
     generator_indices,
+    invert_affine,
     lie_exp,
     resolve_subgroup,
     sample_epsilon,
-    transform_images,
     transform_weight_rows,
+    warp_stack,
 )
 from pyro_invariance.tasks import CLASSIFICATION
 from pyro_invariance.validation import check_label_shape, check_positive_int, check_trailing_shape
 
+from ._particles import batched_normal_prior, drop_data_dim, num_particles, plate_particle_shape, site_particle_shape
 from .base import CatalogueModel
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 ACTIVATIONS = ("rff", "relu")
+#: Values of ``InvariantMLP(transform_on=...)``.
+TRANSFORM_PATHS = ("auto", "weights", "inputs")
 
 
 @MODELS.register("invariant-mlp", summary="Invariant shallow BNN learning affine invariance (paper 003)")
@@ -83,7 +118,10 @@ class InvariantMLP(CatalogueModel):
             :data:`pyro_invariance.symmetry.affine.DEFAULT_ETA_MAX`; rotation capped at π).
         num_transforms: S transform samples per forward pass.
         sampling: ``"stochastic"`` (ε ~ U) or ``"deterministic"`` (linspace grid; Section 3.4).
-        transform_on: ``"weights"`` (default, paper 003) or ``"inputs"``.
+        transform_on: ``"weights"`` (default: warp W1's rows by T_s, paper 003 Eq. 6), ``"inputs"``
+            (warp x by T_s⁻¹ with the Jacobian ``|det T_s|⁻¹``) or ``"auto"`` (warp the inputs when
+            the batch B is smaller than ``hidden``, else the weight rows; chosen per call).
+            The same function up to interpolation (module docstring, paper 003 Sec. 3.2).
         lengthscale: RFF lengthscale ℓ (ignored for ReLU); default √(C·h·w)/8 for inputs in [0, 1]
             (1.0 on 8×8 digits, 3.5 on 28×28 images), where the rotation-averaged RFF model fits
             well (a lengthscale of 3 on digits gave ELBO/N ≈ −2.1 instead of −0.9 at η = π).
@@ -132,8 +170,8 @@ class InvariantMLP(CatalogueModel):
         self.check_prior(prior)
         if sampling not in ("stochastic", "deterministic"):
             raise ValueError(f"unknown sampling {sampling!r}; use 'stochastic' or 'deterministic'")
-        if transform_on not in ("weights", "inputs"):
-            raise ValueError(f"unknown transform_on {transform_on!r}; use 'weights' or 'inputs'")
+        if transform_on not in TRANSFORM_PATHS:
+            raise ValueError(f"unknown transform_on {transform_on!r}; use one of {TRANSFORM_PATHS}")
         if lengthscale is None:
             lengthscale = math.sqrt(image_shape[0] * image_shape[1] * image_shape[2]) / 8.0
         for name, value in (("lengthscale", lengthscale), ("prior_scale", prior_scale)):
@@ -155,6 +193,9 @@ class InvariantMLP(CatalogueModel):
         self.generator_names = resolve_subgroup(symmetry)
         k = len(self.generator_names)
         self.register_buffer("generators", affine_generators()[generator_indices(self.generator_names)])
+        # Does T_s change areas (a generator with non-zero trace: sx, sy)? Then the inputs path
+        # needs the Jacobian |det T_s|⁻¹.
+        self._area_changing = bool((self.generators.diagonal(dim1=-2, dim2=-1).sum(-1) != 0).any())
         upper = eta_upper_bounds(self.generator_names, dict(eta_max or {}))
         self.register_buffer("eta_upper", upper)
         init = _eta_init_tensor(eta_init, self.generator_names)
@@ -189,12 +230,16 @@ class InvariantMLP(CatalogueModel):
         else:
             self.register_buffer("prior_scale", torch.tensor(float(prior_scale)))
         c, h = self.num_classes, self.hidden
-        self.out_weight = PyroSample(lambda m: dist.Normal(0.0, m.prior_scale).expand([c, h]).to_event(2))
-        self.out_bias = PyroSample(lambda m: dist.Normal(0.0, m.prior_scale).expand([c]).to_event(1))
+        # batched_normal_prior: a hierarchical σ_p is batched over vectorised particles, (P, 1)
+        self.out_weight = PyroSample(lambda m: batched_normal_prior(m.prior_scale, [c, h]))
+        self.out_bias = PyroSample(lambda m: batched_normal_prior(m.prior_scale, [c]))
 
     task = CLASSIFICATION
     priors = ("fixed", "learned", "hierarchical")
     symmetry_priors = BOUNDED_PRIORS
+    #: ``forward`` evaluates vectorised ELBO particles in one pass, each with its own transforms
+    #: (``_particle_features``).
+    vectorizable_particles = True
 
     # ------------------------------------------------------------------------------------
     @property
@@ -272,22 +317,42 @@ class InvariantMLP(CatalogueModel):
             return math.sqrt(2.0 / self.hidden) * torch.cos(pre)
         return F.relu(pre)
 
+    def transform_path(self, batch_size: int) -> str:
+        """``"inputs"`` or ``"weights"``: the path :meth:`features` takes for a batch of ``batch_size``.
+
+        ``"auto"`` warps whichever is smaller: the S·B input images or the S·H weight rows (about
+        S·B·D vs S·H·D bilinear interpolations, forward and backward; the matmul FLOPs 2·S·B·H·D are
+        the same), i.e. inputs when B < H. Measured (``benchmarks/results/transform_path.md``: 28×28,
+        S = 8, H = 256 and 1024, one CPU thread): warping the inputs is 1.3–4× faster for B ≤ H/2, the
+        two break even between B = H and B = 2H (the inputs path's matmuls have the larger inner
+        dimensions and run faster), and warping the weights is 1.3–1.6× faster at B = 4H; so the
+        switch at B = H errs slightly towards the weights path.
+        """
+        if self.transform_on != "auto":
+            return self.transform_on
+        return "inputs" if batch_size < self.hidden else "weights"
+
     def features(self, x: Tensor) -> Tensor:
-        """Invariant hidden features h(x) = (1/S) Σ_s φ(W1^(s) x + b1), shape ``(B, H)``."""
+        """Invariant hidden features h(x) = (1/S) Σ_s φ(W1^(s) x + b1), shape ``(B, H)`` for ``x (B, D)``.
+
+        Warps the weight rows (W1^(s) = W1 ∘ T_s) or the inputs (x ∘ T_s⁻¹, times ``|det T_s|⁻¹``)
+        as :meth:`transform_path` decides; see the module docstring for why the two agree.
+        """
         w1, b1 = self.w1, self.b1
         if not self.generator_names:
             return self._phi(x @ w1.T + b1)
-        transforms = self.sample_transforms()
-        if self.transform_on == "weights":
-            rows = transform_weight_rows(w1, transforms, self.image_shape)  # (S, H, D)
-            pre = torch.einsum("bd,shd->bsh", x, rows) + b1
-        else:
-            s, b = transforms.shape[0], x.shape[0]
-            images = x.reshape(1, b, *self.image_shape).expand(s, b, *self.image_shape)
-            warped = transform_images(
-                images.reshape(s * b, *self.image_shape), transforms.repeat_interleave(b, dim=0)
-            )
-            pre = (warped.reshape(s, b, -1) @ w1.T + b1).transpose(0, 1)  # (B, S, H)
+        transforms = self.sample_transforms()  # (S, 3, 3), one set shared by the batch
+        s, (b, d) = transforms.shape[0], x.shape
+        if self.transform_path(b) == "weights":
+            rows = transform_weight_rows(w1, transforms, self.image_shape, layout="hsd")  # (H, S, D)
+            # one (H·S, D) @ (D, B) matmul: the fastest of einsum / bmm / F.linear (transform_path.md)
+            pre = (rows.reshape(-1, d) @ x.T).view(self.hidden, s, b) + b1[:, None, None]  # (H, S, B)
+            return self._phi(pre).mean(dim=1).T.contiguous()
+        inverse = invert_affine(transforms)
+        warped = warp_stack(x.reshape(b, *self.image_shape), inverse).reshape(b, s, d)  # (B, S, D): x ∘ T_s⁻¹
+        if self._area_changing:
+            warped = warped * affine_det(inverse).unsqueeze(-1)  # |det T_s⁻¹| = |det T_s|⁻¹ (det > 0)
+        pre = F.linear(warped, w1, b1)  # (B, S, H)
         return self._phi(pre).mean(dim=1)
 
     def filter_bank(self, rows: Sequence[int], num: int = 7) -> Tensor:
@@ -314,13 +379,91 @@ class InvariantMLP(CatalogueModel):
         return x.reshape(x.shape[0], -1)
 
     def forward(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
-        """Pyro model: logits ``(B, C)``; observes ``y`` in plate "data" scaled to ``num_data``."""
+        """Pyro model: logits ``(B, C)``; observes ``y`` in plate "data" scaled to ``num_data``.
+
+        Vectorised particles (:attr:`vectorizable_particles`): under a particle plate of shape ``P``
+        left of the data plate (``vectorize_particles=True``), the global sites have shape
+        ``(*P, 1, *event)`` and the logits ``(*P, B, C)``; every particle draws its own S transforms
+        (:meth:`_particle_features`), as a sequential particle does. Sites and random draws come in
+        the sequential order (η, ε, σ_p, W2, b2)."""
         x = self._flatten(x)
         if y is not None:
             check_label_shape(y, x.shape[0])
-        logits = self.features(x) @ self.out_weight.T + self.out_bias
+        particles = plate_particle_shape()
+        if self.eta_is_latent:  # the first site, as in `features`
+            particles = torch.broadcast_shapes(particles, site_particle_shape(self.eta, 1))
+        h = self._particle_features(x, particles) if particles else self.features(x)
+        weight, bias = self.out_weight, self.out_bias
+        if weight.dim() == 2 and bias.dim() == 1:
+            logits = h @ weight.T + bias  # (..., B, C)
+        else:  # (*P, 1, C, H), (*P, 1, C): drop the data plate's 1; rows of h take its place
+            weight, bias = drop_data_dim(weight, 2), drop_data_dim(bias, 1)
+            logits = h @ weight.transpose(-1, -2) + bias.unsqueeze(-2)
         self.observe(dist.Categorical(logits=logits), y, x, num_data)
         return logits
+
+    def _particle_epsilon(self, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """ε of ``n`` particles, ``(n, S', k)``: ``n·S`` i.i.d. rows in one draw (particle-major, so
+        particle i gets the rows a sequential particle would draw i-th), or the deterministic grid
+        shared by every particle."""
+        k, s = len(self.generator_names), self.num_transforms
+        if self.sampling == "deterministic":
+            eps = sample_epsilon(s, k, self.sampling, dtype=dtype, device=device)
+            return eps.expand(n, *eps.shape)
+        return sample_epsilon(n * s, k, self.sampling, dtype=dtype, device=device).reshape(n, s, k)
+
+    #: Largest ``(B, particles, S, H)`` intermediate (elements) that :meth:`_particle_features` makes
+    #: at once, per device type (a type not listed: all particles in one block). More particles
+    #: than fit run in chunks, still in one model call. On a CPU (one thread) the chunks keep the
+    #: blocks in cache: 20 particles, B = 128, H = 256, S = 16 (524k elements per particle) ran
+    #: ×0.78 the speed of sequential particles in one block, ×1.4 in blocks of two; with 16k
+    #: elements per particle (B = 32, H = 64, S = 8) one block of 20 ran ×6.5, and B = 128,
+    #: H = 1024, S = 32 on 28×28 (4M per particle) gains nothing either way.
+    particle_chunk_elements: Mapping[str, int] = MappingProxyType({"cpu": 1 << 20})
+
+    def _particle_features(self, x: Tensor, particles: torch.Size) -> Tensor:
+        """h(x) per particle, ``(*particles, B, H)``, for vectorised particles: each particle averages
+        over its own S transforms ``T = expm(Σ ε_i η_i G_i)`` (its own ε; its own η when η is latent).
+
+        The n·S transforms of the n particles go through :meth:`features`' computation together (one
+        warp and one matmul per chunk of :attr:`particle_chunk_elements`; the same path,
+        :meth:`transform_path`, for the same batch), and the mean over transforms is taken per
+        particle. Deterministic ε with a point-estimate η are the same for every particle: then the
+        shared ``features(x)`` ``(B, H)`` is returned. Keep in step with :meth:`features`
+        (``tests/test_vectorized_particles.py`` compares the two).
+        """
+        w1, b1 = self.w1, self.b1
+        if not self.generator_names:
+            return self._phi(x @ w1.T + b1)
+        eta = self.eta  # (k,) or latent (*P, 1, k)
+        if eta.dim() == 1 and self.sampling == "deterministic":
+            return self.features(x)
+        n, k = num_particles(particles), len(self.generator_names)
+        eta_n = drop_data_dim(eta, 1).expand(*particles, k).reshape(n, 1, k)
+        eps = self._particle_epsilon(n, eta.dtype, eta.device)  # (n, S', k)
+        s, b = eps.shape[1], x.shape[0]
+        # lie_exp's ε·η per row, with η folded into ε (lie_exp multiplies by ones: the same numbers)
+        transforms = lie_exp(torch.ones_like(eta_n[0, 0]), (eps * eta_n).reshape(n * s, k), self.generators)
+        path = self.transform_path(b)
+        budget = self.particle_chunk_elements.get(x.device.type)
+        chunk = n if budget is None else max(1, budget // (b * s * self.hidden))
+        parts = [self._particle_block(x, t, s, path) for t in transforms.split(chunk * s)]
+        return torch.cat(parts).reshape(*particles, b, self.hidden)
+
+    def _particle_block(self, x: Tensor, transforms: Tensor, s: int, path: str) -> Tensor:
+        """:meth:`features` of ``c`` particles, ``transforms`` ``(c·S, 3, 3)`` particle-major → ``(c, B, H)``."""
+        w1, b1 = self.w1, self.b1
+        (b, d), c = x.shape, transforms.shape[0] // s
+        if path == "weights":
+            rows = transform_weight_rows(w1, transforms, self.image_shape, layout="hsd")  # (H, c·S, D)
+            pre = F.linear(x, rows.reshape(-1, d)).view(b, self.hidden, c, s) + b1[:, None, None]
+            return self._phi(pre).mean(dim=-1).permute(2, 0, 1)
+        inverse = invert_affine(transforms)
+        warped = warp_stack(x.reshape(b, *self.image_shape), inverse).reshape(b, c * s, d)
+        if self._area_changing:
+            warped = warped * affine_det(inverse).unsqueeze(-1)  # |det T_s|⁻¹
+        pre = F.linear(warped, w1, b1).view(b, c, s, self.hidden)
+        return self._phi(pre).mean(dim=2).transpose(0, 1)
 
 
 def _eta_init_tensor(eta_init: float | Mapping[str, float], names: Sequence[str]) -> Tensor:

@@ -55,6 +55,7 @@ from pyro_invariance.symmetry.priors import UNBOUNDED_PRIORS, unbounded_prior
 from pyro_invariance.tasks import DYNAMICS
 from pyro_invariance.validation import check_positive_float, check_positive_int, check_trailing_shape
 
+from ._particles import batched_normal_prior, drop_data_dim, num_particles, plate_particle_shape, site_particle_shape
 from .base import CatalogueModel
 
 #: ``"quadratic"``: K conserved quantities C_k(x) = xᵀA_k x/2 + b_kᵀx with parameters η; oracles: fixed generators.
@@ -185,9 +186,9 @@ class SymmetrisedHNN(CatalogueModel):
             if prior == "hierarchical":
                 setattr(self, f"prior_scale_{i}", PyroSample(
                     lambda mod, i=i: dist.LogNormal(0.5 * mod.prior_var[i].log(), 1.0)))
+            # batched_normal_prior: a hierarchical scale is batched over vectorised particles, (P, 1)
             setattr(self, f"weight_{i}", PyroSample(
-                lambda mod, i=i, shape=(sizes[i + 1], sizes[i]): dist.Normal(0.0, mod.layer_prior_scale(i))
-                .expand(list(shape)).to_event(2)))
+                lambda mod, i=i, shape=(sizes[i + 1], sizes[i]): batched_normal_prior(mod.layer_prior_scale(i), shape)))
         self.learn_noise = bool(learn_noise)
         log_noise_var = torch.tensor(2.0 * math.log(noise_scale))
         if learn_noise:
@@ -198,6 +199,9 @@ class SymmetrisedHNN(CatalogueModel):
     task = DYNAMICS
     priors = ("fixed", "closed-form", "hierarchical")
     symmetry_priors = UNBOUNDED_PRIORS
+    #: ``forward`` evaluates vectorised ELBO particles in one pass: every Euler sub-step is one
+    #: ``autograd.grad`` over all particles, symmetry samples and rows (``_particle_step``).
+    vectorizable_particles = True
 
     # ------------------------------------------------------------------------------------
     @property
@@ -335,7 +339,98 @@ class SymmetrisedHNN(CatalogueModel):
             if y.shape[0] != x.shape[0]:
                 raise ValueError(f"y has {y.shape[0]} rows, x has {x.shape[0]}")
         weights = self.sampled_weights()
-        flows = self.sample_flows()
-        pred = self.step(x, weights, flows)
+        particles = plate_particle_shape()
+        for w in weights:
+            particles = torch.broadcast_shapes(particles, site_particle_shape(w, 2))
+        if particles:  # vectorised particles: (*P, B, M)
+            pred = self._particle_step(x, weights, particles)
+        else:
+            pred = self.step(x, weights, self.sample_flows())
         self.observe(dist.Normal(pred, self.noise_var.sqrt()).to_event(1), y, x, num_data)
         return pred
+
+    # -- vectorised particles ------------------------------------------------------------------
+    # Under a particle plate (``vectorize_particles=True``) the weight sites have shape
+    # (*P, 1, out, in) and a latent η (*P, 1, K, ...). The particles are flattened to n = prod(P);
+    # each gets its own weights, its own flows (own combination weights w_s unless
+    # sampling="grid"; own generators when η is latent) and its own trajectory, and every Euler
+    # sub-step is one autograd.grad over (n, S, B): the same numbers as n sequential particles.
+
+    def _particle_flows(self, particles: torch.Size) -> Tensor | None:
+        """Flow matrices of ``n`` particles ``(n, S, M+1, M+1)``, or ``(S, M+1, M+1)`` shared by all
+        (grid sampling with point-estimate or oracle generators), or ``None`` (``symmetry="none"``).
+        Random combination weights: ``n·S`` rows in one draw, particle-major (particle i gets the rows a
+        sequential particle would draw i-th)."""
+        if self.symmetry == "none":
+            return None
+        g = self.generators()  # (K, D, D) or latent (*P, 1, K, D, D)
+        k, s = g.shape[-3], self.num_transforms
+        if g.dim() == 3 and self.sampling == "grid":
+            return flow_matrices(g, sample_weights(s, k, self.sampling, dtype=g.dtype, device=g.device))
+        n = num_particles(particles)
+        if self.sampling == "grid":
+            w = sample_weights(s, k, self.sampling, dtype=g.dtype, device=g.device).expand(n, s, k)
+        else:
+            w = sample_weights(n * s, k, self.sampling, dtype=g.dtype, device=g.device).reshape(n, s, k)
+        g = drop_data_dim(g, 3).expand(*particles, *g.shape[-3:]).reshape(n, *g.shape[-3:])
+        return torch.linalg.matrix_exp(torch.pi * torch.einsum("nsk,nkij->nsij", w, g))
+
+    def _particle_observable(self, z: Tensor, weights: Sequence[Tensor]) -> Tensor:
+        """The MLP ``f`` of each particle: ``z`` ``(n, R, M)`` (R rows), ``weights`` ``(n, in, out)``
+        (:meth:`_particle_layers`: transposed and scaled) → ``(n, R)``."""
+        h = z
+        for i, w in enumerate(weights):
+            h = torch.baddbmm(getattr(self, f"bias_{i}"), h, w) if i < self.num_layers - 1 else h @ w
+            if i < self.num_layers - 1:
+                h = F.elu(h, alpha=self.elu_alpha)
+        return h.squeeze(-1)
+
+    def _particle_layers(self, weights: Sequence[Tensor]) -> list[Tensor]:
+        """The layer matrices of :meth:`observable` as ``(n, in, out)`` factors, ``Wᵀ/√in`` (times
+        ``input_scale`` for the first layer): scaling the small weight matrices once instead of the
+        ``(n, S·B, width)`` activations at every Euler sub-step (the same function, rounded differently)."""
+        out = []
+        for i, w in enumerate(weights):
+            scale = self.input_scale / math.sqrt(w.shape[-1]) if i == 0 else 1.0 / math.sqrt(w.shape[-1])
+            out.append(w.transpose(-1, -2) * scale)
+        return out
+
+    def _particle_hamiltonian(self, x: Tensor, weights: Sequence[Tensor], flows: Tensor | None) -> Tensor:
+        """``H̄`` of each particle: ``x`` ``(n, B, M)`` → ``(n, B)``, averaged over the S flows."""
+        if flows is None:
+            return self._particle_observable(x, weights)
+        n, b, m = x.shape
+        lin, shift = flows[..., :m, :m], flows[..., :m, m]
+        if flows.dim() == 3:  # shared (S, D, D)
+            z = torch.einsum("sij,nbj->nsbi", lin, x) + shift[None, :, None, :]
+        else:
+            z = torch.einsum("nsij,nbj->nsbi", lin, x) + shift.unsqueeze(-2)
+        s = z.shape[1]
+        return self._particle_observable(z.reshape(n, s * b, m), weights).reshape(n, s, b).mean(1)
+
+    def _particle_vector_field(self, x: Tensor, weights: Sequence[Tensor], flows: Tensor | None,
+                               create_graph: bool) -> Tensor:  # fmt: skip
+        """``J∇H̄`` of each particle, ``(n, B, M)``: one ``autograd.grad`` for all particles and flows."""
+        with torch.enable_grad():
+            if not x.requires_grad:
+                x = x.detach().requires_grad_(True)
+            h = self._particle_hamiltonian(x, weights, flows)
+            (grad,) = torch.autograd.grad(h.sum(), x, create_graph=create_graph)
+        return symplectic(grad)
+
+    def _particle_step(self, x: Tensor, weights: Sequence[Tensor], particles: torch.Size) -> Tensor:
+        """:meth:`step` for every particle at once: ``x`` ``(B, M)`` → ``(*particles, B, M)``."""
+        n = num_particles(particles)
+        ws = []
+        for w in weights:
+            shape = w.shape[-2:]
+            ws.append(drop_data_dim(w, 2).expand(*particles, *shape).reshape(n, *shape))
+        ws = self._particle_layers(ws)
+        flows = self._particle_flows(particles)
+        xs = x.expand(n, *x.shape)
+        create_graph = torch.is_grad_enabled()
+        h = self.dt / self.euler_steps
+        for _ in range(self.euler_steps):
+            v = self._particle_vector_field(xs, ws, flows, create_graph)
+            xs = xs + h * v if create_graph else (xs + h * v).detach()
+        return xs.reshape(*particles, *x.shape)

@@ -95,10 +95,14 @@ def test_stored_reference_matches_its_entry(name):
 
 
 def test_catalogue_metadata():
-    assert names() == ["basis-regression", "rotation-toy-2d-full", "rotation-toy-2d-none", "invariant-mlp-digits"]
+    assert names() == ["basis-regression", "rotation-toy-2d-full", "rotation-toy-2d-none", "invariant-mlp-digits",
+                       "basis-regression-lambda", "invariant-mlp-digits-eta"]  # fmt: skip
     for e in ref_mod.ENTRIES.values():
-        assert e.description and e.paper and e.symmetry and e.fixed
+        assert e.description and e.paper and e.symmetry
         assert e.model in pi.MODELS
+        # η is either held fixed at stated values or latent (symmetry_prior): then nothing is fixed
+        latent = e.model_kwargs.get("symmetry_prior") is not None
+        assert bool(e.fixed) != latent, e.name
 
 
 def _exact(ref):

@@ -9,14 +9,17 @@ import torchvision.transforms.functional as TF
 from pyro_invariance.symmetry.affine import (
     DEFAULT_ETA_MAX,
     GENERATOR_NAMES,
+    affine_det,
     affine_generators,
     eta_to_human,
     generator_indices,
+    invert_affine,
     lie_exp,
     resolve_subgroup,
     sample_epsilon,
     transform_images,
     transform_weight_rows,
+    warp_stack,
 )
 
 torch.set_num_threads(1)
@@ -162,3 +165,37 @@ def test_lie_exp_shape_errors():
         transform_images(torch.zeros(8, 8), torch.eye(3))
     with pytest.raises(ValueError, match="C\\*h\\*w"):
         transform_weight_rows(torch.zeros(3, 10), torch.eye(3).unsqueeze(0), (1, 3, 3))
+
+
+def test_warp_stack_matches_transform_images_and_layouts():
+    """One grid_sample with the S grids stacked along the height equals S separate warps, for C > 1
+    and non-square images; transform_weight_rows' two layouts hold the same values."""
+    g = torch.Generator().manual_seed(3)
+    images = torch.randn(5, 2, 6, 7, generator=g)
+    t = lie_exp(torch.tensor([0.7, 0.3, 0.2]), sample_epsilon(4, 3, generator=g), affine_generators()[[0, 2, 3]])
+    out = warp_stack(images, t)
+    assert out.shape == (5, 4, 2, 6, 7)
+    for s in range(4):
+        assert torch.equal(out[:, s], transform_images(images, t[s]))
+    w = images.reshape(5, 84)
+    shd = transform_weight_rows(w, t, (2, 6, 7))
+    hsd = transform_weight_rows(w, t, (2, 6, 7), layout="hsd")
+    assert shd.shape == (4, 5, 84) and shd.is_contiguous() and hsd.shape == (5, 4, 84)
+    assert torch.equal(shd, hsd.transpose(0, 1))
+    with pytest.raises(ValueError, match="layout"):
+        transform_weight_rows(w, t, (2, 6, 7), layout="dsh")
+    with pytest.raises(ValueError, match=r"\(S, 3, 3\)"):
+        warp_stack(images, t[0])
+
+
+def test_invert_affine_and_det():
+    g = torch.Generator().manual_seed(4)
+    gens = affine_generators()
+    eta = torch.tensor([0.4, 0.3, 1.0, 0.5, 0.2, 0.3])
+    eps = sample_epsilon(6, 6, generator=g)
+    t = lie_exp(eta, eps, gens)
+    inv = invert_affine(t)
+    torch.testing.assert_close(inv, lie_exp(eta, -eps, gens), atol=1e-5, rtol=1e-5)  # T⁻¹ = expm(−A)
+    torch.testing.assert_close(inv @ t, torch.eye(3).expand(6, 3, 3), atol=1e-5, rtol=0)
+    # det T = exp(tr A): only the scale generators sx, sy have a trace
+    torch.testing.assert_close(affine_det(t), torch.exp(eps[:, 3] * eta[3] + eps[:, 4] * eta[4]))

@@ -40,16 +40,25 @@ class GridPosterior:
     log_evidence: np.ndarray
     log_marginal: float
 
-    def _integrate(self, values: np.ndarray) -> float:
-        return float(np.trapezoid(values * self.density, self.grid))
+    def _moments(self) -> tuple[float, float]:
+        """Exact first and second moments of the piecewise-linear density (the same density the CDF,
+        quantiles and masses use): per cell [a, b] with end densities p_a, p_b,
+        ∫x p = h(p_a(2a+b) + p_b(a+2b))/6 and ∫x² p = h(p_a(3a²+2ab+b²) + p_b(a²+2ab+3b²))/12."""
+        a, b = self.grid[:-1], self.grid[1:]
+        pa, pb = self.density[:-1], self.density[1:]
+        h = b - a
+        m1 = np.sum(h * (pa * (2 * a + b) + pb * (a + 2 * b)) / 6.0)
+        m2 = np.sum(h * (pa * (3 * a * a + 2 * a * b + b * b) + pb * (a * a + 2 * a * b + 3 * b * b)) / 12.0)
+        return float(m1), float(m2)
 
     @property
     def mean(self) -> float:
-        return self._integrate(self.grid)
+        return self._moments()[0]
 
     @property
     def sd(self) -> float:
-        return float(np.sqrt(max(self._integrate((self.grid - self.mean) ** 2), 0.0)))
+        m1, m2 = self._moments()
+        return float(np.sqrt(max(m2 - m1 * m1, 0.0)))
 
     @property
     def mode(self) -> float:
@@ -75,6 +84,13 @@ class GridPosterior:
         return float(np.interp(level, cum, self.grid))
 
 
+def _float64(values: Sequence[float] | np.ndarray | Tensor) -> np.ndarray:
+    """A float64 numpy copy (tensors detached and moved to the CPU; any strides)."""
+    if isinstance(values, Tensor):
+        return values.detach().to("cpu", torch.float64).numpy().copy()
+    return np.array(values, dtype=np.float64)
+
+
 def grid_posterior(grid: Sequence[float] | np.ndarray | Tensor, log_evidence: Sequence[float] | np.ndarray | Tensor,
                    log_prior: Sequence[float] | np.ndarray | Tensor) -> GridPosterior:  # fmt: skip
     """``p(η_j | D) = exp(ℓ_j + log p(η_j)) / Z`` on ``grid``, with ``Z`` by the trapezoidal rule.
@@ -87,9 +103,7 @@ def grid_posterior(grid: Sequence[float] | np.ndarray | Tensor, log_evidence: Se
     Raises:
         ValueError: shapes differ, fewer than 2 points, a grid that is not increasing, non-finite values.
     """
-    g = np.asarray(torch.as_tensor(grid, dtype=torch.float64), dtype=np.float64)
-    le = np.asarray(torch.as_tensor(log_evidence, dtype=torch.float64), dtype=np.float64)
-    lp = np.asarray(torch.as_tensor(log_prior, dtype=torch.float64), dtype=np.float64)
+    g, le, lp = (_float64(v) for v in (grid, log_evidence, log_prior))
     if g.ndim != 1 or g.shape != le.shape or g.shape != lp.shape or g.size < 2:
         raise ValueError(f"grid, log_evidence and log_prior must be 1-D of one length >= 2, got "
                          f"{g.shape}, {le.shape}, {lp.shape}")  # fmt: skip
@@ -117,8 +131,8 @@ def exact_symmetry_posterior(model: Any, x: Tensor, y: Tensor, num_points: int =
     (:meth:`~pyro_invariance.models.basis_regression.BasisRegression.log_evidence_grid`: spacing
     ``2 / (num_points + 1)``; a logit-normal's log density is −∞ at the end points), normalised by
     the trapezoidal rule (:func:`grid_posterior`). The two end cells left out hold at most
-    ``2 / (num_points + 1) · max(p(0 | D), p(2 | D))`` of the mass; ``log_marginal`` is then
-    ``model.log_marginal_evidence(x, y, num_points)``.
+    ``2 / (num_points + 1) · max(p(0 | D), p(2 | D))`` of the mass (``model.log_marginal_evidence``
+    adds them to its ``log p(D)``; ``log_marginal`` here leaves them out).
 
     The evidence is even about λ = 1 (``p(D | λ) = p(D | 2 − λ)``, see the model's docstring), and so
     are both priors and the grid: the posterior is symmetric about λ = 1 and its mean is 1.

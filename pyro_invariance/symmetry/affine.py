@@ -17,6 +17,11 @@ coordinate p is ``x(T p)`` (the ``affine_grid`` convention). For the rotation ge
 angle θ > 0 the picture turns counter-clockwise as displayed (y axis pointing down), exactly
 torchvision's ``rotate(x, degrees(θ))`` up to interpolation (tested).
 The sampling distributions used here are symmetric in ε, so the sign never changes a model.
+
+Warping many images by the same S transforms (the rows of a weight matrix, or a batch of inputs
+that share the S transforms of one forward pass) is one ``grid_sample`` call with batch 1:
+:func:`warp_stack` stacks the S sampling grids along the height axis and treats the images as
+channels, so nothing is copied S times and the gradient to the grids is summed inside the kernel.
 """
 
 from __future__ import annotations
@@ -175,30 +180,93 @@ def transform_images(images: Tensor, matrices: Tensor, mode: str = "bilinear", p
     return F.grid_sample(images, grid, mode=mode, padding_mode=padding_mode, align_corners=True)
 
 
-def transform_weight_rows(weight: Tensor, matrices: Tensor, image_shape: Sequence[int]) -> Tensor:
+def warp_stack(images: Tensor, matrices: Tensor) -> Tensor:
+    """Warp each of ``N`` images by each of ``S`` shared affine transforms (bilinear, zero padding).
+
+    One ``grid_sample`` call with batch 1: the ``N·C`` image channels are the channels and the S
+    sampling grids of ``F.affine_grid`` are stacked along the output height, so no input is
+    expanded S times (the ``(S·N, C, h, w)`` copy that a batched call needs) and the gradient to
+    the grids (hence to η) is accumulated over the channels by the kernel. Per output pixel the
+    arithmetic is the same as :func:`transform_images`' (tested equal).
+
+    Args:
+        images: ``(N, C, h, w)``.
+        matrices: ``(S, 3, 3)`` transforms (only the top 2×3 is used).
+
+    Returns:
+        ``(N, S, C, h, w)`` with ``out[n, s](p) = images[n](T_s p)``; contiguous when ``C == 1``,
+        otherwise a transposed view of an ``(N, C, S, h, w)`` tensor.
+    """
+    _check_images(images)
+    if matrices.dim() != 3 or matrices.shape[-2:] != (3, 3):
+        raise ValueError(f"matrices must have shape (S, 3, 3), got {tuple(matrices.shape)}")
+    n, c, h, w = images.shape
+    s = matrices.shape[0]
+    theta = matrices[:, :2, :].to(images.dtype)
+    grid = F.affine_grid(theta, [s, 1, h, w], align_corners=True).reshape(1, s * h, w, 2)
+    out = F.grid_sample(
+        images.reshape(1, n * c, h, w), grid, mode="bilinear", padding_mode="zeros", align_corners=True
+    )  # (1, N·C, S·h, w)
+    return out.reshape(n, c, s, h, w).transpose(1, 2)
+
+
+def transform_weight_rows(
+    weight: Tensor, matrices: Tensor, image_shape: Sequence[int], layout: str = "shd"
+) -> Tensor:
     """Apply S transforms to every row of a first-layer weight matrix viewed as an image.
 
-    Paper 003, Section 3.2: each row of W1 (length C·h·w) is a C×h×w image; ``grid_sample`` warps
-    all rows with the same transform at once (rows become channels).
+    Paper 003, Section 3.2: each row of W1 (length C·h·w) is a C×h×w image, warped by each
+    transform (``out(p) = row(T p)``) with one :func:`warp_stack` call.
 
     Args:
         weight: ``(H, C*h*w)`` weight rows.
         matrices: ``(S, 3, 3)`` transforms.
         image_shape: ``(C, h, w)``.
+        layout: ``"shd"`` (default): a contiguous ``(S, H, C*h*w)`` tensor; ``"hsd"``: ``(H, S, C*h*w)``,
+            the layout :func:`warp_stack` produces, free of a copy for ``C == 1`` (the fast path of
+            :class:`~pyro_invariance.models.InvariantMLP`, which multiplies it as an ``(H·S, D)`` matrix).
 
     Returns:
-        ``(S, H, C*h*w)`` transformed rows.
+        ``(S, H, C*h*w)`` or ``(H, S, C*h*w)`` transformed rows.
     """
     c, h, w = image_shape
     hidden, d = weight.shape
     if d != c * h * w:
         raise ValueError(f"weight rows have length {d}, which is not C*h*w = {c}*{h}*{w}")
-    s = matrices.shape[0]
-    rows = weight.reshape(1, hidden * c, h, w).expand(s, hidden * c, h, w)
-    theta = matrices[:, :2, :].to(weight.dtype)
-    grid = F.affine_grid(theta, [s, hidden * c, h, w], align_corners=True)
-    out = F.grid_sample(rows, grid, mode="bilinear", padding_mode="zeros", align_corners=True)
-    return out.reshape(s, hidden, d)
+    if layout not in ("shd", "hsd"):
+        raise ValueError(f"unknown layout {layout!r}; use 'shd' or 'hsd'")
+    out = warp_stack(weight.reshape(hidden, c, h, w), matrices)  # (H, S, C, h, w)
+    s = out.shape[1]
+    if layout == "hsd":
+        return out.reshape(hidden, s, d)
+    return out.transpose(0, 1).reshape(s, hidden, d).contiguous()
+
+
+def invert_affine(matrices: Tensor) -> Tensor:
+    """Inverse of affine matrices ``[[A, t], [0, 1]]`` → ``[[A⁻¹, −A⁻¹t], [0, 1]]``, shape ``(..., 3, 3)``.
+
+    Closed form for the 2×2 block (differentiable; exact up to rounding, unlike a general solver).
+    For ``T = expm(Σ εᵢηᵢGᵢ)`` this is ``expm(−Σ εᵢηᵢGᵢ)``.
+    """
+    a, b = matrices[..., 0, 0], matrices[..., 0, 1]
+    c, d = matrices[..., 1, 0], matrices[..., 1, 1]
+    tx, ty = matrices[..., 0, 2], matrices[..., 1, 2]
+    det = a * d - b * c
+    ia, ib, ic, id_ = d / det, -b / det, -c / det, a / det
+    zero, one = torch.zeros_like(a), torch.ones_like(a)
+    rows = [
+        torch.stack([ia, ib, -(ia * tx + ib * ty)], dim=-1),
+        torch.stack([ic, id_, -(ic * tx + id_ * ty)], dim=-1),
+        torch.stack([zero, zero, one], dim=-1),
+    ]
+    return torch.stack(rows, dim=-2)
+
+
+def affine_det(matrices: Tensor) -> Tensor:
+    """``det A`` of the linear 2×2 block of affine matrices ``(..., 3, 3)``, shape ``(...)``: the
+    factor by which ``p ↦ T p`` scales areas (``exp(Σ εᵢηᵢ tr Gᵢ)`` for ``T = expm(Σ εᵢηᵢGᵢ)``;
+    1 for translation, rotation and shear, whose generators are trace-free)."""
+    return matrices[..., 0, 0] * matrices[..., 1, 1] - matrices[..., 0, 1] * matrices[..., 1, 0]
 
 
 def eta_to_human(eta: Tensor | Sequence[float], names: Sequence[str], image_size: int | None = None) -> dict[str, str]:
