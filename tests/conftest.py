@@ -16,12 +16,16 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 os.environ.setdefault("MPLBACKEND", "Agg")
-# One thread everywhere (the project's rule): CI has 2 shared cores, where torch's two threads make
-# small operations many times slower, and results must not depend on the thread count.
-torch.set_num_threads(1)
+try:  # the ArviZ-1 environment (make test-arviz1) is torch-free
+    import torch
+except ImportError:  # pragma: no cover
+    pass
+else:
+    # One thread everywhere (the project's rule): CI has 2 shared cores, where torch's two threads
+    # make small operations many times slower, and results must not depend on the thread count.
+    torch.set_num_threads(1)
 
 
 def pytest_configure(config: pytest.Config) -> None:
