@@ -194,6 +194,18 @@ def test_support_is_declared():
     assert CatalogueModel.vectorizable_particles is False
 
 
+
+def _assert_vectorised_equals_sequential(model, guide, x, y, monkeypatch) -> None:
+    """Trace_ELBO with P vectorised particles equals P sequential particles given the same draws."""
+    with _replayed_draws(model, monkeypatch) as replay:
+        loss_v, grads_v = _loss_and_grads(Trace_ELBO(num_particles=P, vectorize_particles=True, max_plate_nesting=1),
+                                          model, guide, x, y)  # fmt: skip
+        replay()
+        loss_s, grads_s = _loss_and_grads(Trace_ELBO(num_particles=P, max_plate_nesting=1), model, guide, x, y)
+    assert loss_v == pytest.approx(loss_s, rel=1e-10)
+    for gv, gs in zip(grads_v, grads_s):
+        torch.testing.assert_close(gv, gs, rtol=1e-8, atol=1e-9 * (1 + float(gs.abs().max())))
+
 @pytest.mark.parametrize("elbo_cls", ELBOS, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("case", list(CASES))
 def test_vectorised_loss_and_gradients_equal_sequential_with_identical_draws(case, elbo_cls, monkeypatch):
@@ -216,28 +228,14 @@ def test_invariant_mlp_particle_chunks(case, monkeypatch):
     the same numbers as sequential particles."""
     model, guide, x, y = _build(case)
     model.particle_chunk_elements = {"cpu": 3 * x.shape[0] * model.num_transforms * model.hidden}
-    with _replayed_draws(model, monkeypatch) as replay:
-        loss_v, grads_v = _loss_and_grads(Trace_ELBO(num_particles=P, vectorize_particles=True, max_plate_nesting=1),
-                                          model, guide, x, y)  # fmt: skip
-        replay()
-        loss_s, grads_s = _loss_and_grads(Trace_ELBO(num_particles=P, max_plate_nesting=1), model, guide, x, y)
-    assert loss_v == pytest.approx(loss_s, rel=1e-10)
-    for gv, gs in zip(grads_v, grads_s):
-        torch.testing.assert_close(gv, gs, rtol=1e-8, atol=1e-9 * (1 + float(gs.abs().max())))
+    _assert_vectorised_equals_sequential(model, guide, x, y, monkeypatch)
 
 
 @pytest.mark.parametrize("case", ["imlp-stoch-weights", "toy-det", "hnn-quadratic"])
 def test_point_estimate_guide_vectorises(case, monkeypatch):
     """``map`` (AutoDelta) has no noise: the two estimators agree given the model's draws alone."""
     model, guide, x, y = _build(case, "map")
-    with _replayed_draws(model, monkeypatch) as replay:
-        loss_v, grads_v = _loss_and_grads(Trace_ELBO(num_particles=P, vectorize_particles=True, max_plate_nesting=1),
-                                          model, guide, x, y)  # fmt: skip
-        replay()
-        loss_s, grads_s = _loss_and_grads(Trace_ELBO(num_particles=P, max_plate_nesting=1), model, guide, x, y)
-    assert loss_v == pytest.approx(loss_s, rel=1e-10)
-    for gv, gs in zip(grads_v, grads_s):
-        torch.testing.assert_close(gv, gs, rtol=1e-8, atol=1e-9 * (1 + float(gs.abs().max())))
+    _assert_vectorised_equals_sequential(model, guide, x, y, monkeypatch)
 
 
 @pytest.mark.parametrize("case", ["imlp-stoch-weights", "toy-stoch-latent", "hnn-latent-hierarchical"])
