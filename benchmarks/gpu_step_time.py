@@ -22,7 +22,8 @@ Sections (``--sections``; each row: ms/step and peak memory, with the device nam
 * ``hnn-sho``: the symmetrised HNN at the talk's SHO settings (hidden 200×200, S = 200 symmetry
   samples, E = 20 Euler sub-steps, K = 1, B = 28 pairs, matrix-normal guide) with 1 and 20 weight
   samples (``num_particles``; vectorised, as the model declares); ``before`` (the old loop, particles
-  one after another) at 1 sample, and at 20 with ``--hnn-before-20``.
+  one after another) at 1 sample, and at 20 with ``--hnn-before-20`` (on a 2-core CPU with 23 GiB this
+  was killed for memory: 20 sequential particles and the vectorised step alternating in one process).
 * ``hnn-3body``: at the 3-body recipe's size (3 × 250 hidden, S = 100, E = 10, K = 10, 2 weight
   samples, B = 20 pairs, state dimension 12), ``fit`` and ``before``.
 * ``layerwise``: :func:`benchmarks.layerwise_step_time.measure_layerwise` at α = 10 on 3×32×32 (MAP,
@@ -381,7 +382,8 @@ def run_mlp(section: str, args: argparse.Namespace, device: torch.device) -> dic
 
 def run_hnn(section: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     out: dict[str, Any] = {"settings": {k: v for k, v in HNN[section].items()}, "particles": {}}
-    for p in HNN[section]["particles"]:
+    particles = HNN[section]["particles"] if section != "hnn-sho" or not args.sho_particles else args.sho_particles
+    for p in particles:
         case = build_case(section, args.seed, device, particles=p)
         total = 1 + args.hnn_warmup + args.hnn_steps + 1
         others = {}
@@ -414,7 +416,8 @@ def run_layerwise(args: argparse.Namespace, device: torch.device) -> dict[str, A
         msg = f"skipped: benchmarks/layerwise_step_time.py with measure_layerwise() is not available ({exc})"
         common.log(msg)
         return {"skipped": msg}
-    kwargs = {"memory": args.memory} if "memory" in inspect.signature(measure).parameters else {}
+    memory = args.memory and (device.type == "cuda" or args.layerwise_memory)
+    kwargs = {"memory": memory} if "memory" in inspect.signature(measure).parameters else {}
     rows = measure(str(device), args.alpha, args.layerwise_steps, args.layerwise_warmup, **kwargs)
     return {"alpha": args.alpha, "rows": rows}
 
@@ -600,9 +603,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paper-steps", type=int, default=20)
     parser.add_argument("--hnn-warmup", type=int, default=1)
     parser.add_argument("--hnn-steps", type=int, default=3)
+    parser.add_argument("--sho-particles", default="", help="SHO weight samples to time (default 1,20; the 20-sample "
+                        "step holds ~8.5 GiB on CPU)")
     parser.add_argument("--hnn-before-20", action="store_true", help="also time the old loop at 20 weight samples (slow)")
     parser.add_argument("--hnn-memory", action="store_true", help="CPU: memory probes for the SHO settings too (slow)")
     parser.add_argument("--alpha", type=int, default=10, help="layer-wise width α")
+    parser.add_argument("--layerwise-memory", action="store_true",
+                        help="CPU: measure_layerwise's memory probes too (on a 2-core CPU at α = 10 they reported ~14 GiB)")
     parser.add_argument("--layerwise-steps", type=int, default=10)
     parser.add_argument("--layerwise-warmup", type=int, default=10)
     parser.add_argument("--reference-dir", type=Path, default=None, help="a checkout of tychovdo/noethers-razor")
@@ -624,6 +631,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown sections {unknown}; use {SECTIONS}")
     args.activations = [a.strip() for a in args.activations.split(",") if a.strip()]
     args.compile_modes = [m.strip() for m in args.compile_modes.split(",") if m.strip() and m.strip() != "none"]
+    args.sho_particles = tuple(int(p) for p in args.sho_particles.split(",") if p.strip())
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but torch.cuda.is_available() is False")
