@@ -5,7 +5,12 @@ C=10 classes, N=60000, rotation learned, block-Cholesky guide over W2, both acti
 (RFF: W1 fixed; ReLU: W1 learned). Per step, four ways, interleaved repetition by repetition
 (the order rotates every repetition) so that load from other jobs hits them alike:
 
-* ``pyro``            the body of ``pyro_invariance.fit``'s loop: ``TraceMeanField_ELBO
+(Since issue 14 ``fit``'s loop is leaner than the ``pyro`` step below: no host synchronisation,
+validation off after the first step, fused Adam, optional capture/compilation. The ``pyro`` step
+here is the loop body as it was; ``benchmarks/gpu_step_time.py`` times ``fit``'s own loop against
+the twin defined here and against this step, on CPU or GPU.)
+
+* ``pyro``            the body of ``pyro_invariance.fit``'s loop before issue 14: ``TraceMeanField_ELBO
                       .differentiable_loss`` + ``backward`` + Adam (``fit``'s parameter groups and
                       learning rates) + cosine scheduler + ``loss.item()``; Pyro validation on
                       (Pyro's default).
@@ -15,7 +20,8 @@ C=10 classes, N=60000, rotation learned, block-Cholesky guide over W2, both acti
                       ``transform_weight_rows``) and features, one reparameterised draw of W2 from a
                       block-Cholesky Gaussian (and of b2, σ_p from their mean-field guides), the
                       analytic KL to the prior, the categorical log-likelihood scaled by N/B, and the
-                      same Adam groups + cosine scheduler. It starts from the Pyro guide's
+                      same Adam groups + cosine scheduler. It warps the weight rows or the inputs, as
+                      the model's ``transform_path`` decides for the batch. It starts from the Pyro guide's
                       parameters and, with the same seed, reproduces Pyro's loss and gradients
                       (checked at start, reported below).
 
@@ -53,7 +59,9 @@ from pyro_invariance import pyro_scope  # noqa: E402  (module-local params for m
 from pyro_invariance import guides  # noqa: E402
 from pyro_invariance.infer import training  # noqa: E402
 from pyro_invariance.models import InvariantMLP  # noqa: E402
-from pyro_invariance.symmetry.affine import lie_exp, sample_epsilon, transform_weight_rows  # noqa: E402
+from pyro_invariance.symmetry.affine import (  # noqa: E402
+    affine_det, invert_affine, lie_exp, sample_epsilon, transform_weight_rows, warp_stack,
+)
 
 VARIANTS = ("pyro", "pyro-noval", "hand")
 
@@ -84,6 +92,9 @@ class HandWrittenInvariantMLP(nn.Module):
         self.activation = model.activation
         self.hidden = model.hidden
         self.k = len(model.generator_names)
+        self.sampling = model.sampling
+        self.transform_path = model.transform_path  # the model's choice of warping weights or inputs, per batch size
+        self.area_changing = bool(getattr(model, "_area_changing", False))
         self.register_buffer("generators", model.generators.clone())
         self.register_buffer("eta_upper", model.eta_upper.clone())
         self.eta_u = p(_eta_raw(model))
@@ -101,6 +112,9 @@ class HandWrittenInvariantMLP(nn.Module):
         self.sp_loc, self.sp_scale_u = p(guide.locs.prior_scale_unconstrained), p(
             guide.scales.prior_scale_unconstrained
         )
+
+    def _phi(self, pre: Tensor) -> Tensor:
+        return math.sqrt(2.0 / self.hidden) * torch.cos(pre) if self.activation == "rff" else F.relu(pre)
 
     def param_groups(self, cfg: training.FitConfig) -> list[dict[str, Any]]:
         """The same Adam groups and learning rates as ``fit`` (see ``training._param_groups``)."""
@@ -127,11 +141,20 @@ class HandWrittenInvariantMLP(nn.Module):
         # model: S transforms shared by the batch, warped W1 rows, averaged features
         x = x.reshape(x.shape[0], -1)
         eta = self.eta_upper * torch.sigmoid(self.eta_u)
-        transforms = lie_exp(eta, sample_epsilon(self.num_samples, self.k, dtype=x.dtype, device=x.device), self.generators)
-        rows = transform_weight_rows(self.w1, transforms, self.image_shape)  # (S, H, D)
-        pre = torch.einsum("bd,shd->bsh", x, rows) + self.b1
-        phi = math.sqrt(2.0 / self.hidden) * torch.cos(pre) if self.activation == "rff" else F.relu(pre)
-        logits = phi.mean(1) @ w2.T + b2
+        eps = sample_epsilon(self.num_samples, self.k, self.sampling, dtype=x.dtype, device=x.device)
+        transforms = lie_exp(eta, eps, self.generators)
+        b, d = x.shape
+        if self.transform_path(b) == "weights":  # warp the S·H rows of W1 (paper 003, Eq. 6)
+            rows = transform_weight_rows(self.w1, transforms, self.image_shape, layout="hsd")  # (H, S, D)
+            pre = F.linear(x, rows.reshape(-1, d)).view(b, self.hidden, -1) + self.b1.unsqueeze(-1)  # (B, H, S)
+            features = self._phi(pre).mean(-1)
+        else:  # warp the S·B inputs by T_s⁻¹ (times |det T_s|⁻¹)
+            inverse = invert_affine(transforms)
+            warped = warp_stack(x.reshape(b, *self.image_shape), inverse).reshape(b, -1, d)  # (B, S, D)
+            if self.area_changing:
+                warped = warped * affine_det(inverse).unsqueeze(-1)
+            features = self._phi(F.linear(warped, self.w1, self.b1)).mean(1)
+        logits = features @ w2.T + b2
         nll = F.cross_entropy(logits, y, reduction="sum") * (num_data / x.shape[0])
         # analytic KLs: σ_p (Normal vs Normal in log space), W2 and b2 vs N(0, σ_p²)
         kl_sigma = -torch.log(sp_scale) + 0.5 * (sp_scale**2 + (self.sp_loc - self.prior_loc) ** 2) - 0.5
@@ -147,11 +170,15 @@ class HandWrittenInvariantMLP(nn.Module):
 # --------------------------------------------------------------------------------------------
 # Setting up the three steppers
 # --------------------------------------------------------------------------------------------
-def build_pyro(activation: str, cfg: dict[str, int], x: Tensor, y: Tensor, seed: int) -> tuple[Any, Any]:
+def build_pyro(activation: str, cfg: dict[str, int], x: Tensor, y: Tensor, seed: int,
+               transform_on: str = "weights") -> tuple[Any, Any]:  # fmt: skip
+    """Model and block-Cholesky guide (set up on (x, y)). ``transform_on="weights"`` (default here): the
+    path of the results in ``results/step_time.md``; the twin follows whichever path the model takes."""
     pyro.set_rng_seed(seed)
     model = InvariantMLP(
         image_shape=(1, cfg["side"], cfg["side"]), num_classes=cfg["classes"], hidden=cfg["hidden"],
         activation=activation, symmetry="rotation", learn_symmetry=True, num_transforms=cfg["samples"],
+        transform_on=transform_on,
     )  # fmt: skip
     guide = guides.get("block-cholesky", model)
     with pyro.poutine.block():

@@ -460,6 +460,14 @@ class LayerwiseNet(CatalogueModel):
     priors = ("fixed", "learned", "hierarchical")
     #: Learning rates the CLI uses unless given (:data:`FIT_DEFAULTS`).
     fit_defaults = FIT_DEFAULTS
+    #: Not supported: ELBO particles run one after another. Every pathway of
+    #: :mod:`pyro_invariance.symmetry.equivariant_layers` (FC, circular CONV, F-FC, S-FC / S-CONV,
+    #: p4 GCONV, the polyphase stride selection, the head) applies one weight draw with
+    #: ``F.conv2d`` / ``F.linear``; per-particle weights (``(P, 1, out, in)``) would need each kind
+    #: rewritten as a grouped convolution with the particles folded into channels, and P copies of
+    #: an 8-block network's activations. The paper's objective here is the Laplace evidence
+    #: (:func:`~pyro_invariance.infer.laplace.fit_laplace`), which has no particles.
+    vectorizable_particles = False
 
     # ------------------------------------------------------------------------------------------
     # analysis interface

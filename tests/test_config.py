@@ -88,3 +88,18 @@ def test_cli_options_are_generated_from_the_config():
         sub = build_parser()._subparsers._group_actions[0].choices[command]
         options = {a.dest for a in sub._actions}
         assert set(FitConfig.names()) <= options, command
+
+
+def test_step_settings_are_checked_and_generated_for_the_cli():
+    """Issue 14's settings: how a step runs (validation, compile, log_every, tf32)."""
+    assert FitConfig(compile=True).compile == "inductor" and FitConfig(compile=False).compile == "off"
+    assert FitConfig().replace(compile=True).compile == "inductor"
+    for bad, message in (({"validation": "never"}, "unknown validation 'never'"), ({"compile": "jit"}, "unknown compile 'jit'"),
+                         ({"log_every": 0}, "log_every must be an integer >= 1"), ({"tf32": "yes"}, "tf32 must be True or False"),
+                         ({"compile": "capture", "validation": "always"}, "needs validation='first-step'")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            FitConfig(**bad).validate()
+    parser = argparse.ArgumentParser(parents=[config_parent()])
+    args = parser.parse_args(["--compile", "capture", "--validation", "always", "--log-every", "5", "--tf32"])
+    assert config_overrides(args) == {"compile": "capture", "validation": "always", "log_every": 5, "tf32": True}
+    assert config_overrides(parser.parse_args(["--no-tf32"])) == {"tf32": False}

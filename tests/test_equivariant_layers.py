@@ -6,8 +6,10 @@ import math
 import pyro
 import pytest
 import torch
+import torch.nn.functional as F
 from pyro import poutine
 
+import layerwise_reference as R
 from pyro_invariance.symmetry import equivariant_layers as L
 
 torch.set_num_threads(1)
@@ -232,6 +234,81 @@ def test_gconv_rejects_bad_shapes():
         L.GroupConvolution(_spec(h=8, w=4, g_out=4), OPTS)
     with pytest.raises(ValueError, match="G = 4"):
         L.GroupConvolution(_spec(g_out=1), OPTS)
+
+
+# --------------------------------------------------------------------------------------------
+# the optimised forward (issue 14 part 6) equals the direct formula (tests/layerwise_reference.py)
+
+
+@pytest.mark.parametrize("shape, p", [((2, 3, 5, 6), 1), ((2, 3, 1, 1), 1), ((1, 2, 2, 3), 1), ((1, 2, 4, 5), 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_circular_pad_equals_f_pad_with_its_gradient(shape, p, dtype):
+    x = _x(shape, seed=11, dtype=dtype).requires_grad_()
+    g = _x((*shape[:-2], shape[-2] + 2 * p, shape[-1] + 2 * p), seed=12, dtype=dtype)
+    ref = F.pad(x, (p, p, p, p), mode="circular")
+    (gr,) = torch.autograd.grad(ref, x, g)
+    out = L.circular_pad(x, p)
+    (go,) = torch.autograd.grad(out, x, g)
+    assert torch.equal(out, ref)
+    assert torch.equal(go, gr)  # on CPU the same sums in the same order
+    if dtype == torch.float64:
+        assert torch.autograd.gradcheck(lambda t: L.circular_pad(t, p), (x,))
+    with torch.no_grad():
+        assert torch.equal(L.circular_pad(x, p), ref)
+
+
+@pytest.mark.parametrize("shape", [(5, 3, 8, 8), (4, 2, 4, 6, 6), (3, 1, 1, 2, 2), (6, 7, 16, 4)])
+def test_polyphase_select_equals_the_stacked_reference_exactly(shape):
+    x = _x(shape, seed=13, dtype=torch.float32)
+    x[0] = 1.0  # a tie between all four components: the first one wins in both
+    x = x.requires_grad_()
+    y, index = L.polyphase_select(x)
+    y_ref, index_ref = R.polyphase_select(x)
+    assert torch.equal(index, index_ref) and index[0] == 0
+    assert torch.equal(y, y_ref)
+    g = torch.randn_like(y)
+    assert torch.equal(torch.autograd.grad(y, x, g)[0], torch.autograd.grad(y_ref, x, g)[0])
+    assert torch.equal(L.polyphase_take(x, index), y_ref)
+
+
+BLOCK_CASES = [
+    (("conv",), 1, 1), (("conv",), 2, 1), (("fc",), 2, 1), (("ffc",), 1, 1),
+    (("fc", "conv"), 1, 1), (("fc", "conv"), 2, 1), (("ffc", "conv"), 1, 1), (("ffc", "conv"), 2, 1),
+    (("sfc", "sconv"), 2, 1), (("conv", "sconv"), 2, 1),
+    (("fc", "conv", "gconv"), 1, 1), (("fc", "conv", "gconv"), 2, 4), (("gconv",), 2, 4),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kinds, stride, g_in", BLOCK_CASES)
+def test_optimised_block_equals_the_reference_formula(kinds, stride, g_in):
+    g_out = 4 if "gconv" in kinds else 1
+    spec = L.BlockSpec(0, 3, g_in, 8, 8, 4, g_out, stride)
+    block = L.RelaxedBlock(spec, kinds, OPTS).double()
+    x = _x((3, 3, g_in, 8, 8), seed=14).requires_grad_()
+    values = R.sample_sites(block, x)
+    # sample sites in the order of the formula: equivariant pathways, the others, the bias
+    order = sorted(kinds, key=lambda k: not L.PATHWAYS[k].equivariant)
+    cls_sites = lambda k: [*L.PATHWAYS[k].weights, *L.PATHWAYS[k].biases]  # noqa: E731
+    assert list(values) == [f"{k}.{n}" for k in order for n in cls_sites(k)] + ["bias"]
+    leaves = {n: v.detach().requires_grad_() for n, v in values.items()}
+    out = poutine.condition(block, data=leaves)(x)
+    ref = R.block(block, x, leaves)
+    assert out.shape == ref.shape == (3, 4, g_out, 8 // stride, 8 // stride)
+    assert torch.allclose(out, ref, rtol=1e-10, atol=1e-12)
+    g = _x(out.shape, seed=15)
+    inputs = [x, *leaves.values()]
+    for a, b in zip(torch.autograd.grad(out, inputs, g), torch.autograd.grad(ref, inputs, g)):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_single_pathway_forward_is_unchanged_by_the_block_fusions():
+    """Each pathway's own ``forward`` still computes its formula (the block no longer calls it)."""
+    x = _x((2, 3, 1, 8, 8), seed=16)
+    for kind in ("fc", "conv", "ffc", "sconv", "sfc"):
+        layer = L.PATHWAYS[kind](_spec(stride=2 if kind in ("fc", "ffc", "sfc") else 1), OPTS).double()
+        values = R.sample_sites(layer, x)
+        out = poutine.condition(layer, data=values)(x)
+        assert torch.equal(out, R.pathway(layer, x, values)), kind
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,6 +26,10 @@ from pyro_invariance.validation import check_positive_float, check_positive_int
 
 ELBOS = ("meanfield", "trace")
 SCHEDULES = ("cosine", "constant")
+#: ``FitConfig.validation``: Pyro's validation on the first step of each ``fit`` call, or on every step.
+VALIDATIONS = ("first-step", "always")
+#: ``FitConfig.compile`` (``True`` means ``"inductor"``, ``False`` ``"off"``).
+COMPILE_MODES = ("off", "capture", "inductor")
 
 
 def _opt(default: Any, help: str, **cli: Any) -> Any:
@@ -49,6 +53,12 @@ class FitConfig:
     Learning rates are those of Adam's parameter groups (``training._param_groups``): the guide's
     means and scales (``lr``), its off-diagonal covariance factors (``factor_lr``), the symmetry
     parameters η (``eta_lr``) and the model's other point estimates (``model_lr``, default ``lr``).
+
+    The last four fields set how fast a step runs, not what it computes (issue 14;
+    :mod:`pyro_invariance.infer.fast_step`): ``validation``, ``compile`` (``"capture"`` gives the same
+    numbers as ``"off"``; ``"inductor"`` other random draws), ``log_every`` and ``tf32`` (CUDA only).
+    ``validation`` and ``log_every`` may differ between a run and its resumption (they are left out
+    of the run's fingerprint); ``compile="inductor"`` and ``tf32=True`` are part of it.
     """
 
     steps: int = _opt(1000, "total SVI steps (the cosine schedule spans them)", type=int)
@@ -62,6 +72,20 @@ class FitConfig:
     schedule: str = _opt("cosine", "learning-rate schedule: cosine (to 0) or constant", choices=SCHEDULES)
     seed: int = _opt(0, "seeds Pyro/torch, the minibatch shuffler and hence the whole run", type=int)
     device: str = _opt("cpu", "cpu or cuda: model, guide and data are moved there", type=str)
+    validation: str = _opt("first-step", "Pyro's validation checks: on for the first step of a call, then off "
+                           "('first-step'; divergence is still caught, see fit), or on every step with a host check of the "
+                           "loss after each step ('always', the slow path)", choices=VALIDATIONS)  # fmt: skip
+    compile: str = _opt("off", "off: eager Pyro; capture: replay the loss from a captured graph (same numbers, checked "
+                        "against Pyro's); inductor: torch.compile that graph (CUDA graphs on a GPU; other random draws)",
+                        choices=COMPILE_MODES)  # fmt: skip
+    log_every: int = _opt(50, "steps between bulk reads of the loss history (and, with validation 'first-step', "
+                          "snapshots of the state for locating a divergence)", type=int)  # fmt: skip
+    tf32: bool = _opt(False, "TF32 float32 matmuls and convolutions on CUDA (ignored with a warning elsewhere)",
+                      action=argparse.BooleanOptionalAction)  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.compile is True or self.compile is False:  # compile=True: torch.compile (the issue's spelling)
+            self.compile = "inductor" if self.compile else "off"
 
     def validate(self) -> FitConfig:
         """Check every field; returns ``self`` (raises ``ValueError`` naming the field)."""
@@ -82,6 +106,16 @@ class FitConfig:
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if not isinstance(self.device, str):
             raise ValueError(f"device must be a string such as 'cpu' or 'cuda', got {self.device!r}")
+        if self.validation not in VALIDATIONS:
+            raise ValueError(f"unknown validation {self.validation!r}; use one of {list(VALIDATIONS)}")
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"unknown compile {self.compile!r}; use one of {list(COMPILE_MODES)} (or True / False)")
+        check_positive_int("log_every", self.log_every)
+        if not isinstance(self.tf32, bool):
+            raise ValueError(f"tf32 must be True or False, got {self.tf32!r}")
+        if self.compile != "off" and self.validation == "always":
+            raise ValueError(f"compile={self.compile!r} needs validation='first-step': validation reads tensor values on "
+                             "every step, which a captured graph cannot")  # fmt: skip
         return self
 
     @classmethod

@@ -9,14 +9,35 @@ with Adam and a cosine learning-rate schedule (to 0, as paper 003), a learning r
 η (and optionally for the model's other point estimates). It is written as a plain PyTorch loop
 around Pyro's ``ELBO.differentiable_loss`` so that the optimiser, scheduler and every RNG can be
 checkpointed and a resumed run reproduces an uninterrupted one bit-for-bit.
+
+**The lean step** (issue 14). A step does no host synchronisation: the ELBO is Pyro's computed
+without reading the loss back (:mod:`pyro_invariance.infer.fast_step`), the losses and η values of
+each step stay on the device and are read in bulk every ``log_every`` steps (and for the progress
+bar at most once a second, at checkpoints, interrupts and the end) into the same per-step history as
+before. The data are checked once at the API boundary; Pyro's validation runs on the first step of
+each call (the model/guide pair is checked once, with an immediate check of the loss) and is then
+switched off (``validation="always"`` keeps it on, with the loss checked after every step, as before
+issue 14); Pyro's and torch's validation flags are restored when ``fit`` returns. Adam is fused.
+
+**Divergence without a per-step check.** Every ``log_every`` steps, before a step, the state (model,
+guide, optimiser, schedule, RNGs, shuffler) is copied on the device. When a bulk read finds a
+non-finite loss, ``fit`` restores the last copy and re-runs the steps since then with validation on
+and the loss checked after every step; runs are deterministic (CPU; CUDA after
+:func:`make_deterministic`), so the re-run stops at the first bad step with the same error, step and
+site as a fully checked run, and leaves the model and guide in the state before that step. The
+copies cost one set of parameters and optimiser moments in memory (``validation="always"``
+makes none).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
+import math
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -34,6 +55,9 @@ from pyro_invariance.infer.checkpoint import (
 from pyro_invariance.data.arrays import train_arrays
 from pyro_invariance.infer.config import FitConfig, resolve_config
 from pyro_invariance.infer.divergence import first_invalid_state, locate_problem
+from pyro_invariance.infer.fast_step import (
+    LEAN_ELBOS, CapturedLoss, CaptureError, make_optimizer, preserved_validation, set_validation, tf32_matmuls,
+)  # fmt: skip
 from pyro_invariance.infer.fingerprint import fingerprint_differences, run_fingerprint
 from pyro_invariance.infer.interrupts import FitInterrupted, StopSignals
 from pyro_invariance.infer.runlock import RunLock
@@ -42,6 +66,10 @@ from pyro_invariance.validation import check_positive_int
 from pyro_invariance._pyro_scope import pyro_scope
 
 ELBOS: dict[str, type] = {"meanfield": TraceMeanField_ELBO, "trace": Trace_ELBO}
+#: settings that do not change a run's numbers: left out of its fingerprint, so a resumed run may change them
+RESULT_NEUTRAL = ("validation", "log_every")
+#: least seconds between two refreshes of the progress bar (each one reads the pending losses back)
+PROGRESS_SECONDS = 1.0
 
 
 @dataclass
@@ -50,6 +78,9 @@ class FitResult:
 
     ``history`` has one entry per step: ``step``, ``elbo`` (minibatch estimate of ELBO / N),
     ``lr`` (guide learning rate), ``eta_lr`` and ``eta`` (dict generator -> list of values).
+    ``step_stats`` says how the steps ran (not saved by :meth:`to_dict`): ``compile`` (the mode
+    used, after any fallback), ``capture_seconds`` / ``compile_seconds`` / ``bit_identical`` when
+    the loss was captured, ``fallback`` (why it was not), ``snapshots`` (state copies taken).
     """
 
     model: nn.Module
@@ -59,6 +90,7 @@ class FitResult:
     history: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     spec: dict[str, Any] | None = None
+    step_stats: dict[str, Any] = field(default_factory=dict)
 
     @property
     def final_elbo(self) -> float:
@@ -150,17 +182,22 @@ def _param_groups(model: nn.Module, guide: nn.Module, cfg: FitConfig) -> list[di
 class _Batches:
     """Shuffled minibatches without replacement, epoch after epoch, from a seeded generator."""
 
-    def __init__(self, n: int, batch_size: int | None, seed: int) -> None:
+    def __init__(self, n: int, batch_size: int | None, seed: int, device: torch.device | str = "cpu") -> None:
         self.n, self.batch = n, min(batch_size or n, n)
         self.gen = torch.Generator().manual_seed(seed + 7919)
         self.perm = torch.randperm(n, generator=self.gen)
         self.pos = 0
+        self.device = torch.device(device)
+        self._perm_on_device: Tensor | None = None  # one copy per epoch, not one transfer per step
 
     def next(self) -> Tensor:
+        """The next minibatch's row indices, on ``device`` (every minibatch has ``batch`` rows)."""
         if self.pos + self.batch > self.n:
             self.perm = torch.randperm(self.n, generator=self.gen)
-            self.pos = 0
-        idx = self.perm[self.pos:self.pos + self.batch]
+            self.pos, self._perm_on_device = 0, None
+        if self._perm_on_device is None:
+            self._perm_on_device = self.perm.to(self.device)
+        idx = self._perm_on_device[self.pos:self.pos + self.batch]
         self.pos += self.batch
         return idx
 
@@ -169,7 +206,7 @@ class _Batches:
 
     def load(self, state: dict[str, Any]) -> None:
         self.gen.set_state(state["gen"])
-        self.perm, self.pos = state["perm"], state["pos"]
+        self.perm, self.pos, self._perm_on_device = state["perm"], state["pos"], None
 
 
 LR_SETTINGS = ("lr", "eta_lr", "model_lr", "factor_lr")
@@ -272,7 +309,14 @@ def fit(
             Adam rates ``lr``, ``eta_lr``, ``model_lr``, ``factor_lr`` (see :func:`_param_groups`),
             ``num_particles``, ``elbo`` (``"meanfield"``/``"trace"``), ``schedule``
             (``"cosine"``/``"constant"``), ``seed`` (seeds Pyro/torch, the shuffler and hence the
-            whole run) and ``device`` (model, guide and data are moved there).
+            whole run) and ``device`` (model, guide and data are moved there); how fast a step runs:
+            ``validation`` (``"first-step"``: Pyro's validation on the first step of this call, then
+            off; ``"always"``: on every step, the loss checked after each), ``log_every`` (bulk reads
+            of the history and state snapshots), ``compile`` (``"off"``; ``"capture"``: the loss
+            replayed from a captured graph, the same numbers; ``"inductor"`` or ``True``:
+            ``torch.compile`` of that graph, other random draws; falls back with a warning where the
+            loss cannot be captured or compiled, see :mod:`pyro_invariance.infer.fast_step`) and
+            ``tf32`` (CUDA).
         checkpoint_path: save a checkpoint there every ``checkpoint_every`` steps and at the end. While
             the run writes it, the checkpoint is locked against other processes
             (:class:`~pyro_invariance.infer.runlock.RunLock`); writes are atomic.
@@ -291,6 +335,10 @@ def fit(
             the closed-form prior-variance update of the talk,
             ``lambda step, m, g: update_prior_variance(m, g)``. State they change must live in
             the model's or guide's ``state_dict`` (buffers, parameters) to be checkpointed.
+
+    A non-finite loss stops the run at the first step that has one, naming the step and the site
+    as a run checked after every step would (module docstring: "Divergence without a per-step
+    check"); the model and guide are left in the state before that step.
 
     SIGINT and SIGTERM stop the run after the current step, write the checkpoint and raise
     :class:`~pyro_invariance.infer.interrupts.FitInterrupted` (see :mod:`pyro_invariance.infer.interrupts`).
@@ -321,8 +369,56 @@ def fit(
             stack.enter_context(RunLock(path))
             if not resume and not overwrite:
                 _refuse_existing(path)
+        stack.enter_context(preserved_validation())  # the loop switches Pyro's validation; restored here
+        stack.enter_context(tf32_matmuls(dev, cfg.tf32))
         return _fit_locked(model, guide, x_all, y_all, cfg, dev, path, checkpoint_every, resume, allow_changes,
                            until_step, progress, spec, run_settings, callbacks)  # fmt: skip
+
+
+def fingerprint_settings(cfg: FitConfig) -> dict[str, Any]:
+    """The settings that define a run's numbers, for its fingerprint: ``asdict(cfg)`` without
+    :data:`RESULT_NEUTRAL`, with ``compile`` only when it is ``"inductor"`` (``"capture"`` computes
+    the numbers of ``"off"``) and ``tf32`` only when on (so checkpoints written before these settings
+    existed still resume)."""
+    settings = asdict(cfg)
+    for key in RESULT_NEUTRAL:
+        settings.pop(key, None)
+    if settings.get("compile") != "inductor":
+        settings.pop("compile", None)
+    if not settings.get("tf32"):
+        settings.pop("tf32", None)
+    return settings
+
+
+def _cloned(obj: Any) -> Any:
+    """A copy of a (nested) state: tensors cloned on their device, containers rebuilt, the rest deep-copied."""
+    if isinstance(obj, Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _cloned(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cloned(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+class _Snapshot:
+    """The state after ``step``, on the device, to re-run the steps after it with checks."""
+
+    def __init__(self, step: int, model: nn.Module, guide: Any, optim: Any, sched: Any, batches: _Batches) -> None:
+        self.step = step
+        self.model = _cloned(model.state_dict())
+        self.guide = _cloned(guide.state_dict()) if isinstance(guide, nn.Module) else None
+        self.optim, self.sched = _cloned(optim.state_dict()), _cloned(sched.state_dict())
+        self.rng, self.batches = rng_state(), _cloned(batches.state())
+
+    def restore(self, model: nn.Module, guide: Any, optim: Any, sched: Any, batches: _Batches) -> None:
+        model.load_state_dict(self.model)
+        if self.guide is not None:
+            guide.load_state_dict(self.guide)
+        optim.load_state_dict(_cloned(self.optim))
+        sched.load_state_dict(_cloned(self.sched))
+        set_rng_state(self.rng)
+        batches.load(_cloned(self.batches))
 
 
 def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg: FitConfig, dev: torch.device,
@@ -334,7 +430,7 @@ def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg:
     n = x_all.shape[0]
     pyro.set_rng_seed(cfg.seed)
     model.to(dev)
-    batches = _Batches(n, cfg.batch_size, cfg.seed)
+    batches = _Batches(n, cfg.batch_size, cfg.seed, dev)
     first = batches.perm[: batches.batch]
     # Build lazily-initialised guide parameters once, on a first batch (does not advance the shuffler).
     setup_args, setup_kwargs = (x_all[first].to(dev), y_all[first].to(dev)), {"num_data": n}
@@ -348,17 +444,20 @@ def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg:
         raise
     if isinstance(guide, nn.Module):
         guide.to(dev)
-    settings = {**asdict(cfg), **({"run_settings": run_settings} if run_settings else {})}
+    settings = {**fingerprint_settings(cfg), **({"run_settings": run_settings} if run_settings else {})}
     # what defines the run, for its checkpoints (hashing the data is skipped when nothing is saved)
     fingerprint = run_fingerprint(model, guide, settings, x_all, y_all, spec) if path is not None else {}
     x_all, y_all = x_all.to(dev), y_all.to(dev)
 
-    optim = torch.optim.Adam(_param_groups(model, guide, cfg))
+    optim = make_optimizer(_param_groups(model, guide, cfg))  # groups built once; fused Adam
     if cfg.schedule == "cosine":
         sched: Any = torch.optim.lr_scheduler.CosineAnnealingLR(optim, T_max=cfg.steps, eta_min=0.0)
     else:
         sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda _: 1.0)
-    loss_fn = ELBOS[cfg.elbo](num_particles=cfg.num_particles, vectorize_particles=False)
+    # Vectorised particles where the model declares support (CatalogueModel.vectorizable_particles, models/base.py):
+    vectorize = cfg.num_particles > 1 and bool(getattr(model, "vectorizable_particles", False))
+    loss_fn = LEAN_ELBOS[cfg.elbo](num_particles=cfg.num_particles, vectorize_particles=vectorize,
+                                   **({"max_plate_nesting": 1} if vectorize else {}))  # fmt: skip
     history: dict[str, Any] = {"step": [], "elbo": [], "lr": [], "eta_lr": [], "eta": {}}
     for name in symmetry_summary(model, guide):  # a latent η: the guide's median (guide set up above)
         history["eta"][name] = []
@@ -374,60 +473,194 @@ def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg:
             if changed:
                 history.setdefault("changes", []).append({"step": start, **changed})
 
+    loop = _Loop(model, guide, cfg, dev, x_all, y_all, optim, sched, batches, loss_fn, callbacks, history, last_good)
+
     def checkpoint(step: int) -> None:
-        nonlocal last_good
+        loop.flush()  # the history up to ``step``, its losses checked
         bad = first_invalid_state(model, guide, optim)
         if bad is not None:
-            raise FloatingPointError(_divergence_message(f"after step {step}: {bad}", last_good))
+            raise FloatingPointError(_divergence_message(f"after step {step}: {bad}", loop.last_good))
         save_checkpoint(path, {  # type: ignore[arg-type]
             "step": step, "model": model.state_dict(), "guide": guide.state_dict(),  # type: ignore[union-attr]
             "optimizer": optim.state_dict(), "scheduler": sched.state_dict(), "rng": rng_state(),
             "batches": batches.state(), "config": asdict(cfg), "fingerprint": fingerprint, "history": history,
             "seconds": seconds, "spec": spec,
         })  # fmt: skip
-        last_good = (path, step)
+        loop.last_good = (path, step)
 
     last = until_step or cfg.steps
-    eta_group = next((g for g in optim.param_groups if g.get("name") == "eta"), None)
-    bar = tqdm(range(start, last), initial=start, total=cfg.steps, disable=not progress, desc="SVI", leave=False)
+    loop.bar = tqdm(total=cfg.steps, initial=start, disable=not progress, desc="SVI", leave=False)
     t0 = time.perf_counter()
-    with StopSignals() as stop, contextlib.closing(bar):
-        for step in bar:
-            idx = batches.next().to(dev)
-            args, kwargs = (x_all[idx], y_all[idx]), {"num_data": n}
-            optim.zero_grad(set_to_none=True)
-            try:
-                loss = loss_fn.differentiable_loss(model, guide, *args, **kwargs)
-            except ValueError as exc:  # distribution validation rejects invalid parameters before the loss exists
-                where = locate_problem(model, guide, args, kwargs) or f"{type(exc).__name__}: {exc}"
-                raise FloatingPointError(_divergence_message(f"invalid values at step {step + 1}: {where}", last_good)) from exc
-            if not torch.isfinite(loss):
-                where = locate_problem(model, guide, args, kwargs) or "the gradient step diverged"
-                raise FloatingPointError(
-                    _divergence_message(f"non-finite loss ({loss.item()}) at step {step + 1}: {where}", last_good))
-            loss.backward()
-            optim.step()
-            sched.step()
-            for callback in callbacks:
-                callback(step + 1, model, guide)
-            elbo_value = -loss.item() / n
-            history["step"].append(step + 1)
-            history["elbo"].append(elbo_value)
-            history["lr"].append(optim.param_groups[0]["lr"])
-            history["eta_lr"].append(eta_group["lr"] if eta_group else 0.0)
-            eta_now = symmetry_summary(model, guide)
-            for name, value in eta_now.items():
-                history["eta"][name].append(float(value))
-            if progress:
-                bar.set_postfix(elbo=f"{elbo_value:.3f}", **{k: f"{float(v):.3f}" for k, v in eta_now.items()})
+    with StopSignals() as stop, contextlib.closing(loop.bar):
+        for step in range(start, last):
+            loop.step(step, checked=cfg.validation == "always" or step == start)
             due = checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < last
             if path is not None and (due or stop.signum is not None):
                 seconds, t0 = seconds + time.perf_counter() - t0, time.perf_counter()
                 checkpoint(step + 1)
             if stop.signum is not None:
+                loop.flush()
                 raise FitInterrupted(step + 1, path, stop.signum)
+            if loop.flush_due(progress):
+                loop.flush()
+        loop.flush()
     seconds += time.perf_counter() - t0
     if path is not None:
         checkpoint(last)
-    return FitResult(model, guide, cfg, n, history, seconds, spec)
+    return FitResult(model, guide, cfg, n, history, seconds, spec, loop.stats)
 
+
+class _Loop:
+    """The steps of one ``fit`` call: the lean step, the bulk reads of its history, the snapshots and
+    the re-run that locates a divergence (module docstring)."""
+
+    def __init__(self, model: nn.Module, guide: Any, cfg: FitConfig, dev: torch.device, x_all: Tensor, y_all: Tensor,
+                 optim: Any, sched: Any, batches: _Batches, loss_fn: Any, callbacks: Sequence[Callable[..., None]],
+                 history: dict[str, Any], last_good: tuple[Path, int] | None) -> None:  # fmt: skip
+        self.model, self.guide, self.cfg, self.dev = model, guide, cfg, dev
+        self.x_all, self.y_all, self.kwargs = x_all, y_all, {"num_data": x_all.shape[0]}
+        self.optim, self.sched, self.batches, self.loss_fn, self.callbacks = optim, sched, batches, loss_fn, callbacks
+        self.history, self.last_good = history, last_good
+        self.eta_names = list(history["eta"])
+        self.eta_group = next((g for g in optim.param_groups if g.get("name") == "eta"), None)
+        self.pending: dict[str, list[Any]] = {"step": [], "lr": [], "eta_lr": [], "loss": [], "eta": []}
+        self.snapshot: _Snapshot | None = None
+        self.captured: CapturedLoss | None = None
+        self.capture_tried = cfg.compile == "off"
+        self.validating: bool | None = None  # the validation state this loop last set
+        self.last_read = time.perf_counter()
+        self.bar: Any = None
+        self.stats: dict[str, Any] = {"compile": cfg.compile, "snapshots": 0}
+
+    # -- one step --------------------------------------------------------------------------------
+    def _validation(self, on: bool) -> None:
+        if self.validating is not on:
+            set_validation(on)
+            self.validating = on
+
+    def _locate(self, args: tuple[Tensor, Tensor]) -> str | None:
+        self._validation(True)
+        return locate_problem(self.model, self.guide, args, self.kwargs)
+
+    def step(self, step: int, checked: bool, rerun: bool = False) -> None:
+        """Step ``step + 1``. ``checked``: Pyro's validation on (for the eager ELBO) and the loss read
+        and checked before the update, as every step before issue 14. ``rerun``: re-running it to
+        locate a divergence (nothing is recorded)."""
+        if not checked and not rerun and (self.snapshot is None or step - self.snapshot.step >= self.cfg.log_every):
+            if self.cfg.validation == "first-step":
+                self.flush()  # every step up to here has a finite loss
+                self.snapshot = _Snapshot(step, self.model, self.guide, self.optim, self.sched, self.batches)
+                self.stats["snapshots"] += 1
+        idx = self.batches.next()
+        x, y = self.x_all[idx], self.y_all[idx]
+        args = (x, y)
+        self.optim.zero_grad(set_to_none=True)
+        try:
+            loss = self._loss(x, y, checked, rerun)
+        except ValueError as exc:  # distribution validation rejects invalid parameters before the loss exists
+            where = self._locate(args) or f"{type(exc).__name__}: {exc}"
+            raise FloatingPointError(_divergence_message(f"invalid values at step {step + 1}: {where}", self.last_good)) from exc
+        if checked and not bool(torch.isfinite(loss)):
+            where = self._locate(args) or "the gradient step diverged"
+            raise FloatingPointError(
+                _divergence_message(f"non-finite loss ({loss.item()}) at step {step + 1}: {where}", self.last_good))
+        loss.backward()
+        self.optim.step()
+        self.sched.step()
+        for callback in self.callbacks:
+            callback(step + 1, self.model, self.guide)
+        if rerun:
+            return
+        p = self.pending
+        p["step"].append(step + 1)
+        p["loss"].append(loss.detach())
+        p["lr"].append(self.optim.param_groups[0]["lr"])
+        p["eta_lr"].append(self.eta_group["lr"] if self.eta_group else 0.0)
+        if self.eta_names:
+            eta_now = symmetry_summary(self.model, self.guide)
+            values = [eta_now[k].detach().reshape(()) for k in self.eta_names]
+            if len({v.dtype for v in values}) > 1:  # float() of each is exact in float64
+                values = [v.to(torch.float64) for v in values]
+            p["eta"].append(torch.stack(values))
+
+    def _loss(self, x: Tensor, y: Tensor, checked: bool, rerun: bool) -> Tensor:
+        """The ELBO's loss on (x, y): eager Pyro (validation as ``checked`` says) or the captured graph."""
+        if not checked and not self.capture_tried:
+            self.capture_tried = True
+            self._validation(False)
+            try:
+                self.captured = CapturedLoss.capture(self.loss_fn, self.model, self.guide, x, y, self.kwargs,
+                                                     self.cfg.compile, self.dev)  # fmt: skip
+                self.stats.update(capture_seconds=self.captured.capture_seconds, bit_identical=self.captured.bit_identical)
+            except CaptureError as exc:
+                self._fall_back(str(exc))
+        # a re-run replays the captured graph only where eager Pyro would draw other numbers
+        use_graph = self.captured is not None and (not checked or (rerun and not self._eager_equals_graph()))
+        if use_graph:
+            try:
+                loss = self.captured(x, y)  # type: ignore[misc]
+            except CaptureError as exc:
+                self._fall_back(str(exc))
+            else:
+                if self.captured is not None and self.captured.compile_seconds is not None:
+                    self.stats.update(compile=self.captured.mode, compile_seconds=self.captured.compile_seconds)
+                return loss
+        self._validation(checked)
+        return self.loss_fn.differentiable_loss(self.model, self.guide, x, y, **self.kwargs)
+
+    def _eager_equals_graph(self) -> bool:
+        return self.captured is not None and self.captured.mode == "capture" and self.captured.bit_identical
+
+    def _fall_back(self, reason: str) -> None:
+        warnings.warn(f"compile={self.cfg.compile!r}: {reason}; running the eager Pyro step instead", RuntimeWarning,
+                      stacklevel=4)  # fmt: skip
+        self.captured = None
+        self.stats.update(compile="off", fallback=reason)
+
+    # -- bulk reads -------------------------------------------------------------------------------
+    def flush_due(self, progress: bool) -> bool:
+        waiting = len(self.pending["step"])
+        return waiting >= self.cfg.log_every or (
+            progress and waiting > 0 and time.perf_counter() - self.last_read >= PROGRESS_SECONDS)
+
+    def flush(self) -> None:
+        """Read the pending steps' losses and η back (one transfer each), check that the losses are
+        finite (else locate the divergence: raises) and append them to the history."""
+        p = self.pending
+        self.last_read = time.perf_counter()
+        if not p["step"]:
+            return
+        losses = torch.stack(p["loss"]).tolist()
+        bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
+        if bad is not None:
+            self._locate_divergence(p["step"][bad], losses[bad])
+        etas = torch.stack(p["eta"]).tolist() if self.eta_names else []
+        n, h = self.kwargs["num_data"], self.history
+        h["step"].extend(p["step"])
+        h["elbo"].extend(-v / n for v in losses)
+        h["lr"].extend(p["lr"])
+        h["eta_lr"].extend(p["eta_lr"])
+        for j, name in enumerate(self.eta_names):
+            h["eta"][name].extend(row[j] for row in etas)
+        if self.bar is not None and not self.bar.disable:
+            self.bar.update(len(p["step"]))
+            self.bar.set_postfix(elbo=f"{h['elbo'][-1]:.3f}", **{k: f"{h['eta'][k][-1]:.3f}" for k in self.eta_names})
+        for values in p.values():
+            values.clear()
+
+    def _locate_divergence(self, bad_step: int, value: float) -> None:
+        """Restore the last snapshot and re-run the steps up to ``bad_step`` with checks: the checked
+        step raises at the first invalid step. Raises here if the re-run does not reproduce it."""
+        for values in self.pending.values():
+            values.clear()
+        snap = self.snapshot
+        if snap is not None and snap.step < bad_step:
+            snap.restore(self.model, self.guide, self.optim, self.sched, self.batches)
+            for step in range(snap.step, bad_step):
+                self.step(step, checked=True, rerun=True)
+            what = (f"non-finite loss ({value}) at step {bad_step}, found by the bulk check; re-running steps "
+                    f"{snap.step + 1}-{bad_step} with checks did not reproduce it (is the device deterministic? see "
+                    "make_deterministic)")  # fmt: skip
+        else:  # pragma: no cover - every unchecked step follows a snapshot
+            what = f"non-finite loss ({value}) at step {bad_step}, found by the bulk check"
+        raise FloatingPointError(_divergence_message(what, self.last_good))

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pyro.distributions as dist
 import torch
@@ -85,6 +85,7 @@ __all__ = [
     "RelaxedBlock",
     "BayesianLinear",
     "circular_conv2d",
+    "circular_pad",
     "polyphase_components",
     "polyphase_select",
     "polyphase_take",
@@ -107,17 +108,52 @@ KERNEL = 3  # every convolution is 3×3
 # functional pieces: circular convolution, polyphase selection, RBF interpolation, p4 filters
 
 
+class _CircularPad(torch.autograd.Function):
+    """``F.pad(x, (p, p, p, p), mode="circular")`` with a lean backward.
+
+    The forward is ``F.pad``'s. Its autograd backward scatters the padded gradient through a
+    dozen slice copies and full-size zero tensors; here the gradient of the input is the interior
+    of the padded gradient plus the wrapped borders, added in place: two copies and four slice
+    additions (on CPU bit-identical to ``F.pad``'s gradient; ``tests/test_equivariant_layers.py``).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, p: int) -> Tensor:
+        ctx.p = p
+        return F.pad(x, (p, p, p, p), mode="circular")
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        p = ctx.p
+        rows = grad[..., p:-p, :].clone()  # (…, H, W + 2p)
+        rows[..., :p, :] += grad[..., -p:, :]  # bottom padding wraps to the first rows
+        rows[..., -p:, :] += grad[..., :p, :]  # top padding wraps to the last rows
+        out = rows[..., p:-p].clone()  # (…, H, W)
+        out[..., :p] += rows[..., -p:]
+        out[..., -p:] += rows[..., :p]
+        return out, None
+
+
+def circular_pad(x: Tensor, p: int) -> Tensor:
+    """Circular padding of the last two dims by ``p`` (``F.pad(..., mode="circular")``; cheaper backward)."""
+    if p == 0:
+        return x
+    if not torch.is_grad_enabled() or not x.requires_grad:
+        return F.pad(x, (p, p, p, p), mode="circular")
+    return _CircularPad.apply(x, p)
+
+
 def circular_conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """Cross-correlation with circular padding (exactly equivariant to circular shifts).
 
     Args:
         x: ``(B, C, H, W)``.
         weight: ``(C', C, k, k)`` with odd ``k``.
+        bias: optional ``(C',)``, added to every position.
     Returns:
         ``(B, C', H, W)``.
     """
-    p = weight.shape[-1] // 2
-    return F.conv2d(F.pad(x, (p, p, p, p), mode="circular"), weight, bias)
+    return F.conv2d(circular_pad(x, weight.shape[-1] // 2), weight, bias)
 
 
 def polyphase_components(x: Tensor) -> Tensor:
@@ -131,10 +167,24 @@ def polyphase_components(x: Tensor) -> Tensor:
     return torch.stack([x[..., a::2, b::2] for a in (0, 1) for b in (0, 1)], dim=1)
 
 
+def _polyphase_view(x: Tensor) -> Tensor:
+    """``x (B, ..., H, W)`` viewed as ``(B, M, H/2, 2, W/2, 2)``: component ``2a + b`` is ``[:, :, :, a, :, b]``."""
+    h, w = x.shape[-2:]
+    if h % 2 or w % 2:
+        raise ValueError(f"polyphase stride 2 needs even height and width, got {h}×{w}")
+    return x.reshape(x.shape[0], -1, h // 2, 2, w // 2, 2)
+
+
+def _take(view: Tensor, index: Tensor, shape: torch.Size) -> Tensor:
+    """One gather (and one scatter in the backward) instead of stacking all four components."""
+    rows = torch.arange(view.shape[0], device=view.device)
+    out = view[rows, :, :, index // 2, :, index % 2]  # (B, M, H/2, W/2)
+    return out.reshape(*shape[:-2], shape[-2] // 2, shape[-1] // 2)
+
+
 def polyphase_take(x: Tensor, index: Tensor) -> Tensor:
     """Component ``index[n]`` of example ``n``: ``(B, ..., H, W)``, ``(B,)`` → ``(B, ..., H/2, W/2)``."""
-    comps = polyphase_components(x)
-    return comps[torch.arange(x.shape[0], device=x.device), index]
+    return _take(_polyphase_view(x), index, x.shape)
 
 
 def polyphase_select(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -145,15 +195,19 @@ def polyphase_select(x: Tensor) -> tuple[Tensor, Tensor]:
     shifts them by at most one (half-resolution) pixel, so the output of a shifted input is a
     circular shift of the output — equivariance holds for every shift, not only even ones.
 
+    The norms are summed in the order of the stacked components (:func:`polyphase_components`),
+    outside autograd; the chosen component is gathered directly from ``x``.
+
     Args:
         x: ``(B, ..., H, W)`` with even H, W.
     Returns:
         ``(y, index)``: ``y (B, ..., H/2, W/2)`` and the chosen components ``index (B,)``.
     """
-    comps = polyphase_components(x)
-    norms = comps.reshape(comps.shape[0], 4, -1).square().sum(-1)
-    index = norms.argmax(dim=1)
-    return comps[torch.arange(x.shape[0], device=x.device), index], index
+    view = _polyphase_view(x)
+    with torch.no_grad():
+        comps = view.permute(0, 3, 5, 1, 2, 4).contiguous().view(x.shape[0], 4, -1)  # component-major
+        index = comps.square().sum(-1).argmax(dim=1)
+    return _take(view, index, x.shape), index
 
 
 def grid_coordinates(h: int, w: int, *, centred: bool = False, dtype: torch.dtype = torch.float64) -> Tensor:
@@ -341,9 +395,12 @@ def add_precision(module: PyroModule, name: str, prior: str, init: float, hyperp
 
 def _normal_site(precision_name: str, shape: tuple[int, ...]) -> PyroSample:
     """``θ ~ N(0, δ⁻¹ I)`` declared with event dim ``len(shape)`` (2 for weight matrices)."""
-    return PyroSample(
-        lambda m: dist.Normal(0.0, getattr(m, precision_name).rsqrt()).expand(list(shape)).to_event(len(shape))
-    )
+    def prior(m: PyroModule) -> dist.TorchDistribution:
+        scale = getattr(m, precision_name).rsqrt()
+        # loc made on scale's device (a Python 0.0 would be copied from the host, a sync on CUDA)
+        return dist.Normal(scale.new_zeros(()), scale).expand(list(shape)).to_event(len(shape))
+
+    return PyroSample(prior)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -420,6 +477,13 @@ class FullyConnected(PathwayLayer):
         y = x.reshape(x.shape[0], -1) @ (self.weight * gain).T + self.bias
         return y.reshape(x.shape[0], s.c_out, s.g_out, s.h_out, s.w_out)
 
+    def scaled(self, x: Tensor, scale: float) -> Tensor:
+        """``scale·forward(x)`` as ``(B, C'G'H'W')``; the scales multiply the input (``B × CGHW``),
+        not the ``C'G'H'W' × CGHW`` weight, and product and bias are one ``F.linear``."""
+        weight = self.weight  # sites in the order of forward: weight, then bias
+        bias = self.bias if scale == 1.0 else self.bias * scale
+        return F.linear(x.reshape(x.shape[0], -1) * (math.sqrt(2.0 / self.spec.in_size) * scale), weight, bias)
+
 
 class Convolution(PathwayLayer):
     """3×3 convolution with circular padding, exactly equivariant to circular shifts (Eq. 3).
@@ -436,10 +500,10 @@ class Convolution(PathwayLayer):
     def site_shapes(cls, spec: BlockSpec, options: LayerOptions) -> dict[str, tuple[int, ...]]:
         return {"weight": (spec.out_channels, spec.in_channels * KERNEL * KERNEL)}
 
-    def filters(self) -> Tensor:
-        """Effective filters ``(C'G', CG, 3, 3)`` (scale included)."""
+    def filters(self, scale: float = 1.0) -> Tensor:
+        """Effective filters ``(C'G', CG, 3, 3)`` (He scale included), times ``scale``."""
         s = self.spec
-        gain = math.sqrt(2.0 / (s.in_channels * KERNEL * KERNEL))
+        gain = math.sqrt(2.0 / (s.in_channels * KERNEL * KERNEL)) * scale
         return (self.weight * gain).reshape(s.out_channels, s.in_channels, KERNEL, KERNEL)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -469,20 +533,27 @@ class FactoredFullyConnected(PathwayLayer):
             "weight_in": (spec.out_channels, spec.in_channels * p),
         }
 
-    def factors(self) -> tuple[Tensor, Tensor]:
-        """Effective ``θ₁ (C'G', CG, H'W')`` and ``θ₂ (C'G', CG, HW)`` (scales included)."""
+    def factors(self, scale: float = 1.0) -> tuple[Tensor, Tensor]:
+        """Effective ``θ₁ (C'G', CG, H'W')`` and ``θ₂ (C'G', CG, HW)`` (scales included; θ₁ also
+        times ``scale``)."""
         s = self.spec
         k, c = s.out_channels, s.in_channels
-        theta1 = self.weight_out.reshape(k, c, -1) * math.sqrt(2.0 / c)
+        theta1 = self.weight_out.reshape(k, c, -1) * (math.sqrt(2.0 / c) * scale)
         theta2 = self.weight_in.reshape(k, c, -1) / math.sqrt(s.h_in * s.w_in)
         return theta1, theta2
 
     def forward(self, x: Tensor) -> Tensor:
-        s = self.spec
-        theta1, theta2 = self.factors()
-        z = torch.einsum("bcp,kcp->bkc", x.reshape(x.shape[0], s.in_channels, -1), theta2)
-        y = torch.einsum("bkc,kcq->bkq", z, theta1)
-        return y.reshape(x.shape[0], s.c_out, s.g_out, s.h_out, s.w_out)
+        return self.scaled(x, 1.0).reshape(x.shape[0], self.spec.c_out, self.spec.g_out, self.spec.h_out, self.spec.w_out)
+
+    def scaled(self, x: Tensor, scale: float) -> Tensor:
+        """``scale·forward(x)`` as ``(B, C'G', H'W')`` (``scale`` folded into θ₁)."""
+        return _factored(x, *self.factors(scale), self.spec.in_channels)
+
+
+def _factored(x: Tensor, theta1: Tensor, theta2: Tensor, in_channels: int) -> Tensor:
+    """F-FC / S-FC product ``y(b, c′, q) = Σ_c θ₁(c′, c, q) Σ_p x(b, c, p)·θ₂(c′, c, p)``, ``(B, C'G', H'W')``."""
+    z = torch.einsum("bcp,kcp->bkc", x.reshape(x.shape[0], in_channels, -1), theta2)
+    return torch.einsum("bkc,kcq->bkq", z, theta1)
 
 
 def _anchor_basis(h: int, w: int, num_anchors: int, seed: int, options: LayerOptions, centred: bool) -> Tensor:
@@ -526,11 +597,11 @@ class SparseConvolution(PathwayLayer):
     def site_shapes(cls, spec: BlockSpec, options: LayerOptions) -> dict[str, tuple[int, ...]]:
         return {"weight": (spec.out_channels, spec.in_channels * options.sconv_anchors)}
 
-    def filters(self) -> Tensor:
-        """Effective filters ``(C'G', CG, 3, 3)`` (scale included)."""
+    def filters(self, scale: float = 1.0) -> Tensor:
+        """Effective filters ``(C'G', CG, 3, 3)`` (scale included), times ``scale``."""
         s = self.spec
         u = self.weight.reshape(s.out_channels, s.in_channels, -1)
-        return (u @ self.basis * self.scale).reshape(s.out_channels, s.in_channels, KERNEL, KERNEL)
+        return (u @ self.basis * (self.scale * scale)).reshape(s.out_channels, s.in_channels, KERNEL, KERNEL)
 
     def forward(self, x: Tensor) -> Tensor:
         s = self.spec
@@ -573,19 +644,20 @@ class SparseFullyConnected(PathwayLayer):
             "weight_in": (spec.out_channels, spec.in_channels * m_in),
         }
 
-    def factors(self) -> tuple[Tensor, Tensor]:
-        """Effective ``θ₁ (C'G', CG, H'W')`` and ``θ₂ (C'G', CG, HW)`` (scales included)."""
+    def factors(self, scale: float = 1.0) -> tuple[Tensor, Tensor]:
+        """Effective ``θ₁ (C'G', CG, H'W')`` and ``θ₂ (C'G', CG, HW)`` (scales included; θ₁ also
+        times ``scale``)."""
         k, c = self.spec.out_channels, self.spec.in_channels
-        theta1 = self.weight_out.reshape(k, c, -1) @ self.basis_out * self.scale_out
+        theta1 = self.weight_out.reshape(k, c, -1) @ self.basis_out * (self.scale_out * scale)
         theta2 = self.weight_in.reshape(k, c, -1) @ self.basis_in * self.scale_in
         return theta1, theta2
 
     def forward(self, x: Tensor) -> Tensor:
-        s = self.spec
-        theta1, theta2 = self.factors()
-        z = torch.einsum("bcp,kcp->bkc", x.reshape(x.shape[0], s.in_channels, -1), theta2)
-        y = torch.einsum("bkc,kcq->bkq", z, theta1)
-        return y.reshape(x.shape[0], s.c_out, s.g_out, s.h_out, s.w_out)
+        return self.scaled(x, 1.0).reshape(x.shape[0], self.spec.c_out, self.spec.g_out, self.spec.h_out, self.spec.w_out)
+
+    def scaled(self, x: Tensor, scale: float) -> Tensor:
+        """``scale·forward(x)`` as ``(B, C'G', H'W')`` (``scale`` folded into θ₁)."""
+        return _factored(x, *self.factors(scale), self.spec.in_channels)
 
 
 class GroupConvolution(PathwayLayer):
@@ -612,10 +684,10 @@ class GroupConvolution(PathwayLayer):
     def site_shapes(cls, spec: BlockSpec, options: LayerOptions) -> dict[str, tuple[int, ...]]:
         return {"weight": (spec.c_out, spec.c_in * spec.g_in * KERNEL * KERNEL)}
 
-    def filters(self) -> Tensor:
-        """The expanded filter bank ``(C'·4, C·g_in, 3, 3)`` (scale included)."""
+    def filters(self, scale: float = 1.0) -> Tensor:
+        """The expanded filter bank ``(C'·4, C·g_in, 3, 3)`` (scale included), times ``scale``."""
         s = self.spec
-        theta = self.weight * math.sqrt(2.0 / (s.in_channels * KERNEL * KERNEL))
+        theta = self.weight * (math.sqrt(2.0 / (s.in_channels * KERNEL * KERNEL)) * scale)
         if s.g_in == 1:
             return p4_lift_filters(theta.reshape(s.c_out, s.c_in, KERNEL, KERNEL))
         return p4_group_filters(theta.reshape(s.c_out, s.c_in, P4, KERNEL, KERNEL))
@@ -650,6 +722,14 @@ class RelaxedBlock(PyroModule):
     identity otherwise; ``b (C',)`` is the site ``bias`` with its own precision ``bias_precision``
     (shared over the group axis, so it keeps every equivariance).
 
+    Computed as (equal to the formula up to float rounding; ``tests/test_equivariant_layers.py``
+    keeps the direct formula as a reference): the equivariant pathways are all 3×3 circular
+    convolutions of the same input, so their filters are summed and convolved once; 1/√K is folded
+    into the (small) filters and F-FC/S-FC output factors θ₁ and into the FC input; at stride 1
+    the bias is the convolution's bias (at stride 2 it is added after the polyphase selection,
+    which it would otherwise change). Sample sites are visited in the order of the formula:
+    equivariant pathways, other pathways (each in ``kinds`` order), bias.
+
     Args:
         spec: block sizes.
         kinds: pathway kinds (keys of :data:`PATHWAYS`), e.g. ``("fc", "conv")``.
@@ -678,6 +758,8 @@ class RelaxedBlock(PyroModule):
         kw = dict(prior=prior, precision_init=precision_init, hyperprior_scale=hyperprior_scale)
         for kind in self.kinds:
             setattr(self, kind, PATHWAYS[kind](spec, options, **kw))
+        self._equivariant = tuple(k for k in self.kinds if PATHWAYS[k].equivariant)
+        self._others = tuple(k for k in self.kinds if not PATHWAYS[k].equivariant)
         add_precision(self, "bias_precision", prior, precision_init, hyperprior_scale)
         self.bias = _normal_site("bias_precision", (spec.c_out,))
 
@@ -686,17 +768,30 @@ class RelaxedBlock(PyroModule):
 
     def forward(self, x: Tensor) -> Tensor:
         s = self.spec
-        equivariant = [self.pathway(k)(x) for k in self.kinds if PATHWAYS[k].equivariant]
-        others = [self.pathway(k)(x) for k in self.kinds if not PATHWAYS[k].equivariant]
+        b = x.shape[0]
+        scale = 1.0 / math.sqrt(len(self.kinds))  # exactly 1.0 for one pathway
+        filters = None
+        for kind in self._equivariant:
+            f = self.pathway(kind).filters(scale)
+            filters = f if filters is None else filters + f
+        others = [self.pathway(kind).scaled(x, scale).reshape(b, s.c_out, s.g_out, s.h_out, s.w_out)
+                  for kind in self._others]  # fmt: skip
+        bias = self.bias
         total = None
-        if equivariant:
-            total = torch.stack(equivariant).sum(0) if len(equivariant) > 1 else equivariant[0]
+        if filters is not None:
+            fused = s.stride == 1
+            conv_bias = (bias if s.g_out == 1 else bias[:, None].expand(-1, s.g_out).reshape(-1)) if fused else None
+            y = circular_conv2d(x.reshape(b, s.in_channels, s.h_in, s.w_in), filters, conv_bias)
+            total = y.reshape(b, s.c_out, s.g_out, s.h_in, s.w_in)
             if s.stride == 2:
                 total, _ = polyphase_select(total)
+        else:
+            fused = False
         for y in others:
             total = y if total is None else total + y
         assert total is not None
-        total = total / math.sqrt(len(self.kinds)) + self.bias.reshape(1, -1, 1, 1, 1)
+        if not fused:
+            total = total + bias.reshape(1, -1, 1, 1, 1)
         return F.relu(total)
 
 

@@ -1,0 +1,396 @@
+"""The lean training step of ``fit`` (issue 14, part 1 and 5; ``pyro_invariance/infer/fast_step.py``):
+Pyro's ELBO without host reads, no per-step synchronisation, the history read in bulk, divergence
+located without a per-step check, Pyro's validation restored, ``compile`` (capture / torch.compile,
+with fallbacks) and TF32 ignored cleanly on CPU. Sizes are tiny (8×8 digits, H = 16, S = 4)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import traceback
+import warnings
+
+import pyro
+import pyro.distributions as dist
+import pyro.distributions.util as dist_util
+import pyro.infer.util as infer_util
+import pyro.poutine.util as poutine_util
+import pytest
+import torch
+from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
+from pyro.infer.autoguide import AutoNormal
+from pyro.nn import PyroModule, PyroSample
+from torch.distributions import Distribution
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import pyro_invariance as pi
+from pyro_invariance import guides
+from pyro_invariance.infer import fast_step, training
+from pyro_invariance.infer.checkpoint import CheckpointError, load_checkpoint
+from pyro_invariance.infer.fast_step import CapturedLoss, LeanTrace_ELBO, LeanTraceMeanField_ELBO, tf32_matmuls
+from pyro_invariance.infer.interrupts import FitInterrupted
+from small_runs import fit_state, small_digits, small_fit, small_model
+
+torch.set_num_threads(1)
+
+WILD = {"lr": 10.0, "eta_lr": 10.0, "factor_lr": 1.0}  # diverges within ten steps
+
+
+@pytest.fixture(scope="module")
+def data():
+    return small_digits()
+
+
+def _same_run(a, b) -> None:
+    assert a.history == b.history
+    sa, sb = fit_state(a), fit_state(b)
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def _validation_flags() -> tuple:
+    return (dist_util._VALIDATION_ENABLED, infer_util._VALIDATION_ENABLED, poutine_util._VALIDATION_ENABLED,
+            Distribution._validate_args)  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# The lean ELBOs are Pyro's
+# --------------------------------------------------------------------------------------------
+
+
+def _loss_and_grads(elbo, model, guide, x, y, seed):
+    pyro.set_rng_seed(seed)
+    loss = elbo.differentiable_loss(model, guide, x, y, num_data=256)
+    params = [*model.parameters(), *guide.parameters()]
+    return loss.detach(), torch.autograd.grad(loss, params, allow_unused=True)
+
+
+@pytest.mark.parametrize("validation", [True, False])
+@pytest.mark.parametrize("particles", [1, 3])
+@pytest.mark.parametrize("pair", [(TraceMeanField_ELBO, LeanTraceMeanField_ELBO), (Trace_ELBO, LeanTrace_ELBO)])
+def test_lean_elbos_compute_pyros_loss_and_gradients(data, pair, particles, validation):
+    """Validation off: the lean mean-field ELBO computes only the log-densities it uses."""
+    pyro_cls, lean_cls = pair
+    with pi.pyro_scope(), fast_step.preserved_validation():
+        pyro.enable_validation(validation)
+        model = small_model()
+        guide = guides.get("block-cholesky", model)
+        x, y = data.x_train[:32], data.y_train[:32]
+        guide(x, y, num_data=256)
+        la, ga = _loss_and_grads(pyro_cls(num_particles=particles), model, guide, x, y, 3)
+        lb, gb = _loss_and_grads(lean_cls(num_particles=particles), model, guide, x, y, 3)
+    if particles == 1 and pyro_cls is TraceMeanField_ELBO:
+        assert torch.equal(la, lb)  # bit-identical
+    else:  # Pyro sums the reported value in Python floats
+        assert torch.allclose(la, lb, rtol=1e-6)
+    for a, b in zip(ga, gb):
+        assert (a is None and b is None) or torch.allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("validation", [True, False])
+def test_lean_meanfield_elbo_samples_a_kl_it_cannot_compute(validation):
+    """No analytic KL(LogNormal ‖ Exponential): log p − log q of the draw, as Pyro's; auxiliary sites too."""
+
+    def model():
+        z = pyro.sample("z", dist.Exponential(2.0))
+        pyro.sample("x", dist.Normal(z, 1.0), obs=torch.tensor(0.7))
+
+    def guide():
+        loc = pyro.param("loc", torch.tensor(-0.5))
+        pyro.sample("u", dist.Normal(loc, 1.0), infer={"is_auxiliary": True})
+        pyro.sample("z", dist.LogNormal(loc, 0.3))
+
+    pyro.clear_param_store()
+    try:
+        with fast_step.preserved_validation():
+            pyro.enable_validation(validation)
+            out = []
+            for elbo in (TraceMeanField_ELBO(), LeanTraceMeanField_ELBO()):
+                pyro.set_rng_seed(0)
+                loss = elbo.differentiable_loss(model, guide)
+                out.append((loss.detach(), torch.autograd.grad(loss, [pyro.param("loc").unconstrained()])[0]))
+    finally:
+        pyro.clear_param_store()
+    (la, ga), (lb, gb) = out
+    assert torch.equal(la, lb) and torch.equal(ga, gb)
+
+
+def test_lean_trace_elbo_keeps_the_score_function_gradient():
+    """A discrete guide site: the value is the ELBO estimate, the gradient the surrogate's, as Pyro's."""
+
+    def model():
+        z = pyro.sample("z", dist.Bernoulli(0.3))
+        pyro.sample("x", dist.Normal(2.0 * z, 1.0), obs=torch.tensor(1.5))
+
+    def guide():
+        p = pyro.param("p", torch.tensor(0.6), constraint=dist.constraints.unit_interval)
+        pyro.sample("z", dist.Bernoulli(p))
+
+    pyro.clear_param_store()
+    try:
+        out = []
+        for elbo in (Trace_ELBO(num_particles=4), LeanTrace_ELBO(num_particles=4)):
+            pyro.set_rng_seed(0)
+            loss = elbo.differentiable_loss(model, guide)
+            p = pyro.get_param_store().get_param("p").unconstrained()
+            out.append((loss.detach(), torch.autograd.grad(loss, [p])[0]))
+    finally:
+        pyro.clear_param_store()
+    (la, ga), (lb, gb) = out
+    assert torch.allclose(la, lb, rtol=1e-6) and torch.allclose(ga, gb, rtol=1e-6) and ga.abs() > 0
+
+
+# --------------------------------------------------------------------------------------------
+# No host synchronisation per step; the history read in bulk is the same history
+# --------------------------------------------------------------------------------------------
+
+
+class _HostReads(TorchDispatchMode):
+    """Counts reads of tensor values by the host (``.item()``, ``bool()``, ``float()``) outside the
+    model's and the guide's own code (models/, guides/)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            files = [f.filename for f in traceback.extract_stack()]
+            if not any(os.sep + "models" + os.sep in f or os.sep + "guides" + os.sep in f for f in files):
+                self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("compile", ["off", "capture"])
+def test_the_loop_reads_no_value_back_per_step(data, compile):
+    counts = []
+    for steps in (6, 26):
+        with _HostReads() as reads:
+            small_fit(data, steps=steps, log_every=1000, compile=compile)
+        counts.append(reads.count)
+    assert counts[0] == counts[1], counts  # twenty more steps, not one more host read
+
+
+def test_history_and_state_do_not_depend_on_bulk_reads_or_validation(data):
+    base = small_fit(data, steps=12, log_every=50)
+    assert len(base.history["elbo"]) == 12 and len(base.history["eta"]["rot"]) == 12
+    for kw in ({"log_every": 1}, {"log_every": 5}, {"validation": "always"}):
+        _same_run(base, small_fit(data, steps=12, **kw))
+
+
+def test_resume_is_bit_for_bit_across_bulk_reads_validation_and_capture(data, tmp_path):
+    full = small_fit(data, checkpoint_path=tmp_path / "full.pt")
+    part = small_fit(data, checkpoint_path=tmp_path / "part.pt", checkpoint_every=5, until_step=7, log_every=3)
+    assert part.history["step"] == list(range(1, 8))
+    # log_every, validation and compile="capture" do not change the numbers: they may change on resume
+    resumed = small_fit(data, checkpoint_path=tmp_path / "part.pt", resume=True, log_every=4, validation="always")
+    _same_run(full, resumed)
+    small_fit(data, checkpoint_path=tmp_path / "cap.pt", until_step=5)
+    _same_run(full, small_fit(data, checkpoint_path=tmp_path / "cap.pt", resume=True, compile="capture"))
+
+
+def test_compile_inductor_is_part_of_the_run_fingerprint(data, tmp_path):
+    small_fit(data, checkpoint_path=tmp_path / "c.pt", until_step=3)
+    with pytest.raises(CheckpointError, match="setting 'compile' is new"):
+        small_fit(data, checkpoint_path=tmp_path / "c.pt", resume=True, compile="inductor")
+    assert "compile" not in training.fingerprint_settings(pi.FitConfig(compile="capture"))
+    assert "log_every" not in training.fingerprint_settings(pi.FitConfig())
+
+
+# --------------------------------------------------------------------------------------------
+# Divergence: the first bad step, without a per-step check
+# --------------------------------------------------------------------------------------------
+
+
+def test_divergence_is_located_at_the_same_step_and_site_as_a_checked_run(data):
+    runs = {}
+    for label, kw in (("checked", {"validation": "always"}), ("bulk-10", {"log_every": 10}),
+                      ("bulk-3", {"log_every": 3})):  # fmt: skip
+        model = small_model()
+        guide = guides.get("block-cholesky", model)
+        with pytest.raises(FloatingPointError, match=r"at step (\d+): ") as info:
+            pi.fit(model, guide, data, steps=30, batch_size=64, progress=False, seed=5, **WILD, **kw)
+        state = {**{f"m.{k}": v for k, v in model.state_dict().items()}, **{f"g.{k}": v for k, v in guide.state_dict().items()}}
+        runs[label] = (str(info.value), state)
+    message, state = runs["checked"]
+    for label in ("bulk-10", "bulk-3"):
+        assert runs[label][0] == message, label
+        # left in the state before the bad step, as the checked run
+        same = [torch.allclose(state[k], runs[label][1][k], rtol=0, atol=0, equal_nan=True) for k in state]
+        assert all(same), (label, [k for k, ok in zip(state, same) if not ok])
+
+
+def test_divergence_message_names_the_kept_checkpoint_with_bulk_reads(data, tmp_path):
+    with pytest.raises(FloatingPointError, match=r"step \d+.*last finite checkpoint .*c\.pt' \(step 5\) is kept"):
+        small_fit(data, checkpoint_path=tmp_path / "c.pt", checkpoint_every=5, steps=30, log_every=20, **WILD)
+    assert load_checkpoint(tmp_path / "c.pt")["step"] == 5
+
+
+# --------------------------------------------------------------------------------------------
+# Pyro's global validation state is the caller's after fit
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("initial", [True, False])
+def test_pyro_validation_is_restored_after_fit(data, initial, tmp_path):
+    saved = _validation_flags()
+    try:
+        pyro.enable_validation(initial)
+        before = _validation_flags()
+        small_fit(data, steps=4)
+        assert _validation_flags() == before
+        with pytest.raises(FloatingPointError):
+            small_fit(data, steps=30, **WILD)
+        assert _validation_flags() == before
+
+        def interrupt(step, model, guide):
+            if step == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+
+        with pytest.raises(FitInterrupted):
+            small_fit(data, steps=8, callbacks=[interrupt], checkpoint_path=tmp_path / f"i{initial}.pt")
+        assert _validation_flags() == before
+    finally:
+        dist_util._VALIDATION_ENABLED, infer_util._VALIDATION_ENABLED, poutine_util._VALIDATION_ENABLED = saved[:3]
+        Distribution.set_default_validate_args(saved[3])
+
+
+# --------------------------------------------------------------------------------------------
+# compile
+# --------------------------------------------------------------------------------------------
+
+
+def test_capture_gives_the_eager_run_bit_for_bit(data):
+    eager = small_fit(data, steps=10)
+    captured = small_fit(data, steps=10, compile="capture")
+    assert captured.step_stats["compile"] == "capture" and captured.step_stats["bit_identical"]
+    _same_run(eager, captured)
+    assert eager.step_stats["compile"] == "off"
+
+
+class _ReadsAValue(PyroModule):
+    """Regression on 8×8 images whose forward reads a tensor value (a Python decision)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # a prior built per call (a distribution built once keeps the validation setting of its construction)
+        self.w = PyroSample(lambda m: dist.Normal(0.0, 1.0).expand([64]).to_event(1))
+
+    def forward(self, x, y=None, num_data=None):
+        x = x.reshape(x.shape[0], -1)
+        scale = 1.0 if float(x.abs().max()) > 0 else 2.0
+        w = self.w  # sampled outside the data plate
+        with pyro.plate("data", num_data or x.shape[0], subsample_size=x.shape[0]):
+            return pyro.sample("obs", dist.Normal(x @ w, scale), obs=y)
+
+
+class _CountsCalls(_ReadsAValue):
+    """Its noise scale depends on a Python counter: tracing would bake in one value."""
+
+    calls = 0
+
+    def forward(self, x, y=None, num_data=None):
+        type(self).calls += 1
+        x = x.reshape(x.shape[0], -1)
+        w = self.w
+        with pyro.plate("data", num_data or x.shape[0], subsample_size=x.shape[0]):
+            return pyro.sample("obs", dist.Normal(x @ w, 1.0 + (type(self).calls % 2)), obs=y)
+
+
+@pytest.mark.parametrize("model_cls, reason", [(_ReadsAValue, "could not be traced"), (_CountsCalls, "differs from Pyro's")])
+def test_capture_falls_back_to_eager_with_a_warning(data, model_cls, reason):
+    x, y = data.x_train.float(), data.y_train.float()
+    runs = []
+    for mode in ("off", "capture"):
+        with pi.pyro_scope():
+            model = model_cls()
+            guide = AutoNormal(model)
+        if mode == "capture":
+            with pytest.warns(RuntimeWarning, match=f"compile='capture': .*{reason}.*; running the eager Pyro step"):
+                runs.append(pi.fit(model, guide, (x, y), steps=5, batch_size=32, progress=False, compile=mode))
+        else:
+            runs.append(pi.fit(model, guide, (x, y), steps=5, batch_size=32, progress=False, compile=mode))
+    assert runs[1].step_stats["compile"] == "off" and reason in runs[1].step_stats["fallback"]
+    if model_cls is _ReadsAValue:
+        assert runs[0].history == runs[1].history  # the fallback is the eager run, RNG untouched
+
+
+def test_compile_runs_torch_compile_on_the_captured_graph(data, monkeypatch):
+    """``compile=True`` (= "inductor") through torch.compile; the aot_eager backend keeps it fast here."""
+    monkeypatch.setattr(CapturedLoss, "backend", "aot_eager")
+    result = small_fit(data, steps=8, compile=True)
+    stats = result.step_stats
+    assert result.config.compile == "inductor" and stats["compile"] == "inductor"
+    assert stats["compile_seconds"] > 0 and stats["capture_seconds"] > 0
+    assert len(result.history["elbo"]) == 8 and all(map(torch.isfinite, torch.tensor(result.history["elbo"])))
+
+
+def test_a_failing_compiler_falls_back_to_the_captured_graph(data, monkeypatch):
+    def broken(gm, example_inputs):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(CapturedLoss, "backend", broken)
+    with pytest.warns(RuntimeWarning, match="torch.compile failed .*no C\\+\\+ compiler.*replaying the captured graph"):
+        result = small_fit(data, steps=6, compile="inductor")
+    assert result.step_stats["compile"] == "capture"
+    _same_run(small_fit(data, steps=6), result)  # the captured graph: the eager numbers
+
+
+@pytest.mark.slow
+def test_inductor_compiles_the_loss_on_cpu(data):
+    result = small_fit(data, steps=6, compile="inductor")
+    assert result.step_stats["compile"] == "inductor", result.step_stats
+    assert all(map(torch.isfinite, torch.tensor(result.history["elbo"])))
+
+
+# --------------------------------------------------------------------------------------------
+# Settings that only matter on a GPU, and vectorised particles
+# --------------------------------------------------------------------------------------------
+
+
+def test_tf32_is_ignored_with_a_warning_on_cpu(data):
+    matmul = torch.backends.cuda.matmul.fp32_precision
+    with pytest.warns(UserWarning, match="tf32=True has no effect on device 'cpu'"):
+        with_tf32 = small_fit(data, steps=4, tf32=True)
+    assert torch.backends.cuda.matmul.fp32_precision == matmul
+    _same_run(small_fit(data, steps=4), with_tf32)
+
+
+def test_tf32_switch_is_restored():
+    """The CUDA flags are process settings: set inside the block, restored after (no GPU needed)."""
+    before = torch.backends.cuda.matmul.fp32_precision
+    with tf32_matmuls(torch.device("cuda"), True):
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    assert torch.backends.cuda.matmul.fp32_precision == before
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with tf32_matmuls(torch.device("cpu"), False):  # off: nothing, no warning
+            pass
+
+
+def test_inductor_uses_no_cuda_graphs_on_cpu(data, monkeypatch):
+    monkeypatch.setattr(CapturedLoss, "backend", "aot_eager")
+    seen = []
+    real = CapturedLoss.__init__
+
+    def recording(self, *a, **k):
+        real(self, *a, **k)
+        seen.append(self.cudagraphs)
+
+    monkeypatch.setattr(CapturedLoss, "__init__", recording)
+    small_fit(data, steps=3, compile="inductor")
+    assert seen == [False]
+
+
+@pytest.mark.parametrize("particles, vectorised", [(1, False), (3, True)])
+def test_particles_are_vectorised_where_the_model_allows(data, monkeypatch, particles, vectorised):
+    made = []
+
+    class Recording(fast_step.LeanTraceMeanField_ELBO):
+        def __init__(self, **kwargs):
+            made.append(kwargs)
+            super().__init__(**kwargs)
+
+    monkeypatch.setitem(training.LEAN_ELBOS, "meanfield", Recording)
+    small_fit(data, steps=2, num_particles=particles)
+    assert made[0]["vectorize_particles"] is (vectorised and type(small_model()).vectorizable_particles)
+    assert made[0].get("max_plate_nesting") == (1 if made[0]["vectorize_particles"] else None)
