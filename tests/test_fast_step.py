@@ -335,6 +335,65 @@ def test_a_failing_compiler_falls_back_to_the_captured_graph(data, monkeypatch):
     _same_run(small_fit(data, steps=6), result)  # the captured graph: the eager numbers
 
 
+def test_a_compiler_failure_after_the_first_step_falls_back_to_the_captured_graph(data, monkeypatch):
+    """A recompilation can fail on a later step (seen on CUDA with torch 2.11): fit goes on with the
+    captured graph, with a warning and the reason in ``step_stats``."""
+    calls = []
+
+    def fails_on_second_call(gm, example_inputs):
+        def run(*args):
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError("Attempt to trace generator")
+            return gm(*args)
+
+        return run
+
+    monkeypatch.setattr(CapturedLoss, "backend", fails_on_second_call)
+    with pytest.warns(RuntimeWarning, match="torch.compile failed .*trace generator.*replaying the captured graph"):
+        result = small_fit(data, steps=6, compile="inductor")
+    assert result.step_stats["compile"] == "capture" and "trace generator" in result.step_stats["fallback"]
+    assert len(calls) == 2 and all(map(torch.isfinite, torch.tensor(result.history["elbo"])))
+
+
+def test_cudagraphs_is_capture_with_a_warning_off_cuda(data):
+    with pytest.warns(RuntimeWarning, match="compile='cudagraphs' needs a CUDA device, not 'cpu'"):
+        result = small_fit(data, steps=5, compile="cudagraphs")
+    assert result.step_stats["compile"] == "capture"
+    _same_run(small_fit(data, steps=5), result)
+
+
+def test_cudagraphs_records_the_captured_graph_once_with_the_state_as_static_inputs(data, monkeypatch):
+    """The wiring of ``compile="cudagraphs"`` without a GPU: make_graphed_callables is replaced by a
+    recorder that returns the function itself, so the run must equal the eager one."""
+    recorded = []
+
+    def record(fn, sample_args, allow_unused_input=False):
+        recorded.append((sample_args, allow_unused_input))
+        return fn
+
+    real_init = CapturedLoss.__init__
+
+    def as_if_on_cuda(self, graph, modules, mode, device):
+        real_init(self, graph, modules, mode, torch.device("cuda"))
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", record)
+    monkeypatch.setattr(CapturedLoss, "__init__", as_if_on_cuda)
+    result = small_fit(data, steps=6, compile="cudagraphs")
+    assert result.step_stats["compile"] == "cudagraphs" and len(recorded) == 1
+    args, allow_unused = recorded[0]
+    state = [t for m in (result.model, result.guide) for t in (*m.parameters(), *m.buffers())]
+    assert allow_unused and all(any(a is t for a in args) for t in state)  # the parameters themselves, not copies
+    monkeypatch.undo()
+    _same_run(small_fit(data, steps=6), result)
+
+
+def test_compile_cudagraphs_is_part_of_the_run_fingerprint(data, tmp_path):
+    small_fit(data, checkpoint_path=tmp_path / "c.pt", until_step=4)
+    with pytest.raises(CheckpointError, match="compile"):
+        small_fit(data, checkpoint_path=tmp_path / "c.pt", resume=True, compile="cudagraphs")
+
+
 @pytest.mark.slow
 def test_inductor_compiles_the_loss_on_cpu(data):
     result = small_fit(data, steps=6, compile="inductor")

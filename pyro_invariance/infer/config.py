@@ -29,7 +29,7 @@ SCHEDULES = ("cosine", "constant")
 #: ``FitConfig.validation``: Pyro's validation on the first step of each ``fit`` call, or on every step.
 VALIDATIONS = ("first-step", "always")
 #: ``FitConfig.compile`` (``True`` means ``"inductor"``, ``False`` ``"off"``).
-COMPILE_MODES = ("off", "capture", "inductor")
+COMPILE_MODES = ("off", "capture", "inductor", "cudagraphs")
 
 
 def _opt(default: Any, help: str, **cli: Any) -> Any:
@@ -76,7 +76,8 @@ class FitConfig:
                            "('first-step'; divergence is still caught, see fit), or on every step with a host check of the "
                            "loss after each step ('always', the slow path)", choices=VALIDATIONS)  # fmt: skip
     compile: str = _opt("off", "off: eager Pyro; capture: replay the loss from a captured graph (same numbers, checked "
-                        "against Pyro's); inductor: torch.compile that graph (CUDA graphs on a GPU; other random draws)",
+                        "against Pyro's); inductor: torch.compile that graph (CUDA graphs on a GPU; other random draws); cudagraphs: "
+                        "that graph's forward and backward recorded as CUDA graphs (CUDA only; other random draws)",
                         choices=COMPILE_MODES)  # fmt: skip
     log_every: int = _opt(50, "steps between bulk reads of the loss history (and, with validation 'first-step', "
                           "snapshots of the state for locating a divergence)", type=int)  # fmt: skip

@@ -31,6 +31,15 @@ that a callback changes must be tensors (buffers, parameters), as for checkpoint
 static). Inductor draws its random numbers with its own generator (seeded from torch's), so the run
 is the same estimator with other draws: not bit-identical to ``compile="off"``. Compilation takes
 from seconds to minutes on the first step; if it fails, ``fit`` warns and replays the captured graph.
+
+**CUDA graphs** (``compile="cudagraphs"``, CUDA only): the captured graph's forward and backward are
+recorded as CUDA graphs by :func:`torch.cuda.make_graphed_callables` and replayed on each step, so
+a step launches a handful of graphs instead of hundreds of kernels from Python (the optimiser step
+stays eager: fused Adam). The parameters are the graphs' own static inputs (updated in place by the
+optimiser, never copied); the minibatch is copied into static buffers. Random draws inside a CUDA
+graph come from the CUDA generator's graph-safe Philox offsets: the same estimator with other draws
+(not bit-identical to ``"off"``). Elsewhere it is ``"capture"`` with a warning. If recording or a
+replay fails, ``fit`` warns and replays the captured graph eagerly (the RNG state as before the call).
 """
 
 from __future__ import annotations
@@ -307,7 +316,9 @@ class CapturedLoss:
     states are as before the call either way.
 
     Attributes:
-        mode: ``"capture"`` or ``"inductor"`` (the graph is compiled on its first call).
+        mode: ``"capture"``, ``"inductor"`` (the graph is compiled on its first call) or ``"cudagraphs"``
+            (recorded on its first call); ``"capture"`` after a compilation or recording failure.
+        failure: the first line of that failure, else ``None``.
         capture_seconds: time spent tracing and checking the graph.
         compile_seconds: time of the first compiled call (compilation included); ``None`` before.
         bit_identical: whether the check found the captured loss and gradients equal to the bit.
@@ -319,16 +330,23 @@ class CapturedLoss:
     rtol = 1e-5
 
     def __init__(self, graph: Any, modules: Sequence[Any], mode: str, device: torch.device) -> None:
+        if mode == "cudagraphs" and device.type != "cuda":
+            warnings.warn(f"compile='cudagraphs' needs a CUDA device, not {str(device)!r}; replaying the captured graph "
+                          "instead (compile='capture')", RuntimeWarning, stacklevel=4)  # fmt: skip
+            mode = "capture"
         self.graph, self.modules, self.mode, self.device = graph, list(modules), mode, device
         self.shapes = [(t.shape, t.dtype) for t in self.inputs()]
         self.cudagraphs = mode == "inductor" and device.type == "cuda"
         self.compiled: Callable[..., Tensor] | None = None
+        if mode == "cudagraphs":
+            self.compiled = self._graphed  # recorded on the first call (make_graphed_callables needs its inputs)
         if mode == "inductor":
             self.compiled = torch.compile(graph, backend=type(self).backend, fullgraph=True, dynamic=False,
                                           mode="reduce-overhead" if self.cudagraphs else None)  # fmt: skip
         self.capture_seconds = 0.0
         self.compile_seconds: float | None = None
         self.bit_identical = False
+        self.failure: str | None = None
         self.batch_shapes: tuple[torch.Size, torch.Size] | None = None
 
     def inputs(self) -> list[Tensor]:
@@ -416,32 +434,52 @@ class CapturedLoss:
         if [(t.shape, t.dtype) for t in inputs] != self.shapes or (x.shape, y.shape) != self.batch_shapes:
             raise CaptureError("the model's or guide's tensors or the minibatch changed shape since the loss was captured")
         if self.compiled is not None:
-            if self.cudagraphs:
-                torch.compiler.cudagraph_mark_step_begin()
-            if self.compile_seconds is None:
-                return self._first_compiled_call(inputs, x, y)
-            loss = self.compiled(*inputs, x, y)
-            return loss.clone() if self.cudagraphs else loss  # a CUDA-graph output is overwritten by the next replay
+            return self._compiled_call(inputs, x, y)
         return self.graph(*inputs, x, y)
 
-    def _first_compiled_call(self, inputs: list[Tensor], x: Tensor, y: Tensor) -> Tensor:
+    def _graphed(self, *tensors: Tensor) -> Tensor:
+        """``compile="cudagraphs"``: the graph's forward and backward as CUDA graphs, recorded on the
+        first call with the state tensors themselves as static inputs."""
+        if self._graphed_fn is None:
+            graph = self.graph
+
+            def loss_of(*args: Tensor) -> Tensor:  # a function, not the GraphModule: no module hooks to refuse
+                return graph(*args)
+
+            self._graphed_fn = torch.cuda.make_graphed_callables(loss_of, tuple(tensors), allow_unused_input=True)
+        return self._graphed_fn(*tensors)
+
+    _graphed_fn: Callable[..., Tensor] | None = None
+
+    def _compiled_call(self, inputs: list[Tensor], x: Tensor, y: Tensor) -> Tensor:
+        """One call of the compiled or CUDA-graphed loss; on any failure (compilation, recompilation,
+        recording) a warning and, from then on, the captured graph (``mode="capture"``)."""
         import time
 
+        first = self.compile_seconds is None
         rng0 = rng_state()
         t0 = time.perf_counter()
         try:
+            if self.cudagraphs:
+                torch.compiler.cudagraph_mark_step_begin()
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+                if first:
+                    warnings.simplefilter("ignore")
                 loss = self.compiled(*inputs, x, y)  # type: ignore[misc]
-        except Exception as exc:  # noqa: BLE001 - a compiler failure: replay the captured graph instead
+        except Exception as exc:  # noqa: BLE001 - a compiler / recording failure: replay the captured graph instead
             set_rng_state(rng0)
-            warnings.warn(f"compile='inductor': torch.compile failed ({_first_line(exc)}); replaying the captured "
-                          "graph instead (compile='capture')", RuntimeWarning, stacklevel=3)  # fmt: skip
+            what = "torch.compile" if self.mode == "inductor" else "CUDA-graph recording"
+            warnings.warn(f"compile={self.mode!r}: {what} failed ({_first_line(exc)}); replaying the captured graph "
+                          "instead (compile='capture')", RuntimeWarning, stacklevel=4)  # fmt: skip
+            self.failure = _first_line(exc)
             self.compiled, self.mode, self.cudagraphs = None, "capture", False
-            self.compile_seconds = time.perf_counter() - t0
+            if first:
+                self.compile_seconds = time.perf_counter() - t0
             return self.graph(*inputs, x, y)
-        self.compile_seconds = time.perf_counter() - t0
-        return loss.clone() if self.cudagraphs else loss
+        if first:
+            self.compile_seconds = time.perf_counter() - t0
+        # a CUDA-graph output (Inductor's or make_graphed_callables') is overwritten by the next replay
+        return loss.clone() if (self.cudagraphs or self.mode == "cudagraphs") else loss
 
 
 def _rel_diff(a: Tensor, b: Tensor) -> float:

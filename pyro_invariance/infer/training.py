@@ -314,8 +314,10 @@ def fit(
             off; ``"always"``: on every step, the loss checked after each), ``log_every`` (bulk reads
             of the history and state snapshots), ``compile`` (``"off"``; ``"capture"``: the loss
             replayed from a captured graph, the same numbers; ``"inductor"`` or ``True``:
-            ``torch.compile`` of that graph, other random draws; falls back with a warning where the
-            loss cannot be captured or compiled, see :mod:`pyro_invariance.infer.fast_step`) and
+            ``torch.compile`` of that graph, other random draws; ``"cudagraphs"``: that graph's forward
+            and backward replayed as CUDA graphs, other random draws; each falls back with a warning
+            where the loss cannot be captured, compiled or recorded, see
+            :mod:`pyro_invariance.infer.fast_step`) and
             ``tf32`` (CUDA).
         checkpoint_path: save a checkpoint there every ``checkpoint_every`` steps and at the end. While
             the run writes it, the checkpoint is locked against other processes
@@ -377,13 +379,13 @@ def fit(
 
 def fingerprint_settings(cfg: FitConfig) -> dict[str, Any]:
     """The settings that define a run's numbers, for its fingerprint: ``asdict(cfg)`` without
-    :data:`RESULT_NEUTRAL`, with ``compile`` only when it is ``"inductor"`` (``"capture"`` computes
+    :data:`RESULT_NEUTRAL`, with ``compile`` only when it is ``"inductor"`` or ``"cudagraphs"`` (``"capture"`` computes
     the numbers of ``"off"``) and ``tf32`` only when on (so checkpoints written before these settings
     existed still resume)."""
     settings = asdict(cfg)
     for key in RESULT_NEUTRAL:
         settings.pop(key, None)
-    if settings.get("compile") != "inductor":
+    if settings.get("compile") not in ("inductor", "cudagraphs"):
         settings.pop("compile", None)
     if not settings.get("tf32"):
         settings.pop("tf32", None)
@@ -591,7 +593,8 @@ class _Loop:
             try:
                 self.captured = CapturedLoss.capture(self.loss_fn, self.model, self.guide, x, y, self.kwargs,
                                                      self.cfg.compile, self.dev)  # fmt: skip
-                self.stats.update(capture_seconds=self.captured.capture_seconds, bit_identical=self.captured.bit_identical)
+                self.stats.update(compile=self.captured.mode, capture_seconds=self.captured.capture_seconds,
+                                  bit_identical=self.captured.bit_identical)  # fmt: skip
             except CaptureError as exc:
                 self._fall_back(str(exc))
         # a re-run replays the captured graph only where eager Pyro would draw other numbers
@@ -604,6 +607,8 @@ class _Loop:
             else:
                 if self.captured is not None and self.captured.compile_seconds is not None:
                     self.stats.update(compile=self.captured.mode, compile_seconds=self.captured.compile_seconds)
+                    if self.captured.failure is not None:
+                        self.stats.update(fallback=self.captured.failure)
                 return loss
         self._validation(checked)
         return self.loss_fn.differentiable_loss(self.model, self.guide, x, y, **self.kwargs)

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One GPU session for issue 14's device criteria (benchmarks/gpu_step_time.py), sized to ~9 minutes.
+#
+# Runs on a bare GPU machine with its own Python (torch, JAX, numpy, scipy, matplotlib, tqdm, xarray)
+# but without pyro-ppl / arviz: their wheels come along in .gpu/whl (see ../shared/notes/gpu.md), and
+# a checkout of the JAX reference (tychovdo/noethers-razor) in .gpu/noethers-razor. Each part runs in
+# its own process under its own time limit and writes its table to $OUT at once, so that a part which
+# runs out of time loses only itself. Prepare here (git-ignored):
+#
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       -d .gpu/whl pyro-ppl==1.9.2 pyro-api arviz==0.23.4 h5netcdf xarray-einstats platformdirs
+#   git --git-dir=<mirror of tychovdo/noethers-razor> archive HEAD | tar -x -C .gpu/noethers-razor
+#
+# then, on the device: OUT=<folder> bash benchmarks/gpu_session.sh
+set -u
+OUT=${OUT:-results/gpu_session}
+mkdir -p "$OUT"
+ROOT=$(pwd)
+SITE=$(mktemp -d)
+SRC=$(mktemp -d)
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/whl/*.whl 2>&1 | tail -2
+# the package as installed: pyro_invariance/models and pyro_invariance/guides from models/ and guides/
+cp -r pyro_invariance "$SRC/" && cp -r models "$SRC/pyro_invariance/models" && cp -r guides "$SRC/pyro_invariance/guides"
+export PYTHONPATH="$SITE:$SRC"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+python3 -c "import torch, pyro, jax; print('torch', torch.__version__, 'pyro', pyro.__version__, 'jax', jax.__version__, jax.devices())" >> "$OUT/gpu.txt" 2>&1
+export TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)  # cold compile times, reported as such
+B="python3 benchmarks/gpu_step_time.py --device cuda --out-dir $OUT"
+REF="--reference-dir $ROOT/.gpu/noethers-razor"
+part() {  # part <seconds> <stem> <args...>
+  local secs=$1 stem=$2; shift 2
+  local t0=$(date +%s)
+  timeout "$secs" $B --stem "gpu_step_time_cuda_$stem" "$@" > "$OUT/$stem.log" 2>&1
+  echo "$stem rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/parts.txt"
+}
+part 120 paper --sections mlp-paper --paper-warmup 5 --paper-steps 30 --compile-modes capture,inductor
+part 130 sho --sections hnn-sho,reference $REF --sho-particles 1,20 --hnn-warmup 1 --hnn-steps 4 --hnn-compile-modes capture
+part 90 3body --sections hnn-3body,reference $REF --hnn-warmup 2 --hnn-steps 8 --hnn-compile-modes capture
+part 60 layerwise --sections layerwise --layerwise-warmup 10 --layerwise-steps 20
+part 70 paper_tf32 --sections mlp-paper --tf32 --paper-warmup 5 --paper-steps 30 --compile-modes capture,inductor
+part 50 overhead --sections mlp-overhead --warmup 20 --steps 200 --compile-modes capture,inductor
