@@ -15,6 +15,7 @@
 set -u
 OUT=${OUT:-results/gpu_session}
 mkdir -p "$OUT"
+WORK=$(mktemp -d)  # tables and logs, packed into $OUT/all.tgz after every part (the device returns few files)
 ROOT=$(pwd)
 SITE=$(mktemp -d)
 SRC=$(mktemp -d)
@@ -25,17 +26,19 @@ export PYTHONPATH="$SITE:$SRC"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, pyro, jax; print('torch', torch.__version__, 'pyro', pyro.__version__, 'jax', jax.__version__, jax.devices())" >> "$OUT/gpu.txt" 2>&1
 export TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)  # cold compile times, reported as such
-B="python3 benchmarks/gpu_step_time.py --device cuda --out-dir $OUT"
+B="python3 benchmarks/gpu_step_time.py --device cuda --out-dir $WORK"
 REF="--reference-dir $ROOT/.gpu/noethers-razor"
 part() {  # part <seconds> <stem> <args...>
   local secs=$1 stem=$2; shift 2
   local t0=$(date +%s)
-  timeout "$secs" $B --stem "gpu_step_time_cuda_$stem" "$@" > "$OUT/$stem.log" 2>&1
+  timeout "$secs" $B --stem "gpu_step_time_cuda_$stem" "$@" > "$WORK/$stem.log" 2>&1
   echo "$stem rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/parts.txt"
+  tar czf "$OUT/all.tgz" -C "$WORK" .
 }
-part 120 paper --sections mlp-paper --paper-warmup 5 --paper-steps 30 --compile-modes capture,inductor
-part 130 sho --sections hnn-sho,reference $REF --sho-particles 1,20 --hnn-warmup 1 --hnn-steps 4 --hnn-compile-modes capture
-part 90 3body --sections hnn-3body,reference $REF --hnn-warmup 2 --hnn-steps 8 --hnn-compile-modes capture
-part 60 layerwise --sections layerwise --layerwise-warmup 10 --layerwise-steps 20
-part 70 paper_tf32 --sections mlp-paper --tf32 --paper-warmup 5 --paper-steps 30 --compile-modes capture,inductor
-part 50 overhead --sections mlp-overhead --warmup 20 --steps 200 --compile-modes capture,inductor
+part 60 paper --sections mlp-paper --paper-warmup 5 --paper-steps 30 --compile-modes capture,cudagraphs
+part 45 3body --sections hnn-3body --hnn-warmup 2 --hnn-steps 8 --hnn-compile-modes capture,cudagraphs
+part 45 layerwise --sections layerwise --layerwise-warmup 10 --layerwise-steps 20 \
+  --layerwise-variants pyro-map,fit-lean,fit-cudagraphs,twin
+part 40 paper_tf32 --sections mlp-paper --tf32 --paper-warmup 5 --paper-steps 30 --compile-modes capture,cudagraphs
+part 100 sho --sections hnn-sho --sho-particles 20,1 --hnn-warmup 1 --hnn-steps 3 --hnn-compile-modes cudagraphs
+part 120 reference_sho --sections reference --reference-systems hnn-sho $REF --hnn-warmup 1 --hnn-steps 3

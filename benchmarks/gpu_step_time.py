@@ -430,6 +430,8 @@ def run_layerwise(args: argparse.Namespace, device: torch.device) -> dict[str, A
         return {"skipped": msg}
     memory = args.memory and (device.type == "cuda" or args.layerwise_memory)
     kwargs = {"memory": memory} if "memory" in inspect.signature(measure).parameters else {}
+    if args.layerwise_variants:
+        kwargs["variants"] = args.layerwise_variants
     rows = measure(str(device), args.alpha, args.layerwise_steps, args.layerwise_warmup, **kwargs)
     return {"alpha": args.alpha, "rows": rows}
 
@@ -464,7 +466,7 @@ def run_reference(args: argparse.Namespace, device: torch.device) -> dict[str, A
         return {"skipped": f"{ref}/main.py does not exist"}
     out: dict[str, Any] = {}
     for section, ref_args in REFERENCE_ARGS.items():
-        if section not in args.sections:
+        if section not in (args.reference_systems or args.sections):
             continue
         with tempfile.TemporaryDirectory() as tmp:
             Path(tmp, "wandb.py").write_text(WANDB_STUB)
@@ -604,8 +606,8 @@ def render(info: dict[str, Any], settings: dict[str, Any], results: dict[str, An
             rows = [[r.get("model"), f"`{r.get('variant')}`", f"{r.get('ms_per_step', float('nan')):.1f}",
                      f"{r.get('ratio_to_twin', float('nan')):.2f}×", _mib(r.get("peak_mem_mib"))] for r in res["rows"]]  # fmt: skip
             for r in res["rows"]:
-                if r.get("variant") == "pyro-map" and device.type == "cuda":
-                    verdict.append(f"- layer-wise α = {res.get('alpha')}, {r.get('model')}: MAP step "
+                if (r.get("variant") == "pyro-map" or str(r.get("variant")).startswith("fit-")) and device.type == "cuda":
+                    verdict.append(f"- layer-wise α = {res.get('alpha')}, {r.get('model')}, `{r.get('variant')}`: MAP step "
                                    f"{r.get('ratio_to_twin', float('nan')):.2f}× its torch twin — GPU criterion ≤ 2×: "
                                    f"{'met' if r.get('ratio_to_twin', 9) <= 2 else 'not met'}.")  # fmt: skip
             out += [common.md_table(["model", "variant", "ms/step (amortised median)", "ratio to twin", "peak MiB"], rows),
@@ -648,12 +650,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alpha", type=int, default=10, help="layer-wise width α")
     parser.add_argument("--layerwise-memory", action="store_true",
                         help="CPU: measure_layerwise's memory probes too (on a 2-core CPU at α = 10 they reported ~14 GiB)")
+    parser.add_argument("--layerwise-variants", default="", help="layer-wise variants (default: measure_layerwise's: "
+                        "pyro-map, pyro-map+laplace, twin; also fit-lean, fit-capture, fit-cudagraphs)")
     parser.add_argument("--layerwise-steps", type=int, default=10)
     parser.add_argument("--layerwise-warmup", type=int, default=10)
     parser.add_argument("--reference-dir", type=Path, default=None, help="a checkout of tychovdo/noethers-razor")
     parser.add_argument("--tf32", action="store_true",
                         help="CUDA: fit(tf32=True) for the invariant-MLP and HNN rows; the variants interleaved in fit's "
                         "callbacks run inside fit's TF32 block too")
+    parser.add_argument("--reference-systems", default="", help="reference: the systems to run (default: the HNN "
+                        "sections among --sections)")
     parser.add_argument("--no-memory", dest="memory", action="store_false")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -672,6 +678,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown sections {unknown}; use {SECTIONS}")
     args.activations = [a.strip() for a in args.activations.split(",") if a.strip()]
     args.compile_modes = [m.strip() for m in args.compile_modes.split(",") if m.strip() and m.strip() != "none"]
+    args.reference_systems = [v.strip() for v in args.reference_systems.split(",") if v.strip()]
+    args.layerwise_variants = [v.strip() for v in args.layerwise_variants.split(",") if v.strip()]
     args.hnn_compile_modes = [m.strip() for m in args.hnn_compile_modes.split(",") if m.strip() and m.strip() != "none"]
     args.sho_particles = tuple(int(p) for p in args.sho_particles.split(",") if p.strip())
     device = torch.device(args.device)

@@ -76,13 +76,15 @@ from torch import Tensor, nn  # noqa: E402
 from pyro_invariance import guides, pyro_scope  # noqa: E402
 from pyro_invariance.infer import training  # noqa: E402
 from pyro_invariance.infer.config import resolve_config  # noqa: E402
+from pyro_invariance.infer.fast_step import CapturedLoss, LeanTraceMeanField_ELBO, make_optimizer  # noqa: E402
 from pyro_invariance.infer.laplace import LaplaceEvidenceUpdate  # noqa: E402
 from pyro_invariance.registry import MODELS  # noqa: E402
 from pyro_invariance.symmetry import equivariant_layers as L  # noqa: E402
 
 MODEL_NAMES: tuple[str, ...] = ("layerwise-conv", "layerwise-f-fc+conv")
 VARIANTS: tuple[str, ...] = ("pyro-map", "pyro-map+laplace", "twin")
-EXTRA_VARIANTS: tuple[str, ...] = ("pyro-map-noval", "pyro-map-before", "pyro-map+laplace-before", "twin-strided")
+EXTRA_VARIANTS: tuple[str, ...] = ("pyro-map-noval", "pyro-map-before", "pyro-map+laplace-before", "twin-strided",
+                                    "fit-lean", "fit-capture", "fit-cudagraphs")  # fmt: skip
 #: steps between two Laplace updates; also the timing chunk of every variant
 LAPLACE_EVERY = 10
 #: minibatch of the Laplace curvature (``fit_laplace``'s default ``ggn_batch_size``)
@@ -318,6 +320,39 @@ def make_pyro_step(model: Any, guide: Any, x_all: Tensor, y_all: Tensor, batch: 
     return step
 
 
+def make_lean_step(model: Any, guide: Any, x_all: Tensor, y_all: Tensor, batch: int, total_steps: int, seed: int,
+                   *, compile: str = "off") -> Callable[[], Tensor]:  # fmt: skip
+    """``fit``'s lean step (issue 14, ``pyro_invariance/infer/fast_step.py``): Pyro's validation off,
+    the lean ELBO (no host reads), fused Adam, no finiteness check per step; with ``compile`` the
+    loss captured on the first step and replayed (``"capture"``) or replayed as CUDA graphs
+    (``"cudagraphs"``), as ``fit(compile=...)`` does."""
+    cfg = resolve_config(None, model, guide, {"steps": total_steps, "batch_size": batch, "seed": seed})
+    optim = make_optimizer(training._param_groups(model, guide, cfg))
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(optim, T_max=total_steps, eta_min=0.0)
+    loss_fn = LeanTraceMeanField_ELBO(num_particles=1, vectorize_particles=False)
+    n = x_all.shape[0]
+    batches = _Cycler(n, batch, seed, x_all.device)
+    captured: list[Any] = []
+
+    def step() -> Tensor:
+        pyro.enable_validation(False)
+        idx = batches.next()
+        x, y = x_all[idx], y_all[idx]
+        optim.zero_grad(set_to_none=True)
+        if compile != "off":
+            if not captured:
+                captured.append(CapturedLoss.capture(loss_fn, model, guide, x, y, {"num_data": n}, compile, x.device))
+            loss = captured[0](x, y)
+        else:
+            loss = loss_fn.differentiable_loss(model, guide, x, y, num_data=n)
+        loss.backward()
+        optim.step()
+        sched.step()
+        return loss.detach()
+
+    return step
+
+
 def make_twin_step(twin: TwinNet, x_all: Tensor, y_all: Tensor, batch: int, total_steps: int,
                    seed: int) -> Callable[[], float]:  # fmt: skip
     optim = torch.optim.Adam(twin.parameters(), lr=TWIN_LR)
@@ -398,7 +433,11 @@ def _steppers(name: str, alpha: int, variants: Sequence[str], x_all: Tensor, y_a
     steppers: dict[str, Callable[[], float]] = {}
     info: dict[str, Any] = {}
     for v in variants:
-        if v.startswith("pyro"):
+        if v.startswith("fit-"):
+            model, guide = build_pyro(name, alpha, x_all, y_all, batch, seed, image_shape)
+            mode = {"fit-lean": "off", "fit-capture": "capture", "fit-cudagraphs": "cudagraphs"}[v]
+            steppers[v] = make_lean_step(model, guide, x_all, y_all, batch, total_steps, seed, compile=mode)
+        elif v.startswith("pyro"):
             model, guide = build_pyro(name, alpha, x_all, y_all, batch, seed, image_shape)
             info.setdefault("params", model.num_parameters())
             steppers[v] = make_pyro_step(model, guide, x_all, y_all, batch, total_steps, seed,
