@@ -15,9 +15,11 @@ Sections (``--sections``; each row: ms/step and peak memory, with the device nam
   - ``before``: the loop body of ``fit`` before issue 14 (Pyro validation on, Pyro's
     ``TraceMeanField_ELBO``, default Adam, finiteness check, ``loss.item()`` and η read back every
     step), on the model as it was (``transform_on="weights"``): "today's step" of the issue;
-  - ``fit-capture`` and ``fit-inductor``: separate ``fit`` runs with ``compile="capture"`` /
-    ``"inductor"`` (each with its own interleaved ``twin``, so that its ratio is from the same run);
-    the capture / compile seconds of their first lean step are reported.
+  - ``fit-capture``, ``fit-inductor`` and ``fit-cudagraphs``: separate ``fit`` runs with
+    ``compile="capture"`` / ``"inductor"`` / ``"cudagraphs"`` (CUDA only), each with its own
+    interleaved ``twin``, so that its ratio is from the same run; the capture / compile seconds of
+    their first lean step are reported, and a fallback (the run then replayed the captured graph)
+    is named in the verdict.
 
 * ``hnn-sho``: the symmetrised HNN at the talk's SHO settings (hidden 200×200, S = 200 symmetry
   samples, E = 20 Euler sub-steps, K = 1, B = 28 pairs, matrix-normal guide) with 1 and 20 weight
@@ -274,7 +276,7 @@ def _probe_main(spec: dict[str, Any]) -> None:
     make_optimizer([{"params": [torch.nn.Parameter(torch.zeros(1))]}])  # the first optimiser imports torch._dynamo
     base = _rss_bytes()
     if variant.startswith("fit"):
-        mode = {"fit": "off", "fit-capture": "capture", "fit-inductor": "inductor"}[variant]
+        mode = {"fit": "off", "fit-capture": "capture", "fit-inductor": "inductor", "fit-cudagraphs": "cudagraphs"}[variant]
 
         def reset(step: int, model: Any, guide: Any) -> None:
             if step == 1:
@@ -504,13 +506,14 @@ def _mib(v: float | None) -> str:
     return "–" if v is None else f"{v:.0f}"
 
 
-def render(info: dict[str, Any], settings: dict[str, Any], results: dict[str, Any], device: torch.device) -> str:
+def render(info: dict[str, Any], settings: dict[str, Any], results: dict[str, Any], device: torch.device,
+           command: str | None = None) -> str:  # fmt: skip
     title = f"Training step time on {device.type.upper()}: fit's loop vs a hand-written twin, compiled, and before issue 14"
     intro = ("Issue 14, part 7. Every `fit` row is `pyro_invariance.fit`'s own loop, timed between its callbacks; the "
              "other variants run one step each inside those callbacks, interleaved, so machine load hits them alike. "
              "See the docstring of `benchmarks/gpu_step_time.py` for the variants. The machine is shared with other "
              "jobs (load average above): compare ratios within a run, not absolute times across runs.")  # fmt: skip
-    out = [common.header_markdown(title, info, settings, common.command_line(), intro)]
+    out = [common.header_markdown(title, info, settings, command or common.command_line(), intro)]
     verdict: list[str] = []
     for section in ("mlp-overhead", "mlp-paper"):
         if section not in results:
@@ -544,7 +547,7 @@ def render(info: dict[str, Any], settings: dict[str, Any], results: dict[str, An
                 verdict.append(f"- overhead-bound size, {act.upper()}: fit / twin = {r:.2f}× (ratio of medians), {p:.2f}× "
                                f"(paired) — criterion ≤ 1.3×: {'met' if max(r, p) <= 1.3 else 'not met'}; the step "
                                f"before issue 14 / twin = {b:.2f}×.")  # fmt: skip
-                for mode in ("fit-capture", "fit-inductor"):
+                for mode in ("fit-capture", "fit-inductor", "fit-cudagraphs"):
                     if mode in runs:
                         e = runs[mode]
                         verdict.append(f"- overhead-bound size, {act.upper()}, `{mode}`: {e['stats']['fit']['median'] / e['stats']['twin']['median']:.2f}× "
@@ -554,15 +557,18 @@ def render(info: dict[str, Any], settings: dict[str, Any], results: dict[str, An
                 paired = statistics.median(b / f for b, f in zip(fit["times"]["before"], fit["times"]["fit"]))
                 verdict.append(f"- paper size, {act.upper()}: today's step (before issue 14) {_ms(fit['stats']['before'])} ms, "
                                f"fit {f_med * 1e3:.1f} ms: {speed:.2f}× faster (ratio of medians; paired {paired:.2f}×) — "
-                               f"criterion ≥ 1.5×: {'met' if min(speed, paired) >= 1.5 else 'not met'}; fit / twin = "
+                               f"CPU criterion ≥ 1.5×: {'met' if min(speed, paired) >= 1.5 else 'not met'}"
+                               f"{' (this is a GPU run)' if device.type == 'cuda' else ''}; fit / twin = "
                                f"{f_med / fit['stats']['twin']['median']:.2f}×.")  # fmt: skip
-                for mode in ("fit", "fit-capture", "fit-inductor"):
+                for mode in ("fit", "fit-capture", "fit-inductor", "fit-cudagraphs"):
                     if mode in runs:
                         e = runs[mode]
                         ratio = e['stats']['fit']['median'] / e['stats']['twin']['median']
+                        fell = _fell_back(e)
                         gpu = (f" — GPU criterion ≤ 1.15× the twin and ≤ 5 ms: "
-                               f"{'met' if ratio <= 1.15 and e['stats']['fit']['median'] <= 5e-3 else 'not met'}"
+                               f"{'met' if ratio <= 1.15 and e['stats']['fit']['median'] <= 5e-3 and not fell else 'not met'}"
                                if device.type == "cuda" else "")  # fmt: skip
+                        gpu += fell
                         verdict.append(f"- paper size, {act.upper()}, `{mode}`: {_ms(e['stats']['fit'])} ms, "
                                        f"{ratio:.2f}× the twin of its run ({_ms(e['stats']['twin'])} ms){gpu}.")  # fmt: skip
     for section in ("hnn-sho", "hnn-3body"):
@@ -584,11 +590,15 @@ def render(info: dict[str, Any], settings: dict[str, Any], results: dict[str, An
                                f"{entry['stats']['before']['median'] / entry['stats']['fit']['median']:.2f}× "
                                f"(ratio of medians; paired {paired:.2f}×).")
         out += [common.md_table(["weight samples", "variant", "median ms", "mean ms", "IQR ms", "steps", "peak MiB"], rows), ""]
+        if device.type == "cuda" and section == "hnn-sho":
+            for p, entry in res["particles"].items():
+                verdict.append(f"- hnn-sho, {p} weight sample(s): fit {entry['stats']['fit']['median'] * 1e3:.1f} ms/step"
+                               f"{_fell_back(entry)}.")  # fmt: skip
         if device.type == "cuda" and section == "hnn-3body":
             for p, entry in res["particles"].items():
-                med = entry["stats"]["fit"]["median"]
+                med, fell = entry["stats"]["fit"]["median"], _fell_back(entry)
                 verdict.append(f"- hnn-3body, {p} weight samples: fit {med * 1e3:.1f} ms/step — GPU criterion ≤ 50 ms: "
-                               f"{'met' if med <= 0.05 else 'not met'}.")  # fmt: skip
+                               f"{'met' if med <= 0.05 and not fell else 'not met'}{fell}.")  # fmt: skip
         ref = results.get("reference", {}).get(section, {})
         if ref.get("s_per_step"):
             for p, entry in res["particles"].items():
@@ -622,6 +632,12 @@ def render(info: dict[str, Any], settings: dict[str, Any], results: dict[str, An
             out += [common.md_table(["system", "ms/step"], rows), ""]
     out += ["## Verdict", "", *(verdict or ["- (no section with a criterion was run)"]), ""]
     return "\n".join(out)
+
+
+def _fell_back(entry: dict[str, Any]) -> str:
+    """'' or a note that a compiled run fell back (its times are then the captured graph's)."""
+    why = entry.get("step_stats", {}).get("fallback")
+    return f" (fell back to `{entry['step_stats'].get('compile')}`: {why}; not a compiled number)" if why else ""
 
 
 def _size(c: dict[str, int]) -> str:
@@ -668,7 +684,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold-compile", action="store_true",
                         help="an empty Inductor cache (TORCHINDUCTOR_CACHE_DIR), so that compile times are first-time times")
     parser.add_argument("--probe", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--rerender", type=Path, nargs="+", default=None,
+                        help="re-render the tables of these results JSON files (written by this script, e.g. on a GPU "
+                        "machine by benchmarks/gpu_session.sh) into --out-dir, with today's report code")
     args = parser.parse_args(argv)
+    if args.rerender:
+        for path in args.rerender:
+            payload = json.loads(Path(path).read_text())
+            device = torch.device(payload["settings"]["device"])
+            command = payload["command"]
+            if device.type == "cuda":  # run by gpu_session.sh into a temporary folder on the GPU machine
+                part = Path(path).stem.removeprefix("gpu_step_time_cuda_")
+                command = (f"OUT=<folder> bash benchmarks/gpu_session.sh   # part '{part}': "
+                           + command.split("--stem", 1)[-1].split(" ", 2)[-1])  # fmt: skip
+            md = render(payload["machine"], payload["settings"], payload["results"], device, command)
+            md_path, _ = common.write_results(Path(path).stem, md, payload, args.out_dir)
+            common.log(f"re-rendered {md_path}")
+        return 0
     if args.probe:
         _probe_main(json.loads(args.probe))
         return 0

@@ -27,7 +27,10 @@ steps with the layer-wise forward as it was before issue 14 part 6 — :func:`be
 the old block forward, circular padding and polyphase selection in for the duration of each step —
 so that before and after are timed interleaved in one process); ``twin-strided`` (the twin with
 stride-2 convolutions instead of stride 1 + polyphase selection: what a plain CNN of this size would
-do; a different model).
+do; a different model); ``fit-lean``, ``fit-capture`` and ``fit-cudagraphs`` (:func:`make_lean_step`:
+``fit``'s lean step of issue 14 — validation off, the lean ELBO, fused Adam, no host read or
+finiteness check per step — eagerly, replaying the captured loss, or replaying it as CUDA graphs:
+``fit(compile="off" | "capture" | "cudagraphs")``).
 
 Timing: the training set is ``train_size`` random images (default 2·batch; it is also N of the
 likelihood scale N/B and the data of the Laplace curvature); every variant runs chunks of
@@ -708,7 +711,7 @@ def _summary_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 def render(rows: list[dict[str, Any]], info: dict[str, Any], settings: dict[str, Any],
            command: str | None = None) -> str:  # fmt: skip
-    intro = (__doc__ or "").split("\n\n")[1]
+    intro = "\n\n".join((__doc__ or "").split("\n\n")[1:3])  # the variants' list is the second paragraph
     out = [common.header_markdown("Layer-wise networks: time per training step vs a plain torch twin", info, settings,
                                   command or common.command_line(), intro)]  # fmt: skip
     out += [CHANGES, "## Summary", "", "Paired ratio: each 10-step chunk over the twin's chunk of the same "

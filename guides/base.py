@@ -196,6 +196,15 @@ class StructuredGuide(CatalogueGuide, AutoNormal):
     def _structured_site(self, name: str) -> PyroModule:
         return attrgetter(name)(self.structured)
 
+    def _support_transform(self, name: str, support: constraints.Constraint) -> Transform:
+        """``_simplify(biject_to(support))``, built once per site and support object: the identity
+        test reads the transform's tensors, which on a GPU would be a host synchronisation per step."""
+        cache = self.__dict__.setdefault("_support_transforms", {})
+        key = (name, id(support))
+        if key not in cache:
+            cache[key] = (support, _simplify(biject_to(support)))  # the support kept alive: its id stays unique
+        return cache[key][1]
+
     def _mean_field_distribution(self, name: str, site: dict) -> dist.TorchDistribution:
         loc, scale = self._get_loc_and_scale(name)
         q = dist.Normal(loc, scale)
@@ -203,7 +212,7 @@ class StructuredGuide(CatalogueGuide, AutoNormal):
         support = site["fn"].support
         if _is_real_support(support):
             return q.to_event(event_dim) if event_dim else q
-        transform = _simplify(biject_to(support))
+        transform = self._support_transform(name, support)
         if (
             isinstance(transform, IndependentTransform)
             and transform.base_transform.domain.event_dim == 0

@@ -379,6 +379,7 @@ def test_cudagraphs_records_the_captured_graph_once_with_the_state_as_static_inp
 
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", record)
     monkeypatch.setattr(CapturedLoss, "__init__", as_if_on_cuda)
+    monkeypatch.setattr(fast_step, "graph_on_device", lambda graph, device: graph)  # no CUDA here
     result = small_fit(data, steps=6, compile="cudagraphs")
     assert result.step_stats["compile"] == "cudagraphs" and len(recorded) == 1
     args, allow_unused = recorded[0]
@@ -386,6 +387,41 @@ def test_cudagraphs_records_the_captured_graph_once_with_the_state_as_static_inp
     assert allow_unused and all(any(a is t for a in args) for t in state)  # the parameters themselves, not copies
     monkeypatch.undo()
     _same_run(small_fit(data, steps=6), result)
+
+
+def test_graph_on_device_leaves_no_host_tensors_in_the_graph(data):
+    """Before CUDA-graph recording the captured graph is moved to the device (there, constants and
+    factory calls on the host made an H100 recording fail: 'Cannot copy between CPU and CUDA'); the
+    meta device stands in for CUDA here: every tensor the moved graph computes is on it."""
+    x, y = data.x_train[:64].float(), data.y_train[:64]
+    model = small_model()
+    guide = guides.get("block-cholesky", model)
+    with pyro.poutine.block():
+        guide(x, y, num_data=256)
+    with pi.pyro_scope():
+        pyro.enable_validation(False)
+        captured = CapturedLoss.capture(LeanTraceMeanField_ELBO(), model, guide, x, y, {"num_data": 256}, "capture",
+                                        torch.device("cpu"))  # fmt: skip
+    meta = torch.device("meta")
+    moved = fast_step.graph_on_device(captured.graph, meta)
+    host = [n for n in captured.graph.graph.nodes if n.op == "call_function" and n.kwargs.get("device") == torch.device("cpu")]
+    assert host  # the CPU trace has host factory calls (eye, randn, ...), so the test means something
+    assert not [n for n in moved.graph.nodes if n.op == "call_function" and n.kwargs.get("device") == torch.device("cpu")]
+    constants = [getattr(moved, n.target) for n in moved.graph.nodes if n.op == "get_attr"]
+    assert all(t.device == meta for t in constants if isinstance(t, torch.Tensor))
+    seen = []
+
+    class Devices(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            seen.extend(t.device for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+            return out
+
+    inputs = [t.detach().to(meta) for t in captured.inputs()] + [x.to(meta), y.to(meta)]
+    with Devices():
+        loss = moved(*inputs)
+    assert loss.shape == () and seen and set(seen) == {meta}
+    assert host[0].kwargs["device"] == torch.device("cpu")  # the captured graph itself is unchanged
 
 
 def test_compile_cudagraphs_is_part_of_the_run_fingerprint(data, tmp_path):

@@ -36,7 +36,8 @@ from seconds to minutes on the first step; if it fails, ``fit`` warns and replay
 recorded as CUDA graphs by :func:`torch.cuda.make_graphed_callables` and replayed on each step, so
 a step launches a handful of graphs instead of hundreds of kernels from Python (the optimiser step
 stays eager: fused Adam). The parameters are the graphs' own static inputs (updated in place by the
-optimiser, never copied); the minibatch is copied into static buffers. Random draws inside a CUDA
+optimiser, never copied); the minibatch is copied into static buffers; the graph's constants and
+factory calls are first moved to the device (:func:`graph_on_device`). Random draws inside a CUDA
 graph come from the CUDA generator's graph-safe Philox offsets: the same estimator with other draws
 (not bit-identical to ``"off"``). Elsewhere it is ``"capture"`` with a warning. If recording or a
 replay fails, ``fit`` warns and replays the captured graph eagerly (the RNG state as before the call).
@@ -66,7 +67,7 @@ from torch.distributions import Distribution, kl_divergence
 
 from pyro_invariance.infer.checkpoint import rng_state, set_rng_state
 
-__all__ = ["CapturedLoss", "CaptureError", "LEAN_ELBOS", "LeanTraceMeanField_ELBO", "LeanTrace_ELBO",
+__all__ = ["CapturedLoss", "CaptureError", "LEAN_ELBOS", "graph_on_device", "LeanTraceMeanField_ELBO", "LeanTrace_ELBO",
            "make_optimizer", "preserved_validation", "set_validation", "tf32_matmuls"]  # fmt: skip
 
 # ----------------------------------------------------------------------------------------------
@@ -441,7 +442,7 @@ class CapturedLoss:
         """``compile="cudagraphs"``: the graph's forward and backward as CUDA graphs, recorded on the
         first call with the state tensors themselves as static inputs."""
         if self._graphed_fn is None:
-            graph = self.graph
+            graph = graph_on_device(self.graph, self.device)
 
             def loss_of(*args: Tensor) -> Tensor:  # a function, not the GraphModule: no module hooks to refuse
                 return graph(*args)
@@ -480,6 +481,35 @@ class CapturedLoss:
             self.compile_seconds = time.perf_counter() - t0
         # a CUDA-graph output (Inductor's or make_graphed_callables') is overwritten by the next replay
         return loss.clone() if (self.cudagraphs or self.mode == "cudagraphs") else loss
+
+
+def graph_on_device(graph: Any, device: torch.device) -> Any:
+    """A copy of a captured ``torch.fx.GraphModule`` with its tensor constants moved to ``device``
+    and its factory calls made there (``device=cpu`` keyword arguments rewritten).
+
+    Pyro and the models create small tensors with ``torch.tensor``/``torch.zeros`` and move them to
+    the data's device; traced, these are host tensors and host→device copies in the graph, which a
+    CUDA graph cannot record (and which would replay stale host work). On the device the graph
+    computes the same quantities; a node that still needs the host (a copy to the CPU, a CPU
+    generator) makes recording fail, and ``fit`` falls back to the captured graph."""
+    import copy
+
+    moved = copy.deepcopy(graph)
+    for node in moved.graph.nodes:
+        if node.op == "get_attr":
+            *path, name = str(node.target).split(".")
+            owner = moved
+            for part in path:
+                owner = getattr(owner, part)
+            value = getattr(owner, name)
+            if isinstance(value, Tensor) and value.device != device:
+                setattr(owner, name, value.to(device))
+        elif node.op == "call_function":
+            where = node.kwargs.get("device")
+            if isinstance(where, torch.device) and where != device:
+                node.kwargs = {**node.kwargs, "device": device}
+    moved.recompile()
+    return moved
 
 
 def _rel_diff(a: Tensor, b: Tensor) -> float:
