@@ -17,6 +17,16 @@ of λ). This guide is Pyro's :class:`~pyro.infer.autoguide.AutoStructured` with
 The dependencies are set from the model's prototype trace (``_auto_config``), so the guide needs
 no site names; a model without latent symmetry sites gets a plain diagonal ``AutoStructured``
 (equal to the mean-field guide in distribution).
+
+``symmetry_density="spline"`` replaces the Gaussian noise of q(u_η) by a monotone rational-linear
+spline flow (Pyro's :class:`~pyro.distributions.transforms.Spline`, Dolatabadi et al. 2020) of a
+standard Normal, then a learned scale::
+
+      u_η = m_η + s_η ⊙ g(ε_η),     g a per-coordinate spline on [−B, B] (identity outside),
+
+so q(η) can have the sharp top and heavy shoulders an exact posterior over a symmetry may have
+(basis regression: kurtosis 8.8, ``benchmarks/results/symmetry_posterior_basis.md``). ``g`` starts
+as the identity (uniform bins, unit slopes), i.e. as the Gaussian guide. θ | η is unchanged.
 """
 
 from __future__ import annotations
@@ -24,8 +34,15 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Any, Callable, Sequence
 
+import math
+
+import pyro
 import pyro.distributions as dist
+import pyro.distributions.transforms as T
 import torch
+from pyro.distributions import constraints
+from pyro.nn import PyroModule, PyroParam
+from torch.distributions.transforms import AffineTransform
 from pyro.infer.autoguide import AutoStructured
 from pyro.infer.autoguide.initialization import init_to_feasible
 
@@ -34,9 +51,53 @@ from torch.distributions import biject_to
 
 from pyro_invariance.registry import GUIDES
 
+#: ``symmetry_density``: the noise of q(u_η)
+SYMMETRY_DENSITIES = ("normal", "spline")
+#: ``weight_covariance``: the covariance of q(θ | η) within each weight site: diagonal or full (Pyro's "mvn")
+WEIGHT_COVARIANCES = ("normal", "mvn")
+#: the spline's bins and its interval [−B, B] in units of the standard-Normal ε (fixed before any fit)
+SPLINE_BINS, SPLINE_BOUND = 8, 4.0
+
 from .base import CatalogueGuide, InitLocFn, check_init_scale
 
 __all__ = ["SymmetryConditional", "symmetry_conditional"]
+
+
+class SplineNoise(PyroModule):
+    """Zero-centred noise ``s ⊙ g(ε)``, ε ~ N(0, I_d), ``g`` a monotone spline per coordinate, sampled
+    as the auxiliary site ``<site>_aux`` with its exact density (AutoStructured adds ``m_η``)."""
+
+    def __init__(self, site: str, dim: int, init_scale: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.site = site
+        self.spline = T.Spline(dim, count_bins=SPLINE_BINS, bound=SPLINE_BOUND)
+        with torch.no_grad():  # the identity: uniform bins, slopes 1 (min_derivative + softplus(u) = 1)
+            self.spline.unnormalized_widths.zero_()
+            self.spline.unnormalized_heights.zero_()
+            self.spline.unnormalized_derivatives.fill_(math.log(math.expm1(1.0 - 1e-3)))
+            self.spline.unnormalized_lambdas.zero_()
+        self.spline.to(dtype)
+        self.scale = PyroParam(torch.full((dim,), init_scale, dtype=dtype), constraint=constraints.softplus_positive)
+
+    def distribution(self) -> dist.TorchDistribution:
+        scale = self.scale
+        base = dist.Normal(torch.zeros_like(scale), torch.ones_like(scale)).to_event(1)
+        return dist.TransformedDistribution(base, [self.spline, AffineTransform(0.0, scale, event_dim=1)])
+
+    def forward(self) -> Tensor:
+        return pyro.sample(f"{self.site}_aux", self.distribution(), infer={"is_auxiliary": True})
+
+    @torch.no_grad()
+    def icdf(self, q: Tensor) -> Tensor:
+        """Quantiles per coordinate, ``(len(q), dim)``: ``s ⊙ g(Φ⁻¹(q))`` (g and s monotone)."""
+        z = dist.Normal(0.0, 1.0).icdf(q.to(self.scale.dtype)).unsqueeze(-1).expand(len(q), self.scale.numel())
+        return self.spline(z) * self.scale
+
+    @torch.no_grad()
+    def moments(self, num_samples: int = 8192) -> tuple[Tensor, Tensor]:
+        """Monte-Carlo mean and variance per coordinate (for the Gaussian part of θ's quantiles)."""
+        draws = self.distribution().sample((num_samples,))
+        return draws.mean(0), draws.var(0)
 
 
 class SymmetryConditional(CatalogueGuide, AutoStructured):
@@ -49,10 +110,16 @@ class SymmetryConditional(CatalogueGuide, AutoStructured):
 
     fit_defaults = {"elbo": "trace"}
 
-    def __init__(self, model: Callable, *, init_loc_fn: InitLocFn = init_to_feasible, init_scale: float = 1.0) -> None:
+    def __init__(self, model: Callable, *, init_loc_fn: InitLocFn = init_to_feasible, init_scale: float = 1.0,
+                 symmetry_density: str = "normal", weight_covariance: str = "normal") -> None:  # fmt: skip
         from pyro_invariance.models.base import CatalogueModel
 
+        if symmetry_density not in SYMMETRY_DENSITIES:
+            raise ValueError(f"unknown symmetry_density {symmetry_density!r}; use one of {list(SYMMETRY_DENSITIES)}")
         self._symmetry_sites = list(model.symmetry_sites()) if isinstance(model, CatalogueModel) else []
+        if weight_covariance not in WEIGHT_COVARIANCES:
+            raise ValueError(f"unknown weight_covariance {weight_covariance!r}; use one of {list(WEIGHT_COVARIANCES)}")
+        self.symmetry_density, self.weight_covariance = symmetry_density, weight_covariance
         super().__init__(model, conditionals="normal", dependencies={}, init_loc_fn=init_loc_fn,
                          init_scale=check_init_scale(init_scale))  # fmt: skip
 
@@ -66,6 +133,12 @@ class SymmetryConditional(CatalogueGuide, AutoStructured):
             for name in sample_sites
             if name not in self._symmetry_sites
         }
+        self.conditionals = {name: self.weight_covariance for name in sample_sites}
+        if self.symmetry_density == "spline":
+            for name in self._symmetry_sites:
+                site = sample_sites[name]
+                unconstrained = biject_to(site["fn"].support).inv(site["value"].detach())
+                self.conditionals[name] = SplineNoise(name, unconstrained.numel(), self._init_scale, unconstrained.dtype)
         super()._auto_config(sample_sites, args, kwargs)
 
     def _setup_prototype(self, *args: Any, **kwargs: Any) -> None:
@@ -75,27 +148,46 @@ class SymmetryConditional(CatalogueGuide, AutoStructured):
         dtype = next(iter(self.locs.parameters())).dtype
         self.deps.to(dtype)
 
+    def _own_variance(self, name: str) -> Tensor:
+        """Variance of a site's own noise per unconstrained coordinate: ``s²`` ("normal") or
+        ``s² ⊙ diag(L Lᵀ)`` ("mvn", Pyro's ``aux @ Lᵀ * s``)."""
+        scale = attrgetter(name)(self.scales)
+        if self.conditionals.get(name) == "mvn":
+            return scale.pow(2) * attrgetter(name)(self.scale_trils).pow(2).sum(-1)
+        return scale.pow(2)
+
     @torch.no_grad()
     def quantiles(self, quantiles: Sequence[float] | Tensor, *args: Any, **kwargs: Any) -> dict[str, Tensor]:
         """Marginal quantiles per site, ``{site: (len(quantiles), *site_shape)}``.
 
         Each unconstrained coordinate is Gaussian with mean ``m`` and variance
-        ``s² + Σ_j (B_ij s_ηj)²`` (its own scale plus what it inherits from η through ``B``); the
-        quantiles are mapped through the site's ``biject_to`` (monotone per coordinate)."""
+        ``s² + Σ_j B_ij² Var(u_ηj)`` (its own scale plus what it inherits from η through ``B``); the
+        quantiles are mapped through the site's ``biject_to`` (monotone per coordinate). With
+        ``symmetry_density="spline"`` η's quantiles are exact (the spline is monotone) and a weight
+        coordinate's inherited part ``B (u_η − m_η)`` is approximated as Gaussian with the spline
+        noise's Monte-Carlo mean and variance."""
         if not hasattr(self, "_sorted_sites"):
             self._setup_prototype(*args, **kwargs)
         q = torch.as_tensor(quantiles)
-        scales = {name: attrgetter(name)(self.scales) for name, _ in self._sorted_sites}
+        spline = {name: attrgetter(name)(self.conds) for name, _ in self._sorted_sites
+                  if isinstance(self.conditionals.get(name), SplineNoise)}  # fmt: skip
+        moments = {name: (spline[name].moments() if name in spline else (0.0, self._own_variance(name)))
+                   for name, _ in self._sorted_sites}  # fmt: skip
         out = {}
         for name, site in self._sorted_sites:
             loc = attrgetter(name)(self.locs)
-            var = scales[name] ** 2
-            deps = attrgetter(name)(self.deps)
-            for upstream in self.dependencies.get(name, {}):
-                weight = attrgetter(upstream)(deps).weight  # (numel θ, numel η)
-                var = var + (weight * scales[upstream]).pow(2).sum(-1)
-            normal = dist.Normal(loc, var.sqrt())
-            values = torch.stack([normal.icdf(torch.as_tensor(v, dtype=loc.dtype)) for v in q])
+            if name in spline:  # exact: u_η = m_η + s ⊙ g(ε), monotone per coordinate
+                values = loc + spline[name].icdf(q)
+            else:
+                mean, var = loc, moments[name][1]
+                deps = attrgetter(name)(self.deps)
+                for upstream in self.dependencies.get(name, {}):
+                    weight = attrgetter(upstream)(deps).weight  # (numel θ, numel η)
+                    up_mean, up_var = moments[upstream]
+                    mean = mean + weight @ up_mean if torch.is_tensor(up_mean) else mean
+                    var = var + (weight.pow(2) * up_var).sum(-1)
+                normal = dist.Normal(mean, var.sqrt())
+                values = torch.stack([normal.icdf(torch.as_tensor(v, dtype=loc.dtype)) for v in q])
             shape = self._batch_shapes[name] + self._unconstrained_event_shapes[name]
             out[name] = biject_to(site["fn"].support)(values.reshape((len(q),) + shape))
         return out
@@ -103,7 +195,10 @@ class SymmetryConditional(CatalogueGuide, AutoStructured):
 
 @GUIDES.register("symmetry-conditional", summary="q(η) q(θ | η): weights linear-Gaussian in a latent η (AutoStructured)")
 def symmetry_conditional(
-    model: Callable, *, init_loc_fn: InitLocFn = init_to_feasible, init_scale: float = 1.0
+    model: Callable, *, init_loc_fn: InitLocFn = init_to_feasible, init_scale: float = 1.0,
+    symmetry_density: str = "normal", weight_covariance: str = "normal",
 ) -> SymmetryConditional:
-    """Diagonal Normal per site, with every weight site's location linear in the latent η's coordinates."""
-    return SymmetryConditional(model, init_loc_fn=init_loc_fn, init_scale=init_scale)
+    """Diagonal Normal per site, with every weight site's location linear in the latent η's coordinates;
+    ``symmetry_density="spline"``: q(η) a spline flow instead of a Normal (module docstring)."""
+    return SymmetryConditional(model, init_loc_fn=init_loc_fn, init_scale=init_scale,
+                               symmetry_density=symmetry_density, weight_covariance=weight_covariance)  # fmt: skip

@@ -335,6 +335,47 @@ def test_a_failing_compiler_falls_back_to_the_captured_graph(data, monkeypatch):
     _same_run(small_fit(data, steps=6), result)  # the captured graph: the eager numbers
 
 
+@pytest.mark.parametrize("vectorize", [True, False])
+def test_lean_iwae_is_pyros_renyi_elbo_at_alpha_zero(vectorize):
+    """``elbo="iwae"``: the loss and its gradients equal Pyro's ``RenyiELBO(alpha=0)`` (the IWAE bound)
+    under the same draws, for vectorised and sequential particles, on a guide with auxiliary sites."""
+    from pyro.infer import RenyiELBO
+
+    from pyro_invariance.diagnostics.reference import entry
+    from pyro_invariance.infer.fast_step import LeanIWAE_ELBO
+
+    model, x, y = entry("basis-regression-lambda").build()
+    guide = guides.get("symmetry-conditional", model, init_scale=0.3, weight_covariance="mvn")
+    with pi.pyro_scope(), fast_step.preserved_validation():  # the flags are process-wide: restored after
+        pyro.enable_validation(False)
+        guide(x, y)
+        params = list(guide.parameters())
+        out = []
+        for elbo in (LeanIWAE_ELBO, RenyiELBO):
+            pyro.set_rng_seed(3)
+            kwargs = {"num_particles": 8, "vectorize_particles": vectorize, "max_plate_nesting": 1}
+            if elbo is RenyiELBO:
+                loss = RenyiELBO(alpha=0.0, **kwargs).loss_and_grads(model, guide, x, y)
+            else:
+                value = elbo(**kwargs).differentiable_loss(model, guide, x, y)
+                value.backward()
+                loss = float(value.detach())
+            out.append((loss, [p.grad.clone() for p in params]))
+            for p in params:
+                p.grad = None
+    (l1, g1), (l2, g2) = out
+    assert l1 == pytest.approx(l2, rel=1e-6)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
+
+
+def test_fit_with_the_iwae_bound(data):
+    result = small_fit(data, steps=4, elbo="iwae", num_particles=3)
+    assert result.config.elbo == "iwae" and all(map(torch.isfinite, torch.tensor(result.history["elbo"])))
+    with pytest.raises(ValueError, match="unknown elbo 'renyi'"):
+        small_fit(data, steps=2, elbo="renyi")
+
+
 def test_a_compiler_failure_after_the_first_step_falls_back_to_the_captured_graph(data, monkeypatch):
     """A recompilation can fail on a later step (seen on CUDA with torch 2.11): fit goes on with the
     captured graph, with a warning and the reason in ``step_stats``."""
@@ -398,7 +439,7 @@ def test_graph_on_device_leaves_no_host_tensors_in_the_graph(data):
     guide = guides.get("block-cholesky", model)
     with pyro.poutine.block():
         guide(x, y, num_data=256)
-    with pi.pyro_scope():
+    with pi.pyro_scope(), fast_step.preserved_validation():  # the flags are process-wide: restored after
         pyro.enable_validation(False)
         captured = CapturedLoss.capture(LeanTraceMeanField_ELBO(), model, guide, x, y, {"num_data": 256}, "capture",
                                         torch.device("cpu"))  # fmt: skip

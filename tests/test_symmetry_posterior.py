@@ -295,6 +295,29 @@ def test_variational_q_lambda_sd_within_25_percent(seed, exact_lambda):
     assert abs(lam.std(ddof=1) / exact_lambda.sd - 1.0) < 0.25
 
 
+# the ELBO fit, then the importance-weighted bound (benchmarks/symmetry_posterior_basis.py's REFINE, fixed there)
+VI_REFINE = {"elbo": "iwae", "num_particles": 16, "steps": 1000, "lr": 0.005, "factor_lr": 0.005, "batch_size": None}
+
+
+# two fits each (1500 ELBO steps × 4 particles, 1000 IWAE steps × 16): ~15 s on the shared 2-core machine
+@pytest.mark.parametrize("seed", VI_SEEDS)
+def test_iwae_refinement_widens_q_lambda_towards_the_exact_sd(seed, exact_lambda):
+    """Continuing the full-rank fit with the K = 16 importance-weighted bound (``elbo="iwae"``) moves
+    q(λ) from covering the exact posterior's core to covering most of its shoulders. Measured
+    (benchmarks/results/symmetry_posterior_basis.md): sd ratios 0.870, 0.848, 0.784 (ELBO alone 0.61),
+    mean errors +0.17, +0.12, −0.06 sd — the issue's criterion holds on seed 2 only."""
+    pyro.clear_param_store()
+    model, x, y = entry("basis-regression-lambda").build()
+    guide = guides.get(VI_GUIDE, model, init_scale=VI_INIT_SCALE)
+    pi.fit(model, guide, (x, y), seed=seed, progress=False, **VI_FIT)
+    result = pi.fit(model, guide, (x, y), seed=seed, progress=False, **VI_REFINE)
+    assert result.config.elbo == "iwae"
+    lam = symmetry_draws(model, guide, x, y, num_samples=VI_DRAWS, seed=seed)["lam"].double().numpy()
+    ratio = lam.std(ddof=1) / exact_lambda.sd
+    assert 0.72 < ratio < 1.1, ratio  # the ELBO's 0.6 is out
+    assert abs(lam.mean() - exact_lambda.mean) < 0.25 * exact_lambda.sd
+
+
 # ------------------------------------------------------------------------------------------------
 # the NUTS reference with η latent on rotated digits
 

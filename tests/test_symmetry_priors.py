@@ -187,6 +187,49 @@ def test_symmetry_conditional_guide_learns_a_dependence_and_its_quantiles_are_ma
     torch.testing.assert_close(qs["weight"], empirical, atol=0.08, rtol=0.0)
 
 
+@pytest.mark.parametrize("options", [{"symmetry_density": "spline"}, {"weight_covariance": "mvn"},
+                                     {"symmetry_density": "spline", "weight_covariance": "mvn"}], ids=str)
+def test_symmetry_conditional_options_quantiles_are_marginal(options):
+    """A spline q(λ) (exact quantiles through the monotone flow) and a full covariance within each weight
+    site (Pyro's "mvn"): after a short fit, the guide's quantiles of λ and of the weights match its draws."""
+    x, y = make_symmetric_toy(30, seed=0, noise=0.3, even=False)
+    model = get("basis-regression", num_features=6, lengthscale=0.6, noise_scale=0.3, symmetry_prior="uniform")
+    guide = pi.guides.get("symmetry-conditional", model, init_scale=0.3, **options)
+    pi.fit(model, guide, (x, y), steps=200, lr=0.02, progress=False, seed=1)
+    if options.get("symmetry_density") == "spline":
+        spline = guide.conds.lam.spline
+        assert float(spline.unnormalized_widths.detach().abs().max()) > 1e-3  # the flow has moved off the identity
+    with pi.pyro_scope(), torch.no_grad():
+        qs = guide.quantiles([0.1, 0.5, 0.9])
+        torch.manual_seed(0)
+        draws = [guide() for _ in range(4000)]
+    for site, atol in (("lam", 0.03), ("weight", 0.08)):
+        empirical = torch.quantile(torch.stack([d[site] for d in draws]), torch.tensor([0.1, 0.5, 0.9]), dim=0)
+        torch.testing.assert_close(qs[site].reshape(empirical.shape), empirical, atol=atol, rtol=0.0)
+
+
+def test_symmetry_conditional_spline_starts_as_the_gaussian_guide():
+    """The spline starts at the identity (uniform bins, unit slopes): before any step, q(λ)'s quantiles
+    equal the Gaussian guide's."""
+    x, y = make_symmetric_toy(30, seed=0, noise=0.3, even=False)
+    quantiles = []
+    for density in ("normal", "spline"):
+        model = get("basis-regression", num_features=6, lengthscale=0.6, noise_scale=0.3, symmetry_prior="uniform")
+        guide = pi.guides.get("symmetry-conditional", model, init_scale=0.3, symmetry_density=density)
+        with pi.pyro_scope(), torch.no_grad():
+            guide(x, y)
+            quantiles.append(guide.quantiles([0.05, 0.3, 0.5, 0.95])["lam"])
+    torch.testing.assert_close(quantiles[1], quantiles[0], atol=1e-5, rtol=0.0)
+
+
+def test_symmetry_conditional_refuses_unknown_options():
+    model = get("basis-regression", symmetry_prior="uniform")
+    with pytest.raises(ValueError, match="unknown symmetry_density 'flow'"):
+        pi.guides.get("symmetry-conditional", model, symmetry_density="flow")
+    with pytest.raises(ValueError, match="unknown weight_covariance 'full'"):
+        pi.guides.get("symmetry-conditional", model, weight_covariance="full")
+
+
 def test_symmetry_conditional_guide_refuses_a_model_that_hides_its_sites():
     class Broken(type(get("basis-regression"))):
         def symmetry_sites(self):

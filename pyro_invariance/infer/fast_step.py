@@ -67,7 +67,7 @@ from torch.distributions import Distribution, kl_divergence
 
 from pyro_invariance.infer.checkpoint import rng_state, set_rng_state
 
-__all__ = ["CapturedLoss", "CaptureError", "LEAN_ELBOS", "graph_on_device", "LeanTraceMeanField_ELBO", "LeanTrace_ELBO",
+__all__ = ["CapturedLoss", "CaptureError", "LEAN_ELBOS", "graph_on_device", "LeanIWAE_ELBO", "LeanTraceMeanField_ELBO", "LeanTrace_ELBO",
            "make_optimizer", "preserved_validation", "set_validation", "tf32_matmuls"]  # fmt: skip
 
 # ----------------------------------------------------------------------------------------------
@@ -198,7 +198,42 @@ class LeanTrace_ELBO(Trace_ELBO):
         return -(value + (surrogate - surrogate.detach()))
 
 
-LEAN_ELBOS: dict[str, type] = {"meanfield": LeanTraceMeanField_ELBO, "trace": LeanTrace_ELBO}
+class LeanIWAE_ELBO(Trace_ELBO):
+    """The importance-weighted bound (Burda et al. 2016, Eq. 8; Pyro's ``RenyiELBO`` at α = 0) as a
+    differentiable loss, without host reads::
+
+        loss = −log (1/K) Σ_k p(D, z_k) / q(z_k),   z_k ~ q,  K = num_particles,
+
+    with the weights' log-densities summed over the data plate as ``RenyiELBO`` does (a minibatch's
+    likelihood scaled by N/B: with minibatches the bound is that of the rescaled likelihood). Its
+    gradient is ``RenyiELBO``'s at α = 0 (the normalised weights times the reparameterised log-weight
+    gradients), so every guide site must be reparameterised. Trained on it, a guide is pulled towards
+    covering the posterior (the bound tightens as q approaches the posterior in a mass-covering
+    sense); K = 1 is the ELBO."""
+
+    def differentiable_loss(self, model: Any, guide: Any, *args: Any, **kwargs: Any) -> Tensor:
+        from pyro.infer.util import get_dependent_plate_dims, torch_sum
+
+        weights = []
+        for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
+            sum_dims = get_dependent_plate_dims(model_trace.nodes.values())
+            log_w: Any = 0
+            for site in model_trace.nodes.values():
+                if site["type"] == "sample":
+                    log_w = log_w + torch_sum(site["log_prob"], sum_dims)
+            for name, site in guide_trace.nodes.items():
+                if site["type"] != "sample":
+                    continue
+                if not is_identically_zero(site["score_parts"].score_function):
+                    raise ValueError(f"elbo='iwae' needs reparameterised guide sites; {name!r} is not")
+                log_w = log_w - torch_sum(site["log_prob"], sum_dims)
+            weights.append(log_w)
+        vectorized = self.vectorize_particles and self.num_particles > 1
+        log_w = weights[0] if vectorized else torch.stack(weights)
+        return -(torch.logsumexp(log_w, dim=0) - math.log(self.num_particles)).sum()
+
+
+LEAN_ELBOS: dict[str, type] = {"meanfield": LeanTraceMeanField_ELBO, "trace": LeanTrace_ELBO, "iwae": LeanIWAE_ELBO}
 
 
 # ----------------------------------------------------------------------------------------------

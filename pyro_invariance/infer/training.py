@@ -45,7 +45,6 @@ from typing import Any, Callable, Sequence
 import pyro
 import torch
 from pyro import poutine
-from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
@@ -65,7 +64,6 @@ from pyro_invariance.models.base import symmetry_parameters, symmetry_summary
 from pyro_invariance.validation import check_positive_int
 from pyro_invariance._pyro_scope import pyro_scope
 
-ELBOS: dict[str, type] = {"meanfield": TraceMeanField_ELBO, "trace": Trace_ELBO}
 #: settings that do not change a run's numbers: left out of its fingerprint, so a resumed run may change them
 RESULT_NEUTRAL = ("validation", "log_every")
 #: least seconds between two refreshes of the progress bar (each one reads the pending losses back)
@@ -307,7 +305,7 @@ def fit(
         **overrides: :class:`FitConfig` fields that override the above (``steps=300, lr=0.01``):
             ``steps``, ``batch_size`` (``None``: full batch; the likelihood is scaled by N/B), the
             Adam rates ``lr``, ``eta_lr``, ``model_lr``, ``factor_lr`` (see :func:`_param_groups`),
-            ``num_particles``, ``elbo`` (``"meanfield"``/``"trace"``), ``schedule``
+            ``num_particles``, ``elbo`` (``"meanfield"``/``"trace"``/``"iwae"``), ``schedule``
             (``"cosine"``/``"constant"``), ``seed`` (seeds Pyro/torch, the shuffler and hence the
             whole run) and ``device`` (model, guide and data are moved there); how fast a step runs:
             ``validation`` (``"first-step"``: Pyro's validation on the first step of this call, then
