@@ -50,6 +50,7 @@ from pyro_invariance.symmetry.conserved import (
     sample_weights,
 )
 from pyro_invariance.data.physics import symplectic
+from pyro_invariance.symmetry.ode_flow import NeuralConserved, NeuralFlow
 from pyro_invariance.registry import MODELS
 from pyro_invariance.symmetry.priors import UNBOUNDED_PRIORS, unbounded_prior
 from pyro_invariance.tasks import DYNAMICS
@@ -58,8 +59,9 @@ from pyro_invariance.validation import check_positive_float, check_positive_int,
 from ._particles import batched_normal_prior, drop_data_dim, num_particles, plate_particle_shape, site_particle_shape
 from .base import CatalogueModel
 
-#: ``"quadratic"``: K conserved quantities C_k(x) = xᵀA_k x/2 + b_kᵀx with parameters η; oracles: fixed generators.
-SYMMETRIES = ("none", "quadratic") + ORACLES
+#: ``"quadratic"``: K conserved quantities C_k(x) = xᵀA_k x/2 + b_kᵀx with parameters η; ``"neural"``: K
+#: learned non-quadratic C_k (an MLP plus a quadratic form, flows by RK4); oracles: fixed generators.
+SYMMETRIES = ("none", "quadratic", "neural") + ORACLES
 SAMPLINGS = ("cube", "ball", "grid")
 
 
@@ -73,7 +75,11 @@ class SymmetrisedHNN(CatalogueModel):
             default a reduced (64, 64)).
         elu_alpha: α of the ELU activation (reference 2).
         symmetry: ``"none"`` (HNN), ``"quadratic"`` (K quadratic conserved quantities with parameters
-            η) or an oracle ``"so2"`` / ``"un"`` / ``"se2"`` (fixed generators).
+            η), ``"neural"`` (K learned non-quadratic conserved quantities, a tanh MLP plus a quadratic
+            form each, their flows solved by RK4: :mod:`pyro_invariance.symmetry.ode_flow`) or an
+            oracle ``"so2"`` / ``"un"`` / ``"se2"`` (fixed generators).
+        conserved_hidden: hidden widths of each learned C_k (``symmetry="neural"``; default (32, 32)).
+        flow_steps: RK4 steps of each symmetry flow to τ = π (``symmetry="neural"``; default 8).
         learn_symmetry: learn η (``symmetry="quadratic"``; ``fit`` trains it with ``eta_lr``) or keep
             it at its random start. Oracles and ``"none"`` have no η.
         symmetry_prior: ``None`` (η a point estimate) or ``"normal"`` (``symmetry="quadratic"`` only):
@@ -123,6 +129,8 @@ class SymmetrisedHNN(CatalogueModel):
         eta_init_std: float = 0.01,
         init_seed: int = 0,
         symmetry_prior: str | None = None,
+        conserved_hidden: Sequence[int] = (32, 32),
+        flow_steps: int = 8,
     ) -> None:
         super().__init__()
         self.symmetry_prior = self.check_symmetry_prior(symmetry_prior, learn_symmetry)
@@ -142,6 +150,7 @@ class SymmetrisedHNN(CatalogueModel):
         check_positive_int("num_generators", num_generators)
         check_positive_int("num_transforms", num_transforms)
         check_positive_int("euler_steps", euler_steps)
+        check_positive_int("flow_steps", flow_steps)
         for name, value in (("elu_alpha", elu_alpha), ("dt", dt), ("noise_scale", noise_scale), ("prior_scale", prior_scale)):
             check_positive_float(name, value)
         if not (eta_init_std >= 0 and math.isfinite(eta_init_std)):
@@ -170,6 +179,13 @@ class SymmetrisedHNN(CatalogueModel):
             else:
                 self.register_buffer("eta_W", eta_W)
                 self.register_buffer("eta_b", eta_b)
+        elif symmetry == "neural":
+            self._num_generators = int(num_generators)
+            self.flow_steps = int(flow_steps)
+            self.conserved = NeuralConserved(m, self._num_generators, conserved_hidden, quadratic=True,
+                                             init_std=max(eta_init_std, 1e-3), generator=gen)  # fmt: skip
+            if not self.learn_symmetry:
+                self.conserved.requires_grad_(False)
         elif symmetry in ORACLES:
             self.register_buffer("oracle", oracle_generators(symmetry, m))
         if sampling == "grid" and self.num_generators != 1 and symmetry != "none":
@@ -206,7 +222,7 @@ class SymmetrisedHNN(CatalogueModel):
     # ------------------------------------------------------------------------------------
     @property
     def num_generators(self) -> int:
-        if self.symmetry == "quadratic":
+        if self.symmetry in ("quadratic", "neural"):
             return self._num_generators
         if self.symmetry in ORACLES:
             return self.oracle.shape[0]
@@ -226,7 +242,11 @@ class SymmetrisedHNN(CatalogueModel):
         return [f"weight_{i}" for i in range(self.num_layers)]
 
     def generators(self) -> Tensor:
-        """Current generators ``(K, M+1, M+1)`` (quadratic: from η; oracle: fixed; none: empty)."""
+        """Current generators ``(K, M+1, M+1)`` (quadratic: from η; oracle: fixed; none: empty). A
+        ``"neural"`` model has no generator matrices: its C are functions (``self.conserved``)."""
+        if self.symmetry == "neural":
+            raise ValueError("symmetry='neural' has no generator matrices: its conserved quantities are the functions "
+                             "model.conserved(x) (K values per state); analyse them on states instead")
         if self.symmetry == "quadratic":
             return generator_from_params(self.eta_W, self.eta_b)
         if self.symmetry in ORACLES:
@@ -237,6 +257,8 @@ class SymmetrisedHNN(CatalogueModel):
     def symmetry_parameters(self) -> list[nn.Parameter]:
         """``[eta_W, eta_b]`` (the K quadratic conserved quantities) when they are learned as point
         estimates; ``[]`` when fixed or latent."""
+        if self.symmetry == "neural":
+            return list(self.conserved.parameters()) if self.learn_symmetry else []
         learned = self.symmetry == "quadratic" and self.learn_symmetry and self.symmetry_prior is None
         return [self.eta_W, self.eta_b] if learned else []
 
@@ -260,6 +282,9 @@ class SymmetrisedHNN(CatalogueModel):
     def symmetry_summary(self, sites: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
         """Frobenius norm of each generator ``G_k`` of η (the amount of symmetry), detached; a latent η
         from ``sites["eta_W"]``, ``sites["eta_b"]`` (``{}`` without)."""
+        if self.symmetry == "neural":
+            norms = self.conserved.quantity_norms()
+            return {f"C{k}": norms[k] for k in range(norms.shape[0])}
         if self.symmetry != "quadratic":
             return {}
         if self.symmetry_prior is not None:
@@ -271,10 +296,16 @@ class SymmetrisedHNN(CatalogueModel):
         norms = gens.flatten(1).norm(dim=1)
         return {f"G{k}": norms[k] for k in range(norms.shape[0])}
 
-    def sample_flows(self, num_transforms: int | None = None) -> Tensor | None:
-        """S flow matrices ``(S, M+1, M+1)`` (None for ``symmetry="none"``)."""
+    def sample_flows(self, num_transforms: int | None = None) -> Tensor | NeuralFlow | None:
+        """S flow matrices ``(S, M+1, M+1)``, or for ``symmetry="neural"`` the S ODE flows
+        (:class:`~pyro_invariance.symmetry.ode_flow.NeuralFlow`); None for ``symmetry="none"``."""
         if self.symmetry == "none":
             return None
+        if self.symmetry == "neural":
+            p = next(self.conserved.parameters())
+            w = sample_weights(num_transforms or self.num_transforms, self.num_generators, self.sampling,
+                               dtype=p.dtype, device=p.device)  # fmt: skip
+            return NeuralFlow(self.conserved, w, steps=self.flow_steps)
         g = self.generators()
         w = sample_weights(num_transforms or self.num_transforms, g.shape[0], self.sampling, dtype=g.dtype,
                            device=g.device)  # fmt: skip
@@ -292,13 +323,14 @@ class SymmetrisedHNN(CatalogueModel):
                 h = F.elu(h + getattr(self, f"bias_{i}"), alpha=self.elu_alpha)
         return h.squeeze(-1)
 
-    def hamiltonian(self, x: Tensor, weights: Sequence[Tensor], flows: Tensor | None) -> Tensor:
+    def hamiltonian(self, x: Tensor, weights: Sequence[Tensor], flows: Tensor | NeuralFlow | None) -> Tensor:
         """``H̄(x) = (1/S) Σ_s f(Φ_s(x))`` (or ``f(x)`` without flows): ``(B, M)`` → ``(B,)``."""
         if flows is None:
             return self.observable(x, weights)
-        return self.observable(apply_flow(x, flows), weights).mean(0)
+        z = flows(x) if isinstance(flows, NeuralFlow) else apply_flow(x, flows)
+        return self.observable(z, weights).mean(0)
 
-    def vector_field(self, x: Tensor, weights: Sequence[Tensor], flows: Tensor | None, create_graph: bool) -> Tensor:
+    def vector_field(self, x: Tensor, weights: Sequence[Tensor], flows: Tensor | NeuralFlow | None, create_graph: bool) -> Tensor:
         """``J∇H̄(x)`` by autograd, shape ``(B, M)``."""
         with torch.enable_grad():
             if not x.requires_grad:
@@ -306,7 +338,7 @@ class SymmetrisedHNN(CatalogueModel):
             (grad,) = torch.autograd.grad(self.hamiltonian(x, weights, flows).sum(), x, create_graph=create_graph)
         return symplectic(grad)
 
-    def step(self, x: Tensor, weights: Sequence[Tensor], flows: Tensor | None) -> Tensor:
+    def step(self, x: Tensor, weights: Sequence[Tensor], flows: Tensor | NeuralFlow | None) -> Tensor:
         """One data step: E explicit-Euler sub-steps of size dt/E, reusing ``flows``."""
         create_graph = torch.is_grad_enabled()
         h = self.dt / self.euler_steps
@@ -363,6 +395,14 @@ class SymmetrisedHNN(CatalogueModel):
         sequential particle would draw i-th)."""
         if self.symmetry == "none":
             return None
+        if self.symmetry == "neural":  # each particle its own combination weights, the same learned C
+            n, s, k = num_particles(particles), self.num_transforms, self.num_generators
+            p = next(self.conserved.parameters())
+            if self.sampling == "grid":
+                w = sample_weights(s, k, self.sampling, dtype=p.dtype, device=p.device).expand(n, s, k)
+            else:
+                w = sample_weights(n * s, k, self.sampling, dtype=p.dtype, device=p.device).reshape(n, s, k)
+            return NeuralFlow(self.conserved, w, steps=self.flow_steps)
         g = self.generators()  # (K, D, D) or latent (*P, 1, K, D, D)
         k, s = g.shape[-3], self.num_transforms
         if g.dim() == 3 and self.sampling == "grid":
@@ -395,11 +435,15 @@ class SymmetrisedHNN(CatalogueModel):
             out.append(w.transpose(-1, -2) * scale)
         return out
 
-    def _particle_hamiltonian(self, x: Tensor, weights: Sequence[Tensor], flows: Tensor | None) -> Tensor:
+    def _particle_hamiltonian(self, x: Tensor, weights: Sequence[Tensor], flows: Tensor | NeuralFlow | None) -> Tensor:
         """``H̄`` of each particle: ``x`` ``(n, B, M)`` → ``(n, B)``, averaged over the S flows."""
         if flows is None:
             return self._particle_observable(x, weights)
         n, b, m = x.shape
+        if isinstance(flows, NeuralFlow):
+            z = flows(x)  # (n, S, B, M)
+            s = z.shape[1]
+            return self._particle_observable(z.reshape(n, s * b, m), weights).reshape(n, s, b).mean(1)
         lin, shift = flows[..., :m, :m], flows[..., :m, m]
         if flows.dim() == 3:  # shared (S, D, D)
             z = torch.einsum("sij,nbj->nsbi", lin, x) + shift[None, :, None, :]
@@ -408,7 +452,7 @@ class SymmetrisedHNN(CatalogueModel):
         s = z.shape[1]
         return self._particle_observable(z.reshape(n, s * b, m), weights).reshape(n, s, b).mean(1)
 
-    def _particle_vector_field(self, x: Tensor, weights: Sequence[Tensor], flows: Tensor | None,
+    def _particle_vector_field(self, x: Tensor, weights: Sequence[Tensor], flows: Tensor | NeuralFlow | None,
                                create_graph: bool) -> Tensor:  # fmt: skip
         """``J∇H̄`` of each particle, ``(n, B, M)``: one ``autograd.grad`` for all particles and flows."""
         with torch.enable_grad():

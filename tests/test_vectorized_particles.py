@@ -165,6 +165,8 @@ CASES: dict[str, tuple[str, dict]] = {
                                                         num_generators=2, sampling="ball")),
     "hnn-so2-grid": ("symmetrised-hnn", dict(HNN, symmetry="so2", sampling="grid")),
     "hnn-none": ("symmetrised-hnn", dict(HNN, symmetry="none", learn_noise=True)),
+    "hnn-neural": ("symmetrised-hnn", dict(HNN, symmetry="neural", num_generators=2, conserved_hidden=(4,),
+                                           flow_steps=2, eta_init_std=0.1)),
 }
 
 

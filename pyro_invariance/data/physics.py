@@ -11,13 +11,19 @@ name             H(q, p)                                                        
 ``sho``          (q² + p²)/2                                                             2
 ``oscillators``  Σ_i (q_i² + p_i²)/2, n uncoupled isotropic oscillators (``n``)          2n
 ``nbody``        Σ_i ‖p_i‖²/2 − Σ_{i<j} 1/√(‖q_i − q_j‖² + 1), 2-d, unit masses (``n``)  4n
+``kepler``       ‖p‖²/2 − 1/‖q‖, 2-d Kepler problem, unit mass and GM = 1                4
 ===============  ======================================================================  ==========
 
 State layout: ``x = (q, p)``; for the 2-d n-body system ``q = (q_1x, q_1y, q_2x, q_2y, ...)`` and
-``p`` likewise.
+``p`` likewise; for Kepler ``x = (q_x, q_y, p_x, p_y)``. The Kepler problem's conserved quantities
+(:func:`kepler_conserved`): ``H``, the angular momentum ``L = q_x p_y − q_y p_x`` and the
+Runge–Lenz vector ``A = p × L − q/‖q‖ = (p_y L − q_x/‖q‖, −p_x L − q_y/‖q‖)`` (its "hidden"
+symmetry); for a bound orbit ``a = −1/(2H)``, ``e = ‖A‖`` and ``A`` points at the periapsis
+(:func:`kepler_elements`).
 
 Data (docs/methods.md §4): initial ``q ~ q_shift + q_scale·N(0, I)``, ``p ~ p_scale·N(0, I)``; each
-trajectory is integrated in float64 by SciPy's DOP853 (``rtol = atol = 1e-10``) and sampled every
+trajectory is integrated in float64 by SciPy's DOP853 (``rtol = atol = 1e-10``; ``1e-12`` for Kepler,
+whose perihelion passages need it to conserve ``H`` to ``< 1e-9``) and sampled every
 ``dt``; a trajectory of ``steps`` steps gives ``steps`` pairs ``(x_t, x_{t+dt})``. Reference
 splits (:func:`reference_splits`):
 
@@ -30,6 +36,23 @@ test       100×20           1        0        0.2      none
 wider      100×20           3        0        0.2      none
 moved      100×20           1        +1       0.2      none
 =========  ===============  =======  =======  =======  =====================================
+
+Kepler draws bound orbits instead (:class:`KeplerSplitSpec`, :func:`kepler_initial_states`):
+semi-major axis ``a``, eccentricity ``e``, argument of periapsis ``ω`` and mean anomaly ``M``
+uniform in ranges (``M ∈ [0, 2π)``; ``e`` uniform in ``[e_min, min(e_max, 1 − r_min/a)]`` so the
+perihelion ``a(1 − e) ≥ r_min = 0.3``), counter-clockwise (``L > 0``), ``dt = 0.5``:
+
+=========  ============  ===========  ===========  ==========  =====================================
+split      trajectories  a            e            ω           target noise
+=========  ============  ===========  ===========  ==========  =====================================
+train      50×20         [0.8, 1.5]   [0, 0.5]     [0, π)      N(0, 0.001) (variance) on y
+test       50×20         [0.8, 1.5]   [0, 0.5]     [0, π)      none
+wider      50×20         [0.8, 2.5]   [0, 0.8]     [0, π)      none
+moved      50×20         [0.8, 1.5]   [0, 0.5]     [π, 2π)     none
+=========  ============  ===========  ===========  ==========  =====================================
+
+``moved`` holds orientations never seen in training: a model that has learned the rotation
+symmetry generalises to it.
 
 Seeds: every split draws its initial states from its own stream ``SeedSequence([seed, split
 index])`` and its noise from a third component, so no two splits share random numbers (the
@@ -47,7 +70,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
@@ -147,11 +170,71 @@ def nbody(n: int = 3, softening: float = 1.0) -> HamiltonianSystem:
     return HamiltonianSystem("nbody", 2 * n, _nbody_hamiltonian(n, float(softening)), {"n": n, "softening": float(softening)})
 
 
-SYSTEMS: dict[str, Callable[..., HamiltonianSystem]] = {"sho": sho, "oscillators": oscillators, "nbody": nbody}
+def _kepler(x: Tensor) -> Tensor:
+    return 0.5 * (x[..., 2:] ** 2).sum(-1) - 1.0 / torch.linalg.vector_norm(x[..., :2], dim=-1)
+
+
+def kepler() -> HamiltonianSystem:
+    """2-d Kepler problem, unit mass and ``GM = 1``: ``H = ‖p‖²/2 − 1/‖q‖``, state
+    ``x = (q_x, q_y, p_x, p_y)`` (M = 4). Conserved: ``H``, ``L``, ``A`` (:func:`kepler_conserved`)."""
+    return HamiltonianSystem("kepler", 2, _kepler, {})
+
+
+def _check_kepler_states(x: Tensor) -> None:
+    if not isinstance(x, Tensor) or x.dim() < 1 or x.shape[-1] != 4:
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"kepler: states must be a tensor of shape (..., 4) = (q_x, q_y, p_x, p_y), got {shape}")
+
+
+def kepler_conserved(x: Tensor) -> dict[str, Tensor]:
+    """The Kepler problem's conserved quantities of states ``x`` ``(..., 4) = (q_x, q_y, p_x, p_y)``.
+
+    Returns ``{"H", "L", "A_x", "A_y"}``, each of shape ``x.shape[:-1]`` (dtype of ``x``):
+    ``H = ‖p‖²/2 − 1/‖q‖``, ``L = q × p = q_x p_y − q_y p_x`` (generates rotations) and the
+    Runge–Lenz vector ``A = p × L − q/‖q‖ = (p_y L − q_x/‖q‖, −p_x L − q_y/‖q‖)`` (the hidden
+    symmetry: together with ``L`` it generates SO(3) on the bound orbits of fixed ``H``).
+    """
+    _check_kepler_states(x)
+    qx, qy, px, py = x.unbind(-1)
+    r = torch.sqrt(qx**2 + qy**2)
+    ang = qx * py - qy * px
+    return {
+        "H": 0.5 * (px**2 + py**2) - 1.0 / r,
+        "L": ang,
+        "A_x": py * ang - qx / r,
+        "A_y": -px * ang - qy / r,
+    }
+
+
+def kepler_elements(x: Tensor) -> dict[str, Tensor]:
+    """Orbital elements of bound Kepler states ``x`` ``(..., 4)`` from the conserved quantities.
+
+    Returns ``{"a", "e", "omega"}``, each of shape ``x.shape[:-1]``: semi-major axis
+    ``a = −1/(2H)`` (``H < 0``; ``inf``/negative for unbound states), eccentricity ``e = ‖A‖``
+    and argument of periapsis ``ω = atan2(A_y, A_x) ∈ [0, 2π)`` (``A`` points at the periapsis;
+    ``ω`` is ill-defined for near-circular orbits, ``e → 0``).
+    """
+    c = kepler_conserved(x)
+    omega = torch.remainder(torch.atan2(c["A_y"], c["A_x"]), 2 * math.pi)
+    omega = torch.where(omega >= 2 * math.pi, omega - 2 * math.pi, omega)  # remainder(−tiny) rounds to 2π
+    return {"a": -0.5 / c["H"], "e": torch.sqrt(c["A_x"] ** 2 + c["A_y"] ** 2), "omega": omega}
+
+
+SYSTEMS: dict[str, Callable[..., HamiltonianSystem]] = {
+    "sho": sho,
+    "oscillators": oscillators,
+    "nbody": nbody,
+    "kepler": kepler,
+}
+#: ``dt`` of :func:`make_dataset` when none is given (0.2 for systems not listed).
+DEFAULT_DT: dict[str, float] = {"nbody": 1.0, "kepler": 0.5}
+#: DOP853 ``rtol = atol`` of :func:`make_dataset` when none is given (1e-10 for systems not listed).
+#: Kepler at 1e-10 drifts by ~1e-8 in ``H`` over 20 steps of 0.5 (perihelion passages); 1e-12: < 1e-9.
+DEFAULT_TOL: dict[str, float] = {"kepler": 1e-12}
 
 
 def get_system(name: str, **kwargs: Any) -> HamiltonianSystem:
-    """Build a built-in system by name (``sho``, ``oscillators``, ``nbody``)."""
+    """Build a built-in system by name (``sho``, ``oscillators``, ``nbody``, ``kepler``)."""
     if name not in SYSTEMS:
         raise ValueError(f"unknown Hamiltonian system {name!r}; known systems: {sorted(SYSTEMS)}")
     return SYSTEMS[name](**kwargs)
@@ -239,20 +322,156 @@ class SplitSpec:
         if not (math.isfinite(self.q_shift) and math.isfinite(self.noise_var) and self.noise_var >= 0):
             raise ValueError(f"{split}: q_shift must be finite and noise_var >= 0, got {self}")
 
+    def initial_states(self, rng: np.random.Generator, system: HamiltonianSystem) -> np.ndarray:
+        """``(trajectories, M)``: ``q ~ q_shift + q_scale·N(0, I)``, then ``p ~ p_scale·N(0, I)``."""
+        d = system.dof
+        q = self.q_shift + self.q_scale * rng.standard_normal((self.trajectories, d))
+        p = self.p_scale * rng.standard_normal((self.trajectories, d))
+        return np.concatenate([q, p], axis=1)
+
+
+def _check_range(name: str, value: object, low: float = -math.inf, high: float = math.inf) -> tuple[float, float]:
+    """``value`` as ``(lo, hi)`` floats with ``low <= lo <= hi <= high``; else ``ValueError``."""
+    try:
+        lo, hi = (float(v) for v in value)  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a pair (low, high) of numbers, got {value!r}") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and low <= lo <= hi <= high):
+        bounds = f"{low:g} <= low <= high <= {high:g}" if math.isfinite(low) else "low <= high"
+        raise ValueError(f"{name} must be finite with {bounds}, got {value!r}")
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class KeplerSplitSpec:
+    """Settings of one split of bound 2-d Kepler orbits (``H = ‖p‖²/2 − 1/‖q‖``, ``GM = 1``).
+
+    Each trajectory starts on an orbit with semi-major axis ``a ~ U(a_range)``, eccentricity
+    ``e ~ U(e_range[0], min(e_range[1], 1 − min_perihelion/a))`` (so the perihelion
+    ``a(1 − e) ≥ min_perihelion``: no near-collisions), argument of periapsis
+    ``ω ~ U(omega_range)`` and mean anomaly ``M ~ U(anomaly_range)``, moving counter-clockwise
+    (``L > 0``); see :func:`kepler_initial_states`. Ranges are ``(low, high)`` radians for
+    angles. ``noise_var`` is the variance of the Gaussian noise added to the *targets* ``y`` only.
+    """
+
+    #: Names the initial-state distribution in the cache key (not a field: not in ``asdict``).
+    kind: ClassVar[str] = "kepler-orbits"
+
+    trajectories: int
+    steps: int
+    a_range: tuple[float, float] = (0.8, 1.5)
+    e_range: tuple[float, float] = (0.0, 0.5)
+    omega_range: tuple[float, float] = (0.0, math.pi)
+    anomaly_range: tuple[float, float] = (0.0, 2 * math.pi)
+    min_perihelion: float = 0.3
+    noise_var: float = 0.0
+
+    def validate(self, split: str) -> None:
+        check_positive_int(f"{split}.trajectories", self.trajectories)
+        check_positive_int(f"{split}.steps", self.steps)
+        a_lo, _ = _check_range(f"{split}.a_range", self.a_range)
+        e_lo, _ = _check_range(f"{split}.e_range", self.e_range, 0.0, 1.0)
+        _check_range(f"{split}.omega_range", self.omega_range)
+        _check_range(f"{split}.anomaly_range", self.anomaly_range)
+        rp = check_positive_float(f"{split}.min_perihelion", self.min_perihelion)
+        if self.e_range[1] >= 1:
+            raise ValueError(f"{split}.e_range must stay below 1 (bound orbits), got {self.e_range!r}")
+        if not a_lo * (1 - e_lo) >= rp:
+            raise ValueError(
+                f"{split}: a_range[0]·(1 − e_range[0]) = {a_lo * (1 - e_lo):g} is below min_perihelion = {rp:g}"
+            )
+        if not (math.isfinite(self.noise_var) and self.noise_var >= 0):
+            raise ValueError(f"{split}: noise_var must be finite and >= 0, got {self.noise_var!r}")
+
+    def initial_states(self, rng: np.random.Generator, system: HamiltonianSystem) -> np.ndarray:
+        """``(trajectories, 4)`` states ``(q_x, q_y, p_x, p_y)`` on orbits drawn as in the class doc."""
+        if system.state_dim != 4:
+            raise ValueError(f"KeplerSplitSpec draws 2-d Kepler states (M = 4); {system.name} has M = {system.state_dim}")
+        n = self.trajectories
+        (a_lo, a_hi), (e_lo, e_hi) = self.a_range, self.e_range
+        (w_lo, w_hi), (m_lo, m_hi) = self.omega_range, self.anomaly_range
+        a = a_lo + (a_hi - a_lo) * rng.random(n)
+        e_top = np.minimum(e_hi, 1.0 - self.min_perihelion / a)
+        e = e_lo + (e_top - e_lo) * rng.random(n)
+        omega = w_lo + (w_hi - w_lo) * rng.random(n)
+        mean_anomaly = m_lo + (m_hi - m_lo) * rng.random(n)
+        return kepler_initial_states(a, e, omega, mean_anomaly)
+
+
+def eccentric_anomaly(mean_anomaly: np.ndarray, e: np.ndarray, tol: float = 1e-14, max_iter: int = 50) -> np.ndarray:
+    """Solve Kepler's equation ``E − e sin E = M`` for ``E`` by Newton iterations (``0 <= e < 1``).
+
+    ``M`` and ``e`` broadcast; starts from ``E = M`` (``e < 0.8``) or ``E = π`` (``M`` taken mod
+    2π), which converges for every ``M``; raises ``ValueError`` if ``|ΔE| > tol`` after ``max_iter``.
+    """
+    m, e = np.broadcast_arrays(np.asarray(mean_anomaly, dtype=np.float64), np.asarray(e, dtype=np.float64))
+    m = np.mod(m, 2 * np.pi)
+    big_e = np.where(e < 0.8, m, np.pi)
+    for _ in range(max_iter):
+        step = (big_e - e * np.sin(big_e) - m) / (1.0 - e * np.cos(big_e))
+        big_e = big_e - step
+        if np.all(np.abs(step) <= tol):
+            return big_e
+    raise ValueError(f"Kepler's equation did not converge in {max_iter} Newton steps (max |ΔE| = {np.abs(step).max():g})")
+
+
+def kepler_initial_states(
+    a: np.ndarray, e: np.ndarray, omega: np.ndarray, mean_anomaly: np.ndarray
+) -> np.ndarray:
+    """States ``(T, 4) = (q_x, q_y, p_x, p_y)`` float64 on counter-clockwise Kepler orbits (``GM = 1``).
+
+    Standard two-body formulas: with the eccentric anomaly ``E`` (:func:`eccentric_anomaly`),
+    ``r = a(1 − e cos E)``, in the perifocal frame ``q = a(cos E − e, √(1−e²) sin E)`` and
+    ``p = (√a / r)(−sin E, √(1−e²) cos E)``; both are then rotated by ``ω`` (periapsis direction).
+    Then ``H = −1/(2a)``, ``L = √(a(1−e²))`` and ``A = e (cos ω, sin ω)``.
+
+    Args:
+        a: semi-major axes ``(T,)`` (``> 0``); e: eccentricities (``0 <= e < 1``); omega:
+            arguments of periapsis (radians); mean_anomaly: mean anomalies ``M`` (radians). All broadcast.
+    """
+    a, e, omega, m = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (a, e, omega, mean_anomaly)))
+    if not (np.isfinite(a).all() and (a > 0).all()):
+        raise ValueError("kepler: semi-major axes must be finite and > 0")
+    if not (np.isfinite(e).all() and (e >= 0).all() and (e < 1).all()):
+        raise ValueError("kepler: eccentricities must lie in [0, 1) (bound orbits)")
+    if not (np.isfinite(omega).all() and np.isfinite(m).all()):
+        raise ValueError("kepler: omega and mean_anomaly must be finite")
+    big_e = eccentric_anomaly(m, e)
+    cos_e, sin_e, b = np.cos(big_e), np.sin(big_e), np.sqrt(1.0 - e**2)
+    r = a * (1.0 - e * cos_e)
+    qx, qy = a * (cos_e - e), a * b * sin_e
+    v = np.sqrt(a) / r
+    px, py = -v * sin_e, v * b * cos_e
+    c, s = np.cos(omega), np.sin(omega)
+    return np.stack([c * qx - s * qy, s * qx + c * qy, c * px - s * py, s * px + c * py], axis=-1).reshape(-1, 4)
+
 
 def reference_splits(
     system: str,
     train_trajectories: int | None = None,
     train_steps: int | None = None,
-    test_trajectories: int = 100,
+    test_trajectories: int | None = None,
     test_steps: int = 20,
     noise_var: float = 1e-3,
-) -> dict[str, SplitSpec]:
-    """The reference's splits for ``system`` (table in the module docstring), sizes overridable."""
+) -> dict[str, SplitSpec | KeplerSplitSpec]:
+    """The reference's splits for ``system`` (tables in the module docstring), sizes overridable.
+
+    ``test_trajectories=None``: 100 (50 for ``kepler``). ``kepler`` gets :class:`KeplerSplitSpec` s
+    (bound orbits; ``moved`` = orientations ``ω ∈ [π, 2π)`` unseen in training), the others
+    :class:`SplitSpec` s.
+    """
+    if system == "kepler":
+        n = 50 if test_trajectories is None else test_trajectories
+        return {
+            "train": KeplerSplitSpec(train_trajectories or 50, train_steps or 20, noise_var=noise_var),
+            "test": KeplerSplitSpec(n, test_steps),
+            "wider": KeplerSplitSpec(n, test_steps, a_range=(0.8, 2.5), e_range=(0.0, 0.8)),
+            "moved": KeplerSplitSpec(n, test_steps, omega_range=(math.pi, 2 * math.pi)),
+        }
     big = system != "sho"
     tt = train_trajectories or (200 if big else 7)
     ts = train_steps or (50 if big else 4)
-    test = dict(trajectories=test_trajectories, steps=test_steps, p_scale=0.2)
+    test = dict(trajectories=100 if test_trajectories is None else test_trajectories, steps=test_steps, p_scale=0.2)
     return {
         "train": SplitSpec(tt, ts, 1.0, 0.0, 0.5, noise_var),
         "test": SplitSpec(q_scale=1.0, **test),
@@ -268,24 +487,27 @@ def cache_key(settings: dict[str, Any]) -> str:
 
 def generate_split(
     system: HamiltonianSystem,
-    spec: SplitSpec,
+    spec: SplitSpec | KeplerSplitSpec,
     dt: float,
     seed: int,
     split_index: int,
     rtol: float = 1e-10,
     atol: float = 1e-10,
 ) -> np.ndarray:
-    """Clean trajectories ``(trajectories, steps + 1, M)`` float64 of one split (own seed stream)."""
+    """Clean trajectories ``(trajectories, steps + 1, M)`` float64 of one split (own seed stream).
+
+    The initial states are ``spec.initial_states(rng, system)``: a new initial-state distribution
+    is a spec class with ``trajectories``, ``steps``, ``noise_var``, ``validate(split)``,
+    ``initial_states(rng, system)`` and a class attribute ``kind`` naming it in the cache key
+    (as :class:`KeplerSplitSpec`).
+    """
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(split_index), 0]))
-    d = system.dof
-    q = spec.q_shift + spec.q_scale * rng.standard_normal((spec.trajectories, d))
-    p = spec.p_scale * rng.standard_normal((spec.trajectories, d))
-    return integrate(system, np.concatenate([q, p], axis=1), dt, spec.steps, rtol, atol)
+    return integrate(system, spec.initial_states(rng, system), dt, spec.steps, rtol, atol)
 
 
 def load_or_generate(
     system: HamiltonianSystem,
-    spec: SplitSpec,
+    spec: SplitSpec | KeplerSplitSpec,
     dt: float,
     seed: int,
     split: str,
@@ -296,7 +518,8 @@ def load_or_generate(
     """Clean trajectories of ``split``, from the cache when present (``cache_dir=False``: no cache).
 
     The file name is ``<system>-<split>-<hash>.npz`` with the hash of every setting
-    (system and its parameters, split settings, dt, seed, split, tolerances, integrator, version);
+    (system and its parameters, split settings, dt, seed, split, tolerances, integrator, version,
+    and the spec's ``kind`` for specs other than :class:`SplitSpec`, e.g. ``"kepler-orbits"``);
     the settings are stored in the file too and checked on load.
     """
     idx = SPLITS.index(split)
@@ -312,6 +535,9 @@ def load_or_generate(
         "integrator": "scipy-DOP853",
         "version": DATA_VERSION,
     }
+    kind = getattr(spec, "kind", None)
+    if kind is not None:  # absent for SplitSpec: the reference systems' keys stay as they were
+        settings["initial_states"] = kind
     path = None
     if cache_dir is not False:
         root = Path(os.path.expanduser(str(cache_dir if cache_dir is not None else DEFAULT_CACHE_DIR)))
@@ -350,13 +576,13 @@ class PhysicsDataset:
     Attributes: ``x_train, y_train`` (targets noisy when the train split has ``noise_var > 0``),
     ``x_test, y_test``, ``x_wider, y_wider``, ``x_moved, y_moved``; ``trajectories[split]``
     (clean float64 arrays ``(T, steps+1, M)``), ``system``, ``dt``, ``splits`` (the
-    :class:`SplitSpec` s), ``seed``, ``cache_files``.
+    :class:`SplitSpec` s or :class:`KeplerSplitSpec` s), ``seed``, ``cache_files``.
     """
 
     name: str
     system: HamiltonianSystem
     dt: float
-    splits: dict[str, SplitSpec]
+    splits: dict[str, SplitSpec | KeplerSplitSpec]
     seed: int
     trajectories: dict[str, np.ndarray]
     arrays: dict[str, tuple[Tensor, Tensor]]
@@ -387,15 +613,15 @@ def make_dataset(
     *,
     dt: float | None = None,
     seed: int = 0,
-    splits: dict[str, SplitSpec] | None = None,
+    splits: dict[str, SplitSpec | KeplerSplitSpec] | None = None,
     train_trajectories: int | None = None,
     train_steps: int | None = None,
-    test_trajectories: int = 100,
+    test_trajectories: int | None = None,
     test_steps: int = 20,
     noise_var: float = 1e-3,
     cache_dir: str | Path | bool | None = None,
-    rtol: float = 1e-10,
-    atol: float = 1e-10,
+    rtol: float | None = None,
+    atol: float | None = None,
     train_size: int | None = None,
     test_size: int | None = None,
     **system_kwargs: Any,
@@ -405,13 +631,16 @@ def make_dataset(
     Args:
         system: a name in :data:`SYSTEMS` (``system_kwargs`` such as ``n`` go to it) or a
             :class:`HamiltonianSystem`.
-        dt: time between a state and its target (default 0.2; 1.0 for ``nbody``).
+        dt: time between a state and its target (default :data:`DEFAULT_DT`: 0.2; 1.0 for
+            ``nbody``, 0.5 for ``kepler``).
         seed: base seed; each split uses its own stream derived from it.
-        splits: explicit :class:`SplitSpec` per split (default :func:`reference_splits` with the
-            size/noise arguments).
+        splits: explicit :class:`SplitSpec` (or :class:`KeplerSplitSpec`) per split (default
+            :func:`reference_splits` with the size/noise arguments; ``test_trajectories=None``:
+            100, 50 for ``kepler``).
         noise_var: variance of the Gaussian noise on the training targets (0: none).
         cache_dir: cache folder (default ``~/.cache/pyro_invariance/physics`` or the environment
             variable ``PYRO_INVARIANCE_CACHE``/physics); ``False`` disables caching.
+        rtol, atol: DOP853 tolerances (default :data:`DEFAULT_TOL`: 1e-10; 1e-12 for ``kepler``).
         train_size, test_size: keep the first n pairs of the training split / of every held-out
             split (test, wider, moved), as the image datasets keep a prefix; a positive integer or
             ``None`` (all). ``trajectories`` stay whole.
@@ -419,7 +648,9 @@ def make_dataset(
     sys_ = get_system(system, **system_kwargs) if isinstance(system, str) else system
     if not isinstance(sys_, HamiltonianSystem):
         raise TypeError(f"system must be a name or a HamiltonianSystem, got {type(system).__name__}")
-    dt = float(dt if dt is not None else (1.0 if sys_.name == "nbody" else 0.2))
+    dt = float(dt if dt is not None else DEFAULT_DT.get(sys_.name, 0.2))
+    rtol = DEFAULT_TOL.get(sys_.name, 1e-10) if rtol is None else rtol
+    atol = DEFAULT_TOL.get(sys_.name, 1e-10) if atol is None else atol
     check_positive_float("dt", dt)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an integer, got {seed!r}")
@@ -478,6 +709,11 @@ def nbody3_dataset(**kwargs: Any) -> PhysicsDataset:
     return make_dataset("nbody", n=3, **kwargs)
 
 
+def kepler_dataset(**kwargs: Any) -> PhysicsDataset:
+    """2-d Kepler problem, bound orbits (see :func:`make_dataset` for kwargs; 50×20 train pairs, dt 0.5)."""
+    return make_dataset("kepler", **kwargs)
+
+
 def _registered(name: str, make: Callable[..., PhysicsDataset]) -> Callable[..., PhysicsDataset]:
     """``make`` with the keywords every registered dataset takes: ``data_dir`` / ``root`` are
     refused unless ``None`` (trajectories are generated, not read; the cache is ``cache_dir``),
@@ -498,6 +734,7 @@ _REGISTERED = (
     ("oscillators-3", oscillators3_dataset, "3 uncoupled isotropic oscillators (200×50 train pairs)"),
     ("nbody", nbody_dataset, "2-d n-body softened gravity (kwarg n, default 3)"),
     ("nbody-3", nbody3_dataset, "2-d 3-body softened gravity (200×50 train pairs, dt 1.0)"),
+    ("kepler", kepler_dataset, "2-d Kepler problem, bound orbits; moved split = unseen orientations"),
 )
 for _name, _make, _summary in _REGISTERED:
     DATASETS.register(_name, summary=_summary)(_registered(_name, _make))
