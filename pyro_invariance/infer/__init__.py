@@ -3,7 +3,10 @@
 * :mod:`.training` — :func:`fit`: SVI on the ELBO with minibatches, learning-rate groups for η,
   checkpoints that resume bit-for-bit.
 * :mod:`.laplace` — :func:`fit_laplace`: MAP weights with Laplace-evidence prior precisions (paper 004).
-* :mod:`.prior_update` — closed-form prior-variance updates (Noether's razor).
+* :mod:`.prior_update` — closed-form prior-variance updates (Noether's razor), also as a ``fit`` callback.
+* :mod:`.warm_start` — start a fit from a finished run's guide means (the 3-body recipe's warm-up HNN).
+* :mod:`.fast_step` — the lean training step: ELBOs without host reads (and the IWAE bound), capture,
+  compilation, CUDA graphs.
 * :mod:`.bounds` — evidence bounds: ELBO, IWAE_K, PSIS k̂.
 * :mod:`.checkpoint`, :mod:`.fingerprint`, :mod:`.runlock`, :mod:`.interrupts`, :mod:`.divergence` —
   safe and verified checkpoints, what defines a run, one writer per run, clean stops on signals,

@@ -8,8 +8,11 @@ the ELBO is maximised over v at
 For the matrix-normal guide tr Σ = ‖L_U‖²_F ‖L_V‖²_F. The reference damps the update in the
 precision λ = 1/v:  λ ← (1 − ρ) λ + ρ · D / E_q‖W‖²  with ρ = ½ (used for the 3-body system).
 
-``fit`` has no per-step hook, so two ways to use it:
+Three ways to use it:
 
+* ``fit(..., callbacks=[ClosedFormPriorUpdate(damping=0.5, warmup=100)])`` (the reference's 3-body
+  recipe: after every optimiser step): the variances are model buffers, so checkpoints carry them and
+  a resumed run continues bit-for-bit (the callback keys on ``fit``'s global step);
 * call :func:`update_prior_variance` yourself after each optimiser step in your own loop, or
 * wrap the guide, ``guide = PriorUpdatingGuide(guide, model)``, and pass it to ``fit``: before
   every guide evaluation with gradients enabled (one per SVI step and particle), the model's prior
@@ -101,3 +104,23 @@ class PriorUpdatingGuide(nn.Module):
 
     def median(self, *args: Any, **kwargs: Any) -> dict[str, Tensor]:
         return self.guide.median(*args, **kwargs)
+
+
+class ClosedFormPriorUpdate:
+    """A ``fit`` callback: :func:`update_prior_variance` after every optimiser step past ``warmup``.
+
+    Stateless apart from the model's ``prior_var`` buffer (in every checkpoint), and keyed on
+    ``fit``'s global step, so a run resumed from a checkpoint repeats the updates of an
+    uninterrupted one bit-for-bit."""
+
+    def __init__(self, damping: float = 0.5, warmup: int = 0) -> None:
+        if not (0 < damping <= 1):
+            raise ValueError(f"damping must lie in (0, 1], got {damping}")
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+        self.damping, self.warmup = float(damping), warmup
+
+    def __call__(self, step: int, model: nn.Module, guide: Any) -> None:
+        if step > self.warmup:
+            update_prior_variance(model, guide, self.damping)
+

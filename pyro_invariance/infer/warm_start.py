@@ -1,0 +1,83 @@
+"""Start a fit where another one ended: the reference's 3-body recipe trains a plain HNN first and
+starts every row (HNN, learned symmetry, oracle) from it (issue 13; docs/methods.md §4).
+
+:func:`warm_start` copies, from a finished run (a :class:`~pyro_invariance.infer.training.FitResult`
+or a checkpoint file, read with ``weights_only=True``):
+
+* the model's point estimates and buffers with the same name and shape (biases, input scale,
+  noise and prior variances) — never the symmetry parameters (``model.symmetry_parameters()``,
+  an oracle's generators): the symmetric rows keep their own start;
+* the guide's means: every guide entry whose name marks a location (``loc``, ``locs.``) and whose
+  shape matches. Scales and covariance factors keep the target guide's own initialisation
+  (``init_scale``), as the reference sets the initial posterior scale separately.
+
+The target guide must have been set up (called once, or by ``guides.get(..., model)`` and one
+call) so that its parameters exist. Returns the names copied; a name in the source that has no
+counterpart is skipped and listed in ``skipped``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from pyro_invariance.infer.checkpoint import load_checkpoint
+
+__all__ = ["WarmStart", "warm_start"]
+
+
+@dataclass
+class WarmStart:
+    """What :func:`warm_start` copied (``model``, ``guide``) and left out (``skipped``)."""
+
+    model: list[str] = field(default_factory=list)
+    guide: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def _is_location(name: str) -> bool:
+    parts = name.split(".")
+    return parts[0] == "locs" or "loc" in parts[-1].replace("_unconstrained", "").split("_")
+
+
+def _states(source: Any) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    if isinstance(source, (str, os.PathLike)):
+        state = load_checkpoint(source)
+        return state["model"], state["guide"]
+    model, guide = getattr(source, "model", None), getattr(source, "guide", None)
+    if not isinstance(model, nn.Module) or not isinstance(guide, nn.Module):
+        raise TypeError(f"warm_start needs a FitResult or a checkpoint path, got {type(source).__name__}")
+    return model.state_dict(), guide.state_dict()
+
+
+@torch.no_grad()
+def warm_start(model: nn.Module, guide: nn.Module, source: Any) -> WarmStart:
+    """Copy the point estimates and guide means of ``source`` into ``model`` and ``guide`` (module docstring)."""
+    if not any(True for _ in guide.parameters()):
+        raise ValueError("the guide has no parameters yet: call it once with the model's arguments before warm_start")
+    src_model, src_guide = _states(source)
+    symmetry = {id(p) for p in getattr(model, "symmetry_parameters", lambda: [])()}
+    report = WarmStart()
+    own = dict(model.named_parameters()) | dict(model.named_buffers())
+    for name, value in src_model.items():
+        target = own.get(name)
+        if target is None or id(target) in symmetry or name in ("oracle",) or target.shape != value.shape:
+            report.skipped.append(f"model.{name}")
+            continue
+        target.copy_(value.to(target))
+        report.model.append(name)
+    own_guide = dict(guide.named_parameters()) | dict(guide.named_buffers())
+    for name, value in src_guide.items():
+        target = own_guide.get(name)
+        if target is None or not _is_location(name) or target.shape != value.shape:
+            report.skipped.append(f"guide.{name}")
+            continue
+        target.copy_(value.to(target))
+        report.guide.append(name)
+    if not report.guide:
+        raise ValueError("no guide mean matched by name and shape: are source and target the same guide on the same network?")
+    return report
