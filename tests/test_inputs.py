@@ -245,7 +245,7 @@ def test_hnn_inputs_and_evaluate_hnn_seeded():
 # ------------------------------------------------------------------------------------------ datasets
 
 
-PHYSICS = ("sho", "oscillators", "oscillators-3", "nbody", "nbody-3")
+PHYSICS = ("sho", "oscillators", "oscillators-3", "nbody", "nbody-3", "kepler")
 SMALL_PHYSICS = {"cache_dir": False, "train_trajectories": 2, "train_steps": 2, "test_trajectories": 2, "test_steps": 2}
 
 

@@ -96,7 +96,7 @@ def test_cache_is_keyed_by_every_setting(tmp_path) -> None:
 
 
 def test_registered_datasets() -> None:
-    for name in ("sho", "oscillators", "oscillators-3", "nbody", "nbody-3"):
+    for name in ("sho", "oscillators", "oscillators-3", "nbody", "nbody-3", "kepler"):
         assert name in DATASETS
     d = DATASETS.get("oscillators-3", train_trajectories=4, train_steps=3, test_trajectories=3, test_steps=2, cache_dir=False)
     assert d.x_train.shape == (12, 6) and d.x_test.shape == (6, 6) and d.dt == 0.2
