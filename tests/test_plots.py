@@ -263,7 +263,8 @@ def _idata() -> Any:
 def _cases() -> dict[str, tuple[str, Callable[..., Figure]]]:
     """Public plot function -> ("fig" or "ax", call taking fig=/ax= or nothing)."""
     from pyro_invariance.data.toy2d import plot_extrapolation
-    from pyro_invariance.diagnostics import arviz_compat, hnn_metrics, layerwise_analysis
+    from pyro_invariance.data.physics import kepler_conserved
+    from pyro_invariance.diagnostics import arviz_compat, conserved_analysis, hnn_metrics, layerwise_analysis
 
     so2 = oracle_generators("so2", 2)
     analysis = pi.symmetry.conserved.analyse_generators(so2, so2)
@@ -282,6 +283,8 @@ def _cases() -> dict[str, tuple[str, Callable[..., Figure]]]:
         "hnn_metrics.plot_generators": ("fig", lambda **kw: hnn_metrics.plot_generators([so2[0]], ["G"], **kw)),
         "layerwise_analysis.plot_pathways": ("fig", lambda **kw: layerwise_analysis.plot_pathways(
             _layerwise_reports(), **kw)),
+        "conserved_analysis.plot_level_sets": ("fig", lambda **kw: conserved_analysis.plot_level_sets(
+            lambda x: x[:, :1] * x[:, 3:], kepler_conserved, torch.tensor([1.0, 0.0, 0.0, 1.0]), points=9, **kw)),
         "toy2d.plot_extrapolation": ("fig", lambda **kw: plot_extrapolation(
             {"p": np.full(121, 0.5)}, grid_size=11, **kw)),
         "compare.GuideComparison.plot": ("ax", lambda **kw: _comparison().plot(**kw)),

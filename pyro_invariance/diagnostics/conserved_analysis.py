@@ -9,7 +9,8 @@ gradients ``∇Q_j(x_n)``. Reported, as medians over the states:
 * ``known_angle[j]``: the angle between ``∇Q_j(x_n)`` and ``S_n`` (0°: the learned quantities can
   express Q_j's symmetry direction at x_n; 90°: orthogonal);
 * ``learned_angle[k]``: the angle between ``∇C_k(x_n)`` and the span of the known gradients;
-* ``match[k]``: the known quantity whose gradient is most parallel (|cos|) to ``∇C_k``, with that |cos|;
+* ``match[k]``: the known quantity whose gradient is most parallel to ``∇C_k`` (largest absolute
+  cosine), with that absolute cosine;
 * ``conservation[k]``: ``|{C_k, H}| / (‖∇C_k‖ ‖∇H‖)`` = ``|∇C_kᵀ J ∇H|`` normalised — 0 when C_k
   is conserved by the true dynamics (Noether: then its flow is a symmetry of H).
 
@@ -31,7 +32,6 @@ from torch import Tensor
 from pyro_invariance.data.physics import symplectic
 
 if TYPE_CHECKING:
-    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 __all__ = ["ConservedAnalysis", "gradients", "analyse_conserved", "plot_level_sets"]
@@ -72,7 +72,7 @@ class ConservedAnalysis:
         """Rows ``[quantity, median angle, note]`` for a report."""
         rows = [[f"∇{n} to the learned span", f"{a:.1f}°", ""] for n, a in self.known_angle.items()]
         for k, (a, (name, cos), c) in enumerate(zip(self.learned_angle, self.match, self.conservation)):
-            rows.append([f"∇C{k} to the known span", f"{a:.1f}°", f"most parallel to ∇{name} (|cos| {cos:.2f}); "
+            rows.append([f"∇C{k} to the known span", f"{a:.1f}°", f"most parallel to ∇{name} (abs. cosine {cos:.2f}); "
                          f"|{{C{k}, H}}| normalised {c:.3f}"])  # fmt: skip
         return rows
 
@@ -112,11 +112,12 @@ def analyse_conserved(learned: Callable[[Tensor], Tensor], known: Callable[[Tens
 
 def plot_level_sets(learned: Callable[[Tensor], Tensor], known: Callable[[Tensor], Mapping[str, Tensor]],
                     state: Tensor, *, plane: tuple[int, int] = (0, 1), extent: float = 1.5, points: int = 81,
-                    ax: Axes | None = None) -> Figure:  # fmt: skip
+                    fig: Figure | None = None) -> Figure:  # fmt: skip
     """Level sets of each learned and known quantity on a 2-d slice of phase space through ``state``
-    (coordinates ``plane`` varied over ±``extent`` around it, the others held), one panel each.
-    With ``ax`` only the first learned quantity is drawn there."""
+    (coordinates ``plane`` varied over ±``extent`` around it, the others held), one panel each,
+    learned first. Draws into ``fig`` (an empty figure; default: a new one) and returns it."""
     import matplotlib.pyplot as plt
+    import numpy as np
 
     i, j = plane
     grid = torch.linspace(-extent, extent, points, dtype=state.dtype)
@@ -127,18 +128,13 @@ def plot_level_sets(learned: Callable[[Tensor], Tensor], known: Callable[[Tensor
         lv = learned(xs).reshape(points, points, -1)
         kv = {n: v.reshape(points, points) for n, v in known(xs).items()}
     panels = [(f"learned C{k}", lv[..., k]) for k in range(lv.shape[-1])] + [(n, v) for n, v in kv.items()]
-    if ax is not None:
-        panels, axes, fig = panels[:1], [ax], ax.figure
-    else:
-        cols = min(4, len(panels))
-        fig, axs = plt.subplots(math.ceil(len(panels) / cols), cols, figsize=(3 * cols, 3 * math.ceil(len(panels) / cols)),
-                                squeeze=False)  # fmt: skip
-        axes = list(axs.ravel())
-        for extra in axes[len(panels):]:
-            extra.set_visible(False)
+    cols = min(4, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig = fig if fig is not None else plt.figure(figsize=(3 * cols, 3 * rows))
+    axes = list(fig.subplots(rows, cols, squeeze=False).ravel())
+    for extra in axes[len(panels):]:
+        extra.set_visible(False)
     for a, (title, values) in zip(axes, panels):
-        import numpy as np
-
         v = values.detach().numpy()
         finite = v[np.isfinite(v)]
         levels = sorted(set(np.quantile(finite, np.linspace(0.05, 0.95, 12)).tolist())) if finite.size else []

@@ -60,7 +60,9 @@ def warm_start(model: nn.Module, guide: nn.Module, source: Any) -> WarmStart:
     if not any(True for _ in guide.parameters()):
         raise ValueError("the guide has no parameters yet: call it once with the model's arguments before warm_start")
     src_model, src_guide = _states(source)
-    symmetry = {id(p) for p in getattr(model, "symmetry_parameters", lambda: [])()}
+    from pyro_invariance.models.base import CatalogueModel
+
+    symmetry = {id(p) for p in model.symmetry_parameters()} if isinstance(model, CatalogueModel) else set()
     report = WarmStart()
     own = dict(model.named_parameters()) | dict(model.named_buffers())
     for name, value in src_model.items():
