@@ -3,6 +3,8 @@
 * :mod:`.training` — :func:`fit`: SVI on the ELBO with minibatches, learning-rate groups for η,
   checkpoints that resume bit-for-bit.
 * :mod:`.laplace` — :func:`fit_laplace`: MAP weights with Laplace-evidence prior precisions (paper 004).
+* :mod:`.kfac` — Kronecker-factored GGN of FC layers and the KFAC-Laplace log marginal likelihood
+  (issue 12's core; the layer-wise factors are still to come).
 * :mod:`.prior_update` — closed-form prior-variance updates (Noether's razor), also as a ``fit`` callback.
 * :mod:`.warm_start` — start a fit from a finished run's guide means (the 3-body recipe's warm-up HNN).
 * :mod:`.fast_step` — the lean training step: ELBOs without host reads (and the IWAE bound), capture,
