@@ -79,7 +79,9 @@ class SymmetrisedHNN(CatalogueModel):
             form each, their flows solved by RK4: :mod:`pyro_invariance.symmetry.ode_flow`) or an
             oracle ``"so2"`` / ``"un"`` / ``"se2"`` (fixed generators).
         conserved_hidden: hidden widths of each learned C_k (``symmetry="neural"``; default (32, 32)).
-        flow_steps: RK4 steps of each symmetry flow to τ = π (``symmetry="neural"``; default 8).
+        flow_steps: RK4 steps of each symmetry flow to τ = π (``symmetry="neural"``; default 8). For
+            ``"neural"`` train with a small ``eta_lr`` (0.01 in ``benchmarks/kepler_noether.py``; at
+            ``fit``'s default 0.1 the learned C's size grows by half in three steps on Kepler).
         learn_symmetry: learn η (``symmetry="quadratic"``; ``fit`` trains it with ``eta_lr``) or keep
             it at its random start. Oracles and ``"none"`` have no η.
         symmetry_prior: ``None`` (η a point estimate) or ``"normal"`` (``symmetry="quadratic"`` only):
