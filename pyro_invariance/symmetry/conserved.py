@@ -43,6 +43,14 @@ def canonical_j(m: int, dtype: torch.dtype = torch.float32, device: torch.device
     return j
 
 
+def j_times(grad: Tensor) -> Tensor:
+    """``J g`` for ``g = (g_q, g_p)`` without forming J: ``(g_p, −g_q)`` (last dim ``M`` even). The
+    symmetry package's own copy of :func:`pyro_invariance.data.physics.symplectic` (``data`` and
+    ``symmetry`` import nothing of each other, ARCHITECTURE.md)."""
+    d = grad.shape[-1] // 2
+    return torch.cat([grad[..., d:], -grad[..., :d]], dim=-1)
+
+
 def quadratic_value(x: Tensor, a: Tensor, b: Tensor) -> Tensor:
     """``C(x) = xᵀAx/2 + bᵀx``: ``x (..., M)``, ``a (M, M)``, ``b (M,)`` → ``(...)``."""
     _check_ab(a, b)

@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from pyro_invariance.data.physics import symplectic
+from pyro_invariance.symmetry.conserved import j_times
 from pyro_invariance.validation import check_positive_int
 
 __all__ = ["NeuralConserved", "NeuralFlow", "rk4_flow", "hamiltonian_field"]
@@ -96,7 +96,7 @@ def hamiltonian_field(c: Callable[[Tensor], Tensor], w: Tensor) -> Callable[[Ten
             zg = z if z.requires_grad else z.detach().requires_grad_(True)
             value = (c(zg) * wb).sum()
             (grad,) = torch.autograd.grad(value, zg, create_graph=torch.is_grad_enabled() and z.requires_grad)
-        return symplectic(grad)
+        return j_times(grad)
 
     return field
 
