@@ -24,6 +24,14 @@ The Laplace log marginal likelihood with per-layer prior precisions δ_l (paper 
 
 with ``log det(N G ⊗ A + δ I) = Σ_ij log(N λ_i^G λ_j^A + δ)`` from the eigenvalues of the two factors
 (:func:`kfac_log_det`) — the way laplace-torch adds the prior in the Kronecker eigenbasis.
+
+Convolutions (KFC, Grosse & Martens 2016, Eq. 18–19; :func:`conv2d_factors`): with the unfolded
+input patches ``a_nt`` (bias 1 appended) and output gradients ``g_nct`` at locations t = 1..T,
+
+    A = (1/(N T)) Σ_nt a_nt a_ntᵀ,     G = (1/N) Σ_nct g_nct g_nctᵀ,     GGN_W ≈ N · G ⊗ A,
+
+exact when the output gradients at different locations are uncorrelated and the patches are
+spatially homogeneous (the paper's assumptions); not exact even for one input.
 """
 
 from __future__ import annotations
@@ -32,9 +40,11 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["KroneckerFactors", "categorical_hessian_sqrt", "mlp_kfac", "kfac_log_det", "kfac_log_marginal_likelihood"]
+__all__ = ["KroneckerFactors", "categorical_hessian_sqrt", "conv2d_factors", "mlp_kfac", "kfac_log_det",
+           "kfac_log_marginal_likelihood"]
 
 
 @dataclass
@@ -59,6 +69,34 @@ def categorical_hessian_sqrt(logits: Tensor) -> Tensor:
     p = torch.softmax(logits, dim=-1)
     sp = p.sqrt()
     return torch.diag_embed(sp) - p.unsqueeze(-1) * sp.unsqueeze(-2)
+
+
+def conv2d_factors(inputs: Tensor, output_grads: Tensor, kernel_size: int, *, stride: int = 1, padding: int = 0,
+                   padding_mode: str = "zeros", bias: bool = True) -> KroneckerFactors:  # fmt: skip
+    """KFC factors of a 2-d convolution (module docstring).
+
+    Args:
+        inputs: the layer's inputs ``(N, C_in, H, W)``.
+        output_grads: backpropagated Hessian square-root columns at the layer's output
+            ``(N, C, C_out, H_out, W_out)`` (C columns; see :func:`mlp_kfac` for the construction).
+        padding_mode: ``"zeros"`` or ``"circular"`` (the layer-wise networks' padding: the input is
+            wrapped before unfolding).
+    """
+    if padding_mode == "circular" and padding:
+        inputs = F.pad(inputs, (padding,) * 4, mode="circular")
+        padding = 0
+    elif padding_mode not in ("zeros", "circular"):
+        raise ValueError(f"padding_mode must be 'zeros' or 'circular', got {padding_mode!r}")
+    patches = F.unfold(inputs, kernel_size, padding=padding, stride=stride)  # (N, C_in·k², T)
+    if bias:
+        patches = torch.cat([patches, patches.new_ones(patches.shape[0], 1, patches.shape[-1])], dim=1)
+    n, _, t = patches.shape
+    g = output_grads.flatten(-2)  # (N, C, C_out, T)
+    if g.shape[-1] != t:
+        raise ValueError(f"output_grads have {g.shape[-1]} locations, the unfolded inputs {t}")
+    a_factor = torch.einsum("nit,njt->ij", patches, patches) / (n * t)
+    g_factor = torch.einsum("ncot,ncpt->op", g, g) / n
+    return KroneckerFactors(g_factor, a_factor, n)
 
 
 def mlp_kfac(layers: Sequence[nn.Linear], activation: Callable[[Tensor], Tensor], x: Tensor) -> list[KroneckerFactors]:
