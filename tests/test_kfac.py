@@ -170,3 +170,28 @@ def test_conv_kfc_against_the_exact_ggn_block_is_reported_not_exact():
     exact = torch.einsum("ncp,ncd,ndq->pq", jac, torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2), jac)
     rel = float((fac.block() - exact).norm().detach() / exact.norm().detach())
     assert 0.01 < rel < 2.0, rel  # measured 0.956 here: a dense head correlates the locations' gradients
+
+
+def test_conv_kfc_is_exact_with_one_location():
+    """A 1×1 convolution of a 1×1 image is a fully connected layer: with one input KFC is exact."""
+    from pyro_invariance.infer.kfac import conv2d_factors
+
+    torch.manual_seed(3)
+    conv, head = nn.Conv2d(2, 3, 1).double(), nn.Linear(3, 4).double()
+    x = torch.randn(1, 2, 1, 1, dtype=torch.float64)
+    y = conv(x)
+    logits = head(torch.tanh(y).flatten(1))
+    sqrt_h = categorical_hessian_sqrt(logits.detach())
+    grads = torch.stack([torch.autograd.grad(logits, y, grad_outputs=sqrt_h[:, :, c], retain_graph=True)[0]
+                         for c in range(4)], dim=1)  # fmt: skip
+    fac = conv2d_factors(x, grads, 1)
+    w0 = torch.cat([conv.weight.flatten(1), conv.bias.unsqueeze(1)], dim=1).detach()
+
+    def f(flat):
+        wb = flat.reshape(w0.shape)
+        return head(torch.tanh(x.flatten(1) @ wb[:, :-1].T + wb[:, -1]))
+
+    jac = torch.autograd.functional.jacobian(f, w0.flatten())
+    p = torch.softmax(f(w0.flatten()), -1)
+    exact = torch.einsum("ncp,ncd,ndq->pq", jac, torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2), jac)
+    torch.testing.assert_close(fac.block().detach(), exact, atol=1e-10, rtol=1e-8)
