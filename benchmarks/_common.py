@@ -140,3 +140,26 @@ def _json_default(obj: Any) -> Any:
 def log(msg: str) -> None:
     """Print with a timestamp and flush (benchmarks run under nohup with a log file)."""
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def publish(stem: str, markdown: str, payload: dict[str, Any], out_dir: Path | str | None = None) -> tuple[Path, Path]:
+    """:func:`write_results`, then print the table and log where it went (the end of every benchmark)."""
+    md_path, json_path = write_results(stem, markdown, payload, Path(out_dir) if out_dir else None)
+    print(markdown)
+    log(f"wrote {md_path} and {json_path}")
+    return md_path, json_path
+
+
+def legacy_svi_step(loss_fn: Any, model: Any, guide: Any, optim: Any, sched: Any, x: torch.Tensor, y: torch.Tensor,
+                    num_data: int) -> torch.Tensor:  # fmt: skip
+    """``fit``'s loop body before issue 14, for "before" rows: one SVI step with a finiteness check
+    (a host read) per step. Returns the loss."""
+    optim.zero_grad(set_to_none=True)
+    loss = loss_fn.differentiable_loss(model, guide, x, y, num_data=num_data)
+    if not torch.isfinite(loss):
+        raise FloatingPointError("non-finite loss")
+    loss.backward()
+    optim.step()
+    sched.step()
+    return loss
+

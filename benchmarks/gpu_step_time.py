@@ -105,10 +105,6 @@ REFERENCE_ARGS = {
 }  # fmt: skip
 
 
-#: ``--tf32``: fit(tf32=True) in every timed ``fit`` run (set by main)
-TF32 = False
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -213,13 +209,7 @@ def make_before_step(case: dict[str, Any], total_steps: int, seed: int, device: 
         x, y = next_batch()
         with pyro_scope(), preserved_validation():
             pyro.enable_validation(True)
-            optim.zero_grad(set_to_none=True)
-            loss = loss_fn.differentiable_loss(model, guide, x, y, num_data=n)
-            if not torch.isfinite(loss):
-                raise FloatingPointError("non-finite loss")
-            loss.backward()
-            optim.step()
-            sched.step()
+            loss = common.legacy_svi_step(loss_fn, model, guide, optim, sched, x, y, n)
             -loss.item() / n
             [float(v) for v in symmetry_summary(model, guide).values()]
 
@@ -313,6 +303,11 @@ def cpu_peak(section: str, variant: str, seed: int, threads: int, activation: st
 # --------------------------------------------------------------------------------------------
 # Timing fit's loop with other steps interleaved in its callbacks
 # --------------------------------------------------------------------------------------------
+def _tf32(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """``--tf32``: ``fit(tf32=True)`` in every timed ``fit`` run on CUDA."""
+    return {"tf32": True} if args.tf32 and device.type == "cuda" else {}
+
+
 def time_fit(case: dict[str, Any], others: dict[str, Callable[[], None]], warmup: int, steps: int, seed: int,
              device: torch.device, **fit_kwargs: Any) -> dict[str, Any]:  # fmt: skip
     """``fit`` for 1 + warmup + steps (+ 1 on CUDA) steps; one step of each of ``others`` in each callback."""
@@ -348,8 +343,6 @@ def time_fit(case: dict[str, Any], others: dict[str, Callable[[], None]], warmup
         clock["end"] = time.perf_counter()
 
     t0 = time.perf_counter()
-    if TF32 and device.type == "cuda":
-        fit_kwargs = {"tf32": True, **fit_kwargs}
     result = pi.fit(case["model"], case["guide"], (case["x"], case["y"]), steps=memory_step, progress=False, seed=seed,
                     callbacks=[callback], device=str(device), **case["fit"], **fit_kwargs)  # fmt: skip
     wall = time.perf_counter() - t0
@@ -371,13 +364,14 @@ def run_mlp(section: str, args: argparse.Namespace, device: torch.device) -> dic
         others = {"twin": make_twin_step(case, total, args.seed, device),
                   "twin-adam": make_twin_step(case, total, args.seed, device, default_adam=True),
                   "before": make_before_step(before_case, total, args.seed, device)}  # fmt: skip
-        runs["fit"] = time_fit(case, others, warmup, steps, args.seed, device)
+        runs["fit"] = time_fit(case, others, warmup, steps, args.seed, device, **_tf32(args, device))
         common.log(f"[{section}/{act}] " + _brief(runs["fit"]))
         for mode in args.compile_modes:
             common.log(f"[{section}/{act}] fit compile={mode} with twin interleaved")
             case = build_case(section, args.seed, device, act)
             twin = {"twin": make_twin_step(case, total, args.seed, device)}
-            runs[f"fit-{mode}"] = time_fit(case, twin, warmup, steps, args.seed, device, compile=mode)
+            runs[f"fit-{mode}"] = time_fit(case, twin, warmup, steps, args.seed, device, compile=mode,
+                                           **_tf32(args, device))
             common.log(f"[{section}/{act}] " + _brief(runs[f"fit-{mode}"]))
         if args.memory and device.type == "cpu":
             for run, variants in (("fit", ["fit", "twin", "twin-adam", "before"]),
@@ -398,7 +392,7 @@ def run_hnn(section: str, args: argparse.Namespace, device: torch.device) -> dic
         if p == 1 or args.hnn_before_20 or section != "hnn-sho":
             others["before"] = make_before_step(build_case(section, args.seed, device, particles=p), total, args.seed, device)
         common.log(f"[{section}] P={p}: fit with {list(others)} interleaved")
-        entry = time_fit(case, others, args.hnn_warmup, args.hnn_steps, args.seed, device)
+        entry = time_fit(case, others, args.hnn_warmup, args.hnn_steps, args.seed, device, **_tf32(args, device))
         common.log(f"[{section}] P={p}: " + _brief(entry))
         if args.memory and device.type == "cpu" and (section != "hnn-sho" or args.hnn_memory):
             for v in ["fit", *others]:
@@ -407,7 +401,8 @@ def run_hnn(section: str, args: argparse.Namespace, device: torch.device) -> dic
         for mode in args.hnn_compile_modes:
             common.log(f"[{section}] P={p}: fit compile={mode}")
             case = build_case(section, args.seed, device, particles=p)
-            e = time_fit(case, {}, args.hnn_warmup, args.hnn_steps, args.seed, device, compile=mode)
+            e = time_fit(case, {}, args.hnn_warmup, args.hnn_steps, args.seed, device, compile=mode,
+                         **_tf32(args, device))
             common.log(f"[{section}] P={p} compile={mode}: " + _brief(e))
             out["particles"][f"{p} ({mode})"] = e
     return out
@@ -715,8 +710,6 @@ def main(argv: list[str] | None = None) -> int:
     args.hnn_compile_modes = [m.strip() for m in args.hnn_compile_modes.split(",") if m.strip() and m.strip() != "none"]
     args.sho_particles = tuple(int(p) for p in args.sho_particles.split(",") if p.strip())
     device = torch.device(args.device)
-    global TF32
-    TF32 = bool(args.tf32)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but torch.cuda.is_available() is False")
     common.set_threads(args.threads)

@@ -148,9 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         md += "\nLevel sets of the learned C_k (seed 0) beside H, L, A_x, A_y on the (q_x, q_y) slice through a test " \
               "state: `kepler_noether_levels.png`.\n"
     payload = {"settings": settings, "machine": _common.machine_info(), "rows": rows}
-    md_path, json_path = _common.write_results("kepler_noether", md, payload, out_dir)
-    print(md)
-    _common.log(f"wrote {md_path} and {json_path}")
+    _common.publish("kepler_noether", md, payload, out_dir)
     return 0
 
 

@@ -308,13 +308,7 @@ def make_pyro_step(model: Any, guide: Any, x_all: Tensor, y_all: Tensor, batch: 
         pyro.enable_validation(validation)
         idx = batches.next()
         x, y = x_all[idx], y_all[idx]
-        optim.zero_grad(set_to_none=True)
-        loss = loss_fn.differentiable_loss(model, guide, x, y, num_data=n)
-        if not torch.isfinite(loss):
-            raise FloatingPointError("non-finite loss")
-        loss.backward()
-        optim.step()
-        sched.step()
+        loss = common.legacy_svi_step(loss_fn, model, guide, optim, sched, x, y, n)
         counter[0] += 1
         for callback in callbacks:
             callback(counter[0], model, guide)

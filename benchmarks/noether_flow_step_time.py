@@ -73,10 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     md = _common.header_markdown("Symmetrised HNN: ODE-flow vs matrix-exponential symmetry samples, time per step",
                                  _common.machine_info(), settings, _common.command_line(), __doc__.split("\n\n")[1])  # fmt: skip
     md += "\n" + _common.md_table(["variant", "ms/step", "vs quadratic at the same S"], table) + "\n"
-    md_path, json_path = _common.write_results("noether_flow_step_time", md, {"settings": settings, "rows": rows},
-                                               Path(args.out) if args.out else None)  # fmt: skip
-    print(md)
-    _common.log(f"wrote {md_path} and {json_path}")
+    _common.publish("noether_flow_step_time", md, {"settings": settings, "rows": rows}, args.out)
     return 0
 
 

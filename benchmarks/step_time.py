@@ -195,13 +195,7 @@ def make_pyro_step(model: Any, guide: Any, fit_cfg: training.FitConfig, total_st
 
     def step() -> float:
         pyro.enable_validation(validation)
-        optim.zero_grad(set_to_none=True)
-        loss = loss_fn.differentiable_loss(model, guide, x, y, num_data=num_data)
-        if not torch.isfinite(loss):
-            raise FloatingPointError("non-finite loss")
-        loss.backward()
-        optim.step()
-        sched.step()
+        loss = common.legacy_svi_step(loss_fn, model, guide, optim, sched, x, y, num_data)
         return -loss.item() / num_data
 
     return step

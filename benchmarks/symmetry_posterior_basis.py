@@ -146,10 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                "exact": {"mean": exact.mean, "sd": exact.sd, "iqr": exact_iqr, "log_marginal": exact.log_marginal},
                "nuts": {"mean": float(nuts.mean()), "sd": float(nuts.std(ddof=1)), "draws": int(nuts.size)},
                "rows": rows}  # fmt: skip
-    md_path, json_path = _common.write_results("symmetry_posterior_basis", md, payload,
-                                               Path(args.out) if args.out else None)  # fmt: skip
-    print(md)
-    _common.log(f"wrote {md_path} and {json_path}")
+    _common.publish("symmetry_posterior_basis", md, payload, args.out)
     return 0
 
 

@@ -303,15 +303,19 @@ class SymmetrisedHNN(CatalogueModel):
         (:class:`~pyro_invariance.symmetry.ode_flow.NeuralFlow`); None for ``symmetry="none"``."""
         if self.symmetry == "none":
             return None
+        s = num_transforms or self.num_transforms
         if self.symmetry == "neural":
-            p = next(self.conserved.parameters())
-            w = sample_weights(num_transforms or self.num_transforms, self.num_generators, self.sampling,
-                               dtype=p.dtype, device=p.device)  # fmt: skip
-            return NeuralFlow(self.conserved, w, steps=self.flow_steps)
-        g = self.generators()
-        w = sample_weights(num_transforms or self.num_transforms, g.shape[0], self.sampling, dtype=g.dtype,
-                           device=g.device)  # fmt: skip
-        return flow_matrices(g, w)
+            return NeuralFlow(self.conserved, self._combination_weights(1, s)[0], steps=self.flow_steps)
+        return flow_matrices(self.generators(), self._combination_weights(1, s)[0])
+
+    def _combination_weights(self, n: int, s: int) -> Tensor:
+        """Combination weights ``w (n, S, K)`` of ``n`` particles: ``n·S`` rows in one draw, particle-major
+        (particle i gets the rows a sequential particle would draw i-th), or the grid for every particle."""
+        k = self.num_generators
+        ref = next(self.conserved.parameters()) if self.symmetry == "neural" else self.input_scale
+        if self.sampling == "grid":
+            return sample_weights(s, k, self.sampling, dtype=ref.dtype, device=ref.device).expand(n, s, k)
+        return sample_weights(n * s, k, self.sampling, dtype=ref.dtype, device=ref.device).reshape(n, s, k)
 
     # ------------------------------------------------------------------------------------
     def observable(self, x: Tensor, weights: Sequence[Tensor]) -> Tensor:
@@ -393,27 +397,17 @@ class SymmetrisedHNN(CatalogueModel):
     def _particle_flows(self, particles: torch.Size) -> Tensor | None:
         """Flow matrices of ``n`` particles ``(n, S, M+1, M+1)``, or ``(S, M+1, M+1)`` shared by all
         (grid sampling with point-estimate or oracle generators), or ``None`` (``symmetry="none"``).
-        Random combination weights: ``n·S`` rows in one draw, particle-major (particle i gets the rows a
-        sequential particle would draw i-th)."""
+        Random combination weights: :meth:`_combination_weights`; ``symmetry="neural"``: the ODE flows
+        of every particle's combinations of the same learned C."""
         if self.symmetry == "none":
             return None
-        if self.symmetry == "neural":  # each particle its own combination weights, the same learned C
-            n, s, k = num_particles(particles), self.num_transforms, self.num_generators
-            p = next(self.conserved.parameters())
-            if self.sampling == "grid":
-                w = sample_weights(s, k, self.sampling, dtype=p.dtype, device=p.device).expand(n, s, k)
-            else:
-                w = sample_weights(n * s, k, self.sampling, dtype=p.dtype, device=p.device).reshape(n, s, k)
-            return NeuralFlow(self.conserved, w, steps=self.flow_steps)
+        n, s = num_particles(particles), self.num_transforms
+        if self.symmetry == "neural":
+            return NeuralFlow(self.conserved, self._combination_weights(n, s), steps=self.flow_steps)
         g = self.generators()  # (K, D, D) or latent (*P, 1, K, D, D)
-        k, s = g.shape[-3], self.num_transforms
         if g.dim() == 3 and self.sampling == "grid":
-            return flow_matrices(g, sample_weights(s, k, self.sampling, dtype=g.dtype, device=g.device))
-        n = num_particles(particles)
-        if self.sampling == "grid":
-            w = sample_weights(s, k, self.sampling, dtype=g.dtype, device=g.device).expand(n, s, k)
-        else:
-            w = sample_weights(n * s, k, self.sampling, dtype=g.dtype, device=g.device).reshape(n, s, k)
+            return flow_matrices(g, self._combination_weights(1, s)[0])
+        w = self._combination_weights(n, s)
         g = drop_data_dim(g, 3).expand(*particles, *g.shape[-3:]).reshape(n, *g.shape[-3:])
         return torch.linalg.matrix_exp(torch.pi * torch.einsum("nsk,nkij->nsij", w, g))
 
@@ -444,13 +438,10 @@ class SymmetrisedHNN(CatalogueModel):
         n, b, m = x.shape
         if isinstance(flows, NeuralFlow):
             z = flows(x)  # (n, S, B, M)
-            s = z.shape[1]
-            return self._particle_observable(z.reshape(n, s * b, m), weights).reshape(n, s, b).mean(1)
-        lin, shift = flows[..., :m, :m], flows[..., :m, m]
-        if flows.dim() == 3:  # shared (S, D, D)
-            z = torch.einsum("sij,nbj->nsbi", lin, x) + shift[None, :, None, :]
+        elif flows.dim() == 3:  # shared (S, D, D)
+            z = torch.einsum("sij,nbj->nsbi", flows[..., :m, :m], x) + flows[None, :, None, :m, m]
         else:
-            z = torch.einsum("nsij,nbj->nsbi", lin, x) + shift.unsqueeze(-2)
+            z = torch.einsum("nsij,nbj->nsbi", flows[..., :m, :m], x) + flows[..., :m, m].unsqueeze(-2)
         s = z.shape[1]
         return self._particle_observable(z.reshape(n, s * b, m), weights).reshape(n, s, b).mean(1)
 

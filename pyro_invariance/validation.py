@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import torch
@@ -201,9 +201,18 @@ def check_trailing_shape(name: str, value: Tensor, shapes: Sequence[tuple[int, .
         raise ValueError(f"{name} must have shape {_shape_text(shapes)}, got {got}")
 
 
+@runtime_checkable
+class Classifier(Protocol):
+    """The contract of a classification model (catalogue or not): an integer ``num_classes``."""
+
+    num_classes: int
+
+
 def num_classes_of(model: Any) -> int | None:
-    """``model.num_classes`` when it is an integer (a classification model), else ``None``."""
-    c = getattr(model, "num_classes", None)
+    """``model.num_classes`` when the model is a :class:`Classifier` with an integer count, else ``None``."""
+    if not isinstance(model, Classifier):
+        return None
+    c = model.num_classes
     return int(c) if isinstance(c, (int, np.integer)) and not isinstance(c, bool) else None
 
 

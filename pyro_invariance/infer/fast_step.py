@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 import warnings
 from typing import Any, Callable, Iterator, Sequence
 
@@ -59,7 +60,7 @@ from pyro import poutine
 from pyro.distributions.util import is_identically_zero, scale_and_mask
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from pyro.infer.trace_elbo import _compute_log_r
-from pyro.infer.util import check_fully_reparametrized, is_validation_enabled
+from pyro.infer.util import check_fully_reparametrized, get_dependent_plate_dims, is_validation_enabled, torch_sum
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor, nn
@@ -212,8 +213,6 @@ class LeanIWAE_ELBO(Trace_ELBO):
     sense); K = 1 is the ELBO."""
 
     def differentiable_loss(self, model: Any, guide: Any, *args: Any, **kwargs: Any) -> Tensor:
-        from pyro.infer.util import get_dependent_plate_dims, torch_sum
-
         weights = []
         for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
             sum_dims = get_dependent_plate_dims(model_trace.nodes.values())
@@ -383,6 +382,7 @@ class CapturedLoss:
         self.compile_seconds: float | None = None
         self.bit_identical = False
         self.failure: str | None = None
+        self._graphed_fn: Callable[..., Tensor] | None = None  # compile="cudagraphs": recorded on the first call
         self.batch_shapes: tuple[torch.Size, torch.Size] | None = None
 
     def inputs(self) -> list[Tensor]:
@@ -393,8 +393,6 @@ class CapturedLoss:
     @classmethod
     def capture(cls, elbo: Any, model: Any, guide: Any, x: Tensor, y: Tensor, kwargs: dict[str, Any], mode: str,
                 device: torch.device) -> CapturedLoss:  # fmt: skip
-        import time
-
         from torch.fx.experimental.proxy_tensor import make_fx
         from torch.nn.utils.stateless import _reparametrize_module
 
@@ -485,15 +483,11 @@ class CapturedLoss:
             self._graphed_fn = torch.cuda.make_graphed_callables(loss_of, tuple(tensors), allow_unused_input=True)
         return self._graphed_fn(*tensors)
 
-    _graphed_fn: Callable[..., Tensor] | None = None
-
     def _compiled_call(self, inputs: list[Tensor], x: Tensor, y: Tensor) -> Tensor:
         """One call of the compiled or CUDA-graphed loss; on any failure (compilation, recompilation,
         recording) a warning and, from then on, the captured graph (``mode="capture"``)."""
-        import time
-
         first = self.compile_seconds is None
-        rng0 = rng_state()
+        rng0 = rng_state() if first else None  # later steps draw other numbers than eager anyway: no snapshot per step
         t0 = time.perf_counter()
         try:
             if self.cudagraphs:
@@ -503,7 +497,8 @@ class CapturedLoss:
                     warnings.simplefilter("ignore")
                 loss = self.compiled(*inputs, x, y)  # type: ignore[misc]
         except Exception as exc:  # noqa: BLE001 - a compiler / recording failure: replay the captured graph instead
-            set_rng_state(rng0)
+            if rng0 is not None:
+                set_rng_state(rng0)
             what = "torch.compile" if self.mode == "inductor" else "CUDA-graph recording"
             warnings.warn(f"compile={self.mode!r}: {what} failed ({_first_line(exc)}); replaying the captured graph "
                           "instead (compile='capture')", RuntimeWarning, stacklevel=4)  # fmt: skip

@@ -5,8 +5,8 @@ starts every row (HNN, learned symmetry, oracle) from it (issue 13; docs/methods
 or a checkpoint file, read with ``weights_only=True``):
 
 * the model's point estimates and buffers with the same name and shape (biases, input scale,
-  noise and prior variances) — never the symmetry parameters (``model.symmetry_parameters()``,
-  an oracle's generators): the symmetric rows keep their own start;
+  noise and prior variances) — never the learned symmetry parameters (``model.symmetry_parameters()``):
+  the symmetric rows keep their own start (an HNN source has no symmetry state to copy);
 * the guide's means: every guide entry whose name marks a location (``loc``, ``locs.``) and whose
   shape matches. Scales and covariance factors keep the target guide's own initialisation
   (``init_scale``), as the reference sets the initial posterior scale separately.
@@ -67,7 +67,7 @@ def warm_start(model: nn.Module, guide: nn.Module, source: Any) -> WarmStart:
     own = dict(model.named_parameters()) | dict(model.named_buffers())
     for name, value in src_model.items():
         target = own.get(name)
-        if target is None or id(target) in symmetry or name in ("oracle",) or target.shape != value.shape:
+        if target is None or id(target) in symmetry or target.shape != value.shape:
             report.skipped.append(f"model.{name}")
             continue
         target.copy_(value.to(target))
