@@ -11,7 +11,7 @@
 #       -d .gpu/whl pyro-ppl==1.9.2 pyro-api arviz==0.23.4 h5netcdf xarray-einstats platformdirs
 #   git --git-dir=<mirror of tychovdo/noethers-razor> archive HEAD | tar -x -C .gpu/noethers-razor
 #
-# then, on the device: OUT=<folder> bash benchmarks/gpu_session.sh
+# then, on the device: OUT=<folder> bash benchmarks/gpu_session.sh  (PARTS="paper sho" runs only those parts)
 set -u
 OUT=${OUT:-results/gpu_session}
 mkdir -p "$OUT"
@@ -30,16 +30,18 @@ B="python3 benchmarks/gpu_step_time.py --device cuda --out-dir $WORK"
 REF="--reference-dir $ROOT/.gpu/noethers-razor"
 part() {  # part <seconds> <stem> <args...>
   local secs=$1 stem=$2; shift 2
+  case " ${PARTS:-$stem} " in *" $stem "*) ;; *) return 0 ;; esac  # PARTS="paper 3body": only those
   local t0=$(date +%s)
   timeout "$secs" $B --stem "gpu_step_time_cuda_$stem" "$@" > "$WORK/$stem.log" 2>&1
   echo "$stem rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/parts.txt"
   tar czf "$OUT/all.tgz" -C "$WORK" .
 }
-part 40 paper --sections mlp-paper --paper-warmup 5 --paper-steps 30 --compile-modes capture,cudagraphs
-part 40 3body --sections hnn-3body --hnn-warmup 2 --hnn-steps 8 --hnn-compile-modes capture,cudagraphs
+# the parts whose verdicts are open come first; the ones already met on 2026-11-26 (layer-wise) last
+part 45 paper --sections mlp-paper --paper-warmup 5 --paper-steps 30 --compile-modes capture,cudagraphs
+part 45 3body --sections hnn-3body --hnn-warmup 2 --hnn-steps 8 --hnn-compile-modes capture,cudagraphs
+part 60 sho --sections hnn-sho --sho-particles 20,1 --hnn-warmup 1 --hnn-steps 3 --hnn-compile-modes cudagraphs
+# the JAX reference compiles for minutes before its first epoch (cut off at 120 s on 2026-11-26)
+part ${REF_SECONDS:-200} reference_sho --sections reference --reference-systems hnn-sho $REF --hnn-warmup 0 --hnn-steps 2
+part 35 paper_tf32 --sections mlp-paper --tf32 --paper-warmup 5 --paper-steps 30 --compile-modes capture,cudagraphs
 part 45 layerwise --sections layerwise --layerwise-warmup 10 --layerwise-steps 20 \
   --layerwise-variants pyro-map,fit-lean,fit-cudagraphs,twin
-part 35 paper_tf32 --sections mlp-paper --tf32 --paper-warmup 5 --paper-steps 30 --compile-modes capture,cudagraphs
-part 60 sho --sections hnn-sho --sho-particles 20,1 --hnn-warmup 1 --hnn-steps 3 --hnn-compile-modes cudagraphs
-# the JAX reference compiles for minutes before its first epoch (cut off at 120 s on 2026-11-26): give it the rest
-part 240 reference_sho --sections reference --reference-systems hnn-sho $REF --hnn-warmup 0 --hnn-steps 2

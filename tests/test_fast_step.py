@@ -463,6 +463,16 @@ def test_graph_on_device_leaves_no_host_tensors_in_the_graph(data):
         loss = moved(*inputs)
     assert loss.shape == () and seen and set(seen) == {meta}
     assert host[0].kwargs["device"] == torch.device("cpu")  # the captured graph itself is unchanged
+    # matrix_exp reads norms on the host (on CUDA: a copy, which made the H100 recordings fail): replaced
+    expm = torch.ops.aten.linalg_matrix_exp.default
+    assert any(n.target is expm for n in captured.graph.graph.nodes)
+    assert not any(n.target is expm for n in moved.graph.nodes)
+    assert any(n.target is fast_step.static_matrix_exp for n in moved.graph.nodes)
+    # the diagnostic a failed recording reports: nothing on the moved graph, the host calls on the unmoved one
+    assert fast_step.host_traffic(moved, inputs, meta) == []
+    where = fast_step.host_traffic(captured.graph, inputs, meta, limit=3)
+    assert where and all("cpu" in w for w in where) and any("meta" in w for w in where) and where[0].split()[0] in {
+        n.name for n in captured.graph.graph.nodes}
 
 
 def test_compile_cudagraphs_is_part_of_the_run_fingerprint(data, tmp_path):
@@ -530,3 +540,21 @@ def test_particles_are_vectorised_where_the_model_allows(data, monkeypatch, part
     small_fit(data, steps=2, num_particles=particles)
     assert made[0]["vectorize_particles"] is (vectorised and type(small_model()).vectorizable_particles)
     assert made[0].get("max_plate_nesting") == (1 if made[0]["vectorize_particles"] else None)
+
+
+@pytest.mark.parametrize("scale", [0.0, 1e-3, 0.5, 3.0, 30.0, 100.0])
+def test_static_matrix_exp_equals_matrix_exp(scale):
+    """The graph-safe exponential (fixed operations, no host reads) against torch's adaptive Padé
+    one, float64, 1-norms from 0 to ~500 (finite results); rotation generators at large angles in float32."""
+    a = torch.randn(20, 5, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * scale
+    ref = torch.linalg.matrix_exp(a)
+    assert bool(ref.isfinite().all())
+    err = (fast_step.static_matrix_exp(a) - ref).abs().amax((-2, -1)) / ref.abs().amax((-2, -1))
+    assert float(err.max()) < 1e-11
+    rot = torch.tensor([[0.0, -1.0], [1.0, 0.0]]) * torch.tensor([0.1, 3.14, 40.0])[:, None, None]
+    assert torch.allclose(fast_step.static_matrix_exp(rot), torch.linalg.matrix_exp(rot), atol=1e-5)
+
+
+def test_static_matrix_exp_gradients_pass_gradcheck():
+    a = torch.randn(3, 3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2)) * 2.0
+    assert torch.autograd.gradcheck(fast_step.static_matrix_exp, (a.requires_grad_(),))

@@ -37,7 +37,8 @@ recorded as CUDA graphs by :func:`torch.cuda.make_graphed_callables` and replaye
 a step launches a handful of graphs instead of hundreds of kernels from Python (the optimiser step
 stays eager: fused Adam). The parameters are the graphs' own static inputs (updated in place by the
 optimiser, never copied); the minibatch is copied into static buffers; the graph's constants and
-factory calls are first moved to the device (:func:`graph_on_device`). Random draws inside a CUDA
+factory calls are first moved to the device and ``matrix_exp`` (which reads norms on the host) is
+replaced by :func:`static_matrix_exp` (:func:`graph_on_device`). Random draws inside a CUDA
 graph come from the CUDA generator's graph-safe Philox offsets: the same estimator with other draws
 (not bit-identical to ``"off"``). Elsewhere it is ``"capture"`` with a warning. If recording or a
 replay fails, ``fit`` warns and replays the captured graph eagerly (the RNG state as before the call).
@@ -68,7 +69,7 @@ from torch.distributions import Distribution, kl_divergence
 
 from pyro_invariance.infer.checkpoint import rng_state, set_rng_state
 
-__all__ = ["CapturedLoss", "CaptureError", "LEAN_ELBOS", "graph_on_device", "LeanIWAE_ELBO", "LeanTraceMeanField_ELBO", "LeanTrace_ELBO",
+__all__ = ["CapturedLoss", "CaptureError", "LEAN_ELBOS", "graph_on_device", "host_traffic", "static_matrix_exp", "LeanIWAE_ELBO", "LeanTraceMeanField_ELBO", "LeanTrace_ELBO",
            "make_optimizer", "preserved_validation", "set_validation", "tf32_matmuls"]  # fmt: skip
 
 # ----------------------------------------------------------------------------------------------
@@ -341,7 +342,7 @@ def _first_line(exc: BaseException) -> str:
     if isinstance(inner, BaseException):
         exc = inner
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return f"{type(exc).__name__}: {text[:200]}"
+    return f"{type(exc).__name__}: {text[:400]}"
 
 
 class CapturedLoss:
@@ -480,7 +481,12 @@ class CapturedLoss:
             def loss_of(*args: Tensor) -> Tensor:  # a function, not the GraphModule: no module hooks to refuse
                 return graph(*args)
 
-            self._graphed_fn = torch.cuda.make_graphed_callables(loss_of, tuple(tensors), allow_unused_input=True)
+            try:
+                self._graphed_fn = torch.cuda.make_graphed_callables(loss_of, tuple(tensors), allow_unused_input=True)
+            except Exception as exc:
+                torch.cuda.synchronize()
+                where = host_traffic(graph, tensors, self.device)  # the nodes that need the host, named in the warning
+                raise RuntimeError(f"host tensors at {'; '.join(where) or 'no node found'} ({str(exc)[:60]}...)") from exc
         return self._graphed_fn(*tensors)
 
     def _compiled_call(self, inputs: list[Tensor], x: Tensor, y: Tensor) -> Tensor:
@@ -513,9 +519,45 @@ class CapturedLoss:
         return loss.clone() if (self.cudagraphs or self.mode == "cudagraphs") else loss
 
 
+#: squarings :func:`static_matrix_exp` always performs (masked): exact for 1-norms up to 2**24
+_MAX_SQUARINGS = 24
+#: Taylor degree of :func:`static_matrix_exp` on the scaled matrix (1-norm at most 1): 1/19! < 1e-17
+_TAYLOR_DEGREE = 18
+
+
+def static_matrix_exp(a: Tensor) -> Tensor:
+    """``exp(A)`` for a batch of square matrices ``a`` (``(..., n, n)``) by scaling and squaring with a
+    fixed sequence of operations: no value read on the host, so it can be recorded in a CUDA graph.
+
+    ``torch.linalg.matrix_exp`` picks its Padé degree and number of squarings on the host (on CUDA it
+    copies the norms to the CPU), which a CUDA-graph recording refuses. Here ``s = ceil(log2 ‖A‖₁)``
+    (clamped to ``[0, 24]``) is a tensor: ``A / 2^s`` has 1-norm ≤ 1, its exponential is the Taylor
+    polynomial of degree 18 (Horner; truncation error below ``1/19!``, under float64's rounding), and
+    the result is squared 24 times, each squaring kept only where ``i < s`` (Higham 2005, "The scaling
+    and squaring method for the matrix exponential revisited", with a fixed Taylor degree instead of
+    an adaptive Padé one). Equal to ``torch.linalg.matrix_exp`` to rounding for 1-norms below 2**24
+    (tested), differentiable by autograd; more matrix products than the adaptive method, which for the
+    small generators of this package (n ≤ 12) costs microseconds on a GPU."""
+    norm = a.abs().sum(-2).amax(-1)  # (...) 1-norms
+    s = torch.ceil(torch.log2(norm.clamp_min(1.0))).clamp(max=_MAX_SQUARINGS)  # 0 for norms ≤ 1
+    scaled = a * torch.exp2(-s)[..., None, None]
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device).expand_as(a)
+    out = eye
+    for k in range(_TAYLOR_DEGREE, 0, -1):  # I + A/1 (I + A/2 (I + ... (I + A/18)))
+        out = eye + (scaled @ out) / k
+    for i in range(_MAX_SQUARINGS):
+        out = torch.where((s > i)[..., None, None], out @ out, out)
+    return out
+
+
+#: ops of a captured graph that read values on the host, and their graph-safe replacements
+_GRAPH_SAFE = {torch.ops.aten.linalg_matrix_exp.default: static_matrix_exp}
+
+
 def graph_on_device(graph: Any, device: torch.device) -> Any:
-    """A copy of a captured ``torch.fx.GraphModule`` with its tensor constants moved to ``device``
-    and its factory calls made there (``device=cpu`` keyword arguments rewritten).
+    """A copy of a captured ``torch.fx.GraphModule`` with its tensor constants moved to ``device``,
+    its factory calls made there (``device=cpu`` keyword arguments rewritten) and its host-reading
+    ops replaced by graph-safe ones (``matrix_exp`` by :func:`static_matrix_exp`).
 
     Pyro and the models create small tensors with ``torch.tensor``/``torch.zeros`` and move them to
     the data's device; traced, these are host tensors and host→device copies in the graph, which a
@@ -535,11 +577,59 @@ def graph_on_device(graph: Any, device: torch.device) -> Any:
             if isinstance(value, Tensor) and value.device != device:
                 setattr(owner, name, value.to(device))
         elif node.op == "call_function":
+            if node.target in _GRAPH_SAFE:
+                node.target = _GRAPH_SAFE[node.target]
             where = node.kwargs.get("device")
             if isinstance(where, torch.device) and where != device:
                 node.kwargs = {**node.kwargs, "device": device}
     moved.recompile()
     return moved
+
+
+def host_traffic(graph: Any, inputs: Sequence[Tensor], device: torch.device, limit: int = 4) -> list[str]:
+    """Where a graph's forward and backward on ``device`` touch tensors elsewhere (the host): the
+    first ``limit`` operations with a tensor argument or result off ``device``, each as
+    ``"<node> <op>(<devices>)"`` (``backward`` for the gradient pass). A diagnostic for a failed
+    CUDA-graph recording, which cannot copy between host and device; run eagerly, outside capture."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    found: list[str] = []
+    current = ["backward"]
+
+    def on_device(t: Tensor) -> bool:
+        return t.device.type == device.type and (device.index is None or t.device.index in (None, device.index))
+
+    class Traffic(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            try:
+                out = func(*args, **(kwargs or {}))
+            except Exception:
+                out = None  # a mixed-device call that raises is reported like one that copies
+                raise
+            finally:
+                tensors = [t for t in tree_leaves((args, kwargs or {}, out)) if isinstance(t, Tensor)]
+                if len(found) < limit and any(not on_device(t) for t in tensors):
+                    devices = ",".join(sorted({str(t.device) + ("" if t.dim() else "[0-d]") for t in tensors}))
+                    found.append(f"{current[0]} {func}({devices})")
+            return out
+
+    class Named(torch.fx.Interpreter):
+        def run_node(self, n: Any) -> Any:  # noqa: ANN401
+            current[0] = n.name
+            return super().run_node(n)
+
+    args = [t.detach().requires_grad_(t.requires_grad) for t in inputs]
+    try:
+        with Traffic():
+            loss = Named(graph).run(*args)
+            current[0] = "backward"
+            wrt = [t for t in args if t.requires_grad]
+            if wrt and loss.requires_grad:
+                torch.autograd.grad(loss, wrt, allow_unused=True)
+    except Exception as exc:  # noqa: BLE001 - a diagnostic: say where it stopped
+        found.append(f"{current[0]} raised {_first_line(exc)}")
+    return found
 
 
 def _rel_diff(a: Tensor, b: Tensor) -> float:
