@@ -54,8 +54,13 @@ __all__ = [
     "DiagonalLaplacePosterior",
     "LaplaceEvidenceUpdate",
     "PrecisionGroup",
+    "CURVATURES",
+    "DELTA_UPDATES",
+    "DiagonalCurvature",
+    "as_curvature",
     "diagonal_ggn",
     "fit_laplace",
+    "gradient_update",
     "LaplaceFitResult",
     "laplace_log_evidence",
     "log_likelihood",
@@ -155,20 +160,48 @@ def diagonal_ggn(
     return {s: h / num_samples for s, h in out.items()}
 
 
-def _group_stats(g: PrecisionGroup, values: dict[str, Tensor], h: dict[str, Tensor]) -> tuple[int, float, Tensor]:
+class DiagonalCurvature:
+    """A diagonal GGN ``h`` (per site, the site's shape) in the form the evidence uses: its
+    eigenvalues are ``h`` itself and the posterior marginal variances ``1/(h + δ)``.
+    :class:`~pyro_invariance.infer.kfac_layers.KFACCurvature` offers the same two methods."""
+
+    def __init__(self, h: dict[str, Tensor]) -> None:
+        self.h = h
+
+    def eigenvalues(self, sites: list[str]) -> Tensor:
+        missing = [s for s in sites if s not in self.h]
+        if missing:
+            raise KeyError(f"no curvature for sites {missing[:3]}")
+        return torch.cat([self.h[s].reshape(-1).double() for s in sites])
+
+    def marginal_variances(self, sites: list[str], delta: float, shapes: dict[str, torch.Size]) -> dict[str, Tensor]:
+        return {s: 1.0 / (self.h[s].double() + delta) for s in sites}
+
+
+def as_curvature(h: Any) -> Any:
+    """A diagonal ``{site: h}`` as :class:`DiagonalCurvature`; a curvature object as it is."""
+    return DiagonalCurvature(h) if isinstance(h, dict) else h
+
+
+def _group_stats(g: PrecisionGroup, values: dict[str, Tensor], curvature: Any) -> tuple[int, float, Tensor]:
+    """``P_g``, ``‖θ*_g‖²`` and the curvature's eigenvalues over the group's sites (float64)."""
     p = sum(values[s].numel() for s in g.sites)
     sq = float(sum((values[s].double() ** 2).sum() for s in g.sites))
-    hh = torch.cat([h[s].reshape(-1).double() for s in g.sites])
+    hh = curvature.eigenvalues(list(g.sites))
+    if hh.numel() != p:
+        raise ValueError(f"the curvature of {g.name} has {hh.numel()} eigenvalues for {p} parameters")
     return p, sq, hh
 
 
-def laplace_log_evidence(
-    model: Any, values: dict[str, Tensor], h: dict[str, Tensor], log_lik: float
-) -> float:
-    """Diagonal-GGN Laplace log marginal likelihood (module docstring) at the current δ."""
+def laplace_log_evidence(model: Any, values: dict[str, Tensor], h: Any, log_lik: float) -> float:
+    """Laplace log marginal likelihood (module docstring) at the current δ, from a diagonal
+    curvature ``{site: h}`` or a curvature object (:class:`DiagonalCurvature`,
+    :class:`~pyro_invariance.infer.kfac_layers.KFACCurvature`): ``log det`` is Σ log(λ + δ) over
+    the curvature's eigenvalues λ in each group (paper 004 Eq. 9)."""
     total = float(log_lik)
+    curvature = as_curvature(h)
     for g in _groups(model):
-        p, sq, hh = _group_stats(g, values, h)
+        p, sq, hh = _group_stats(g, values, curvature)
         d = float(g.value)
         total += -0.5 * d * sq + 0.5 * p * math.log(d) - 0.5 * float(torch.log(hh + d).sum())
     return total
@@ -177,7 +210,7 @@ def laplace_log_evidence(
 def mackay_update(
     model: Any,
     values: dict[str, Tensor],
-    h: dict[str, Tensor],
+    h: Any,
     *,
     damping: float = 1.0,
     max_precision: float = MAX_PRECISION,
@@ -190,8 +223,9 @@ def mackay_update(
     if not (0 < damping <= 1):
         raise ValueError(f"damping must lie in (0, 1], got {damping}")
     gammas: dict[str, float] = {}
+    curvature = as_curvature(h)
     for g in _groups(model):
-        p, sq, hh = _group_stats(g, values, h)
+        p, sq, hh = _group_stats(g, values, curvature)
         d = float(g.value)
         gamma = float((hh / (hh + d)).sum())
         gammas[g.name] = gamma
@@ -204,20 +238,72 @@ def mackay_update(
     return gammas
 
 
+def gradient_update(
+    model: Any,
+    values: dict[str, Tensor],
+    h: Any,
+    *,
+    steps: int = 100,
+    lr: float = 0.1,
+    max_precision: float = MAX_PRECISION,
+) -> dict[str, float]:
+    """``steps`` Adam steps (learning rate ``lr``) on every group's ``log δ`` ascending the Laplace
+    log evidence with θ* and the curvature held fixed (paper 004 Sec. 4: δ learned by the
+    gradient of the evidence, as Immer et al. 2021's online marginal-likelihood training; a fresh
+    optimiser per update, so that δ, a model buffer, is the whole state and resumes bit-for-bit).
+    The objective is separable over groups: ``(P_g/2) log δ − (δ/2)‖θ*_g‖² − ½ Σ log(λ + δ)``.
+    δ stays in ``[1/max, max]``. Returns the new δ per group."""
+    check_positive_int("steps", steps)
+    if not lr > 0:
+        raise ValueError(f"lr must be positive, got {lr}")
+    curvature = as_curvature(h)
+    groups = _groups(model)
+    stats = [_group_stats(g, values, curvature) for g in groups]
+    log_delta = torch.tensor([math.log(float(g.value)) for g in groups], dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.Adam([log_delta], lr=lr)
+    bound = math.log(max_precision)
+    for _ in range(steps):
+        opt.zero_grad()
+        objective = log_delta.new_zeros(())
+        for (p, sq, hh), ld in zip(stats, log_delta):
+            d = ld.exp()
+            objective = objective + 0.5 * p * ld - 0.5 * d * sq - 0.5 * torch.log(hh + d).sum()
+        (-objective).backward()
+        opt.step()
+        with torch.no_grad():
+            log_delta.clamp_(-bound, bound)
+    out: dict[str, float] = {}
+    for g, ld in zip(groups, log_delta.detach()):
+        g.value.fill_(math.exp(float(ld)))
+        out[g.name] = float(g.value)
+    return out
+
+
+#: how ``fit_laplace`` updates δ: MacKay's fixed point or the evidence's gradient
+DELTA_UPDATES = ("mackay", "gradient")
+#: the curvature ``fit_laplace`` uses
+CURVATURES = ("diagonal", "kfac")
+
+
 class DiagonalLaplacePosterior:
     """``q(θ) = N(θ*, diag(h + δ)⁻¹)`` per site, with the guide interface the analysis uses.
 
     ``get_distribution(site)`` (sites of the precision groups), ``median()`` → θ*.
     """
 
-    def __init__(self, model: Any, values: dict[str, Tensor], h: dict[str, Tensor]) -> None:
+    def __init__(self, model: Any, values: dict[str, Tensor], h: Any) -> None:
         self.values = values
-        self.precision: dict[str, Tensor] = {}
+        curvature = as_curvature(h)
+        shapes = {k: v.shape for k, v in values.items()}
+        self.precision: dict[str, Tensor] = {}  # 1 / marginal variance (h + δ for a diagonal curvature)
         for g in _groups(model):
+            variances = curvature.marginal_variances(list(g.sites), float(g.value), shapes)
             for s in g.sites:
-                self.precision[s] = h[s] + g.value.detach()
+                self.precision[s] = (1.0 / variances[s]).to(values[s].dtype)
 
     def get_distribution(self, site: str) -> dist.Normal:
+        """The marginal ``N(θ*_i, Σ_ii)`` of every element of ``site`` (for KFAC: the diagonal of
+        ``(N G⊗A + δI)⁻¹``; the correlations are not represented here)."""
         if site not in self.precision:
             raise KeyError(f"the Laplace posterior has no site {site!r}")
         return dist.Normal(self.values[site], self.precision[site].rsqrt())
@@ -229,7 +315,13 @@ class DiagonalLaplacePosterior:
 @dataclass
 class LaplaceEvidenceUpdate:
     """``fit`` callback: every ``every`` steps from ``warmup`` on, the curvature at the current
-    MAP point and MacKay's update of every δ (:func:`mackay_update`).
+    MAP point and an update of every δ.
+
+    ``curvature``: ``"diagonal"`` (:func:`diagonal_ggn`, labels drawn from the model) or ``"kfac"``
+    (:func:`~pyro_invariance.infer.kfac_layers.kfac_curvature`; ``labels="exact"`` takes the
+    expectation over labels exactly, ``"sampled"`` draws one per example). ``delta_update``:
+    ``"mackay"`` (:func:`mackay_update`, ``damping`` in log space) or ``"gradient"``
+    (:func:`gradient_update`: ``delta_steps`` Adam steps of rate ``delta_lr`` on log δ).
 
     The label draws use a generator seeded by ``(seed, step)``, so a resumed run repeats them; δ are
     model buffers and travel in checkpoints. ``log`` (step, log evidence before the update, per-datum)
@@ -245,6 +337,11 @@ class LaplaceEvidenceUpdate:
     damping: float = 1.0
     seed: int = 0
     max_precision: float = MAX_PRECISION
+    curvature: str = "diagonal"
+    labels: str = "exact"
+    delta_update: str = "mackay"
+    delta_steps: int = 100
+    delta_lr: float = 0.1
     log: list[tuple[int, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -253,22 +350,47 @@ class LaplaceEvidenceUpdate:
             raise ValueError(f"warmup must be an integer >= 0, got {self.warmup!r}")
         if not (0 < self.damping <= 1):
             raise ValueError(f"damping must lie in (0, 1], got {self.damping}")
+        if self.curvature not in CURVATURES:
+            raise ValueError(f"curvature must be one of {CURVATURES}, got {self.curvature!r}")
+        if self.delta_update not in DELTA_UPDATES:
+            raise ValueError(f"delta_update must be one of {DELTA_UPDATES}, got {self.delta_update!r}")
+        from pyro_invariance.infer.kfac_layers import LABELS
 
-    def curvature(self, model: Any, guide: Any, step: int) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        if self.labels not in LABELS:
+            raise ValueError(f"labels must be one of {LABELS}, got {self.labels!r}")
+        check_positive_int("delta_steps", self.delta_steps)
+        if not self.delta_lr > 0:
+            raise ValueError(f"delta_lr must be positive, got {self.delta_lr}")
+
+    def compute_curvature(self, model: Any, guide: Any, step: int) -> tuple[dict[str, Tensor], Any]:
+        """The MAP values and the curvature at them (a ``{site: h}`` dict or a KFAC curvature)."""
         values = map_values(guide)
-        sites = [s for g in _groups(model) for s in g.sites]
         gen = torch.Generator(device=self.x.device).manual_seed(self.seed * 1_000_003 + step)
+        if self.curvature == "kfac":
+            from pyro_invariance.infer.kfac_layers import kfac_curvature
+
+            return values, kfac_curvature(model, values, self.x, batch_size=self.batch_size, labels=self.labels,
+                                          generator=gen)  # fmt: skip
+        sites = [s for g in _groups(model) for s in g.sites]
         h = diagonal_ggn(model, values, self.x, sites, batch_size=self.batch_size,
                          num_samples=self.num_samples, generator=gen)  # fmt: skip
         return values, h
 
+    def update(self, model: Any, values: dict[str, Tensor], curvature: Any) -> None:
+        """One δ update at fixed θ* and curvature (``delta_update``)."""
+        if self.delta_update == "gradient":
+            gradient_update(model, values, curvature, steps=self.delta_steps, lr=self.delta_lr,
+                            max_precision=self.max_precision)  # fmt: skip
+        else:
+            mackay_update(model, values, curvature, damping=self.damping, max_precision=self.max_precision)
+
     def __call__(self, step: int, model: Any, guide: Any) -> None:
         if step < self.warmup or (step - self.warmup) % self.every:
             return
-        values, h = self.curvature(model, guide, step)
+        values, h = self.compute_curvature(model, guide, step)
         log_lik = log_likelihood(model, values, self.x, self.y)
         self.log.append((step, laplace_log_evidence(model, values, h, log_lik) / self.x.shape[0]))
-        mackay_update(model, values, h, damping=self.damping, max_precision=self.max_precision)
+        self.update(model, values, h)
 
 
 @dataclass
@@ -297,6 +419,11 @@ def fit_laplace(
     ggn_batch_size: int = 32,
     num_samples: int = 1,
     damping: float = 1.0,
+    curvature: str = "diagonal",
+    labels: str = "exact",
+    delta_update: str = "mackay",
+    delta_steps: int = 100,
+    delta_lr: float = 0.1,
     callbacks: Sequence[Any] = (),
     **kwargs: Any,
 ) -> LaplaceFitResult:
@@ -308,7 +435,11 @@ def fit_laplace(
     (``checkpoint_path``, ``resume`` ...). Adds a :class:`LaplaceEvidenceUpdate` callback (every
     ``every`` steps after ``warmup``; curvature on minibatches of ``ggn_batch_size`` with
     ``num_samples`` label draws; ``damping`` in log space), whose settings are part of the run's
-    fingerprint, and computes the curvature at the final point.
+    fingerprint, and computes the curvature at the final point. ``curvature="kfac"`` uses paper
+    004's KFAC GGN (``labels``: exact expectation or one sampled label), ``delta_update="gradient"``
+    its gradient steps on log δ (``delta_steps`` of rate ``delta_lr``) instead of MacKay's fixed
+    point; see :class:`LaplaceEvidenceUpdate`. The returned ``laplace`` posterior's marginals are
+    the diagonal of the chosen curvature's posterior covariance.
     """
     from pyro_invariance import guides as guide_registry
     from pyro_invariance.data.arrays import train_arrays
@@ -322,11 +453,16 @@ def fit_laplace(
     x, y = train_arrays(data, model)
     x, y = x.to(cfg.device), y.to(cfg.device)
     update = LaplaceEvidenceUpdate(x, y, every=every, warmup=warmup, batch_size=ggn_batch_size,
-                                   num_samples=num_samples, damping=damping, seed=cfg.seed)  # fmt: skip
+                                   num_samples=num_samples, damping=damping, seed=cfg.seed, curvature=curvature,
+                                   labels=labels, delta_update=delta_update, delta_steps=delta_steps,
+                                   delta_lr=delta_lr)  # fmt: skip
     settings = {"laplace": {"every": every, "warmup": warmup, "ggn_batch_size": ggn_batch_size,
                             "num_samples": num_samples, "damping": damping}}  # fmt: skip
+    if curvature != "diagonal" or delta_update != "mackay":  # the diagonal/MacKay runs keep their fingerprints
+        settings["laplace"].update(curvature=curvature, labels=labels, delta_update=delta_update,
+                                   delta_steps=delta_steps, delta_lr=delta_lr)  # fmt: skip
     result = fit(model, guide, (x, y), cfg, callbacks=[*callbacks, update], run_settings=settings, **kwargs)
-    values, h = update.curvature(model, result.guide, cfg.steps + 1)
+    values, h = update.compute_curvature(model, result.guide, cfg.steps + 1)
     log_evidence = laplace_log_evidence(model, values, h, log_likelihood(model, values, x, y))
     base = {f.name: getattr(result, f.name) for f in fields(FitResult)}
     return LaplaceFitResult(**base, laplace=DiagonalLaplacePosterior(model, values, h), log_evidence=log_evidence,
