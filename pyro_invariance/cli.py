@@ -213,14 +213,16 @@ def _run_fit_locked(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any],
 
     data, model, guide = build(spec)
     fit_kwargs = dict(fit_kwargs)  # FitConfig overrides + run options; fit resolves model/guide defaults
-    laplace_kw = {k: fit_kwargs.pop(k) for k in ("laplace_every", "laplace_warmup") if k in fit_kwargs}
+    laplace_kw = {k: fit_kwargs.pop(k) for k in ("laplace_every", "laplace_warmup", "laplace_curvature",
+                                                 "laplace_delta_update") if k in fit_kwargs}  # fmt: skip
     extra: dict[str, Any] = {}
     if spec.get("objective") == "laplace":
         from pyro_invariance.infer.laplace import fit_laplace
 
         result = fit_laplace(model, guide, data, checkpoint_path=out / "checkpoint.pt", spec=spec,
                              every=laplace_kw.get("laplace_every", 50), warmup=laplace_kw.get("laplace_warmup", 100),
-                             **fit_kwargs)  # fmt: skip
+                             curvature=laplace_kw.get("laplace_curvature", "diagonal"),
+                             delta_update=laplace_kw.get("laplace_delta_update", "mackay"), **fit_kwargs)  # fmt: skip
         extra = {"laplace_log_evidence_per_datum": result.log_evidence / result.num_data,
                  "laplace_evidence_log": result.evidence_log}  # fmt: skip
     else:
@@ -267,6 +269,8 @@ def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     if args.objective == "laplace":
         kw["laplace_every"] = check_positive_int("--laplace-every", args.laplace_every)
         kw["laplace_warmup"] = check_positive_int("--laplace-warmup", args.laplace_warmup, minimum=0)
+        kw["laplace_curvature"] = args.laplace_curvature
+        kw["laplace_delta_update"] = args.laplace_delta_update
     return kw
 
 
@@ -461,6 +465,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="laplace: MAP weights, prior precisions by the Laplace evidence (layer-wise models)")
     p.add_argument("--laplace-every", type=int, default=50, help="steps between Laplace evidence updates")
     p.add_argument("--laplace-warmup", type=int, default=100, help="MAP steps before the first update")
+    p.add_argument("--laplace-curvature", default="diagonal", choices=["diagonal", "kfac"],
+                   help="Laplace curvature: diagonal GGN, or KFAC (paper 004 Eq. 9)")
+    p.add_argument("--laplace-delta-update", default="mackay", choices=["mackay", "gradient"],
+                   help="how δ follows the evidence: MacKay's fixed point or Adam steps on log δ")
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic CUDA kernels, so GPU runs repeat and resume bit-for-bit (slower)")
     p.add_argument("--checkpoint-every", type=int, default=None)

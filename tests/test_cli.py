@@ -116,12 +116,13 @@ def test_fit_and_evaluate_symmetrised_hnn_on_physics_data(tmp_path, capsys):
     assert "energy drift" in capsys.readouterr().out
 
 
-def test_fit_with_the_laplace_objective_on_a_layerwise_model(tmp_path, capsys):
+@pytest.mark.parametrize("curvature", [[], ["--laplace-curvature", "kfac", "--laplace-delta-update", "gradient"]])
+def test_fit_with_the_laplace_objective_on_a_layerwise_model(tmp_path, capsys, curvature):
     out = tmp_path / "run"
     code = main(["fit", "--model", "layerwise-fc+conv", "--objective", "laplace", "--data", "quadrant-digits",
                  "--model-arg", "alpha=1", "--train-size", "200", "--test-size", "100", "--steps", "12",
                  "--laplace-every", "4", "--laplace-warmup", "4", "--eval-samples", "1", "--out", str(out),
-                 "--no-progress"])  # fmt: skip
+                 "--no-progress", *curvature])  # fmt: skip
     assert code == 0
     result = json.loads((out / "result.json").read_text())
     summary = result["summary"]

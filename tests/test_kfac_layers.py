@@ -82,10 +82,13 @@ def test_kfac_blocks_of_dense_layers_equal_the_exact_ggn_on_one_input(variant):
     assert checked >= 10
 
 
-def test_kfac_sites_cover_every_precision_group_once():
-    model, values = _model_and_map("fc+conv")
+@pytest.mark.parametrize("variant", ["fc+conv", "f-fc+conv", "s-fc+s-conv", "fc+conv+gconv"])
+def test_kfac_sites_cover_every_precision_group_once(variant):
+    """Every pathway type has a rule; their blocks cover each precision group's sites exactly."""
+    model, values = _model_and_map(variant)
     x, _ = _data()
     curv = kfac_curvature(model, values, x[:4])
+    assert sorted(s for b in curv.blocks for s in b.sites) == sorted(s for g in model.precision_groups() for s in g.sites)
     for g in model.precision_groups():
         p = sum(values[s].numel() for s in g.sites)
         assert curv.eigenvalues(list(g.sites)).shape == (p,)

@@ -33,7 +33,15 @@ import torch.nn.functional as F
 from pyro import poutine
 from torch import Tensor, nn
 
-from pyro_invariance.infer.kfac import KroneckerFactors, categorical_hessian_sqrt, conv2d_factors
+from pyro_invariance.infer.kfac import (
+    KroneckerFactors,
+    categorical_hessian_sqrt,
+    conv2d_factors,
+    ffc_factors,
+    gconv_factors,
+    sconv_factors,
+    sfc_factors,
+)
 from pyro_invariance.symmetry import equivariant_layers as L
 
 __all__ = ["KFACBlock", "KFACCurvature", "LABELS", "kfac_curvature", "kfac_rule", "pathway_rule"]
@@ -45,9 +53,10 @@ LABELS = ("exact", "sampled")
 @dataclass
 class KFACBlock:
     """Kronecker factors of the sample sites ``sites`` laid side by side: the block's parameter
-    matrix is ``[site_1 | site_2 | …]`` with site k reshaped to ``(G rows, widths[k])``, and
+    matrix is ``[site_1 | site_2 | …]`` with site k reshaped to ``(rows of G, widths[k])``, and
     ``N·G ⊗ A`` approximates the GGN of that matrix flattened row-major (e.g. an FC layer's
-    ``[W | b]`` with the bias folded into A as a constant input)."""
+    ``[W | b]`` with the bias folded into A as a constant input; for one site: the GGN of
+    ``site.flatten()``, whichever of G and A holds the gradients)."""
 
     sites: tuple[str, ...]
     factors: KroneckerFactors
@@ -131,6 +140,44 @@ def _convolution(path: L.Convolution, x: Tensor, scale: float) -> Finisher:
     def finish(grads: Tensor) -> list[KFACBlock]:
         fac = conv2d_factors(inputs, grads, L.KERNEL, padding=L.KERNEL // 2, padding_mode="circular", bias=False)
         return [KFACBlock(("weight",), fac, (s.in_channels * L.KERNEL * L.KERNEL,))]
+
+    return finish
+
+
+def _single_sites(factors: dict[str, KroneckerFactors]) -> list[KFACBlock]:
+    return [KFACBlock((site,), fac, (fac.A.shape[0],)) for site, fac in factors.items()]
+
+
+@pathway_rule(L.FactoredFullyConnected)
+def _factored_fully_connected(path: L.FactoredFullyConnected, x: Tensor, scale: float) -> Finisher:
+    """F-FC: one block per factor θ₁, θ₂ (paper 004 Sec. 5.1; :func:`~pyro_invariance.infer.kfac.ffc_factors`)."""
+    w_out, w_in = path.weight_out.detach(), path.weight_in.detach()  # read in the forward, where the sites are set
+    return lambda grads: _single_sites(ffc_factors(x, grads, w_out, w_in, scale=scale))
+
+
+@pathway_rule(L.SparseFullyConnected)
+def _sparse_fully_connected(path: L.SparseFullyConnected, x: Tensor, scale: float) -> Finisher:
+    """S-FC: F-FC's factors projected through the RBF bases (Sec. 5.2; :func:`~pyro_invariance.infer.kfac.sfc_factors`)."""
+    w_out, w_in = path.weight_out.detach(), path.weight_in.detach()
+    return lambda grads: _single_sites(sfc_factors(x, grads, w_out, w_in, path.basis_out, path.basis_in, scale=scale,
+                                                   gain_out=path.scale_out, gain_in=path.scale_in))  # fmt: skip
+
+
+@pathway_rule(L.SparseConvolution)
+def _sparse_convolution(path: L.SparseConvolution, x: Tensor, scale: float) -> Finisher:
+    """S-CONV: KFC with the input factor projected through the anchor basis (Sec. 5.2)."""
+    return lambda grads: _single_sites(sconv_factors(x, grads, path.basis, scale=scale, gain=path.scale))
+
+
+@pathway_rule(L.GroupConvolution)
+def _group_convolution(path: L.GroupConvolution, x: Tensor, scale: float) -> Finisher:
+    """p4 GCONV: KFC over rotated patches, rotations × positions as locations
+    (:func:`~pyro_invariance.infer.kfac.gconv_factors`; an extension, the paper derives CONV, F-FC, S-*)."""
+    s = path.spec
+
+    def finish(grads: Tensor) -> list[KFACBlock]:
+        g = grads.reshape(*grads.shape[:2], s.c_out, L.P4, s.h_in, s.w_in)
+        return _single_sites(gconv_factors(x, g, scale=scale))
 
     return finish
 

@@ -1,8 +1,13 @@
 """Laplace evidence for layer-wise prior precisions (paper 004 Section 4, Eqs. 9-11; MacKay 1992).
 
 The paper learns every pathway's prior precision δ_g by maximising a Laplace approximation of the
-log marginal likelihood around the MAP weights θ*, with a Gauss-Newton (GGN) curvature. Here the
-GGN is diagonal and estimated by Monte Carlo, and δ_g follows MacKay's evidence fixed point:
+log marginal likelihood around the MAP weights θ*, with a Gauss-Newton (GGN) curvature. Two
+curvatures (``curvature=``): ``"kfac"``, the paper's Kronecker-factored GGN per layer
+(:mod:`pyro_invariance.infer.kfac_layers`; ``log det`` from the factors' eigenvalues, δ added in the
+eigenbasis), and ``"diagonal"`` (the default so far), a Monte-Carlo diagonal GGN. Two δ updates
+(``delta_update=``): ``"gradient"``, Adam steps on log δ of the evidence (the paper), and
+``"mackay"``, MacKay's fixed point. Both curvatures enter the formulas below through their
+eigenvalues λ (for the diagonal GGN, λ = h; for KFAC, N λ_i^G λ_j^A). The diagonal case:
 
 * **curvature** (Fisher = GGN for a softmax likelihood): ``h_i = Σ_n E_ŷ[(∂_i log p(ŷ_n | x_n, θ*))²]``
   with ŷ_n ~ p(y | x_n, θ*). The squared gradient of a *minibatch sum* is an unbiased estimate of

@@ -1,0 +1,161 @@
+"""Paper 004 Table 1 (the quadrant task) with the KFAC-Laplace evidence, over seeds and both starts (issue 12).
+
+Rows: FC / CONV / learned FC+CONV (and F-FC+CONV once every pathway has a KFAC rule, ``--variants``),
+each by MAP (δ = 1: weight decay), by the diagonal Laplace evidence with MacKay's update (what
+``benchmarks/layerwise_tables.py`` runs) and by the KFAC Laplace evidence (paper 004 Eq. 9) with δ
+learned by its gradient (``fit_laplace(curvature="kfac", labels="exact", delta_update="gradient")``:
+100 Adam steps of rate 0.1 on log δ per update, laplace-torch's ``marglik_training`` defaults), from
+both starts (``equivariant``: non-equivariant pathways at 0; ``prior``: a prior draw), seeds 0, 1, 2.
+Every other setting is Table 1's reduced size (``layerwise_tables.SIZES["reduced"]``: α = 2, 16-px
+quadrant digits, 300 steps, batch 128, Laplace updates every 50 steps after 50). The settings were
+fixed before any of these runs.
+
+Columns: test accuracy mean ± sd over seeds on the digit (10-class) and digit + quadrant (40-class)
+tasks, the Laplace log evidence per datum, and for the learned models in how many of the early
+blocks (0–3) δ of the non-equivariant pathway ended above its start (the pathway switched off).
+
+Results: ``benchmarks/results/layerwise_kfac[_quick].md`` / ``.json`` (rewritten after every fit;
+``--resume`` keeps finished fits with identical settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as common  # noqa: E402
+import layerwise_tables as tables  # noqa: E402
+
+import pyro_invariance  # noqa: E402
+from pyro_invariance.catalogue import model_kwargs_for  # noqa: E402
+from pyro_invariance.diagnostics.layerwise_analysis import analyse_pathways  # noqa: E402
+from pyro_invariance.infer.laplace import fit_laplace  # noqa: E402
+from pyro_invariance.models.layerwise import FIT_DEFAULTS  # noqa: E402
+from pyro_invariance.registry import MODELS  # noqa: E402
+
+VARIANTS = ("fc", "conv", "fc+conv")
+#: method -> fit_laplace options (None: plain MAP)
+METHODS: dict[str, dict[str, Any] | None] = {
+    "MAP": None,
+    "Laplace diag (MacKay)": {"curvature": "diagonal", "delta_update": "mackay"},
+    "Laplace KFAC (gradient)": {"curvature": "kfac", "labels": "exact", "delta_update": "gradient",
+                                "delta_steps": 100, "delta_lr": 0.1},
+}
+STARTS = ("equivariant", "prior")
+SEEDS = (0, 1, 2)
+#: the non-equivariant pathway of each learned variant
+OPEN = {"fc+conv": "fc", "f-fc+conv": "ffc", "s-fc+s-conv": "sfc"}
+EARLY_BLOCKS = (0, 1, 2, 3)
+
+
+def run_fit(variant: str, method: str, start: str, data: Any, sizes: dict[str, Any], seed: int) -> dict[str, Any]:
+    name = f"layerwise-{variant}"
+    model = MODELS.get(name, **model_kwargs_for(name, data, alpha=sizes["alpha"], prior="fixed", start=start))
+    delta0 = float(model.blocks[0].bias_precision)
+    options = METHODS[method]
+    t0 = time.perf_counter()
+    common_kw = dict(steps=sizes["steps"], batch_size=128, seed=seed, progress=False, lr=FIT_DEFAULTS["lr"])
+    if options is None:
+        result = pyro_invariance.fit(model, "map", data, **common_kw)
+    else:
+        result = fit_laplace(model, "map", data, every=sizes["laplace_every"], warmup=sizes["laplace_warmup"],
+                             ggn_batch_size=sizes["ggn_batch"], **options, **common_kw)  # fmt: skip
+    seconds = time.perf_counter() - t0
+    metrics = pyro_invariance.evaluate(result, data, num_samples=1, num_particles=1)
+    out: dict[str, Any] = {"variant": variant, "method": method, "start": start, "seed": seed,
+                           "seconds": round(seconds, 1), "accuracy": round(metrics["accuracy"], 4),
+                           "nll": round(metrics["nll"], 4), "delta_start": delta0}  # fmt: skip
+    if options is not None:
+        out["log_evidence_per_datum"] = round(result.log_evidence / result.num_data, 4)
+        reports = analyse_pathways(model, result.laplace)
+        out["delta"] = {f"{r.block}.{r.kind}": r.precision[0] for r in reports if isinstance(r.block, int)}
+    return out
+
+
+def _mean_sd(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
+    if not values:
+        return "…"
+    vals = [scale * v for v in values]
+    sd = statistics.stdev(vals) if len(vals) > 1 else float("nan")
+    return f"{statistics.mean(vals):.{digits}f} ± {sd:.{digits}f}" + (f" ({len(vals)})" if len(vals) < len(SEEDS) else "")
+
+
+def render(rows: dict[str, Any], variants: tuple[str, ...], header: str) -> str:
+    body = []
+    for variant in variants:
+        for method in METHODS:
+            for start in STARTS if variant in OPEN else STARTS[:1]:
+                cells = [variant.upper().replace("+", " + "), method, start if variant in OPEN else "–"]
+                for task in (10, 40):
+                    rs = [rows[k] for s in SEEDS if (k := f"{variant}|{method}|{start}|{task}|{s}") in rows]
+                    cells.append(_mean_sd([r["accuracy"] for r in rs], 100))
+                    if METHODS[method] is not None:
+                        cells.append(_mean_sd([r["log_evidence_per_datum"] for r in rs], digits=2))
+                    else:
+                        cells.append("–")
+                    if variant in OPEN and METHODS[method] is not None and rs:
+                        grew = [sum(r["delta"][f"{b}.{OPEN[variant]}"] > r["delta_start"] for b in EARLY_BLOCKS) for r in rs]
+                        cells.append("/".join(str(g) for g in grew))
+                    else:
+                        cells.append("–")
+                body.append(cells)
+    heads = ["model", "method", "start"]
+    for task in ("digit", "digit+quadrant"):
+        heads += [f"acc % {task}", f"log ev./N {task}", f"early blocks δ grew {task} (per seed)"]
+    return header + "\n" + common.md_table(heads, body)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smoke-test size")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of the methods")
+    p.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--resume", action="store_true")
+    args = p.parse_args()
+    common.set_threads(args.threads)
+    variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        p.error(f"unknown methods {unknown}; use {list(METHODS)}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    sizes = dict(tables.SIZES["quick" if args.quick else "reduced"])
+    settings = {**sizes, "base": "digits", "size": 16, "batch_size": 128, "threads": args.threads,
+                "methods": {m: METHODS[m] for m in METHODS}}  # fmt: skip
+    stem = "layerwise_kfac" + ("_quick" if args.quick else "")
+    json_path = common.RESULTS_DIR / f"{stem}.json"
+    rows: dict[str, Any] = {}
+    if args.resume and json_path.exists():  # finished fits with identical settings are kept
+        old = json.loads(json_path.read_text())
+        if old.get("settings") == settings:
+            rows = old["rows"]
+    data = {t: tables.load("1", "digits", 16, sizes, t) for t in (10, 40)}
+    header = common.header_markdown("Layer-wise equivariance: Table 1 with the KFAC-Laplace evidence",
+                                    common.machine_info(), settings, common.command_line(),
+                                    __doc__.split("\n\n", 1)[1].rsplit("\n\nResults:", 1)[0])  # fmt: skip
+    for seed in seeds:
+        for task in (10, 40):
+            for variant in variants:
+                for method in methods:
+                    for start in STARTS if variant in OPEN else STARTS[:1]:
+                        key = f"{variant}|{method}|{start}|{task}|{seed}"
+                        if key in rows:
+                            continue
+                        common.log(f"{key} ...")
+                        rows[key] = run_fit(variant, method, start, data[task], sizes, seed)
+                        common.log(f"  acc {rows[key]['accuracy']:.3f} log ev/N {rows[key].get('log_evidence_per_datum')} "
+                                   f"({rows[key]['seconds']} s)")  # fmt: skip
+                        common.write_results(stem, render(rows, variants, header), {"settings": settings, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
