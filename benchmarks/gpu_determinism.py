@@ -46,7 +46,7 @@ def main() -> None:
         pyro.set_rng_seed(0)
         model = LayerwiseNet("fc+conv", (1, 16, 16), 10, alpha=2, prior="fixed")
         result = fit_laplace(model, "map", (x, y), steps=30, every=10, warmup=10, batch_size=64, progress=False, lr=1e-2,
-                             device=args.device, **kw)  # fmt: skip
+                             device=args.device, curvature="diagonal", delta_update="mackay", **kw)  # fmt: skip
         return model, result
 
     def same(a, b) -> bool:

@@ -296,7 +296,8 @@ def make_pyro_step(model: Any, guide: Any, x_all: Tensor, y_all: Tensor, batch: 
     loss_fn = TraceMeanField_ELBO(num_particles=1, vectorize_particles=False)
     n = x_all.shape[0]
     batches = _Cycler(n, batch, seed, x_all.device)
-    callbacks = [LaplaceEvidenceUpdate(x_all, y_all, every=LAPLACE_EVERY, warmup=0, batch_size=GGN_BATCH, seed=seed)] \
+    callbacks = [LaplaceEvidenceUpdate(x_all, y_all, every=LAPLACE_EVERY, warmup=0, batch_size=GGN_BATCH, seed=seed,
+                                       curvature="diagonal", delta_update="mackay")] \
         if laplace else []  # fmt: skip
     counter = [0]
 

@@ -104,7 +104,8 @@ def run_fit(variant: str, method: str, data: Any, sizes: dict[str, Any], seed: i
     if method == "Laplace":
         result = fit_laplace(model, "map", data, steps=sizes["steps"], every=sizes["laplace_every"],
                              warmup=sizes["laplace_warmup"], ggn_batch_size=sizes["ggn_batch"], seed=seed,
-                             batch_size=128, progress=False, lr=FIT_DEFAULTS["lr"])  # fmt: skip
+                             batch_size=128, progress=False, lr=FIT_DEFAULTS["lr"], curvature="diagonal",
+                             delta_update="mackay")  # fmt: skip
     else:
         result = pyro_invariance.fit(model, guide_name, data, steps=sizes["steps"], batch_size=128, seed=seed,
                                      progress=False, **FIT_DEFAULTS)  # fmt: skip

@@ -221,8 +221,8 @@ def _run_fit_locked(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any],
 
         result = fit_laplace(model, guide, data, checkpoint_path=out / "checkpoint.pt", spec=spec,
                              every=laplace_kw.get("laplace_every", 50), warmup=laplace_kw.get("laplace_warmup", 100),
-                             curvature=laplace_kw.get("laplace_curvature", "diagonal"),
-                             delta_update=laplace_kw.get("laplace_delta_update", "mackay"), **fit_kwargs)  # fmt: skip
+                             curvature=laplace_kw.get("laplace_curvature", "kfac"),
+                             delta_update=laplace_kw.get("laplace_delta_update", "gradient"), **fit_kwargs)  # fmt: skip
         extra = {"laplace_log_evidence_per_datum": result.log_evidence / result.num_data,
                  "laplace_evidence_log": result.evidence_log}  # fmt: skip
     else:
@@ -465,9 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="laplace: MAP weights, prior precisions by the Laplace evidence (layer-wise models)")
     p.add_argument("--laplace-every", type=int, default=50, help="steps between Laplace evidence updates")
     p.add_argument("--laplace-warmup", type=int, default=100, help="MAP steps before the first update")
-    p.add_argument("--laplace-curvature", default="diagonal", choices=["diagonal", "kfac"],
-                   help="Laplace curvature: diagonal GGN, or KFAC (paper 004 Eq. 9)")
-    p.add_argument("--laplace-delta-update", default="mackay", choices=["mackay", "gradient"],
+    p.add_argument("--laplace-curvature", default="kfac", choices=["kfac", "diagonal"],
+                   help="Laplace curvature: KFAC (paper 004 Eq. 9; default) or a diagonal GGN")
+    p.add_argument("--laplace-delta-update", default="gradient", choices=["gradient", "mackay"],
                    help="how δ follows the evidence: MacKay's fixed point or Adam steps on log δ")
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic CUDA kernels, so GPU runs repeat and resume bit-for-bit (slower)")

@@ -116,7 +116,7 @@ def test_fit_and_evaluate_symmetrised_hnn_on_physics_data(tmp_path, capsys):
     assert "energy drift" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("curvature", [[], ["--laplace-curvature", "kfac", "--laplace-delta-update", "gradient"]])
+@pytest.mark.parametrize("curvature", [[], ["--laplace-curvature", "diagonal", "--laplace-delta-update", "mackay"]])
 def test_fit_with_the_laplace_objective_on_a_layerwise_model(tmp_path, capsys, curvature):
     out = tmp_path / "run"
     code = main(["fit", "--model", "layerwise-fc+conv", "--objective", "laplace", "--data", "quadrant-digits",

@@ -232,7 +232,8 @@ def quadrant_fits():
         for variant in ("conv", "fc+conv"):
             pyro.set_rng_seed(0)
             model = LayerwiseNet(variant, (1, 16, 16), task, alpha=2, prior="fixed")
-            res = fit_laplace(model, "map", data, steps=200, every=50, warmup=50, batch_size=128, progress=False, lr=1e-2)
+            res = fit_laplace(model, "map", data, steps=200, every=50, warmup=50, batch_size=128, progress=False, lr=1e-2,
+                              curvature="diagonal", delta_update="mackay")  # issue 4's method (KFAC: test_kfac_layers)
             acc = pi.evaluate(res, data, num_samples=1, num_particles=1)["accuracy"]
             out[variant, task] = (model, res, acc)
     return out
