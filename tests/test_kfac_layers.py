@@ -227,3 +227,44 @@ def test_fit_laplace_with_kfac_and_gradient_resumes_bit_for_bit(tmp_path):
     assert resumed.log_evidence == full.log_evidence
     with pytest.raises(CheckpointError, match="laplace"):
         run(checkpoint_path=tmp_path / "c.pt", resume=True, curvature="diagonal")
+
+
+# --------------------------------------------------------------------------------------------
+# learning (issue 12's "done when"), settings fixed before the first run: quadrant digits, the
+# 40-class task, α = 1, 200 MAP steps, KFAC-Laplace updates every 50 after 50 (fit_laplace's
+# defaults: exact labels, 100 Adam steps on log δ), equivariant start, seeds 0, 1, 2.
+
+SEEDS = (0, 1, 2)
+
+
+@pytest.fixture(scope="module")
+def kfac_quadrant_fits():
+    import pyro
+
+    import pyro_invariance as pi
+    from pyro_invariance.data.quadrant import build_quadrant_dataset
+    from test_laplace import LayerwiseNet
+
+    data = build_quadrant_dataset("digits", 40)
+    out = {}
+    for seed in SEEDS:
+        for variant in ("conv", "fc+conv"):
+            pyro.set_rng_seed(seed)
+            model = LayerwiseNet(variant, (1, 16, 16), 40, alpha=1, prior="fixed")
+            # (ggn_batch_size only sets how the exact-label curvature sums are chunked: speed, not the result)
+            res = fit_laplace(model, "map", data, steps=200, every=50, warmup=50, batch_size=128, progress=False,
+                              lr=1e-2, seed=seed, ggn_batch_size=512)  # fmt: skip
+            out[variant, seed] = (model, res, pi.evaluate(res, data, num_samples=1, num_particles=1)["accuracy"])
+    return out
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_kfac_laplace_learned_model_sees_the_quadrant_and_switches_off_fc_early(kfac_quadrant_fits, seed):
+    """CONV cannot tell the quadrant (chance is 1/40 on that part); the learned FC+CONV can, and the
+    KFAC evidence raises δ_FC (switches the FC pathway towards off) in most early blocks (0-3)."""
+    conv_acc = kfac_quadrant_fits["conv", seed][2]
+    model, res, acc = kfac_quadrant_fits["fc+conv", seed]
+    print(f"seed {seed}: CONV {conv_acc:.3f}, FC+CONV {acc:.3f}, δ_FC", [f"{float(b.fc.precision):.3g}" for b in model.blocks])
+    assert acc >= conv_acc + 0.20
+    assert sum(float(model.blocks[b].fc.precision) > 1.0 for b in range(4)) >= 3
+    assert all(math.isfinite(e) for _, e in res.evidence_log)
