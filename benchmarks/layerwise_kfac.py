@@ -120,6 +120,7 @@ def main() -> None:
     p.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--stem", default="layerwise_kfac", help="results file name (without _quick / extension)")
     args = p.parse_args()
     common.set_threads(args.threads)
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
@@ -131,7 +132,7 @@ def main() -> None:
     sizes = dict(tables.SIZES["quick" if args.quick else "reduced"])
     settings = {**sizes, "base": "digits", "size": 16, "batch_size": 128, "threads": args.threads,
                 "methods": {m: METHODS[m] for m in METHODS}}  # fmt: skip
-    stem = "layerwise_kfac" + ("_quick" if args.quick else "")
+    stem = args.stem + ("_quick" if args.quick else "")
     json_path = common.RESULTS_DIR / f"{stem}.json"
     rows: dict[str, Any] = {}
     if args.resume and json_path.exists():  # finished fits with identical settings are kept

@@ -226,6 +226,8 @@ def test_equivariant_start_is_the_he_scaled_conv_network():
 
 @pytest.fixture(scope="module")
 def quadrant_fits():
+    """The diagonal curvature with MacKay's update (``fit_laplace``'s default before issue 12; the
+    default KFAC method's learning test is in ``tests/test_kfac_layers.py``): slow tests."""
     out = {}
     for task in (10, 40):
         data = build_quadrant_dataset("digits", task)
@@ -239,6 +241,7 @@ def quadrant_fits():
     return out
 
 
+@pytest.mark.slow
 def test_learned_layers_match_conv_on_digits_and_beat_it_with_quadrants(quadrant_fits):
     acc = {k: v[2] for k, v in quadrant_fits.items()}
     print("test accuracy:", {f"{v}/{t}": round(a, 3) for (v, t), a in acc.items()})
@@ -247,6 +250,7 @@ def test_learned_layers_match_conv_on_digits_and_beat_it_with_quadrants(quadrant
     assert acc["conv", 10] > 0.4  # both actually learned the digits
 
 
+@pytest.mark.slow
 def test_fc_variances_shrink_in_most_layers_on_digits(quadrant_fits):
     model, res, _ = quadrant_fits["fc+conv", 10]
     delta = [float(model.blocks[b].fc.precision) for b in range(8)]

@@ -264,15 +264,18 @@ def gradient_update(
     curvature = as_curvature(h)
     groups = _groups(model)
     stats = [_group_stats(g, values, curvature) for g in groups]
+    # all groups at once: eigenvalues concatenated, each with the index of its group
+    num = torch.tensor([float(p) for p, _, _ in stats], dtype=torch.float64)
+    sq = torch.tensor([s for _, s, _ in stats], dtype=torch.float64)
+    eig = torch.cat([hh for _, _, hh in stats])
+    owner = torch.repeat_interleave(torch.arange(len(stats)), torch.tensor([hh.numel() for _, _, hh in stats]))
     log_delta = torch.tensor([math.log(float(g.value)) for g in groups], dtype=torch.float64, requires_grad=True)
     opt = torch.optim.Adam([log_delta], lr=lr)
     bound = math.log(max_precision)
     for _ in range(steps):
         opt.zero_grad()
-        objective = log_delta.new_zeros(())
-        for (p, sq, hh), ld in zip(stats, log_delta):
-            d = ld.exp()
-            objective = objective + 0.5 * p * ld - 0.5 * d * sq - 0.5 * torch.log(hh + d).sum()
+        d = log_delta.exp()
+        objective = (0.5 * num * log_delta - 0.5 * d * sq).sum() - 0.5 * torch.log(eig + d[owner]).sum()
         (-objective).backward()
         opt.step()
         with torch.no_grad():
