@@ -147,6 +147,21 @@ def test_sampled_labels_average_to_the_exact_expectation():
             assert torch.equal(draws[0].blocks[k].factors.A, block.factors.A)  # A does not depend on labels
 
 
+def test_empirical_labels_use_the_observed_labels():
+    """The empirical Fisher: the score of the observed label, ``p − e_y``, one column per example;
+    the head's G equals its brute-force definition."""
+    model, values = _model_and_map("fc")
+    x, y = _data()
+    curv = kfac_curvature(model, values, x[:6], labels="empirical", y=y[:6])
+    head = next(b for b in curv.blocks if b.sites[0].startswith("head.1"))
+    with poutine.block(), poutine.condition(data={**values, "obs": y[:6]}):
+        logits = model(x[:6])
+    g = torch.softmax(logits, -1) - torch.nn.functional.one_hot(y[:6], logits.shape[-1])  # dlogp/dlogits of head.1's output
+    assert torch.allclose(head.factors.G, (g.T @ g / 6).double(), rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="observed labels"):
+        kfac_curvature(model, values, x[:6], labels="empirical")
+
+
 def test_marginal_variances_are_the_diagonal_of_the_dense_inverse():
     model, values = _model_and_map("fc")
     x, _ = _data()
@@ -202,7 +217,7 @@ def test_a_pathway_without_rule_is_refused_by_name(monkeypatch):
     with pytest.raises(NotImplementedError, match="'fc' pathway.*curvature='diagonal'"):
         kfac_curvature(model, values, x[:2])
     with pytest.raises(ValueError, match="labels"):
-        kfac_curvature(model, values, x[:2], labels="empirical")
+        kfac_curvature(model, values, x[:2], labels="fisher")
 
 
 def test_fit_laplace_with_kfac_and_gradient_resumes_bit_for_bit(tmp_path):

@@ -46,8 +46,9 @@ from pyro_invariance.symmetry import equivariant_layers as L
 
 __all__ = ["KFACBlock", "KFACCurvature", "LABELS", "kfac_curvature", "kfac_rule", "pathway_rule"]
 
-#: how the GGN's expectation over labels is taken
-LABELS = ("exact", "sampled")
+#: how the GGN's expectation over labels is taken: exactly, with one label drawn from the model, or
+#: with the observed labels (the empirical Fisher, which is not the GGN: biased where the model is wrong)
+LABELS = ("exact", "sampled", "empirical")
 
 
 @dataclass
@@ -199,7 +200,7 @@ def _relaxed_block(block: L.RelaxedBlock, x: Tensor, out: Tensor) -> Finisher:
             raise NotImplementedError(f"no KFAC rule for the {kind!r} pathway ({type(path).__name__}); register one "
                                       "with pyro_invariance.infer.kfac_layers.pathway_rule or use curvature='diagonal'")  # fmt: skip
         finishers.append((kind, path.equivariant, rule(path, x, scale)))
-    index = _polyphase_index(block, x, scale) if spec.stride == 2 and block._equivariant else None
+    index = _polyphase_index(block, x, scale) if spec.stride == 2 and block.equivariant_kinds else None
 
     def finish(grads: Tensor) -> list[KFACBlock]:
         n, k = grads.shape[:2]
@@ -223,7 +224,7 @@ def _polyphase_index(block: L.RelaxedBlock, x: Tensor, scale: float) -> Tensor:
     """The polyphase component the block's forward selects for each example ``(N,)``, recomputed
     from the full-resolution sum of its equivariant pathways (as in the forward)."""
     spec = block.spec
-    filters = sum(block.pathway(kind).filters(scale) for kind in block._equivariant)
+    filters = sum(block.pathway(kind).filters(scale) for kind in block.equivariant_kinds)
     with torch.no_grad():
         full = L.circular_conv2d(x.reshape(x.shape[0], spec.in_channels, spec.h_in, spec.w_in), filters)
         return L.polyphase_select(full)[1]
@@ -307,18 +308,22 @@ def _hooked(model: nn.Module) -> Iterator[tuple[str, nn.Module, Callable[..., Fi
 
 
 def kfac_curvature(model: nn.Module, values: dict[str, Tensor], x: Tensor, *, batch_size: int = 32,
-                   labels: str = "exact", generator: torch.Generator | None = None) -> KFACCurvature:  # fmt: skip
+                   labels: str = "exact", generator: torch.Generator | None = None,
+                   y: Tensor | None = None) -> KFACCurvature:  # fmt: skip
     """KFAC GGN of ``Σ_n log p(y_n | x_n, θ)`` at ``values`` (module docstring).
 
     Args:
         model: a network ``model(x) -> logits (B, C)`` whose parameterised modules have KFAC rules.
         values: the sample sites' values (the MAP point), by site name.
         x: inputs ``(N, ...)``, processed in minibatches of ``batch_size``.
-        labels: ``"exact"`` (C backward passes per minibatch) or ``"sampled"`` (one, labels drawn
-            from the model with ``generator``).
+        labels: ``"exact"`` (C backward passes per minibatch), ``"sampled"`` (one, labels drawn
+            from the model with ``generator``) or ``"empirical"`` (one, the observed labels ``y``).
+        y: the observed labels ``(N,)``, for ``labels="empirical"``.
     """
     if labels not in LABELS:
         raise ValueError(f"labels must be one of {LABELS}, got {labels!r}")
+    if labels == "empirical" and (y is None or y.shape != x.shape[:1]):
+        raise ValueError("labels='empirical' needs the observed labels y, one per row of x")
     hooked = list(_hooked(model))
     if not hooked:
         raise TypeError(f"{type(model).__name__} has no module with a KFAC rule")
@@ -351,7 +356,10 @@ def kfac_curvature(model: nn.Module, values: dict[str, Tensor], x: Tensor, *, ba
                         columns = [sqrt_h[:, :, c] for c in range(logits.shape[-1])]
                     else:
                         probs = torch.softmax(logits.detach(), -1)
-                        y_hat = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+                        if labels == "sampled":
+                            y_hat = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+                        else:
+                            y_hat = y[i:i + batch_size]  # type: ignore[index]
                         columns = [probs - F.one_hot(y_hat, logits.shape[-1]).to(probs.dtype)]
                     per_tap: list[list[Tensor]] = [[] for _ in taps]
                     for j, col in enumerate(columns):

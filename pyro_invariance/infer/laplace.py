@@ -327,7 +327,8 @@ class LaplaceEvidenceUpdate:
 
     ``curvature``: ``"diagonal"`` (:func:`diagonal_ggn`, labels drawn from the model) or ``"kfac"``
     (:func:`~pyro_invariance.infer.kfac_layers.kfac_curvature`; ``labels="exact"`` takes the
-    expectation over labels exactly, ``"sampled"`` draws one per example). ``delta_update``:
+    expectation over labels exactly, ``"sampled"`` draws one per example, ``"empirical"`` uses the
+    observed labels: the empirical Fisher). ``delta_update``:
     ``"mackay"`` (:func:`mackay_update`, ``damping`` in log space) or ``"gradient"``
     (:func:`gradient_update`: ``delta_steps`` Adam steps of rate ``delta_lr`` on log δ).
 
@@ -378,7 +379,7 @@ class LaplaceEvidenceUpdate:
             from pyro_invariance.infer.kfac_layers import kfac_curvature
 
             return values, kfac_curvature(model, values, self.x, batch_size=self.batch_size, labels=self.labels,
-                                          generator=gen)  # fmt: skip
+                                          generator=gen, y=self.y)  # fmt: skip
         sites = [s for g in _groups(model) for s in g.sites]
         h = diagonal_ggn(model, values, self.x, sites, batch_size=self.batch_size,
                          num_samples=self.num_samples, generator=gen)  # fmt: skip

@@ -766,6 +766,11 @@ class RelaxedBlock(PyroModule):
     def pathway(self, kind: str) -> PathwayLayer:
         return getattr(self, kind)
 
+    @property
+    def equivariant_kinds(self) -> tuple[str, ...]:
+        """The kinds of the equivariant pathways (summed, then polyphase-selected at stride 2)."""
+        return self._equivariant
+
     def forward(self, x: Tensor) -> Tensor:
         s = self.spec
         b = x.shape[0]
