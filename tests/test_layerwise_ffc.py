@@ -2,8 +2,8 @@
 
 Issue 12, item 4: F-FC+CONV trains worse than FC+CONV. These tests pin the properties of the start
 that were checked while diagnosing it (they hold; the measured cause is the MAP objective with δ = 1
-on *both* factors, a dead zone around θ₁θ₂ = 0 whose width shrinks with N; see README,
-"Layer-wise equivariance with KFAC"): the F-FC pathway's output at a prior draw has the
+on *both* factors, a dead zone around θ₁θ₂ = 0 whose width shrinks with N; see docs/methods.md
+§3, "F-FC under MAP at small N"): the F-FC pathway's output at a prior draw has the
 FC pathway's scale, and at the equivariant start the product θ₁θ₂ is 0 while its output factor θ₁
 still gets a gradient (with both factors at 0 neither would: the pathway could never turn on).
 """
