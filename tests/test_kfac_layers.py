@@ -236,6 +236,12 @@ def test_fit_laplace_with_kfac_and_gradient_resumes_bit_for_bit(tmp_path):
 
     full = run()
     assert len(full.evidence_log) == 3 and math.isfinite(full.log_evidence)
+    # the final curvature reuses the step-12 update's (same θ*, exact labels): the same evidence as a recomputation
+    model, guide = full.model, full.guide
+    values = {k: v.detach() for k, v in guide.median().items()}
+    fresh = kfac_curvature(model, values, x, batch_size=8)
+    assert laplace_log_evidence(model, values, fresh, log_likelihood(model, values, x, y)) == pytest.approx(
+        full.log_evidence, rel=1e-9)
     run(checkpoint_path=tmp_path / "c.pt", until_step=6)
     resumed = run(checkpoint_path=tmp_path / "c.pt", resume=True)
     assert resumed.history == full.history

@@ -368,6 +368,7 @@ class LaplaceEvidenceUpdate:
         if self.labels not in LABELS:
             raise ValueError(f"labels must be one of {LABELS}, got {self.labels!r}")
         check_positive_int("delta_steps", self.delta_steps)
+        self._last: tuple[dict[str, Tensor], Any] | None = None  # the last update's (θ*, curvature)
         if not self.delta_lr > 0:
             raise ValueError(f"delta_lr must be positive, got {self.delta_lr}")
 
@@ -400,6 +401,18 @@ class LaplaceEvidenceUpdate:
         log_lik = log_likelihood(model, values, self.x, self.y)
         self.log.append((step, laplace_log_evidence(model, values, h, log_lik) / self.x.shape[0]))
         self.update(model, values, h)
+        self._last = (values, h)
+
+    def final_curvature(self, model: Any, guide: Any, step: int) -> tuple[dict[str, Tensor], Any]:
+        """The curvature at the end of the run: the last update's when it was taken at the same MAP
+        point and does not depend on δ or on label draws (KFAC with exact or empirical labels: then
+        a recomputation would give the same numbers), else computed anew."""
+        last = self._last
+        if last is not None and self.curvature == "kfac" and self.labels in ("exact", "empirical"):
+            values = map_values(guide)
+            if values.keys() == last[0].keys() and all(torch.equal(values[k], last[0][k]) for k in values):
+                return last
+        return self.compute_curvature(model, guide, step)
 
 
 @dataclass
@@ -473,7 +486,7 @@ def fit_laplace(
         settings["laplace"].update(curvature=curvature, labels=labels, delta_update=delta_update,
                                    delta_steps=delta_steps, delta_lr=delta_lr)  # fmt: skip
     result = fit(model, guide, (x, y), cfg, callbacks=[*callbacks, update], run_settings=settings, **kwargs)
-    values, h = update.compute_curvature(model, result.guide, cfg.steps + 1)
+    values, h = update.final_curvature(model, result.guide, cfg.steps + 1)
     log_evidence = laplace_log_evidence(model, values, h, log_likelihood(model, values, x, y))
     base = {f.name: getattr(result, f.name) for f in fields(FitResult)}
     return LaplaceFitResult(**base, laplace=DiagonalLaplacePosterior(model, values, h), log_evidence=log_evidence,
