@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 from pyro import poutine
+from test_laplace import _data, _model_and_map
 
 from pyro_invariance.infer import kfac_layers
 from pyro_invariance.infer.checkpoint import CheckpointError
-from pyro_invariance.infer.kfac_layers import KFACCurvature, kfac_curvature
+from pyro_invariance.infer.kfac_layers import kfac_curvature
 from pyro_invariance.infer.laplace import (
     DiagonalLaplacePosterior,
     fit_laplace,
@@ -20,7 +21,6 @@ from pyro_invariance.infer.laplace import (
     mackay_update,
 )
 from pyro_invariance.symmetry import equivariant_layers as L
-from test_laplace import _data, _model_and_map
 
 torch.set_num_threads(1)
 
@@ -221,7 +221,7 @@ def test_a_pathway_without_rule_is_refused_by_name(monkeypatch):
 
 
 def test_fit_laplace_with_kfac_and_gradient_resumes_bit_for_bit(tmp_path):
-    from test_laplace import LayerwiseNet, SHAPE
+    from test_laplace import SHAPE, LayerwiseNet
 
     x, y = _data(n=40)
     kw = dict(steps=12, every=4, warmup=4, ggn_batch_size=8, batch_size=16, progress=False, lr=1e-2,
@@ -261,10 +261,10 @@ SEEDS = (0, 1, 2)
 @pytest.fixture(scope="module")
 def kfac_quadrant_fits():
     import pyro
+    from test_laplace import LayerwiseNet
 
     import pyro_invariance as pi
     from pyro_invariance.data.quadrant import build_quadrant_dataset
-    from test_laplace import LayerwiseNet
 
     data = build_quadrant_dataset("digits", 40)
     out = {}

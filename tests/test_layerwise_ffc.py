@@ -11,12 +11,12 @@ still gets a gradient (with both factors at 0 neither would: the pathway could n
 from __future__ import annotations
 
 import pyro
-import pyro.poutine as poutine
 import pytest
 import torch
 import torch.nn.functional as F
-
+from pyro import poutine
 from pyro_invariance.models.layerwise import LayerwiseNet, make_init_loc_fn
+
 from pyro_invariance.symmetry import equivariant_layers as L
 
 

@@ -333,7 +333,7 @@ def kfac_curvature(model: nn.Module, values: dict[str, Tensor], x: Tensor, *, ba
         xb = x[i:i + batch_size]
         records: list[tuple[str, Finisher, Tensor]] = []
 
-        def hook(name: str, rule: Callable[..., Finisher]) -> Callable[..., Tensor]:
+        def hook(name: str, rule: Callable[..., Finisher], records: list = records) -> Callable[..., Tensor]:
             def fn(module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> Tensor:
                 with torch.no_grad():
                     finish = rule(module, inputs[0].detach(), output.detach())
