@@ -63,6 +63,12 @@ def check_positive_int(name: str, value: object, minimum: int = 1) -> int:
     return int(value)
 
 
+def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
+    """Raise ``ValueError`` unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+
+
 def check_positive_float(name: str, value: object) -> float:
     """Return ``value`` as float if it is a finite positive number; else raise ``ValueError``."""
     try:

@@ -43,6 +43,7 @@ from pyro_invariance.infer.kfac import (
     sfc_factors,
 )
 from pyro_invariance.symmetry import equivariant_layers as L
+from pyro_invariance.validation import check_choice
 
 __all__ = ["KFACBlock", "KFACCurvature", "LABELS", "kfac_curvature", "kfac_rule", "pathway_rule"]
 
@@ -307,6 +308,18 @@ def _hooked(model: nn.Module) -> Iterator[tuple[str, nn.Module, Callable[..., Fi
             yield name, module, rule
 
 
+def _label_columns(logits: Tensor, labels: str, generator: torch.Generator | None, y: Tensor | None) -> list[Tensor]:
+    """The vectors backpropagated from the logits ``(B, C)``: the C columns of the categorical
+    Hessian's square root (``"exact"``), or the score ``p − e_y`` of one label per example, drawn
+    from the model (``"sampled"``) or observed (``"empirical"``)."""
+    if labels == "exact":
+        sqrt_h = categorical_hessian_sqrt(logits)  # (B, C, C); column c: L[:, :, c]
+        return [sqrt_h[:, :, c] for c in range(logits.shape[-1])]
+    probs = torch.softmax(logits, -1)
+    y_hat = torch.multinomial(probs, 1, generator=generator).squeeze(-1) if labels == "sampled" else y
+    return [probs - F.one_hot(y_hat, logits.shape[-1]).to(probs.dtype)]  # type: ignore[arg-type]
+
+
 def kfac_curvature(model: nn.Module, values: dict[str, Tensor], x: Tensor, *, batch_size: int = 32,
                    labels: str = "exact", generator: torch.Generator | None = None,
                    y: Tensor | None = None) -> KFACCurvature:  # fmt: skip
@@ -320,63 +333,54 @@ def kfac_curvature(model: nn.Module, values: dict[str, Tensor], x: Tensor, *, ba
             from the model with ``generator``) or ``"empirical"`` (one, the observed labels ``y``).
         y: the observed labels ``(N,)``, for ``labels="empirical"``.
     """
-    if labels not in LABELS:
-        raise ValueError(f"labels must be one of {LABELS}, got {labels!r}")
+    check_choice("labels", labels, LABELS)
     if labels == "empirical" and (y is None or y.shape != x.shape[:1]):
         raise ValueError("labels='empirical' needs the observed labels y, one per row of x")
     hooked = list(_hooked(model))
     if not hooked:
         raise TypeError(f"{type(model).__name__} has no module with a KFAC rule")
+    records: list[tuple[str, Finisher, Tensor]] = []  # this minibatch's (module name, rule's finisher, output tap)
+
+    def hook(name: str, rule: Callable[..., Finisher]) -> Callable[..., Tensor]:
+        def fn(module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> Tensor:
+            with torch.no_grad():
+                finish = rule(module, inputs[0].detach(), output.detach())
+            tap = torch.zeros_like(output, requires_grad=True)
+            records.append((name, finish, tap))
+            return output + tap
+
+        return fn
+
+    detached = {k: v.detach() for k, v in values.items()}
     sums: dict[tuple[str, ...], list[Any]] = {}
     n_total = x.shape[0]
-    for i in range(0, n_total, batch_size):
-        xb = x[i:i + batch_size]
-        records: list[tuple[str, Finisher, Tensor]] = []
-
-        def hook(name: str, rule: Callable[..., Finisher], records: list = records) -> Callable[..., Tensor]:
-            def fn(module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> Tensor:
-                with torch.no_grad():
-                    finish = rule(module, inputs[0].detach(), output.detach())
-                tap = torch.zeros_like(output, requires_grad=True)
-                records.append((name, finish, tap))
-                return output + tap
-
-            return fn
-
-        handles = [m.register_forward_hook(hook(name, rule)) for name, m, rule in hooked]
-        dummy = torch.zeros(xb.shape[0], dtype=torch.long, device=x.device)
-        conditioned = {**{k: v.detach() for k, v in values.items()}, "obs": dummy}
-        with poutine.block(), poutine.condition(data=conditioned):
-            try:
+    handles = [m.register_forward_hook(hook(name, rule)) for name, m, rule in hooked]
+    try:
+        for i in range(0, n_total, batch_size):
+            xb = x[i:i + batch_size]
+            records.clear()
+            dummy = torch.zeros(xb.shape[0], dtype=torch.long, device=x.device)
+            with poutine.block(), poutine.condition(data={**detached, "obs": dummy}):
                 with torch.enable_grad():
                     logits = model(xb)
-                    taps = [r[-1] for r in records]
-                    if labels == "exact":
-                        sqrt_h = categorical_hessian_sqrt(logits.detach())  # (B, C, C); column c: L[:, :, c]
-                        columns = [sqrt_h[:, :, c] for c in range(logits.shape[-1])]
-                    else:
-                        probs = torch.softmax(logits.detach(), -1)
-                        if labels == "sampled":
-                            y_hat = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-                        else:
-                            y_hat = y[i:i + batch_size]  # type: ignore[index]
-                        columns = [probs - F.one_hot(y_hat, logits.shape[-1]).to(probs.dtype)]
+                    columns = _label_columns(logits.detach(), labels, generator, None if y is None else y[i:i + batch_size])
+                    taps = [tap for _, _, tap in records]
                     per_tap: list[list[Tensor]] = [[] for _ in taps]
                     for j, col in enumerate(columns):
                         grads = torch.autograd.grad(logits, taps, grad_outputs=col, retain_graph=j + 1 < len(columns))
                         for store, g in zip(per_tap, grads):
                             store.append(g.detach())
-            finally:
-                for h in handles:
-                    h.remove()
-            with torch.no_grad():
-                for (name, finish, _), store in zip(records, per_tap):
-                    prefix = f"{name}." if name else ""
-                    for block in finish(torch.stack(store, dim=1)):
-                        block = block.renamed(prefix)
-                        nb = block.factors.num_data
-                        acc = sums.setdefault(block.sites, [0.0, 0.0, block.widths])
-                        acc[0] = acc[0] + block.factors.G.double() * nb
-                        acc[1] = acc[1] + block.factors.A.double() * nb
+                with torch.no_grad():  # the finishers read sample sites too: inside the conditioning
+                    for (name, finish, _), store in zip(records, per_tap):
+                        prefix = f"{name}." if name else ""
+                        for block in finish(torch.stack(store, dim=1)):
+                            block = block.renamed(prefix)
+                            nb = block.factors.num_data
+                            acc = sums.setdefault(block.sites, [0.0, 0.0, block.widths])
+                            acc[0] = acc[0] + block.factors.G.double() * nb
+                            acc[1] = acc[1] + block.factors.A.double() * nb
+    finally:
+        for h in handles:
+            h.remove()
     return KFACCurvature([KFACBlock(sites, KroneckerFactors(g / n_total, a / n_total, n_total), widths)
                           for sites, (g, a, widths) in sums.items()])  # fmt: skip

@@ -52,7 +52,7 @@ from torch import Tensor, nn
 
 from pyro_invariance.infer.config import FitConfig, resolve_config
 from pyro_invariance.infer.training import FitResult
-from pyro_invariance.validation import check_positive_int
+from pyro_invariance.validation import check_choice, check_positive_float, check_positive_int
 from pyro_invariance._pyro_scope import pyro_scope
 
 __all__ = [
@@ -259,8 +259,7 @@ def gradient_update(
     The objective is separable over groups: ``(P_g/2) log δ − (δ/2)‖θ*_g‖² − ½ Σ log(λ + δ)``.
     δ stays in ``[1/max, max]``. Returns the new δ per group."""
     check_positive_int("steps", steps)
-    if not lr > 0:
-        raise ValueError(f"lr must be positive, got {lr}")
+    check_positive_float("lr", lr)
     curvature = as_curvature(h)
     groups = _groups(model)
     stats = [_group_stats(g, values, curvature) for g in groups]
@@ -354,23 +353,19 @@ class LaplaceEvidenceUpdate:
     log: list[tuple[int, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        from pyro_invariance.infer.kfac_layers import LABELS
+
         check_positive_int("every", self.every)
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"warmup must be an integer >= 0, got {self.warmup!r}")
         if not (0 < self.damping <= 1):
             raise ValueError(f"damping must lie in (0, 1], got {self.damping}")
-        if self.curvature not in CURVATURES:
-            raise ValueError(f"curvature must be one of {CURVATURES}, got {self.curvature!r}")
-        if self.delta_update not in DELTA_UPDATES:
-            raise ValueError(f"delta_update must be one of {DELTA_UPDATES}, got {self.delta_update!r}")
-        from pyro_invariance.infer.kfac_layers import LABELS
-
-        if self.labels not in LABELS:
-            raise ValueError(f"labels must be one of {LABELS}, got {self.labels!r}")
+        check_choice("curvature", self.curvature, CURVATURES)
+        check_choice("delta_update", self.delta_update, DELTA_UPDATES)
+        check_choice("labels", self.labels, LABELS)
         check_positive_int("delta_steps", self.delta_steps)
+        check_positive_float("delta_lr", self.delta_lr)
         self._last: tuple[dict[str, Tensor], Any] | None = None  # the last update's (θ*, curvature)
-        if not self.delta_lr > 0:
-            raise ValueError(f"delta_lr must be positive, got {self.delta_lr}")
 
     def compute_curvature(self, model: Any, guide: Any, step: int) -> tuple[dict[str, Tensor], Any]:
         """The MAP values and the curvature at them (a ``{site: h}`` dict or a KFAC curvature)."""
