@@ -12,8 +12,10 @@ and of the symmetrised model and the cost ratio symmetrised / (S × HNN) per sym
 Reduced settings (default; each system ≤ 30 min on 2 CPU cores, 1 thread) versus paper settings
 (``--paper``; docs/methods.md §4: widths 200/200 and 250/250/250, S = 200/100, E = 20/10, full data)
 are listed in :data:`REDUCED` / :data:`PAPER`. The reference's closed-form prior-variance update for
-the 3-body system is available (``prior="closed-form"``) but not used: started from a guide of scale
-0.01 it collapses the prior at once (see the comment at :data:`REDUCED`). Each system writes ``results/noether_<system>.json``; the markdown
+the 3-body system is available (``prior="closed-form"``) but not used here: started from a guide of
+scale 0.01 it collapses the prior at once (see the comment at :data:`REDUCED`). The reference's whole
+3-body recipe — a warm-up HNN all rows start from, the closed-form update after every step (past a
+fixed-prior warm-up), 2 weight samples, K = 10 — is ``benchmarks/threebody_recipe.py``. Each system writes ``results/noether_<system>.json``; the markdown
 ``results/noether_tables.md`` is rebuilt from all JSON files present, so systems can be run one at
 a time::
 
