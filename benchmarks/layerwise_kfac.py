@@ -126,7 +126,11 @@ def main() -> None:
     p.add_argument("--size", type=int, default=16, help="canvas side length (default 16)")
     p.add_argument("--steps", type=int, default=None, help="MAP steps (default: Table 1's reduced size, 300)")
     p.add_argument("--alpha", type=int, default=None, help="network width α (default 2)")
+    p.add_argument("--starts", default=",".join(STARTS), help="comma-separated subset of the starts")
     args = p.parse_args()
+    starts = tuple(s.strip() for s in args.starts.split(",") if s.strip())
+    if not starts or set(starts) - set(STARTS):
+        p.error(f"--starts: use a subset of {list(STARTS)}")
     common.set_threads(args.threads)
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -139,7 +143,7 @@ def main() -> None:
         if getattr(args, key) is not None:
             sizes[key] = getattr(args, key)
     settings = {**sizes, "base": args.base, "size": args.size, "batch_size": 128, "threads": args.threads,
-                "methods": {m: METHODS[m] for m in METHODS}}  # fmt: skip
+                "methods": {m: METHODS[m] for m in METHODS}, "starts": starts}  # fmt: skip
     if args.base != "digits" and sizes["train_size"] is None:
         settings.update(tables.FASHION_SIZES)  # what tables.load uses for a non-digits base
     stem = args.stem + (f"_{args.base}{args.size}" if (args.base, args.size) != ("digits", 16) else "")
@@ -159,7 +163,7 @@ def main() -> None:
         for task in (10, 40):
             for variant in variants:
                 for method in methods:
-                    for start in STARTS if variant in OPEN else STARTS[:1]:
+                    for start in starts if variant in OPEN else STARTS[:1]:
                         key = f"{variant}|{method}|{start}|{task}|{seed}"
                         if key in rows:
                             continue
