@@ -26,6 +26,7 @@ criteria are evaluated by the script, per seed, and printed with the table.
     .venv/bin/python benchmarks/threebody_recipe.py [--seeds 0 1 2] [--rows none learned oracle]
 
 writes ``benchmarks/results/threebody_recipe.md``, ``.json`` and ``threebody_recipe_svd.png``.
+``--preset gpu --device cuda`` runs the reference's sizes (:data:`GPU_PRESET`) into ``threebody_recipe_gpu*``.
 Each seed also keeps ``threebody_recipe_seed<k>.json`` so seeds can run in separate processes
 (``--seeds 1``), and ``--collect`` rebuilds the table from the per-seed files.
 """
@@ -67,6 +68,12 @@ TALK = {
     "learned": dict(train_mse=0.0017, nll=-20.09, kl=7.28, neg_elbo=-12.81, test_mse=0.0006, moved_mse=0.0004, wider_mse=0.0006),
     "oracle": dict(train_mse=0.0019, nll=-19.27, kl=7.96, neg_elbo=-11.32, test_mse=0.0006, moved_mse=0.0006, wider_mse=0.0006),
 }
+#: ``--preset gpu``: the reference's network, data and symmetry samples (4 × 250 is 3 hidden layers of 250
+#: and the read-out), with 20 000 steps per run instead of its 1000 epochs; about 20 min per row on an H100
+#: (3-body recipe step 43–81 ms, README "Fast steps"). Not run in this repository's results yet.
+GPU_PRESET = {"data": {"n": 3, "train_trajectories": 200, "train_steps": 50},
+              "model": {"hidden": (250, 250, 250), "num_transforms": 100},
+              "warmup": {"steps": 20000, "prior_warmup": 1000}, "rows": {"steps": 20000}}
 ANGLE_TOL = 15.0  # the issue's criterion: span of the 3 significant directions within 15° of SE(2)'s
 STEM = "threebody_recipe"
 
@@ -89,15 +96,15 @@ def _guide(model, init_scale: float, data):
     return guide
 
 
-def _fit(model, guide, data, settings: dict[str, Any], seed: int, callbacks: list[Any]):
+def _fit(model, guide, data, settings: dict[str, Any], seed: int, callbacks: list[Any], device: str):
     from pyro_invariance import fit
 
     return fit(model, guide, data, steps=settings["steps"], batch_size=settings["batch_size"], lr=settings["lr"],
                eta_lr=settings.get("eta_lr", 0.1), num_particles=settings["num_particles"], seed=seed, progress=False,
-               callbacks=callbacks)
+               callbacks=callbacks, device=device)
 
 
-def run_seed(seed: int, rows: list[str], cache_dir: str | None) -> dict[str, Any]:
+def run_seed(seed: int, rows: list[str], cache_dir: str | None, device: str = "cpu") -> dict[str, Any]:
     import pyro
 
     from pyro_invariance.data import physics
@@ -114,7 +121,8 @@ def run_seed(seed: int, rows: list[str], cache_dir: str | None) -> dict[str, Any
     model = _model("none", WARMUP["dt"], seed)
     guide = _guide(model, WARMUP["init_scale"], warm_data)
     t0 = time.perf_counter()
-    warm = _fit(model, guide, warm_data, WARMUP, seed, [ClosedFormPriorUpdate(0.5, warmup=WARMUP["prior_warmup"])])
+    warm = _fit(model, guide, warm_data, WARMUP, seed, [ClosedFormPriorUpdate(0.5, warmup=WARMUP["prior_warmup"])],
+                device)
     out["warmup"] = {"seconds": time.perf_counter() - t0, "final_loss_per_datum": warm.history["elbo"][-1],
                      "prior_var": model.prior_var.tolist()}
     _common.log(f"seed {seed} warm-up: {out['warmup']['seconds']:.0f}s, prior var {out['warmup']['prior_var']}")
@@ -126,10 +134,10 @@ def run_seed(seed: int, rows: list[str], cache_dir: str | None) -> dict[str, Any
         guide = _guide(model, ROWS["init_scale"], data)
         report = warm_start(model, guide, warm)
         t0 = time.perf_counter()
-        _fit(model, guide, data, ROWS, seed, [ClosedFormPriorUpdate(ROWS["damping"])])
+        _fit(model, guide, data, ROWS, seed, [ClosedFormPriorUpdate(ROWS["damping"])], device)
         seconds = time.perf_counter() - t0
         pyro.set_rng_seed(seed + 1)
-        metrics = evaluate_hnn(model, guide, data, num_samples=8, num_particles=4, max_test=2000)
+        metrics = evaluate_hnn(model, guide, data, num_samples=8, num_particles=4, max_test=2000, device=device)
         metrics.update(seconds=seconds, seconds_per_step=seconds / ROWS["steps"], warm_started=len(report.guide))
         out["rows"][row] = metrics
         _common.log(f"seed {seed} {row}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
@@ -138,7 +146,8 @@ def run_seed(seed: int, rows: list[str], cache_dir: str | None) -> dict[str, Any
             angles = a.principal_angles_deg()
             out["analysis"] = {"singular_values": a.singular_values.tolist(), "num_significant": a.num_significant,
                                "parallelness": a.parallelness.tolist(),
-                               "principal_angles_deg": [] if angles is None else angles.tolist()}
+                               "principal_angles_deg": [] if angles is None else angles.tolist(),
+                               "generators": model.generators().detach().cpu().tolist()}
     return out
 
 
@@ -183,7 +192,8 @@ def markdown(seeds: list[dict[str, Any]], info: dict[str, Any], command: str) ->
     settings = {"data": DATA, "model": MODEL, "warm-up": WARMUP, "rows": ROWS}
     intro = (__doc__.split("\n\n")[1] + "\n\nSeeds: " + ", ".join(str(s["seed"]) for s in seeds)
              + " (mean ± sd over seeds). The talk's rows are at the paper size (4 × 250, 10 000 pairs, 1000 epochs).")
-    parts = [_common.header_markdown("3-body with the reference's recipe (reduced size)", info, settings, command, intro)]
+    parts = [_common.header_markdown("3-body with the reference's recipe ("
+                                     + ("reduced size)" if STEM == "threebody_recipe" else "GPU preset)"), info, settings, command, intro)]
     header = ["model"] + [c[1] for c in COLUMNS] + ["s/step"]
     rows = []
     for row in ("none", "learned", "oracle"):
@@ -239,7 +249,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--collect", action="store_true", help="only rebuild the table from the per-seed files")
     parser.add_argument("--smoke", type=int, default=None, metavar="STEPS",
                         help="a run of STEPS steps per fit, to check the script (use with --out elsewhere)")
+    parser.add_argument("--preset", choices=("reduced", "gpu"), default="reduced",
+                        help="reduced (default, the committed table) or gpu (the reference's sizes: GPU_PRESET)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args(argv)
+    global STEM
+    if args.preset == "gpu":
+        STEM += "_gpu"
+        for table, extra in ((DATA, "data"), (MODEL, "model"), (WARMUP, "warmup"), (ROWS, "rows")):
+            table.update(GPU_PRESET[extra])
     if args.smoke:
         WARMUP.update(steps=args.smoke, prior_warmup=args.smoke // 2)
         ROWS.update(steps=args.smoke)
@@ -251,13 +269,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.collect:
         for seed in args.seeds:
             with pyro_scope():
-                result = run_seed(seed, args.rows, args.cache_dir)
+                result = run_seed(seed, args.rows, args.cache_dir, args.device)
             result["command"] = _common.command_line()
             (out_dir / f"{STEM}_seed{seed}.json").write_text(json.dumps(result, indent=1) + "\n")
     seeds = [json.loads(p.read_text()) for p in sorted(out_dir.glob(f"{STEM}_seed*.json"))]
     if not seeds:
         parser.error(f"no per-seed results in {out_dir}")
     command = ".venv/bin/python benchmarks/threebody_recipe.py --seeds " + " ".join(str(s["seed"]) for s in seeds)
+    command += "" if args.preset == "reduced" else f" --preset {args.preset} --device {args.device}"
     md = markdown(seeds, _common.machine_info(), command)
     _common.publish(STEM, md, {"seeds": seeds, "settings": {"data": DATA, "model": MODEL, "warmup": WARMUP, "rows": ROWS}},
                     out_dir)
