@@ -72,6 +72,9 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/step_time.py
 	$(BIN)/python benchmarks/invariant_mlp_tables.py
 	$(BIN)/python benchmarks/noether_tables.py
+	$(BIN)/python benchmarks/threebody_recipe.py
+	$(BIN)/python benchmarks/kepler_noether.py
+	$(BIN)/python benchmarks/kepler_noether.py --recipe warm
 	$(BIN)/python benchmarks/guide_cost.py
 	$(BIN)/python benchmarks/full_rank_defaults.py
 	$(BIN)/python benchmarks/guide_comparison.py --model basis-regression
@@ -81,6 +84,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/layerwise_tables.py --table 1 --base fashion-mnist --size 16
 	$(BIN)/python benchmarks/layerwise_tables.py --table 2
 	$(BIN)/python benchmarks/layerwise_tables.py --table 3
+	$(BIN)/python benchmarks/layerwise_tables.py --table 2 --laplace-curvature kfac
+	$(BIN)/python benchmarks/layerwise_tables.py --table 3 --laplace-curvature kfac
 	$(BIN)/python benchmarks/layerwise_tables.py --table seeds
 	$(BIN)/python benchmarks/layerwise_tables.py --table cost --alpha 2
 	$(BIN)/python benchmarks/uncertain_symmetry.py
