@@ -176,6 +176,22 @@ def criteria(seeds: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def oracle_angles(analysis: dict[str, Any]) -> list[tuple[str, float]]:
+    """Angle (degrees) between each SE(2) generator (translations along x and y: total momentum;
+    rotation: total angular momentum) and the span of the significant learned directions."""
+    import torch
+
+    from pyro_invariance.symmetry.conserved import analyse_generators, oracle_generators, principal_cosines
+
+    learned = torch.tensor(analysis["generators"], dtype=torch.float64)
+    oracle = oracle_generators("se2", learned.shape[-1] - 1, torch.float64)
+    a = analyse_generators(learned)
+    span = a.vectors[: a.num_significant]
+    names = ("translation x", "translation y", "rotation")
+    return [(name, float(torch.rad2deg(torch.arccos(principal_cosines(o.reshape(1, -1), span)[0]))))
+            for name, o in zip(names, oracle)]  # fmt: skip
+
+
 def _fmt(values: list[float]) -> str:
     values = [v for v in values if v is not None and math.isfinite(v)]
     if not values:
@@ -210,6 +226,11 @@ def markdown(seeds: list[dict[str, Any]], info: dict[str, Any], command: str) ->
             sv = ", ".join(f"{v:.3g}" for v in a["singular_values"][:10])
             par = ", ".join(f"{v:.2f}" for v in a["parallelness"][:6])
             parts.append(f"- seed {s['seed']}: singular values {sv}; |cos| of the leading vectors to SE(2) {par}")
+    per_generator = [f"- seed {s['seed']}: " + ", ".join(f"{name} {angle:.1f}°" for name, angle in oracle_angles(s["analysis"]))
+                     for s in seeds if s.get("analysis", {}) and s["analysis"].get("generators")]  # fmt: skip
+    if per_generator:
+        parts += ["", "Angle between each SE(2) generator and the span of the significant learned directions "
+                  "(seeds whose run kept the generators):", ""] + per_generator
     parts += ["", f"Figure: `{STEM}_svd.png` (one row per seed).", ""]
     return "\n".join(parts)
 
