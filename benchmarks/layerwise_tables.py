@@ -277,6 +277,7 @@ def main() -> None:
     stem = f"layerwise_table{args.table}" + (f"_{base}" if base != TABLE_DATA[args.table][0] else "")
     stem += "_quick" if args.quick else ""
     kfac = args.laplace_curvature == "kfac"
+    diagonal_stem = stem  # the table whose MAP and bound columns a KFAC run leaves out
     stem += "_kfac" if kfac else ""
     settings = {**sizes, "base": base, "size": size, "seed": args.seed, "batch_size": 128, "threads": args.threads}
     if kfac:
@@ -301,7 +302,7 @@ def main() -> None:
     intro = __doc__.split("\n\n")[{"1": 1, "2": 2, "3": 3}[args.table]]
     if kfac:
         intro += ("\n\nThis file: the Laplace fits only, with the KFAC-Laplace evidence (exact labels) and δ by its "
-                  f"gradient; MAP and bound columns (\u2026) do not depend on the curvature: see `{stem[:-5]}.md`.")
+                  f"gradient; MAP and bound columns (\u2026) do not depend on the curvature: see `{diagonal_stem}.md`.")
     data_cache: dict[Any, Any] = {}
     for variant, method, task in jobs:
         key = f"{variant}|{method}|{task}"
