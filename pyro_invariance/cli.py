@@ -22,6 +22,7 @@ stop after the current step with ``interrupted at step k; checkpoint at PATH`` a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -34,6 +35,7 @@ import torch
 
 from pyro_invariance.infer.checkpoint import atomic_write_text, peek_step
 from pyro_invariance.infer.config import config_overrides, config_parent
+from pyro_invariance.infer.distributed import Ranks, current_ranks, setup_ranks
 from pyro_invariance.infer.interrupts import FitInterrupted
 from pyro_invariance.registry import DATASETS, GUIDES, MODELS, UnknownNameError
 from pyro_invariance.tasks import get as get_task, task_for
@@ -197,16 +199,25 @@ def run_fit(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eva
 
     ``out`` is checked first (:func:`prepare_out`) and locked for the whole run
     (:class:`~pyro_invariance.infer.runlock.RunLock`), so a second writer is refused before any compute.
+    With ``strategy="ddp"`` (run under ``torchrun``) every rank trains and rank 0 alone checks, locks
+    and writes ``out``.
     """
-    out = check_out_folder(Path(out))
-    with RunLock(out / "checkpoint.pt"):  # the folder must exist for its lock; then what it holds
-        _check_out_contents(out, bool(fit_kwargs.get("resume")), bool(fit_kwargs.get("overwrite")),
-                            ("checkpoint.pt", "result.json"))  # fmt: skip
-        return _run_fit_locked(spec, out, fit_kwargs, num_eval_samples, eval_seed)
+    ranks, _ = setup_ranks(fit_kwargs.get("strategy", "single"), str(fit_kwargs.get("device", "cpu")))
+    with contextlib.ExitStack() as stack:
+
+        def claim() -> Path:  # the folder must exist for its lock; then what it holds
+            folder = check_out_folder(Path(out))
+            stack.enter_context(RunLock(folder / "checkpoint.pt"))
+            _check_out_contents(folder, bool(fit_kwargs.get("resume")), bool(fit_kwargs.get("overwrite")),
+                                ("checkpoint.pt", "result.json"))  # fmt: skip
+            return folder
+
+        folder = ranks.together(claim if ranks.is_main else lambda: Path(out))
+        return _run_fit_locked(spec, folder, fit_kwargs, num_eval_samples, eval_seed, ranks)
 
 
 def _run_fit_locked(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eval_samples: int,
-                    eval_seed: int | None) -> dict[str, Any]:  # fmt: skip
+                    eval_seed: int | None, ranks: Ranks) -> dict[str, Any]:  # fmt: skip
     from pyro_invariance import guides  # noqa: F401
     from pyro_invariance.catalogue import build
     from pyro_invariance.infer.training import fit
@@ -243,8 +254,10 @@ def _run_fit_locked(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any],
     }
     payload = result.to_dict()
     payload["summary"] = summary
-    atomic_write_text(out / "result.json", json.dumps(payload, indent=1))
-    summary["plots"] = _save_plots(result, out, data)
+    summary["plots"] = []
+    if ranks.is_main:  # rank 0 writes (every rank holds the same model and guide)
+        atomic_write_text(out / "result.json", json.dumps(payload, indent=1))
+        summary["plots"] = _save_plots(result, out, data)
     return summary
 
 
@@ -293,6 +306,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         make_deterministic()
     spec = _build_spec(args)
     summary = run_fit(spec, Path(args.out), _fit_kwargs(args), check_positive_int("--eval-samples", args.eval_samples))
+    if not current_ranks().is_main:
+        return 0
     _print_summaries([summary])
     print(f"\nwrote {Path(args.out) / 'result.json'}, {Path(args.out) / 'checkpoint.pt'} and plots {summary['plots']}")
     return 0

@@ -50,6 +50,7 @@ from pyro.distributions.util import scale_and_mask
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
+from pyro_invariance.infer.distributed import Ranks, all_gather_cat
 from pyro_invariance.infer.modes import eval_mode
 from pyro_invariance.validation import check_positive_int
 from pyro_invariance._pyro_scope import pyro_scope
@@ -303,6 +304,7 @@ def log_weights(
     batch_size: int = 4096,
     vectorize: bool = False,
     particle_chunk: int = 100,
+    ranks: Ranks | None = None,
 ) -> tuple[Tensor, bool]:
     """``num_samples`` importance log weights ``log p(D, z_k) − log q(z_k)``, ``z_k ~ q`` (float64).
 
@@ -315,6 +317,11 @@ def log_weights(
             models and guides that broadcast over a batch of latents (``basis-regression`` does);
             raises :class:`NotVectorizableError` when a site's log-density lacks the particle dim.
         particle_chunk: particles per vectorised pass (memory: ``particle_chunk`` × one pass).
+        ranks: the ranks of a data-parallel run (:func:`pyro_invariance.infer.distributed.current_ranks`):
+            the draws are split over them (rank r draws :func:`rank_share` of them) and the log
+            weights all-gathered in rank order, so every rank returns all ``num_samples``. Rank r
+            draws from a stream seeded by ``(s, r)``, with ``s`` one number drawn from the global
+            stream (the same on every rank): :func:`ranked_log_weights` on one process repeats them.
 
     Returns:
         ``(log_weights (num_samples,), point_estimate)``; ``point_estimate`` is True when every
@@ -324,6 +331,15 @@ def log_weights(
     check_positive_int("batch_size", batch_size)
     check_positive_int("particle_chunk", particle_chunk)
     x, y = _check_xy(x, y)
+    if ranks is not None and ranks.ddp:
+        if num_samples < ranks.world:
+            raise ValueError(f"num_samples={num_samples} is below the {ranks.world} ranks that split the draws")
+        base = int(torch.randint(2**62, ()).item())  # the same on every rank: their global streams agree
+        with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
+            torch.manual_seed(rank_seed(base, ranks.rank))
+            part, point = log_weights(model, guide, x, y, rank_share(num_samples, ranks.rank, ranks.world),
+                                      batch_size=batch_size, vectorize=vectorize, particle_chunk=particle_chunk)  # fmt: skip
+        return all_gather_cat(part, ranks), point
     out = []
     point = False
     with eval_mode(model), torch.no_grad():
@@ -344,6 +360,30 @@ def log_weights(
         bad = int((~torch.isfinite(lw)).sum())
         warnings.warn(f"{bad} of {num_samples} log weights are non-finite; the bounds will be ±inf or NaN")
     return lw, point
+
+
+def rank_share(num_samples: int, rank: int, world: int) -> int:
+    """How many of ``num_samples`` draws rank ``rank`` of ``world`` makes (the first ones one more)."""
+    return num_samples // world + (1 if rank < num_samples % world else 0)
+
+
+def rank_seed(base: int, rank: int) -> int:
+    """The seed of rank ``rank``'s draws in :func:`log_weights` (``base`` from the shared stream)."""
+    return (base + 104_729 * (rank + 1)) % (2**63 - 1)
+
+
+def ranked_log_weights(model: Any, guide: Any, x: Tensor, y: Tensor, num_samples: int, world: int,
+                       **kwargs: Any) -> tuple[Tensor, bool]:  # fmt: skip
+    """On one process, the log weights that ``world`` ranks of a data-parallel run would gather in
+    :func:`log_weights` (each rank's share of the draws from its own seeded stream, in rank order)."""
+    base = int(torch.randint(2**62, ()).item())
+    parts, point = [], False
+    for rank in range(world):
+        with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
+            torch.manual_seed(rank_seed(base, rank))
+            lw, point = log_weights(model, guide, x, y, rank_share(num_samples, rank, world), **kwargs)
+        parts.append(lw)
+    return torch.cat(parts), point
 
 
 # ------------------------------------------------------------------------------------------------
@@ -496,6 +536,7 @@ def evidence_bounds(
     batch_size: int = 4096,
     vectorize: bool = False,
     particle_chunk: int = 100,
+    ranks: Ranks | None = None,
 ) -> EvidenceBounds:
     """ELBO, IWAE_K for every K in ``Ks`` and PSIS k̂, all from one set of guide draws.
 
@@ -507,6 +548,8 @@ def evidence_bounds(
             ``K < num_samples`` averages ``num_samples // K`` independent estimates.
         batch_size: rows per forward pass.
         vectorize, particle_chunk: draw particles in vectorised chunks (see :func:`log_weights`).
+        ranks: the ranks of a data-parallel run: the draws after the first are split over them and
+            the log weights all-gathered (:func:`log_weights`); every rank gets the same bounds.
 
     Point-estimate guides are evaluated with ``min(num_samples, 16)`` draws (the draws differ only
     by the model's own noise) and flagged (``point_estimate=True``, every ``is_bound`` False).
@@ -523,7 +566,7 @@ def evidence_bounds(
     rest = first[:0]
     if rest_n > 0:
         rest = log_weights(model, guide, x, y, rest_n, batch_size=batch_size, vectorize=vectorize,
-                           particle_chunk=particle_chunk)[0]
+                           particle_chunk=particle_chunk, ranks=ranks)[0]
     lw = torch.cat([first, rest])
     if point:
         elbo = elbo_from_log_weights(lw, n, point_estimate=True)

@@ -22,6 +22,7 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
+from pyro_invariance.infer.distributed import STRATEGIES
 from pyro_invariance.validation import check_positive_float, check_positive_int
 
 ELBOS = ("meanfield", "trace", "iwae")
@@ -54,6 +55,12 @@ class FitConfig:
     means and scales (``lr``), its off-diagonal covariance factors (``factor_lr``), the symmetry
     parameters η (``eta_lr``) and the model's other point estimates (``model_lr``, default ``lr``).
 
+    ``shards`` splits each minibatch into shards with a weight draw and a random stream each (it
+    changes the numbers: part of the fingerprint when > 1); ``strategy="ddp"`` runs them on the ranks
+    of a ``torch.distributed`` process group (the same numbers on any number of ranks dividing
+    ``shards``, up to float rounding; left out of the fingerprint). See
+    :mod:`pyro_invariance.infer.distributed`.
+
     The last four fields set how fast a step runs, not what it computes (issue 14;
     :mod:`pyro_invariance.infer.fast_step`): ``validation``, ``compile`` (``"capture"`` gives the same
     numbers as ``"off"``; ``"inductor"`` other random draws), ``log_every`` and ``tf32`` (CUDA only).
@@ -73,6 +80,11 @@ class FitConfig:
     schedule: str = _opt("cosine", "learning-rate schedule: cosine (to 0) or constant", choices=SCHEDULES)
     seed: int = _opt(0, "seeds Pyro/torch, the minibatch shuffler and hence the whole run", type=int)
     device: str = _opt("cpu", "cpu or cuda: model, guide and data are moved there", type=str)
+    shards: int = _opt(1, "shards of each minibatch, each with its own weight draw and random stream; the loss is their "
+                       "mean (pyro_invariance.infer.distributed). The processes of a DDP run split them", type=int)
+    strategy: str = _opt("single", "single: one process; ddp: data-parallel ranks of a torch.distributed process group "
+                         "(torchrun), which split the shards and average gradients with DistributedDataParallel",
+                         choices=STRATEGIES)  # fmt: skip
     validation: str = _opt("first-step", "Pyro's validation checks: on for the first step of a call, then off "
                            "('first-step'; divergence is still caught, see fit), or on every step with a host check of the "
                            "loss after each step ('always', the slow path)", choices=VALIDATIONS)  # fmt: skip
@@ -112,6 +124,15 @@ class FitConfig:
             raise ValueError(f"unknown validation {self.validation!r}; use one of {list(VALIDATIONS)}")
         if self.compile not in COMPILE_MODES:
             raise ValueError(f"unknown compile {self.compile!r}; use one of {list(COMPILE_MODES)} (or True / False)")
+        check_positive_int("shards", self.shards)
+        if self.batch_size is not None and self.batch_size % self.shards:
+            raise ValueError(f"batch_size={self.batch_size} is not a multiple of shards={self.shards}: every shard needs "
+                             "the same number of rows")  # fmt: skip
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {self.strategy!r}; use one of {list(STRATEGIES)}")
+        if self.compile != "off" and (self.shards > 1 or self.strategy == "ddp"):
+            raise ValueError(f"compile={self.compile!r} needs shards=1 and strategy='single': a captured graph replays "
+                             "one stream on one process")  # fmt: skip
         check_positive_int("log_every", self.log_every)
         if not isinstance(self.tf32, bool):
             raise ValueError(f"tf32 must be True or False, got {self.tf32!r}")

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from pyro import poutine
 from torch import Tensor, nn
 
+from pyro_invariance.infer.distributed import Ranks, all_reduce_sum
 from pyro_invariance.infer.kfac import (
     KroneckerFactors,
     categorical_hessian_sqrt,
@@ -322,7 +323,7 @@ def _label_columns(logits: Tensor, labels: str, generator: torch.Generator | Non
 
 def kfac_curvature(model: nn.Module, values: dict[str, Tensor], x: Tensor, *, batch_size: int = 32,
                    labels: str = "exact", generator: torch.Generator | None = None,
-                   y: Tensor | None = None) -> KFACCurvature:  # fmt: skip
+                   y: Tensor | None = None, ranks: Ranks | None = None) -> KFACCurvature:  # fmt: skip
     """KFAC GGN of ``Σ_n log p(y_n | x_n, θ)`` at ``values`` (module docstring).
 
     Args:
@@ -332,6 +333,10 @@ def kfac_curvature(model: nn.Module, values: dict[str, Tensor], x: Tensor, *, ba
         labels: ``"exact"`` (C backward passes per minibatch), ``"sampled"`` (one, labels drawn
             from the model with ``generator``) or ``"empirical"`` (one, the observed labels ``y``).
         y: the observed labels ``(N,)``, for ``labels="empirical"``.
+        ranks: the ranks of a data-parallel run (:mod:`pyro_invariance.infer.distributed`), each
+            passing its own rows of the data as ``x`` (and ``y``): the factors' sums over rows are
+            summed over the ranks (all-reduce) before they are normalised by the total N, so every
+            rank gets the curvature of all the data.
     """
     check_choice("labels", labels, LABELS)
     if labels == "empirical" and (y is None or y.shape != x.shape[:1]):
@@ -382,5 +387,9 @@ def kfac_curvature(model: nn.Module, values: dict[str, Tensor], x: Tensor, *, ba
     finally:
         for h in handles:
             h.remove()
+    if ranks is not None and ranks.ddp:  # every rank's sums, in the same block order (same network)
+        for acc in sums.values():
+            acc[0], acc[1] = all_reduce_sum(acc[0], ranks), all_reduce_sum(acc[1], ranks)
+        n_total = int(all_reduce_sum(torch.tensor([float(n_total)], dtype=torch.float64, device=x.device), ranks).item())
     return KFACCurvature([KFACBlock(sites, KroneckerFactors(g / n_total, a / n_total, n_total), widths)
                           for sites, (g, a, widths) in sums.items()])  # fmt: skip

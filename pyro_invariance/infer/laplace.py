@@ -51,6 +51,7 @@ from pyro import poutine
 from torch import Tensor, nn
 
 from pyro_invariance.infer.config import FitConfig, resolve_config
+from pyro_invariance.infer.distributed import all_reduce_sum, current_ranks, split_rows
 from pyro_invariance.infer.training import FitResult
 from pyro_invariance.validation import check_choice, check_positive_float, check_positive_int
 from pyro_invariance._pyro_scope import pyro_scope
@@ -332,7 +333,14 @@ class LaplaceEvidenceUpdate:
     (:func:`gradient_update`: ``delta_steps`` Adam steps of rate ``delta_lr`` on log δ).
 
     The label draws use a generator seeded by ``(seed, step)``, so a resumed run repeats them; δ are
-    model buffers and travel in checkpoints. ``log`` (step, log evidence before the update, per-datum)
+    model buffers and travel in checkpoints.
+
+    In a data-parallel run (``fit(..., strategy="ddp")``, :mod:`pyro_invariance.infer.distributed`)
+    each rank computes the curvature and the log likelihood on its contiguous part of ``x`` and the
+    sums are all-reduced, so every rank updates δ from the curvature of all the data: the KFAC
+    curvature equals the one-process curvature (to float rounding); the diagonal one is the same in
+    expectation (its sampled labels and minibatch cross terms differ: each rank's generator is
+    offset by its rank). ``log`` (step, log evidence before the update, per-datum)
     is diagnostic and is not checkpointed.
     """
 
@@ -368,18 +376,31 @@ class LaplaceEvidenceUpdate:
         self._last: tuple[dict[str, Tensor], Any] | None = None  # the last update's (θ*, curvature)
 
     def compute_curvature(self, model: Any, guide: Any, step: int) -> tuple[dict[str, Tensor], Any]:
-        """The MAP values and the curvature at them (a ``{site: h}`` dict or a KFAC curvature)."""
+        """The MAP values and the curvature at them (a ``{site: h}`` dict or a KFAC curvature), of
+        all the data (the ranks' parts summed in a data-parallel run)."""
         values = map_values(guide)
-        gen = torch.Generator(device=self.x.device).manual_seed(self.seed * 1_000_003 + step)
+        ranks = current_ranks()
+        rows = split_rows(self.x.shape[0], ranks)
+        x, y = self.x[rows], self.y[rows]
+        gen = torch.Generator(device=self.x.device).manual_seed(self.seed * 1_000_003 + step + 7_919 * ranks.rank)
         if self.curvature == "kfac":
             from pyro_invariance.infer.kfac_layers import kfac_curvature
 
-            return values, kfac_curvature(model, values, self.x, batch_size=self.batch_size, labels=self.labels,
-                                          generator=gen, y=self.y)  # fmt: skip
+            return values, kfac_curvature(model, values, x, batch_size=self.batch_size, labels=self.labels,
+                                          generator=gen, y=y, ranks=ranks)  # fmt: skip
         sites = [s for g in _groups(model) for s in g.sites]
-        h = diagonal_ggn(model, values, self.x, sites, batch_size=self.batch_size,
+        h = diagonal_ggn(model, values, x, sites, batch_size=self.batch_size,
                          num_samples=self.num_samples, generator=gen)  # fmt: skip
-        return values, h
+        return values, {s: all_reduce_sum(v, ranks) for s, v in h.items()}
+
+    def log_likelihood(self, model: Any, values: dict[str, Tensor]) -> float:
+        """``Σ_n log p(y_n | x_n, θ)`` over all of ``x`` (the ranks' parts summed in a data-parallel run)."""
+        ranks = current_ranks()
+        rows = split_rows(self.x.shape[0], ranks)
+        part = log_likelihood(model, values, self.x[rows], self.y[rows])
+        if not ranks.ddp:
+            return part
+        return float(all_reduce_sum(torch.tensor([part], dtype=torch.float64, device=self.x.device), ranks).item())
 
     def update(self, model: Any, values: dict[str, Tensor], curvature: Any) -> None:
         """One δ update at fixed θ* and curvature (``delta_update``)."""
@@ -393,7 +414,7 @@ class LaplaceEvidenceUpdate:
         if step < self.warmup or (step - self.warmup) % self.every:
             return
         values, h = self.compute_curvature(model, guide, step)
-        log_lik = log_likelihood(model, values, self.x, self.y)
+        log_lik = self.log_likelihood(model, values)
         self.log.append((step, laplace_log_evidence(model, values, h, log_lik) / self.x.shape[0]))
         self.update(model, values, h)
         self._last = (values, h)
@@ -482,7 +503,7 @@ def fit_laplace(
                                    delta_steps=delta_steps, delta_lr=delta_lr)  # fmt: skip
     result = fit(model, guide, (x, y), cfg, callbacks=[*callbacks, update], run_settings=settings, **kwargs)
     values, h = update.final_curvature(model, result.guide, cfg.steps + 1)
-    log_evidence = laplace_log_evidence(model, values, h, log_likelihood(model, values, x, y))
+    log_evidence = laplace_log_evidence(model, values, h, update.log_likelihood(model, values))
     base = {f.name: getattr(result, f.name) for f in fields(FitResult)}
     return LaplaceFitResult(**base, laplace=DiagonalLaplacePosterior(model, values, h), log_evidence=log_evidence,
                             evidence_log=list(update.log))  # fmt: skip

@@ -36,6 +36,7 @@ import copy
 import json
 import math
 import os
+import signal
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -53,6 +54,7 @@ from pyro_invariance.infer.checkpoint import (
 )  # fmt: skip
 from pyro_invariance.data.arrays import train_arrays
 from pyro_invariance.infer.config import FitConfig, resolve_config
+from pyro_invariance.infer.distributed import Ranks, ShardStreams, setup_ranks
 from pyro_invariance.infer.divergence import first_invalid_state, locate_problem
 from pyro_invariance.infer.fast_step import (
     LEAN_ELBOS, CapturedLoss, CaptureError, make_optimizer, preserved_validation, set_validation, tf32_matmuls,
@@ -65,7 +67,7 @@ from pyro_invariance.validation import check_positive_int
 from pyro_invariance._pyro_scope import pyro_scope
 
 #: settings that do not change a run's numbers: left out of its fingerprint, so a resumed run may change them
-RESULT_NEUTRAL = ("validation", "log_every")
+RESULT_NEUTRAL = ("validation", "log_every", "strategy")
 #: least seconds between two refreshes of the progress bar (each one reads the pending losses back)
 PROGRESS_SECONDS = 1.0
 
@@ -248,7 +250,8 @@ def _refuse_existing(path: Path) -> None:
 
 
 def _restore(state: dict[str, Any], fingerprint: dict[str, Any], model: nn.Module, guide: Any, optim: Any,
-             sched: Any, batches: _Batches, until_step: int | None, allow_changes: Sequence[str]) -> None:  # fmt: skip
+             sched: Any, batches: _Batches, streams: ShardStreams | None, until_step: int | None,
+             allow_changes: Sequence[str]) -> None:  # fmt: skip
     """Check that ``state`` belongs to this run, then load it (learning rates as allowed)."""
     differences = fingerprint_differences(state["fingerprint"], fingerprint, ignore_config=allow_changes)
     if differences:
@@ -271,6 +274,8 @@ def _restore(state: dict[str, Any], fingerprint: dict[str, Any], model: nn.Modul
         sched.base_lrs = list(new_base)
     set_rng_state(state["rng"])
     batches.load(state["batches"])
+    if streams is not None:  # the shards' streams, whichever processes advanced them
+        streams.load(state["shard_rng"])
 
 
 @pyro_scope()
@@ -359,19 +364,24 @@ def fit(
     cfg = resolve_config(config, model, guide, overrides)
     allow_changes = tuple(allow_changes)
     _check_run_args(cfg, checkpoint_path, checkpoint_every, resume, until_step, overwrite, allow_changes)
-    dev = torch.device(cfg.device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' requested but torch.cuda.is_available() is False")
+    ranks, device = setup_ranks(cfg.strategy, cfg.device)
+    dev = torch.device(device)
     x_all, y_all = train_arrays(data, model)
     path = Path(checkpoint_path) if checkpoint_path is not None else None
     with contextlib.ExitStack() as stack:
-        if path is not None:
-            stack.enter_context(RunLock(path))
-            if not resume and not overwrite:
-                _refuse_existing(path)
+        if path is not None:  # rank 0 writes the checkpoints: it alone locks and checks the path
+
+            def claim() -> None:
+                stack.enter_context(RunLock(path))
+                if not resume and not overwrite:
+                    _refuse_existing(path)
+
+            ranks.together(claim if ranks.is_main else lambda: None)
         stack.enter_context(preserved_validation())  # the loop switches Pyro's validation; restored here
         stack.enter_context(tf32_matmuls(dev, cfg.tf32))
-        return _fit_locked(model, guide, x_all, y_all, cfg, dev, path, checkpoint_every, resume, allow_changes,
+        return _fit_locked(model, guide, x_all, y_all, cfg, dev, ranks, path, checkpoint_every, resume, allow_changes,
                            until_step, progress, spec, run_settings, callbacks)  # fmt: skip
 
 
@@ -383,6 +393,8 @@ def fingerprint_settings(cfg: FitConfig) -> dict[str, Any]:
     settings = asdict(cfg)
     for key in RESULT_NEUTRAL:
         settings.pop(key, None)
+    if settings.get("shards") == 1:  # one shard is the run of before shards existed
+        settings.pop("shards", None)
     if settings.get("compile") not in ("inductor", "cudagraphs"):
         settings.pop("compile", None)
     if not settings.get("tf32"):
@@ -404,14 +416,19 @@ def _cloned(obj: Any) -> Any:
 class _Snapshot:
     """The state after ``step``, on the device, to re-run the steps after it with checks."""
 
-    def __init__(self, step: int, model: nn.Module, guide: Any, optim: Any, sched: Any, batches: _Batches) -> None:
+    def __init__(self, step: int, model: nn.Module, guide: Any, optim: Any, sched: Any, batches: _Batches,
+                 streams: ShardStreams | None) -> None:  # fmt: skip
         self.step = step
+        self.streams = streams.copy_states() if streams is not None else None
         self.model = _cloned(model.state_dict())
         self.guide = _cloned(guide.state_dict()) if isinstance(guide, nn.Module) else None
         self.optim, self.sched = _cloned(optim.state_dict()), _cloned(sched.state_dict())
         self.rng, self.batches = rng_state(), _cloned(batches.state())
 
-    def restore(self, model: nn.Module, guide: Any, optim: Any, sched: Any, batches: _Batches) -> None:
+    def restore(self, model: nn.Module, guide: Any, optim: Any, sched: Any, batches: _Batches,
+                streams: ShardStreams | None) -> None:  # fmt: skip
+        if streams is not None and self.streams is not None:
+            streams.load(self.streams)
         model.load_state_dict(self.model)
         if self.guide is not None:
             guide.load_state_dict(self.guide)
@@ -422,28 +439,38 @@ class _Snapshot:
 
 
 def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg: FitConfig, dev: torch.device,
-                path: Path | None, checkpoint_every: int | None, resume: bool, allow_changes: Sequence[str],
+                ranks: Ranks, path: Path | None, checkpoint_every: int | None, resume: bool, allow_changes: Sequence[str],
                 until_step: int | None, progress: bool, spec: dict[str, Any] | None,
                 run_settings: dict[str, Any] | None, callbacks: Sequence[Callable[..., None]]) -> FitResult:  # fmt: skip
     """The body of :func:`fit`, with inputs checked and the checkpoint locked."""
-    state = load_checkpoint(path) if resume else None  # type: ignore[arg-type]  (fails before any compute)
+    # every rank reads the checkpoint (fails before any compute, on all ranks together)
+    state = ranks.together(lambda: load_checkpoint(path) if resume else None)  # type: ignore[arg-type]
     n = x_all.shape[0]
     pyro.set_rng_seed(cfg.seed)
     model.to(dev)
     batches = _Batches(n, cfg.batch_size, cfg.seed, dev)
+    _check_shards(cfg, batches.batch, ranks)
+    streams = ShardStreams(cfg.shards, cfg.seed, dev) if cfg.shards > 1 else None
     first = batches.perm[: batches.batch]
     # Build lazily-initialised guide parameters once, on a first batch (does not advance the shuffler).
     setup_args, setup_kwargs = (x_all[first].to(dev), y_all[first].to(dev)), {"num_data": n}
-    try:
-        with poutine.block():
-            guide(*setup_args, **setup_kwargs)
-    except ValueError as exc:
-        where = locate_problem(model, guide, setup_args, setup_kwargs)
-        if where:
-            raise FloatingPointError(f"invalid values before step 1: {where}") from exc
-        raise
+
+    def set_up_guide() -> None:
+        try:
+            with poutine.block():
+                guide(*setup_args, **setup_kwargs)
+        except ValueError as exc:
+            where = locate_problem(model, guide, setup_args, setup_kwargs)
+            if where:
+                raise FloatingPointError(f"invalid values before step 1: {where}") from exc
+            raise
+
+    ranks.together(set_up_guide)
     if isinstance(guide, nn.Module):
         guide.to(dev)
+    elif ranks.ddp:
+        raise TypeError(f"strategy='ddp' needs a guide that is an nn.Module (a PyroModule or AutoGuide), got "
+                        f"{type(guide).__name__}")  # fmt: skip
     settings = {**fingerprint_settings(cfg), **({"run_settings": run_settings} if run_settings else {})}
     # what defines the run, for its checkpoints (hashing the data is skipped when nothing is saved)
     fingerprint = run_fingerprint(model, guide, settings, x_all, y_all, spec) if path is not None else {}
@@ -464,7 +491,8 @@ def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg:
 
     start, seconds, last_good = 0, 0.0, None
     if state is not None:
-        _restore(state, fingerprint, model, guide, optim, sched, batches, until_step, allow_changes)
+        ranks.together(lambda: _restore(state, fingerprint, model, guide, optim, sched, batches, streams, until_step,
+                                          allow_changes))  # fmt: skip
         history, start, seconds = state["history"], int(state["step"]), float(state.get("seconds", 0.0))
         last_good = (path, start)
         if allow_changes:
@@ -473,34 +501,43 @@ def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg:
             if changed:
                 history.setdefault("changes", []).append({"step": start, **changed})
 
-    loop = _Loop(model, guide, cfg, dev, x_all, y_all, optim, sched, batches, loss_fn, callbacks, history, last_good)
+    engine = _engine(loss_fn, model, guide, ranks, dev, (*setup_args, setup_kwargs))
+    loop = _Loop(model, guide, cfg, dev, x_all, y_all, optim, sched, batches, loss_fn, callbacks, history, last_good,
+                 ranks=ranks, streams=streams, engine=engine)  # fmt: skip
 
     def checkpoint(step: int) -> None:
         loop.flush()  # the history up to ``step``, its losses checked
         bad = first_invalid_state(model, guide, optim)
         if bad is not None:
             raise FloatingPointError(_divergence_message(f"after step {step}: {bad}", loop.last_good))
-        save_checkpoint(path, {  # type: ignore[arg-type]
-            "step": step, "model": model.state_dict(), "guide": guide.state_dict(),  # type: ignore[union-attr]
-            "optimizer": optim.state_dict(), "scheduler": sched.state_dict(), "rng": rng_state(),
-            "batches": batches.state(), "config": asdict(cfg), "fingerprint": fingerprint, "history": history,
-            "seconds": seconds, "spec": spec,
-        })  # fmt: skip
+        shard_rng = streams.state(ranks) if streams is not None else None  # gathered from the ranks owning them
+
+        def save() -> None:  # rank 0 writes; a failed write stops every rank
+            save_checkpoint(path, {  # type: ignore[arg-type]
+                "step": step, "model": model.state_dict(), "guide": guide.state_dict(),  # type: ignore[union-attr]
+                "optimizer": optim.state_dict(), "scheduler": sched.state_dict(), "rng": rng_state(),
+                "batches": batches.state(), "config": asdict(cfg), "fingerprint": fingerprint, "history": history,
+                "seconds": seconds, "spec": spec, **({"shard_rng": shard_rng} if shard_rng is not None else {}),
+                "processes": ranks.world,
+            })  # fmt: skip
+
+        ranks.together(save if ranks.is_main else lambda: None)
         loop.last_good = (path, step)
 
     last = until_step or cfg.steps
-    loop.bar = tqdm(total=cfg.steps, initial=start, disable=not progress, desc="SVI", leave=False)
+    loop.bar = tqdm(total=cfg.steps, initial=start, disable=not (progress and ranks.is_main), desc="SVI", leave=False)
     t0 = time.perf_counter()
     with StopSignals() as stop, contextlib.closing(loop.bar):
         for step in range(start, last):
             loop.step(step, checked=cfg.validation == "always" or step == start)
             due = checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < last
-            if path is not None and (due or stop.signum is not None):
+            stop_now = loop.stop_requested(stop.signum, step + 1)
+            if path is not None and (due or stop_now):
                 seconds, t0 = seconds + time.perf_counter() - t0, time.perf_counter()
                 checkpoint(step + 1)
-            if stop.signum is not None:
+            if stop_now:
                 loop.flush()
-                raise FitInterrupted(step + 1, path, stop.signum)
+                raise FitInterrupted(step + 1, path, stop.signum or signal.SIGTERM)
             if loop.flush_due(progress):
                 loop.flush()
         loop.flush()
@@ -510,13 +547,51 @@ def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg:
     return FitResult(model, guide, cfg, n, history, seconds, spec, loop.stats)
 
 
+def _check_shards(cfg: FitConfig, batch: int, ranks: Ranks) -> None:
+    if batch % cfg.shards:
+        raise ValueError(f"the minibatch has {batch} rows (batch_size {cfg.batch_size}, capped at the data size), not a "
+                         f"multiple of shards={cfg.shards}")  # fmt: skip
+    if cfg.shards % ranks.world:
+        raise ValueError(f"shards={cfg.shards} is not a multiple of the {ranks.world} processes of this data-parallel "
+                         f"run: pass shards={ranks.world} (or a multiple of it)")  # fmt: skip
+
+
+def _engine(loss_fn: Any, model: nn.Module, guide: Any, ranks: Ranks, dev: torch.device,
+            example: tuple[Tensor, Tensor, dict[str, Any]]) -> Callable[..., Tensor]:  # fmt: skip
+    """What a step calls for a shard's loss: Pyro's ``ELBOModule`` (``loss_fn(model, guide)``), inside
+    ``DistributedDataParallel`` on the ranks of a process group (gradients averaged over ranks).
+    DDP's ``find_unused_parameters`` (an extra graph traversal per step) is switched on only when a
+    loss on ``example`` (computed aside, the random streams restored) leaves a parameter without a
+    gradient."""
+    if not isinstance(guide, nn.Module):  # a plain callable guide (one process only): the ELBO itself
+        return lambda *args, **kwargs: loss_fn.differentiable_loss(model, guide, *args, **kwargs)
+    module = loss_fn(model, guide)
+    if not ranks.ddp:
+        return module
+    params = [p for p in module.parameters() if p.requires_grad]
+    x, y, kwargs = example
+
+    def has_unused() -> bool:
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), poutine.block():
+            grads = torch.autograd.grad(module(x, y, **kwargs), params, allow_unused=True)
+        return any(g is None for g in grads)
+
+    unused = ranks.together(has_unused)
+    return torch.nn.parallel.DistributedDataParallel(
+        module, device_ids=[dev.index] if dev.type == "cuda" else None, find_unused_parameters=unused)
+
+
 class _Loop:
-    """The steps of one ``fit`` call: the lean step, the bulk reads of its history, the snapshots and
-    the re-run that locates a divergence (module docstring)."""
+    """The steps of one ``fit`` call: the lean step over this process's shards, the bulk reads of its
+    history, the snapshots and the re-run that locates a divergence (module docstring)."""
 
     def __init__(self, model: nn.Module, guide: Any, cfg: FitConfig, dev: torch.device, x_all: Tensor, y_all: Tensor,
                  optim: Any, sched: Any, batches: _Batches, loss_fn: Any, callbacks: Sequence[Callable[..., None]],
-                 history: dict[str, Any], last_good: tuple[Path, int] | None) -> None:  # fmt: skip
+                 history: dict[str, Any], last_good: tuple[Path, int] | None, *, ranks: Ranks,
+                 streams: ShardStreams | None, engine: Callable[..., Tensor]) -> None:  # fmt: skip
+        self.ranks, self.streams, self.engine = ranks, streams, engine
+        # this process's shards (None: the whole minibatch on the global stream, as before shards existed)
+        self.own: list[int | None] = list(ranks.own_shards(cfg.shards)) if streams is not None else [None]
         self.model, self.guide, self.cfg, self.dev = model, guide, cfg, dev
         self.x_all, self.y_all, self.kwargs = x_all, y_all, {"num_data": x_all.shape[0]}
         self.optim, self.sched, self.batches, self.loss_fn, self.callbacks = optim, sched, batches, loss_fn, callbacks
@@ -547,24 +622,27 @@ class _Loop:
         and checked before the update, as every step before issue 14. ``rerun``: re-running it to
         locate a divergence (nothing is recorded)."""
         if not checked and not rerun and (self.snapshot is None or step - self.snapshot.step >= self.cfg.log_every):
-            if self.cfg.validation == "first-step":
+            if self.cfg.validation == "first-step" and not self.ranks.ddp:
                 self.flush()  # every step up to here has a finite loss
-                self.snapshot = _Snapshot(step, self.model, self.guide, self.optim, self.sched, self.batches)
+                self.snapshot = _Snapshot(step, self.model, self.guide, self.optim, self.sched, self.batches,
+                                          self.streams)  # fmt: skip
                 self.stats["snapshots"] += 1
         idx = self.batches.next()
         x, y = self.x_all[idx], self.y_all[idx]
-        args = (x, y)
         self.optim.zero_grad(set_to_none=True)
-        try:
-            loss = self._loss(x, y, checked, rerun)
-        except ValueError as exc:  # distribution validation rejects invalid parameters before the loss exists
-            where = self._locate(args) or f"{type(exc).__name__}: {exc}"
-            raise FloatingPointError(_divergence_message(f"invalid values at step {step + 1}: {where}", self.last_good)) from exc
-        if checked and not bool(torch.isfinite(loss)):
-            where = self._locate(args) or "the gradient step diverged"
-            raise FloatingPointError(
-                _divergence_message(f"non-finite loss ({loss.item()}) at step {step + 1}: {where}", self.last_good))
-        loss.backward()
+        if self.own == [None]:  # one shard on the global stream: the step of before shards existed
+            loss = self._checked_loss(step, x, y, checked, rerun)
+            loss.backward()
+        else:  # this process's shards, each on its stream; DDP averages the gradients after the last one
+            b, total = x.shape[0] // self.cfg.shards, None
+            for j, s in enumerate(self.own):
+                last = j + 1 == len(self.own)
+                sync = contextlib.nullcontext() if last or not self.ranks.ddp else self.engine.no_sync()  # type: ignore[attr-defined]
+                with sync, self.streams.stream(s):  # type: ignore[union-attr]
+                    loss_s = self._checked_loss(step, x[s * b:(s + 1) * b], y[s * b:(s + 1) * b], checked, rerun)
+                    (loss_s / len(self.own)).backward()
+                total = loss_s.detach() if total is None else total + loss_s.detach()
+            loss = total / len(self.own)  # type: ignore[operator]
         self.optim.step()
         self.sched.step()
         for callback in self.callbacks:
@@ -582,6 +660,27 @@ class _Loop:
             if len({v.dtype for v in values}) > 1:  # float() of each is exact in float64
                 values = [v.to(torch.float64) for v in values]
             p["eta"].append(torch.stack(values))
+
+    def _checked_loss(self, step: int, x: Tensor, y: Tensor, checked: bool, rerun: bool) -> Tensor:
+        """:meth:`_loss`, and with ``checked`` the loss read and checked (on every rank together)."""
+        error: str | None = None
+        loss = None
+        try:
+            loss = self._loss(x, y, checked, rerun)
+        except ValueError as exc:  # distribution validation rejects invalid parameters before the loss exists
+            if not self.ranks.ddp:
+                where = self._locate((x, y)) or f"{type(exc).__name__}: {exc}"
+                raise FloatingPointError(_divergence_message(f"invalid values at step {step + 1}: {where}",
+                                                             self.last_good)) from exc  # fmt: skip
+            error = f"invalid values at step {step + 1}: {type(exc).__name__}: {exc}"
+        if checked and error is None and not bool(torch.isfinite(loss)):  # type: ignore[arg-type]
+            where = self._locate((x, y)) or "the gradient step diverged"
+            error = f"non-finite loss ({loss.item()}) at step {step + 1}: {where}"  # type: ignore[union-attr]
+        if checked or error is not None:
+            error = self.ranks.agree(error)
+        if error is not None:
+            raise FloatingPointError(_divergence_message(error, self.last_good))
+        return loss  # type: ignore[return-value]
 
     def _loss(self, x: Tensor, y: Tensor, checked: bool, rerun: bool) -> Tensor:
         """The ELBO's loss on (x, y): eager Pyro (validation as ``checked`` says) or the captured graph."""
@@ -609,7 +708,7 @@ class _Loop:
                         self.stats.update(fallback=self.captured.failure)
                 return loss
         self._validation(checked)
-        return self.loss_fn.differentiable_loss(self.model, self.guide, x, y, **self.kwargs)
+        return self.engine(x, y, **self.kwargs)  # Pyro's ELBOModule (in DDP on the ranks of a process group)
 
     def _eager_equals_graph(self) -> bool:
         return self.captured is not None and self.captured.mode == "capture" and self.captured.bit_identical
@@ -621,8 +720,17 @@ class _Loop:
         self.stats.update(compile="off", fallback=reason)
 
     # -- bulk reads -------------------------------------------------------------------------------
+    def stop_requested(self, signum: int | None, done: int) -> bool:
+        """Whether to stop after step ``done`` for a SIGINT/SIGTERM. The ranks of a data-parallel run
+        agree on it at each bulk read (every ``log_every`` steps), so that all stop at the same step."""
+        if not self.ranks.ddp:
+            return signum is not None
+        return done % self.cfg.log_every == 0 and self.ranks.any(signum is not None, self.dev)
+
     def flush_due(self, progress: bool) -> bool:
         waiting = len(self.pending["step"])
+        if self.ranks.ddp:  # the ranks read at the same steps (a read averages their losses)
+            return waiting >= self.cfg.log_every
         return waiting >= self.cfg.log_every or (
             progress and waiting > 0 and time.perf_counter() - self.last_read >= PROGRESS_SECONDS)
 
@@ -633,7 +741,7 @@ class _Loop:
         self.last_read = time.perf_counter()
         if not p["step"]:
             return
-        losses = torch.stack(p["loss"]).tolist()
+        losses = self.ranks.mean(torch.stack(p["loss"])).tolist()  # the ranks' shards averaged
         bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
         if bad is not None:
             self._locate_divergence(p["step"][bad], losses[bad])
@@ -657,8 +765,12 @@ class _Loop:
         for values in self.pending.values():
             values.clear()
         snap = self.snapshot
-        if snap is not None and snap.step < bad_step:
-            snap.restore(self.model, self.guide, self.optim, self.sched, self.batches)
+        if self.ranks.ddp:
+            what = (f"non-finite loss ({value}) at step {bad_step}, found by the bulk check; a data-parallel run does not "
+                    f"re-run steps to locate it (resume the last checkpoint in one process with shards={self.cfg.shards} "
+                    "and validation='always' to find the site)")  # fmt: skip
+        elif snap is not None and snap.step < bad_step:
+            snap.restore(self.model, self.guide, self.optim, self.sched, self.batches, self.streams)
             for step in range(snap.step, bad_step):
                 self.step(step, checked=True, rerun=True)
             what = (f"non-finite loss ({value}) at step {bad_step}, found by the bulk check; re-running steps "
