@@ -36,6 +36,14 @@ part() {  # part <seconds> <stem> <args...>
   echo "$stem rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/parts.txt"
   tar czf "$OUT/all.tgz" -C "$WORK" .
 }
+# issue 16: 1 process vs 2 ranks sharing the GPU (gloo; a simulated 2-rank run: same numbers, its overhead)
+case " ${PARTS:-ddp} " in *" ddp "*)
+  t0=$(date +%s)
+  timeout 120 python3 benchmarks/ddp_throughput.py --device cuda --backend gloo --reps 1 \
+    --out "$WORK/ddp_throughput_cuda" > "$WORK/ddp.log" 2>&1
+  echo "ddp rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/parts.txt"
+  tar czf "$OUT/all.tgz" -C "$WORK" . ;;
+esac
 # the parts whose verdicts are open come first; the ones already met on 2026-11-26 (layer-wise) last
 part 45 paper --sections mlp-paper --paper-warmup 5 --paper-steps 30 --compile-modes capture,cudagraphs
 part 45 3body --sections hnn-3body --hnn-warmup 2 --hnn-steps 8 --hnn-compile-modes capture,cudagraphs

@@ -6,7 +6,9 @@ saves what the test compares with a one-process run to ``<tmp>/<name>.pt``.
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -94,4 +96,18 @@ def run(rank: int, world: int, tmp: str) -> None:
     pyro.set_rng_seed(11)
     lw, _ = log_weights(res.model, res.guide, data.x_train[:64], data.y_train[:64], 7, ranks=current_ranks())
     save("log_weights", {"lw": lw, "state": fit_state(res)})
+    # 6. SIGINT on rank 1 after step 3: both ranks stop together at the next bulk read (step 4)
+    from pyro_invariance.infer.interrupts import FitInterrupted
+
+    def interrupt(step: int, model: Any, guide: Any) -> None:
+        if rank == 1 and step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    stopped = None
+    try:
+        small_fit(data, checkpoint_path=out / "interrupted.ckpt", callbacks=[interrupt], **ddp)
+    except FitInterrupted as exc:
+        stopped = exc.step
+    res = small_fit(data, checkpoint_path=out / "interrupted.ckpt", resume=True, **ddp)
+    save("interrupted", {"stopped": stopped, "elbo": res.history["elbo"], "state": fit_state(res)})
     torch.distributed.destroy_process_group()

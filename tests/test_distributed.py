@@ -6,7 +6,11 @@ what rank 0 saved with a one-process run of the same shards and draws.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pyro
 import pytest
@@ -15,6 +19,7 @@ import torch.multiprocessing as mp
 from small_runs import fit_state, small_digits, small_fit
 
 import ddp_worker
+from pyro_invariance.cli import main
 from pyro_invariance.infer.bounds import ranked_log_weights
 from pyro_invariance.infer.config import FitConfig
 from pyro_invariance.infer.laplace import LaplaceEvidenceUpdate
@@ -74,6 +79,34 @@ def test_two_rank_checkpoint_resumes_on_one_process(two_ranks, data, tmp_path):
     # a checkpoint of other shards belongs to another run
     with pytest.raises(Exception, match="another run"):
         small_fit(data, checkpoint_path=ckpt, resume=True, shards=4, log_every=4)
+
+
+def test_a_signal_on_one_rank_stops_both_at_the_same_step(two_ranks):
+    """SIGINT on rank 1 after step 3: rank 0 stops too, at the next bulk read (log_every = 4), after
+    the checkpoint; resuming it on 2 ranks gives the uninterrupted run bit-for-bit."""
+    interrupted, whole = _load(two_ranks, "interrupted"), _load(two_ranks, "whole")
+    assert interrupted["stopped"] == 4
+    assert interrupted["elbo"] == whole["elbo"]
+    assert all(torch.equal(whole["state"][k], interrupted["state"][k]) for k in whole["state"])
+
+
+def test_cli_under_torchrun_matches_one_process(tmp_path):
+    """``torchrun --nproc-per-node 2 -m pyro_invariance.cli fit ... --strategy ddp --shards 2``: rank 0
+    alone writes the run, with the history of the one-process ``--shards 2`` run."""
+    args = ["fit", "--model", "invariant-mlp", "--data", "digits", "--steps", "4", "--shards", "2", "--log-every", "2",
+            "--model-arg", "hidden=16", "--model-arg", "num_transforms=4", "--train-size", "128", "--test-size", "32",
+            "--no-progress", "--eval-samples", "2"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+                          "pyro_invariance.cli", *args, "--strategy", "ddp", "--out", str(tmp_path / "ddp")],
+                         capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert ddp.stdout.count("test acc") == 1  # the summary is printed once, by rank 0
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0  # one process, in this one
+    h_ddp = json.loads((tmp_path / "ddp" / "result.json").read_text())["history"]["elbo"]
+    h_one = json.loads((tmp_path / "one" / "result.json").read_text())["history"]["elbo"]
+    assert len(h_ddp) == 4
+    torch.testing.assert_close(torch.tensor(h_ddp), torch.tensor(h_one), rtol=1e-5, atol=1e-5)
 
 
 def test_refusals_reach_every_rank(two_ranks):
