@@ -62,7 +62,7 @@ from pyro_invariance.infer.fast_step import (
 from pyro_invariance.infer.fingerprint import fingerprint_differences, run_fingerprint
 from pyro_invariance.infer.interrupts import FitInterrupted, StopSignals
 from pyro_invariance.infer.runlock import RunLock
-from pyro_invariance.models.base import symmetry_parameters, symmetry_summary
+from pyro_invariance.models.base import symmetry_parameters, symmetry_summary, vectorizable_particles
 from pyro_invariance.validation import check_positive_int
 from pyro_invariance._pyro_scope import pyro_scope
 
@@ -482,7 +482,7 @@ def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg:
     else:
         sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda _: 1.0)
     # Vectorised particles where the model declares support (CatalogueModel.vectorizable_particles, models/base.py):
-    vectorize = cfg.num_particles > 1 and bool(getattr(model, "vectorizable_particles", False))
+    vectorize = cfg.num_particles > 1 and vectorizable_particles(model)
     loss_fn = LEAN_ELBOS[cfg.elbo](num_particles=cfg.num_particles, vectorize_particles=vectorize,
                                    **({"max_plate_nesting": 1} if vectorize else {}))  # fmt: skip
     history: dict[str, Any] = {"step": [], "elbo": [], "lr": [], "eta_lr": [], "eta": {}}
