@@ -17,6 +17,13 @@ blocks (0–3) δ of the non-equivariant pathway ended above its start (the path
 
 Results: ``benchmarks/results/layerwise_kfac[_quick].md`` / ``.json`` (rewritten after every fit;
 ``--resume`` keeps finished fits with identical settings).
+
+Grid mode (:mod:`pyro_invariance.infer.grid`): ``--jobs N`` runs every fit as its own process, N at a
+time, each writing its result under ``--grid-dir`` (default ``results/grids/<stem>``); the cells are
+ordered baselines first, then the 10-class task, so that a stopped run has the table's first columns.
+``--render`` writes the table from the cells finished so far (missing ones show "…"); ``--cell i`` /
+``--missing`` run it as an array job. ``--baseline-methods`` sets the methods of the variants without
+a non-equivariant pathway (FC, CONV) apart from ``--methods``.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import layerwise_tables as tables  # noqa: E402
 import pyro_invariance  # noqa: E402
 from pyro_invariance.catalogue import model_kwargs_for  # noqa: E402
 from pyro_invariance.diagnostics.layerwise_analysis import analyse_pathways  # noqa: E402
+from pyro_invariance.infer.grid import Grid, add_grid_arguments, run_grid_command  # noqa: E402
 from pyro_invariance.infer.laplace import fit_laplace  # noqa: E402
 from pyro_invariance.models.layerwise import FIT_DEFAULTS  # noqa: E402
 from pyro_invariance.registry import MODELS  # noqa: E402
@@ -80,6 +88,13 @@ def run_fit(variant: str, method: str, start: str, data: Any, sizes: dict[str, A
     return out
 
 
+def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
+    """One fit of the table as a grid cell: its own threads, data and seed (the serial loop's numbers)."""
+    common.set_threads(cell["threads"])
+    data = tables.load("1", cell["base"], cell["size"], cell["sizes"], cell["task"])
+    return run_fit(cell["variant"], cell["method"], cell["start"], data, cell["sizes"], cell["seed"])
+
+
 def _mean_sd(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
     if not values:
         return "…"
@@ -92,6 +107,8 @@ def render(rows: dict[str, Any], variants: tuple[str, ...], header: str) -> str:
     body = []
     for variant in variants:
         for method in METHODS:
+            if not any(k.startswith(f"{variant}|{method}|") for k in rows):
+                continue  # not run
             for start in STARTS if variant in OPEN else STARTS[:1]:
                 cells = [variant.upper().replace("+", " + "), method, start if variant in OPEN else "–"]
                 for task in (10, 40):
@@ -127,6 +144,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=None, help="MAP steps (default: Table 1's reduced size, 300)")
     p.add_argument("--alpha", type=int, default=None, help="network width α (default 2)")
     p.add_argument("--starts", default=",".join(STARTS), help="comma-separated subset of the starts")
+    p.add_argument("--baseline-methods", default=None, help="methods of FC and CONV (default: --methods)")
+    p.add_argument("--laplace-every", type=int, default=None, help="steps between Laplace updates (default 50)")
+    p.add_argument("--laplace-warmup", type=int, default=None, help="steps before the first update (default 50)")
+    p.add_argument("--render", action="store_true", help="grid mode: the table from the cells finished so far")
+    add_grid_arguments(p, default_dir="results/grids/<stem>")
     args = p.parse_args()
     starts = tuple(s.strip() for s in args.starts.split(",") if s.strip())
     if not starts or set(starts) - set(STARTS):
@@ -134,20 +156,26 @@ def main() -> None:
     common.set_threads(args.threads)
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in METHODS]
+    baseline_methods = methods if args.baseline_methods is None else [
+        m.strip() for m in args.baseline_methods.split(",") if m.strip()]
+    unknown = [m for m in methods + baseline_methods if m not in METHODS]
     if unknown:
         p.error(f"unknown methods {unknown}; use {list(METHODS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
     sizes = dict(tables.SIZES["quick" if args.quick else "reduced"])
-    for key in ("steps", "alpha"):
+    for key in ("steps", "alpha", "laplace_every", "laplace_warmup"):
         if getattr(args, key) is not None:
             sizes[key] = getattr(args, key)
     settings = {**sizes, "base": args.base, "size": args.size, "batch_size": 128, "threads": args.threads,
                 "methods": {m: METHODS[m] for m in METHODS}, "starts": starts}  # fmt: skip
+    if args.baseline_methods is not None:
+        settings["baseline_methods"] = baseline_methods
     if args.base != "digits" and sizes["train_size"] is None:
         settings.update(tables.FASHION_SIZES)  # what tables.load uses for a non-digits base
     stem = args.stem + (f"_{args.base}{args.size}" if (args.base, args.size) != ("digits", 16) else "")
     stem += "".join(f"_{k}{getattr(args, k)}" for k in ("steps", "alpha") if getattr(args, k) is not None)
+    stem += f"_every{args.laplace_every}" if args.laplace_every is not None else ""
+    stem += f"_warmup{args.laplace_warmup}" if args.laplace_warmup is not None else ""
     stem += "_quick" if args.quick else ""
     json_path = common.RESULTS_DIR / f"{stem}.json"
     rows: dict[str, Any] = {}
@@ -155,14 +183,35 @@ def main() -> None:
         old = json.loads(json_path.read_text())
         if old.get("settings") == settings:
             rows = old["rows"]
-    data = {t: tables.load("1", args.base, args.size, sizes, t) for t in (10, 40)}
     header = common.header_markdown("Layer-wise equivariance: Table 1 with the KFAC-Laplace evidence",
                                     common.machine_info(), settings, common.command_line(),
                                     __doc__.split("\n\n", 1)[1].rsplit("\n\nResults:", 1)[0])  # fmt: skip
+    grid_flags = (args.cell, args.missing, args.jobs, args.collect or None, args.render or None)
+    if any(f is not None for f in grid_flags):
+        cells = [{"key": f"{v}|{m}|{st}|{t}|{sd}", "variant": v, "method": m, "start": st, "task": t, "seed": sd,
+                  "sizes": sizes, "base": args.base, "size": args.size, "threads": args.threads}
+                 for base_first in (True, False) for t in (10, 40) for v in variants if (v not in OPEN) == base_first
+                 for m in (methods if v in OPEN else baseline_methods) for sd in seeds
+                 for st in (starts if v in OPEN else STARTS[:1])]  # fmt: skip
+        grid_dir = args.grid_dir if str(args.grid_dir) != "results/grids/<stem>" else common.REPO_ROOT / "results" / "grids" / stem
+        command = " ".join(a for a in common.command_line().split() if not a.startswith(("--jobs", "--cell", "--render")))
+        grid = Grid(cells, run_cell, grid_dir, command=command)
+        if args.render:
+            rows = {grid.cells[i]["key"]: r for i, r in grid.finished().items()}
+        else:
+            results = run_grid_command(grid, args)
+            if results is None:
+                return
+            rows = {c["key"]: r for c, r in zip(cells, results)}
+        header = header.replace("Regenerate with", f"Fits run as grid cells ({len(rows)} of {len(cells)} finished; "
+                                f"cell results in `{grid_dir}`). Regenerate with")  # fmt: skip
+        common.write_results(stem, render(rows, variants, header), {"settings": settings, "rows": rows})
+        return
+    data = {t: tables.load("1", args.base, args.size, sizes, t) for t in (10, 40)}
     for seed in seeds:
         for task in (10, 40):
             for variant in variants:
-                for method in methods:
+                for method in methods if variant in OPEN else baseline_methods:
                     for start in starts if variant in OPEN else STARTS[:1]:
                         key = f"{variant}|{method}|{start}|{task}|{seed}"
                         if key in rows:

@@ -100,9 +100,11 @@ def test_collect_lists_missing_cells_and_refuses_stale_results(tmp_path):
     with pytest.raises(ValueError, match=r"2 of 4 cells have no result yet \(cells 1,3 in .*`python toy.py --jobs N`") as info:
         grid.collect()
     assert "\n" not in str(info.value) and "--array=1,3" in str(info.value)
+    partial = grid.finished()  # what a table of a running (or stopped) grid shows
+    assert sorted(partial) == [0, 2] and partial[2] == grid.run(2, overwrite=True)  # a seeded cell: the same result
     grid.run(1)
     grid.run(3)
-    assert len(grid.collect()) == 4
+    assert len(grid.collect()) == 4 and grid.finished() == dict(enumerate(grid.collect()))
     other = Grid(cells(lr=0.02), toy_cell, tmp_path, command="python toy.py")  # another grid, same directory
     assert other.missing() == []
     with pytest.raises(ValueError, match=r"cell 0: .* other settings .*`python toy.py --cell 0 --overwrite`") as info:

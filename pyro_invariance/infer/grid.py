@@ -205,6 +205,11 @@ class Grid:
                                f"are saved — rerun `{self.command} --jobs {jobs}` to retry the missing ones")  # fmt: skip
         return todo
 
+    def finished(self) -> dict[int, dict[str, Any]]:
+        """The results of the cells that have one, by index (checked as :meth:`collect` does): what a
+        table of a grid that is still running (or was stopped) can show."""
+        return {i: self._read(i) for i in range(len(self.cells)) if self.path(i).exists()}
+
     def collect(self) -> list[dict[str, Any]]:
         """The results of all cells, in cell order.
 
@@ -217,22 +222,24 @@ class Grid:
             raise ValueError(f"{len(missing)} of {len(self.cells)} cells have no result yet (cells {spec} in "
                              f"{self.out_dir}): run them with `{self.command} --jobs N`, or as an array job "
                              f"`--array={spec}` running `{self.command} --cell $SLURM_ARRAY_TASK_ID`")  # fmt: skip
-        results = []
-        for i, want in enumerate(self._canonical_cells):
-            path = self.path(i)
-            try:
-                record = json.loads(path.read_text())
-            except (OSError, ValueError) as exc:
-                raise ValueError(f"cell {i}: cannot read {path}: {exc}") from None
-            if not isinstance(record, dict) or record.get("format") != FORMAT or "result" not in record:
-                raise ValueError(f"cell {i}: {path} is not a {FORMAT} result file")
-            if record.get("index") != i or record.get("cell") != want:
-                raise ValueError(f"cell {i}: {path} holds the result of other settings (index {record.get('index')}, "
-                                 f"{json.dumps(record.get('cell'), sort_keys=True)}), not this grid's "
-                                 f"{json.dumps(want, sort_keys=True)}: a stale result from another grid? Use another "
-                                 f"--grid-dir, or rerun it with `{self.command} --cell {i} --overwrite`")  # fmt: skip
-            results.append(record["result"])
-        return results
+        return [self._read(i) for i in range(len(self.cells))]
+
+    def _read(self, i: int) -> dict[str, Any]:
+        """Cell ``i``'s result, refused (one line) when the file was written for other settings."""
+        want = self._canonical_cells[i]
+        path = self.path(i)
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cell {i}: cannot read {path}: {exc}") from None
+        if not isinstance(record, dict) or record.get("format") != FORMAT or "result" not in record:
+            raise ValueError(f"cell {i}: {path} is not a {FORMAT} result file")
+        if record.get("index") != i or record.get("cell") != want:
+            raise ValueError(f"cell {i}: {path} holds the result of other settings (index {record.get('index')}, "
+                             f"{json.dumps(record.get('cell'), sort_keys=True)}), not this grid's "
+                             f"{json.dumps(want, sort_keys=True)}: a stale result from another grid? Use another "
+                             f"--grid-dir, or rerun it with `{self.command} --cell {i} --overwrite`")  # fmt: skip
+        return record["result"]
 
 
 def _run_in_worker(grid: Grid, index: int) -> None:
