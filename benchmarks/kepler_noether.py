@@ -96,9 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             start = copy.deepcopy(model.conserved).double() if label != "HNN" else None
             guide = guides.get("matrix-normal", model, init_scale=0.01)
             if warm is not None:
-                with pyro.poutine.block():
-                    guide(data.x_train[:2], data.y_train[:2], num_data=data.x_train.shape[0])
-                warm_start(model, guide, warm)
+                warm_start(model, guide, warm, data)  # sets the guide up on the data first
             t0 = time.perf_counter()
             fit(model, guide, data, steps=args.steps, progress=False, seed=seed, **FIT)
             seconds = time.perf_counter() - t0

@@ -86,13 +86,11 @@ def _model(symmetry: str, dt: float, seed: int):
 
 
 def _guide(model, init_scale: float, data):
-    import pyro
-
     from pyro_invariance import guides
+    from pyro_invariance.infer.warm_start import set_up_guide
 
     guide = guides.get("matrix-normal", model, init_scale=init_scale)
-    with pyro.poutine.block():  # set the guide up so that warm_start finds its parameters
-        guide(data.x_train[:2], data.y_train[:2], num_data=data.x_train.shape[0])
+    set_up_guide(model, guide, data)  # its parameters now, from this random state (as every run of the table)
     return guide
 
 

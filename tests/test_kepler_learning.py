@@ -33,9 +33,7 @@ def _row(data, warm, seed: int, **symmetry):
     pyro.set_rng_seed(seed)
     model = SymmetrisedHNN(4, dt=data.dt, init_seed=seed, **MODEL, **symmetry)
     guide = guides.get("matrix-normal", model, init_scale=0.01)
-    with pyro.poutine.block():
-        guide(data.x_train[:2], data.y_train[:2], num_data=data.x_train.shape[0])
-    warm_start(model, guide, warm)
+    warm_start(model, guide, warm, data)  # sets the guide up on the data first
     fit(model, guide, data, steps=150, seed=seed, **FIT)
     return evaluate_hnn(model, guide, data, num_samples=4, num_particles=2, rollout_steps=0)
 

@@ -63,13 +63,34 @@ def test_warm_start_copies_means_and_point_estimates_not_symmetry_or_scales(data
 def test_warm_start_refuses_what_cannot_match(data, hnn_run):
     result, _ = hnn_run
     model = SymmetrisedHNN(4, symmetry="quadratic", **SMALL)
-    with pytest.raises(ValueError, match="call it once"):
+    with pytest.raises(ValueError, match="pass the training data"):
         warm_start(model, guides.get("matrix-normal", model), result)
     other, guide = _fresh(data, hidden=(5, 5))
     with pytest.raises(ValueError, match="no guide mean matched"):
         warm_start(other, guide, result)
     with pytest.raises(TypeError, match="FitResult or a checkpoint path"):
         warm_start(*_fresh(data), source=42)
+
+
+def test_warm_start_sets_a_fresh_guide_up_on_the_data(data, hnn_run):
+    """``warm_start(..., data)`` creates the guide's parameters as the explicit set-up call does
+    (same random state: the same initial values), then copies the means."""
+    result, _ = hnn_run
+    states = []
+    for explicit in (True, False):
+        pyro.set_rng_seed(4)
+        model = SymmetrisedHNN(4, symmetry="quadratic", num_generators=2, **SMALL)
+        guide = guides.get("matrix-normal", model, init_scale=0.5)
+        if explicit:
+            with pyro.poutine.block():
+                guide(data[0][:2], data[1][:2], num_data=data[0].shape[0])
+            report = warm_start(model, guide, result)
+        else:
+            report = warm_start(model, guide, result, data)
+        states.append((report, guide.state_dict()))
+    (r1, s1), (r2, s2) = states
+    assert r1 == r2 and r1.guide and s1.keys() == s2.keys()
+    assert all(torch.equal(s1[k], s2[k]) for k in s1)
 
 
 def test_warm_started_closed_form_run_resumes_bit_for_bit(data, hnn_run, tmp_path):

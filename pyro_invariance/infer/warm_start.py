@@ -11,9 +11,10 @@ or a checkpoint file, read with ``weights_only=True``):
   shape matches. Scales and covariance factors keep the target guide's own initialisation
   (``init_scale``), as the reference sets the initial posterior scale separately.
 
-The target guide must have been set up (called once, or by ``guides.get(..., model)`` and one
-call) so that its parameters exist. Returns the names copied; a name in the source that has no
-counterpart is skipped and listed in ``skipped``.
+The target guide's parameters must exist: pass the training ``data`` and a guide that has none yet
+is set up on its first two rows (as ``fit`` would set it up), or call the guide once yourself.
+Returns the names copied; a name in the source that has no counterpart is skipped and listed in
+``skipped``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from torch import Tensor, nn
 
 from pyro_invariance.infer.checkpoint import load_checkpoint
 
-__all__ = ["WarmStart", "warm_start"]
+__all__ = ["WarmStart", "set_up_guide", "warm_start"]
 
 
 @dataclass
@@ -54,11 +55,29 @@ def _states(source: Any) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     return model.state_dict(), guide.state_dict()
 
 
+def set_up_guide(model: nn.Module, guide: nn.Module, data: Any) -> None:
+    """Create a lazily initialised guide's parameters: one call on the first two training rows of
+    ``data`` (a dataset or ``(x, y)``, checked and converted for ``model``), with ``num_data`` the
+    number of training rows, its sample sites blocked. Draws from the global random stream."""
+    from pyro import poutine
+
+    from pyro_invariance.data.arrays import train_arrays
+
+    x, y = train_arrays(data, model)
+    with poutine.block():
+        guide(x[:2], y[:2], num_data=x.shape[0])
+
+
 @torch.no_grad()
-def warm_start(model: nn.Module, guide: nn.Module, source: Any) -> WarmStart:
-    """Copy the point estimates and guide means of ``source`` into ``model`` and ``guide`` (module docstring)."""
+def warm_start(model: nn.Module, guide: nn.Module, source: Any, data: Any = None) -> WarmStart:
+    """Copy the point estimates and guide means of ``source`` into ``model`` and ``guide`` (module
+    docstring); with ``data``, a guide without parameters is first set up on it (:func:`set_up_guide`)."""
+    if not any(True for _ in guide.parameters()) and data is not None:
+        with torch.enable_grad():
+            set_up_guide(model, guide, data)
     if not any(True for _ in guide.parameters()):
-        raise ValueError("the guide has no parameters yet: call it once with the model's arguments before warm_start")
+        raise ValueError("the guide has no parameters yet: pass the training data (warm_start(model, guide, source, "
+                         "data)) or call the guide once before warm_start")  # fmt: skip
     src_model, src_guide = _states(source)
     from pyro_invariance.models.base import CatalogueModel
 
