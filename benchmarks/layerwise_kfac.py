@@ -203,8 +203,12 @@ def main() -> None:
             if results is None:
                 return
             rows = {c["key"]: r for c, r in zip(cells, results)}
+        shown = Path(grid_dir).resolve()
+        shown = shown.relative_to(common.REPO_ROOT) if shown.is_relative_to(common.REPO_ROOT) else shown
         header = header.replace("Regenerate with", f"Fits run as grid cells ({len(rows)} of {len(cells)} finished; "
-                                f"cell results in `{grid_dir}`). Regenerate with")  # fmt: skip
+                                f"cell results in `{shown}`, git-ignored; the command below runs the missing ones "
+                                "and writes the table). Regenerate with")  # fmt: skip
+        header = header.replace(common.command_line(), command + " --jobs 2")
         common.write_results(stem, render(rows, variants, header), {"settings": settings, "rows": rows})
         return
     data = {t: tables.load("1", args.base, args.size, sizes, t) for t in (10, 40)}
