@@ -87,10 +87,10 @@ def _model(symmetry: str, dt: float, seed: int):
 
 def _guide(model, init_scale: float, data):
     from pyro_invariance import guides
-    from pyro_invariance.infer.warm_start import set_up_guide
+    from pyro_invariance.infer.warm_start import set_up_guide_on
 
     guide = guides.get("matrix-normal", model, init_scale=init_scale)
-    set_up_guide(model, guide, data)  # its parameters now, from this random state (as every run of the table)
+    set_up_guide_on(model, guide, data)  # its parameters now, from this random state (as every run of the table)
     return guide
 
 

@@ -335,10 +335,8 @@ def log_weights(
         if num_samples < ranks.world:
             raise ValueError(f"num_samples={num_samples} is below the {ranks.world} ranks that split the draws")
         base = int(torch.randint(2**62, ()).item())  # the same on every rank: their global streams agree
-        with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
-            torch.manual_seed(rank_seed(base, ranks.rank))
-            part, point = log_weights(model, guide, x, y, rank_share(num_samples, ranks.rank, ranks.world),
-                                      batch_size=batch_size, vectorize=vectorize, particle_chunk=particle_chunk)  # fmt: skip
+        part, point = _rank_log_weights(model, guide, x, y, num_samples, base, ranks.rank, ranks.world,
+                                        batch_size=batch_size, vectorize=vectorize, particle_chunk=particle_chunk)  # fmt: skip
         return all_gather_cat(part, ranks), point
     out = []
     point = False
@@ -372,18 +370,22 @@ def rank_seed(base: int, rank: int) -> int:
     return (base + 104_729 * (rank + 1)) % (2**63 - 1)
 
 
+def _rank_log_weights(model: Any, guide: Any, x: Tensor, y: Tensor, num_samples: int, base: int, rank: int,
+                      world: int, **kwargs: Any) -> tuple[Tensor, bool]:  # fmt: skip
+    """Rank ``rank``'s share of the draws, from its own stream seeded by ``(base, rank)``; the global
+    stream is left as it was."""
+    with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
+        torch.manual_seed(rank_seed(base, rank))
+        return log_weights(model, guide, x, y, rank_share(num_samples, rank, world), **kwargs)
+
+
 def ranked_log_weights(model: Any, guide: Any, x: Tensor, y: Tensor, num_samples: int, world: int,
                        **kwargs: Any) -> tuple[Tensor, bool]:  # fmt: skip
     """On one process, the log weights that ``world`` ranks of a data-parallel run would gather in
     :func:`log_weights` (each rank's share of the draws from its own seeded stream, in rank order)."""
     base = int(torch.randint(2**62, ()).item())
-    parts, point = [], False
-    for rank in range(world):
-        with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
-            torch.manual_seed(rank_seed(base, rank))
-            lw, point = log_weights(model, guide, x, y, rank_share(num_samples, rank, world), **kwargs)
-        parts.append(lw)
-    return torch.cat(parts), point
+    parts = [_rank_log_weights(model, guide, x, y, num_samples, base, r, world, **kwargs) for r in range(world)]
+    return torch.cat([lw for lw, _ in parts]), parts[-1][1]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -385,6 +385,20 @@ def fit(
                            until_step, progress, spec, run_settings, callbacks)  # fmt: skip
 
 
+def set_up_guide(model: nn.Module, guide: Any, x: Tensor, y: Tensor, num_data: int) -> None:
+    """Create a lazily initialised guide's parameters: one call on rows ``(x, y)`` of a data set of
+    ``num_data`` rows, its sample sites blocked (it draws from the global random stream). Invalid
+    values found there are named (``FloatingPointError``)."""
+    try:
+        with poutine.block():
+            guide(x, y, num_data=num_data)
+    except ValueError as exc:
+        where = locate_problem(model, guide, (x, y), {"num_data": num_data})
+        if where:
+            raise FloatingPointError(f"invalid values before step 1: {where}") from exc
+        raise
+
+
 def fingerprint_settings(cfg: FitConfig) -> dict[str, Any]:
     """The settings that define a run's numbers, for its fingerprint: ``asdict(cfg)`` without
     :data:`RESULT_NEUTRAL`, with ``compile`` only when it is ``"inductor"`` or ``"cudagraphs"`` (``"capture"`` computes
@@ -454,18 +468,7 @@ def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg:
     first = batches.perm[: batches.batch]
     # Build lazily-initialised guide parameters once, on a first batch (does not advance the shuffler).
     setup_args, setup_kwargs = (x_all[first].to(dev), y_all[first].to(dev)), {"num_data": n}
-
-    def set_up_guide() -> None:
-        try:
-            with poutine.block():
-                guide(*setup_args, **setup_kwargs)
-        except ValueError as exc:
-            where = locate_problem(model, guide, setup_args, setup_kwargs)
-            if where:
-                raise FloatingPointError(f"invalid values before step 1: {where}") from exc
-            raise
-
-    ranks.together(set_up_guide)
+    ranks.together(lambda: set_up_guide(model, guide, *setup_args, num_data=n))
     if isinstance(guide, nn.Module):
         guide.to(dev)
     elif ranks.ddp:
@@ -630,19 +633,17 @@ class _Loop:
         idx = self.batches.next()
         x, y = self.x_all[idx], self.y_all[idx]
         self.optim.zero_grad(set_to_none=True)
-        if self.own == [None]:  # one shard on the global stream: the step of before shards existed
-            loss = self._checked_loss(step, x, y, checked, rerun)
-            loss.backward()
-        else:  # this process's shards, each on its stream; DDP averages the gradients after the last one
-            b, total = x.shape[0] // self.cfg.shards, None
-            for j, s in enumerate(self.own):
-                last = j + 1 == len(self.own)
-                sync = contextlib.nullcontext() if last or not self.ranks.ddp else self.engine.no_sync()  # type: ignore[attr-defined]
-                with sync, self.streams.stream(s):  # type: ignore[union-attr]
-                    loss_s = self._checked_loss(step, x[s * b:(s + 1) * b], y[s * b:(s + 1) * b], checked, rerun)
-                    (loss_s / len(self.own)).backward()
-                total = loss_s.detach() if total is None else total + loss_s.detach()
-            loss = total / len(self.own)  # type: ignore[operator]
+        # this process's shards, each on its stream (None: the whole minibatch on the global stream, the
+        # step of before shards existed); DDP averages the gradients after the last one
+        b, k, losses = x.shape[0] // self.cfg.shards, len(self.own), []
+        for j, s in enumerate(self.own):
+            sync = self.engine.no_sync() if self.ranks.ddp and j + 1 < k else contextlib.nullcontext()  # type: ignore[attr-defined]
+            rows = slice(None) if s is None else slice(s * b, (s + 1) * b)
+            with sync, self.streams.stream(s) if s is not None else contextlib.nullcontext():  # type: ignore[union-attr]
+                loss_s = self._checked_loss(step, x[rows], y[rows], checked, rerun)
+                (loss_s if k == 1 else loss_s / k).backward()
+            losses.append(loss_s.detach())
+        loss = losses[0] if k == 1 else sum(losses[1:], losses[0]) / k
         self.optim.step()
         self.sched.step()
         for callback in self.callbacks:

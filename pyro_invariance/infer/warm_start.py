@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from pyro_invariance.infer.checkpoint import load_checkpoint
 
-__all__ = ["WarmStart", "set_up_guide", "warm_start"]
+__all__ = ["WarmStart", "set_up_guide_on", "warm_start"]
 
 
 @dataclass
@@ -55,26 +55,23 @@ def _states(source: Any) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     return model.state_dict(), guide.state_dict()
 
 
-def set_up_guide(model: nn.Module, guide: nn.Module, data: Any) -> None:
-    """Create a lazily initialised guide's parameters: one call on the first two training rows of
-    ``data`` (a dataset or ``(x, y)``, checked and converted for ``model``), with ``num_data`` the
-    number of training rows, its sample sites blocked. Draws from the global random stream."""
-    from pyro import poutine
-
+def set_up_guide_on(model: nn.Module, guide: nn.Module, data: Any) -> None:
+    """:func:`~pyro_invariance.infer.training.set_up_guide` on the first two training rows of ``data``
+    (a dataset or ``(x, y)``, checked and converted for ``model``)."""
     from pyro_invariance.data.arrays import train_arrays
+    from pyro_invariance.infer.training import set_up_guide
 
     x, y = train_arrays(data, model)
-    with poutine.block():
-        guide(x[:2], y[:2], num_data=x.shape[0])
+    set_up_guide(model, guide, x[:2], y[:2], num_data=x.shape[0])
 
 
 @torch.no_grad()
 def warm_start(model: nn.Module, guide: nn.Module, source: Any, data: Any = None) -> WarmStart:
     """Copy the point estimates and guide means of ``source`` into ``model`` and ``guide`` (module
-    docstring); with ``data``, a guide without parameters is first set up on it (:func:`set_up_guide`)."""
+    docstring); with ``data``, a guide without parameters is first set up on it (:func:`set_up_guide_on`)."""
     if not any(True for _ in guide.parameters()) and data is not None:
         with torch.enable_grad():
-            set_up_guide(model, guide, data)
+            set_up_guide_on(model, guide, data)
     if not any(True for _ in guide.parameters()):
         raise ValueError("the guide has no parameters yet: pass the training data (warm_start(model, guide, source, "
                          "data)) or call the guide once before warm_start")  # fmt: skip
