@@ -1,6 +1,7 @@
-"""Grids of fits as array jobs (:mod:`pyro_invariance.infer.grid`): one result file per cell, no silent
-overwrite, separate processes give the serial numbers, collect refuses missing and stale cells, and
-the array index is read from the scheduler's environment."""
+"""Grids of fits as array jobs (:mod:`pyro_invariance.infer.grid`): one result file per cell, named by
+its settings (a grid can grow and keep its finished cells), no silent overwrite, separate processes
+give the serial numbers, collect refuses missing and mislabelled cells, and the array index is read
+from the scheduler's environment."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def test_run_writes_one_file_per_cell_and_refuses_overwrite(tmp_path):
     grid = Grid(cells(3), toy_cell, tmp_path)
     assert grid.missing() == [0, 1, 2]
     first = grid.run(1)
-    record = json.loads((tmp_path / "cells" / "1.json").read_text())
+    assert grid.path(1).parent == tmp_path / "cells" and grid.path(1).suffix == ".json"
+    record = json.loads(grid.path(1).read_text())
     assert record["cell"] == {"seed": 1, "lr": 0.01} and record["result"] == first and record["index"] == 1
     assert grid.missing() == [0, 2]
     with pytest.raises(FileExistsError, match="cell 1 already has a result.*--overwrite"):
@@ -79,12 +81,12 @@ def test_run_missing_in_separate_processes_equals_serial_and_survives_a_failing_
     failing = [*cells(2), {**cells(3)[2], "fail": True}]
     grid = Grid(failing, toy_cell, tmp_path, command="python toy.py")
     grid.run(0)
-    before = (tmp_path / "cells" / "0.json").stat().st_mtime_ns
+    before = grid.path(0).stat().st_mtime_ns
     with pytest.raises(RuntimeError, match=r"1 of 2 cells failed \(2\); the others are saved.*`python toy.py --jobs 2`"):
         grid.run_missing(jobs=2)
     assert "fails on purpose" in capsys.readouterr().err
     assert grid.missing() == [2]
-    assert (tmp_path / "cells" / "0.json").stat().st_mtime_ns == before  # a finished cell is not rerun
+    assert grid.path(0).stat().st_mtime_ns == before  # a finished cell is not rerun
     fixed = Grid(cells(3), toy_cell, tmp_path)
     fixed.run(2)
     assert fixed.missing() == [] and fixed.run_missing(jobs=2) == []
@@ -105,17 +107,26 @@ def test_collect_lists_missing_cells_and_refuses_stale_results(tmp_path):
     grid.run(1)
     grid.run(3)
     assert len(grid.collect()) == 4 and grid.finished() == dict(enumerate(grid.collect()))
-    other = Grid(cells(lr=0.02), toy_cell, tmp_path, command="python toy.py")  # another grid, same directory
-    assert other.missing() == []
-    with pytest.raises(ValueError, match=r"cell 0: .* other settings .*`python toy.py --cell 0 --overwrite`") as info:
-        other.collect()
+    grid.path(1).write_text(grid.path(0).read_text())  # a file copied by hand: the settings inside differ
+    with pytest.raises(ValueError, match=r"cell 1: .* other settings .*`python toy.py --cell 1 --overwrite`") as info:
+        grid.collect()
     assert "\n" not in str(info.value)
-    other.run(0, overwrite=True)
-    with pytest.raises(ValueError, match="cell 1: "):
-        other.collect()
-    (tmp_path / "cells" / "1.json").write_text("{not json")
+    grid.path(1).write_text("{not json")
     with pytest.raises(ValueError, match="cell 1: cannot read"):
-        other.collect()
+        grid.collect()
+
+
+def test_a_grid_grows_and_reorders_without_losing_or_mixing_up_results(tmp_path):
+    grid = Grid(cells(2), toy_cell, tmp_path)
+    done = {c["seed"]: grid.run(i) for i, c in enumerate(grid.cells)}
+    # More seeds, another learning rate, another order: the two finished cells are found by their settings.
+    grown = Grid([*cells(4, lr=0.02), *reversed(cells(4))], toy_cell, tmp_path)
+    assert grown.missing() == [0, 1, 2, 3, 4, 5]
+    assert grown.finished() == {6: done[1], 7: done[0]}
+    other = Grid(cells(2, lr=0.02), toy_cell, tmp_path)  # another grid in the same directory
+    assert other.missing() == [0, 1]
+    with pytest.raises(ValueError, match="grid cells 0 and 2 have the same settings"):
+        Grid([*cells(2), cells(1)[0]], toy_cell, tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -2,16 +2,19 @@
 
 A *grid* is a fixed, ordered list of cells — JSON-serialisable dicts of settings, e.g. one per
 (guide, seed) — and a module-level function ``run_cell(cell) -> dict`` that fits one cell and returns
-a JSON-serialisable result. Cell ``i``'s result is written atomically to ``<out_dir>/cells/<i>.json``
-together with the cell's settings, so the cells can run anywhere, in any order, as separate processes:
+a JSON-serialisable result. A cell's result is written atomically, together with its settings, to
+``<out_dir>/cells/<digest>.json``, named by a digest of the settings (not by the cell's position), so
+the cells can run anywhere, in any order, as separate processes:
 
 * on a cluster, as a plain **job array** — one array task per cell, no scheduler of our own;
 * on one machine, ``--jobs N``: the unfinished cells in ``N`` worker processes of the standard
   library's :class:`concurrent.futures.ProcessPoolExecutor` (``spawn``, a fresh process per cell).
 
-Nothing is silently overwritten (``--overwrite`` reruns a finished cell), a failed cell loses no
-finished one, and :meth:`Grid.collect` refuses a result file written for other settings (stale results
-of another grid in the same directory). The numbers equal the serial loop's as long as ``run_cell``
+Nothing is silently overwritten (``--overwrite`` reruns a finished cell) and a failed cell loses no
+finished one. Because a result is found by its settings, a grid can grow (more seeds, methods or
+variants) or be reordered and keep every finished cell, two grids can share a directory, and a result
+is never read for settings other than its own (:meth:`Grid.collect` also checks the settings stored in
+the file). The index of a cell is its position in the list: what ``--cell`` and an array task address. The numbers equal the serial loop's as long as ``run_cell``
 seeds everything it draws from and sets its own thread count (a cell must not depend on the cells
 that ran before it in the same process).
 
@@ -37,6 +40,7 @@ the same ``--grid-dir`` on a shared file system.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing
 import os
@@ -50,7 +54,7 @@ from typing import Any
 
 from pyro_invariance.infer.checkpoint import atomic_write_text
 
-FORMAT = "pyro_invariance.grid/1"
+FORMAT = "pyro_invariance.grid/2"  # /2: result files named by the digest of their settings
 
 #: Array-index variables of the common schedulers and the index of their first task.
 ENV_INDEX_VARIABLES: tuple[tuple[str, int], ...] = (
@@ -68,6 +72,12 @@ def _canonical(value: Any) -> Any:
         return json.loads(json.dumps(value, allow_nan=True))
     except (TypeError, ValueError) as exc:
         raise TypeError(f"not JSON-serialisable: {exc}") from None
+
+
+def _digest(canonical: Any) -> str:
+    """The file name of a cell's result: 16 hex digits of the SHA-256 of its settings in canonical JSON."""
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def array_spec(indices: Sequence[int], base: int = 0) -> str:
@@ -118,7 +128,7 @@ class Grid:
         cells: JSON-serialisable dicts of settings, in a fixed order (the index is the position).
         run_cell: ``run_cell(cell) -> dict``, a module-level function (pickled by name for worker
             processes) returning a JSON-serialisable result; it must seed itself and set its threads.
-        out_dir: results go to ``<out_dir>/cells/<index>.json``.
+        out_dir: results go to ``<out_dir>/cells/<digest of the cell's settings>.json``.
         command: the command that runs this grid's script, named in messages (e.g. "python x.py").
     """
 
@@ -127,6 +137,7 @@ class Grid:
     out_dir: Path
     command: str = "python <script>"
     _canonical_cells: list[Any] = field(init=False, repr=False)
+    _names: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)
@@ -137,13 +148,19 @@ class Grid:
             self._canonical_cells = [_canonical(c) for c in self.cells]
         except TypeError as exc:
             raise TypeError(f"grid cells must be JSON-serialisable dicts: {exc}") from None
+        self._names = [_digest(c) for c in self._canonical_cells]
+        seen: dict[str, int] = {}
+        for i, name in enumerate(self._names):
+            if name in seen:  # one result file would serve both
+                raise ValueError(f"grid cells {seen[name]} and {i} have the same settings; cells must differ")
+            seen[name] = i
 
     def __len__(self) -> int:
         return len(self.cells)
 
     def path(self, index: int) -> Path:
-        """The result file of cell ``index``."""
-        return self.out_dir / "cells" / f"{self._check(index)}.json"
+        """The result file of cell ``index`` (named by the digest of its settings)."""
+        return self.out_dir / "cells" / f"{self._names[self._check(index)]}.json"
 
     def _check(self, index: int) -> int:
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.cells):
@@ -234,11 +251,11 @@ class Grid:
             raise ValueError(f"cell {i}: cannot read {path}: {exc}") from None
         if not isinstance(record, dict) or record.get("format") != FORMAT or "result" not in record:
             raise ValueError(f"cell {i}: {path} is not a {FORMAT} result file")
-        if record.get("index") != i or record.get("cell") != want:
-            raise ValueError(f"cell {i}: {path} holds the result of other settings (index {record.get('index')}, "
-                             f"{json.dumps(record.get('cell'), sort_keys=True)}), not this grid's "
-                             f"{json.dumps(want, sort_keys=True)}: a stale result from another grid? Use another "
-                             f"--grid-dir, or rerun it with `{self.command} --cell {i} --overwrite`")  # fmt: skip
+        if record.get("cell") != want:  # a file copied or edited by hand: its name no longer fits its settings
+            raise ValueError(f"cell {i}: {path} holds the result of other settings "
+                             f"({json.dumps(record.get('cell'), sort_keys=True)}), not this cell's "
+                             f"{json.dumps(want, sort_keys=True)}: rerun it with "
+                             f"`{self.command} --cell {i} --overwrite`")  # fmt: skip
         return record["result"]
 
 
