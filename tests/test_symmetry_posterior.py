@@ -291,19 +291,10 @@ def test_variational_q_lambda_mean_matches_and_sd_is_too_narrow(seed, exact_lamb
     lam = _q_lambda(VI_GUIDE, seed)
     assert abs(lam.mean() - post.mean) < 0.1 * post.sd
     ratio = lam.std(ddof=1) / post.sd
-    assert 0.45 < ratio < 0.75, ratio  # the issue's 0.75 < ratio < 1.25 fails (test below)
+    assert 0.45 < ratio < 0.75, ratio  # the issue's 0.75 < ratio < 1.25 fails here (RWS meets it: test below)
     exact_iqr = post.quantile(0.75) - post.quantile(0.25)
     iqr = np.quantile(lam, 0.75) - np.quantile(lam, 0.25)
     assert abs(iqr / exact_iqr - 1.0) < 0.2
-
-
-@pytest.mark.xfail(strict=True, reason="issue 15's sd criterion: the full-rank q(λ) sd is ≈ 0.6 of the exact posterior's")
-@pytest.mark.parametrize("seed", VI_SEEDS)
-def test_variational_q_lambda_sd_within_25_percent(seed, exact_lambda):
-    """The sd part of the issue's criterion, kept as a strict expected failure: it reports when a guide
-    or a setting change makes it hold."""
-    lam = _q_lambda(VI_GUIDE, seed)
-    assert abs(lam.std(ddof=1) / exact_lambda.sd - 1.0) < 0.25
 
 
 # the ELBO fit, then the importance-weighted bound (benchmarks/symmetry_posterior_basis.py's REFINE, fixed there)
@@ -324,6 +315,27 @@ def test_iwae_refinement_widens_q_lambda_towards_the_exact_sd(seed, exact_lambda
     ratio = lam.std(ddof=1) / exact_lambda.sd
     assert 0.72 < ratio < 1.1, ratio  # the ELBO's 0.6 is out
     assert abs(lam.mean() - exact_lambda.mean) < 0.25 * exact_lambda.sd
+
+
+# the ELBO fit, then reweighted wake-sleep with K = 256 (benchmarks/symmetry_posterior_basis.py's CHOSEN,
+# chosen there from a K sweep on seeds 0-2 and confirmed on seeds 3-5)
+VI_RWS = {**VI_REFINE, "elbo": "rws", "num_particles": 256}
+
+
+@pytest.mark.parametrize("seed", VI_SEEDS)
+def test_rws_refinement_meets_the_issue_criterion(seed, exact_lambda):
+    """Issue 15's criterion, "the variational q(λ) mean within 0.1·sd and sd within 25 % of the exact
+    quadrature posterior": met once the full-rank ELBO fit is continued by reweighted wake-sleep
+    (``elbo="rws"``), whose guide update follows the inclusive KL(p ‖ q) and so widens q towards the
+    heavy-tailed posterior's sd instead of staying inside it. Measured
+    (benchmarks/results/symmetry_posterior_basis.md): mean errors −0.00 to +0.02 sd, sd ratios
+    0.79-0.84 on seeds 0-2 and 0.81-0.84 on the held-out seeds 3-5."""
+    model, guide, x, y = _elbo_fit(VI_GUIDE, seed)
+    result = pi.fit(model, guide, (x, y), seed=seed, progress=False, **VI_RWS)
+    assert result.config.elbo == "rws"
+    lam = symmetry_draws(model, guide, x, y, num_samples=VI_DRAWS, seed=seed)["lam"].double().numpy()
+    assert abs(lam.mean() - exact_lambda.mean) < 0.1 * exact_lambda.sd
+    assert abs(lam.std(ddof=1) / exact_lambda.sd - 1.0) < 0.25
 
 
 # ------------------------------------------------------------------------------------------------

@@ -61,6 +61,7 @@ from pyro import poutine
 from pyro.distributions.util import is_identically_zero, scale_and_mask
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from pyro.infer.trace_elbo import _compute_log_r
+from pyro.infer.enum import get_importance_trace
 from pyro.infer.util import check_fully_reparametrized, get_dependent_plate_dims, is_validation_enabled, torch_sum
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
@@ -69,7 +70,7 @@ from torch.distributions import Distribution, kl_divergence
 
 from pyro_invariance.infer.checkpoint import rng_state, set_rng_state
 
-__all__ = ["CapturedLoss", "CaptureError", "LEAN_ELBOS", "graph_on_device", "host_traffic", "static_matrix_exp", "LeanIWAE_ELBO", "LeanTraceMeanField_ELBO", "LeanTrace_ELBO",
+__all__ = ["CapturedLoss", "CaptureError", "LEAN_ELBOS", "graph_on_device", "host_traffic", "static_matrix_exp", "LeanIWAE_ELBO", "LeanRWS_ELBO", "LeanTraceMeanField_ELBO", "LeanTrace_ELBO",
            "make_optimizer", "preserved_validation", "set_validation", "tf32_matmuls"]  # fmt: skip
 
 # ----------------------------------------------------------------------------------------------
@@ -233,7 +234,52 @@ class LeanIWAE_ELBO(Trace_ELBO):
         return -(torch.logsumexp(log_w, dim=0) - math.log(self.num_particles)).sum()
 
 
-LEAN_ELBOS: dict[str, type] = {"meanfield": LeanTraceMeanField_ELBO, "trace": LeanTrace_ELBO, "iwae": LeanIWAE_ELBO}
+class LeanRWS_ELBO(Trace_ELBO):
+    """Reweighted wake-sleep in its wake phases (Bornschein & Bengio 2015; Le et al. 2019, "Revisiting
+    Reweighted Wake-Sleep", Eqs. 4-5; Pyro's ``ReweightedWakeSleep(insomnia=1)``) as one differentiable
+    loss without host reads. With ``z_k ~ q_φ`` drawn *without* a reparameterised path, K = num_particles
+    and the self-normalised weights ``w̄_k = softmax_k(log p_θ(D, z_k) − log q_φ(z_k))``::
+
+        model parameters θ (wake-θ):  ∇_θ = −Σ_k w̄_k ∇_θ log p_θ(D, z_k)     (the IWAE bound's gradient in θ)
+        guide parameters φ (wake-φ):  ∇_φ = −Σ_k w̄_k ∇_φ log q_φ(z_k)       (an estimate of ∇_φ KL(p ‖ q_φ))
+
+    and the value is the negative IWAE bound, ``−log (1/K) Σ_k exp(log p − log q)``. The guide thus
+    follows the *inclusive* KL(p ‖ q), which covers the posterior's mass: for a Gaussian guide its
+    K → ∞ fixed point matches the posterior's mean and covariance (moment matching), where the ELBO's
+    exclusive KL(q ‖ p) shrinks the guide inside a heavy-tailed posterior. For finite K the
+    self-normalised weights are biased towards q, so a guide that starts far too narrow widens only
+    partly; start it from an ELBO fit (``warm_start``). No guide site needs to be reparameterised."""
+
+    def _get_trace(self, model: Any, guide: Any, args: Any, kwargs: Any) -> Any:
+        # the guide's draws are detached: no gradient flows through them into φ
+        return get_importance_trace("flat", self.max_plate_nesting, model, guide, args, kwargs, detach=True)
+
+    def differentiable_loss(self, model: Any, guide: Any, *args: Any, **kwargs: Any) -> Tensor:
+        log_ps, log_qs = [], []
+        for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
+            sum_dims = get_dependent_plate_dims(model_trace.nodes.values())
+            log_p: Any = 0
+            log_q: Any = 0
+            for site in model_trace.nodes.values():
+                if site["type"] == "sample":
+                    log_p = log_p + torch_sum(site["log_prob"], sum_dims)
+            for site in guide_trace.nodes.values():
+                if site["type"] == "sample":
+                    log_q = log_q + torch_sum(site["log_prob"], sum_dims)
+            log_ps.append(log_p)
+            log_qs.append(log_q)
+        vectorized = self.vectorize_particles and self.num_particles > 1
+        log_p = log_ps[0] if vectorized else torch.stack(log_ps)
+        log_q = log_qs[0] if vectorized else torch.stack(log_qs)
+        log_w = log_p - log_q.detach()
+        log_sum = torch.logsumexp(log_w, dim=0)
+        theta_loss = -(log_sum - math.log(self.num_particles)).sum()
+        phi_loss = -((log_w - log_sum).exp().detach() * log_q).sum()
+        return theta_loss + (phi_loss - phi_loss.detach())  # value: −IWAE; gradient: wake-θ + wake-φ
+
+
+LEAN_ELBOS: dict[str, type] = {"meanfield": LeanTraceMeanField_ELBO, "trace": LeanTrace_ELBO, "iwae": LeanIWAE_ELBO,
+                               "rws": LeanRWS_ELBO}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ from pyro_invariance.infer.config import FitConfig, resolve_config
 from pyro_invariance.infer.distributed import Ranks, ShardStreams, setup_ranks
 from pyro_invariance.infer.divergence import first_invalid_state, locate_problem
 from pyro_invariance.infer.fast_step import (
-    LEAN_ELBOS, CapturedLoss, CaptureError, make_optimizer, preserved_validation, set_validation, tf32_matmuls,
+    LEAN_ELBOS, CapturedLoss, LeanRWS_ELBO, CaptureError, make_optimizer, preserved_validation, set_validation, tf32_matmuls,
 )  # fmt: skip
 from pyro_invariance.infer.fingerprint import fingerprint_differences, run_fingerprint
 from pyro_invariance.infer.interrupts import FitInterrupted, StopSignals
@@ -310,7 +310,7 @@ def fit(
         **overrides: :class:`FitConfig` fields that override the above (``steps=300, lr=0.01``):
             ``steps``, ``batch_size`` (``None``: full batch; the likelihood is scaled by N/B), the
             Adam rates ``lr``, ``eta_lr``, ``model_lr``, ``factor_lr`` (see :func:`_param_groups`),
-            ``num_particles``, ``elbo`` (``"meanfield"``/``"trace"``/``"iwae"``), ``schedule``
+            ``num_particles``, ``elbo`` (``"meanfield"``/``"trace"``/``"iwae"``/``"rws"``), ``schedule``
             (``"cosine"``/``"constant"``), ``seed`` (seeds Pyro/torch, the shuffler and hence the
             whole run) and ``device`` (model, guide and data are moved there); how fast a step runs:
             ``validation`` (``"first-step"``: Pyro's validation on the first step of this call, then
@@ -565,23 +565,38 @@ def _engine(loss_fn: Any, model: nn.Module, guide: Any, ranks: Ranks, dev: torch
     ``DistributedDataParallel`` on the ranks of a process group (gradients averaged over ranks).
     DDP's ``find_unused_parameters`` (an extra graph traversal per step) is switched on only when a
     loss on ``example`` (computed aside, the random streams restored) leaves a parameter without a
-    gradient."""
+    gradient. ``elbo="rws"`` is refused (one line) for a guide with a parameter that its loss cannot
+    train: wake-φ differentiates log q at detached draws, so a parameter that enters only through the
+    draws (AutoStructured's locations and dependencies, a MAP guide's points) gets no gradient."""
     if not isinstance(guide, nn.Module):  # a plain callable guide (one process only): the ELBO itself
         return lambda *args, **kwargs: loss_fn.differentiable_loss(model, guide, *args, **kwargs)
     module = loss_fn(model, guide)
+    if isinstance(loss_fn, LeanRWS_ELBO):
+        untrained = ranks.together(lambda: _without_gradient(module, list(guide.named_parameters()), dev, example))
+        if untrained:
+            raise ValueError(f"elbo='rws' cannot train the guide parameters {untrained} of {type(guide).__name__}: "
+                             "they enter only through its reparameterised draws, which reweighted wake-sleep "
+                             "detaches; use another elbo ('iwae', 'meanfield'), or a guide that samples each site from its own density "
+                             "(mean-field, full-rank, low-rank, block-cholesky, matrix-normal)")  # fmt: skip
     if not ranks.ddp:
         return module
-    params = [p for p in module.parameters() if p.requires_grad]
-    x, y, kwargs = example
-
-    def has_unused() -> bool:
-        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), poutine.block():
-            grads = torch.autograd.grad(module(x, y, **kwargs), params, allow_unused=True)
-        return any(g is None for g in grads)
-
-    unused = ranks.together(has_unused)
+    unused = ranks.together(lambda: bool(_without_gradient(module, list(module.named_parameters()), dev, example)))
     return torch.nn.parallel.DistributedDataParallel(
         module, device_ids=[dev.index] if dev.type == "cuda" else None, find_unused_parameters=unused)
+
+
+def _without_gradient(loss: Callable[..., Tensor], named: list[tuple[str, Tensor]], dev: torch.device,
+                      example: tuple[Tensor, Tensor, dict[str, Any]]) -> list[str]:  # fmt: skip
+    """The names of the trainable parameters in ``named`` that ``loss`` on ``example`` leaves without a
+    gradient (computed aside: the random streams restored, no Pyro handler sees it)."""
+    named = [(n, p) for n, p in named if p.requires_grad]
+    x, y, kwargs = example
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), poutine.block():
+        value = loss(x, y, **kwargs)
+        if not value.requires_grad:
+            return [n for n, _ in named]
+        grads = torch.autograd.grad(value, [p for _, p in named], allow_unused=True)
+    return [n for (n, _), g in zip(named, grads) if g is None]
 
 
 class _Loop:
