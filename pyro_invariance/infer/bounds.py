@@ -50,7 +50,7 @@ from pyro.distributions.util import scale_and_mask
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
-from pyro_invariance.infer.distributed import Ranks, all_gather_cat
+from pyro_invariance.infer.distributed import Ranks
 from pyro_invariance.infer.modes import eval_mode
 from pyro_invariance.validation import check_positive_int
 from pyro_invariance._pyro_scope import pyro_scope
@@ -337,7 +337,7 @@ def log_weights(
         base = int(torch.randint(2**62, ()).item())  # the same on every rank: their global streams agree
         part, point = _rank_log_weights(model, guide, x, y, num_samples, base, ranks.rank, ranks.world,
                                         batch_size=batch_size, vectorize=vectorize, particle_chunk=particle_chunk)  # fmt: skip
-        return all_gather_cat(part, ranks), point
+        return ranks.cat(part), point
     out = []
     point = False
     with eval_mode(model), torch.no_grad():

@@ -23,8 +23,8 @@ which the gradient sums are added) on another P — e.g. 2 ranks vs 1 process wi
 ``shards=1`` in one process is the run of before (the global stream, no swap).
 
 **Reductions** outside the step: the history's losses are averaged over ranks at each bulk read;
-the Laplace curvature sums (:func:`split_rows`, :func:`all_reduce_sum`) and the evidence bounds'
-log weights (:func:`all_gather_cat`) are reduced in the functions that compute them.
+the Laplace curvature sums (:meth:`Ranks.rows`, :meth:`Ranks.sum`) and the evidence bounds'
+log weights (:meth:`Ranks.cat`) are reduced in the functions that compute them.
 
 Only the torch CPU/CUDA generators are swapped per shard: Pyro draws from them. Python's and
 NumPy's generators stay global (one per process, the same on every rank).
@@ -40,8 +40,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 import torch
 from torch import Tensor
 
-__all__ = ["Ranks", "ShardStreams", "STRATEGIES", "all_gather_cat", "all_reduce_sum", "current_ranks", "setup_ranks",
-           "split_rows"]  # fmt: skip
+__all__ = ["Ranks", "ShardStreams", "STRATEGIES", "current_ranks", "setup_ranks"]
 
 T = TypeVar("T")
 
@@ -119,6 +118,23 @@ class Ranks:
         torch.distributed.all_gather_object(out, obj)
         return out
 
+    def sum(self, t: Tensor) -> Tensor:
+        """``t`` summed over the ranks, in place (``t`` itself on one process)."""
+        if self.ddp:
+            torch.distributed.all_reduce(t)
+        return t
+
+    def cat(self, t: Tensor) -> Tensor:
+        """The ranks' 1-d tensors concatenated in rank order (lengths may differ)."""
+        if not self.ddp:
+            return t
+        return torch.cat([part.to(t.device) for part in self.gather(t.detach().cpu())])
+
+    def rows(self, n: int) -> slice:
+        """This rank's contiguous part of ``n`` rows (sizes differ by at most one)."""
+        start = self.rank * n // self.world
+        return slice(start, (self.rank + 1) * n // self.world)
+
 
 def current_ranks() -> Ranks:
     """The ranks of the active ``torch.distributed`` process group, or one process."""
@@ -154,26 +170,6 @@ def setup_ranks(strategy: str, device: str) -> tuple[Ranks, str]:
         device = f"cuda:{local}"
         torch.cuda.set_device(device)  # object collectives under NCCL use the current device
     return ranks, device
-
-
-def split_rows(n: int, ranks: Ranks) -> slice:
-    """This rank's contiguous part of ``n`` rows (sizes differ by at most one)."""
-    start = ranks.rank * n // ranks.world
-    return slice(start, (ranks.rank + 1) * n // ranks.world)
-
-
-def all_reduce_sum(t: Tensor, ranks: Ranks) -> Tensor:
-    """``t`` summed over the ranks (in place; ``t`` on one process)."""
-    if ranks.ddp:
-        torch.distributed.all_reduce(t)
-    return t
-
-
-def all_gather_cat(t: Tensor, ranks: Ranks) -> Tensor:
-    """The ranks' 1-d tensors concatenated in rank order (lengths may differ)."""
-    if not ranks.ddp:
-        return t
-    return torch.cat([part.to(t.device) for part in ranks.gather(t.detach().cpu())])
 
 
 def _shard_seed(seed: int, shard: int) -> int:

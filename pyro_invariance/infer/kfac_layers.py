@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from pyro import poutine
 from torch import Tensor, nn
 
-from pyro_invariance.infer.distributed import Ranks, all_reduce_sum
+from pyro_invariance.infer.distributed import Ranks
 from pyro_invariance.infer.kfac import (
     KroneckerFactors,
     categorical_hessian_sqrt,
@@ -389,7 +389,7 @@ def kfac_curvature(model: nn.Module, values: dict[str, Tensor], x: Tensor, *, ba
             h.remove()
     if ranks is not None and ranks.ddp:  # every rank's sums, in the same block order (same network)
         for acc in sums.values():
-            acc[0], acc[1] = all_reduce_sum(acc[0], ranks), all_reduce_sum(acc[1], ranks)
-        n_total = int(all_reduce_sum(torch.tensor([float(n_total)], dtype=torch.float64, device=x.device), ranks).item())
+            acc[0], acc[1] = ranks.sum(acc[0]), ranks.sum(acc[1])
+        n_total = int(ranks.sum(torch.tensor([float(n_total)], dtype=torch.float64, device=x.device)).item())
     return KFACCurvature([KFACBlock(sites, KroneckerFactors(g / n_total, a / n_total, n_total), widths)
                           for sites, (g, a, widths) in sums.items()])  # fmt: skip

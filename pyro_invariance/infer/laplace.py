@@ -51,7 +51,7 @@ from pyro import poutine
 from torch import Tensor, nn
 
 from pyro_invariance.infer.config import FitConfig, resolve_config
-from pyro_invariance.infer.distributed import all_reduce_sum, current_ranks, split_rows
+from pyro_invariance.infer.distributed import current_ranks
 from pyro_invariance.infer.training import FitResult
 from pyro_invariance.validation import check_choice, check_positive_float, check_positive_int
 from pyro_invariance._pyro_scope import pyro_scope
@@ -380,7 +380,7 @@ class LaplaceEvidenceUpdate:
         all the data (the ranks' parts summed in a data-parallel run)."""
         values = map_values(guide)
         ranks = current_ranks()
-        rows = split_rows(self.x.shape[0], ranks)
+        rows = ranks.rows(self.x.shape[0])
         x, y = self.x[rows], self.y[rows]
         gen = torch.Generator(device=self.x.device).manual_seed(self.seed * 1_000_003 + step + 7_919 * ranks.rank)
         if self.curvature == "kfac":
@@ -391,16 +391,16 @@ class LaplaceEvidenceUpdate:
         sites = [s for g in _groups(model) for s in g.sites]
         h = diagonal_ggn(model, values, x, sites, batch_size=self.batch_size,
                          num_samples=self.num_samples, generator=gen)  # fmt: skip
-        return values, {s: all_reduce_sum(v, ranks) for s, v in h.items()}
+        return values, {s: ranks.sum(v) for s, v in h.items()}
 
     def log_likelihood(self, model: Any, values: dict[str, Tensor]) -> float:
         """``Σ_n log p(y_n | x_n, θ)`` over all of ``x`` (the ranks' parts summed in a data-parallel run)."""
         ranks = current_ranks()
-        rows = split_rows(self.x.shape[0], ranks)
+        rows = ranks.rows(self.x.shape[0])
         part = log_likelihood(model, values, self.x[rows], self.y[rows])
         if not ranks.ddp:
             return part
-        return float(all_reduce_sum(torch.tensor([part], dtype=torch.float64, device=self.x.device), ranks).item())
+        return float(ranks.sum(torch.tensor([part], dtype=torch.float64, device=self.x.device)).item())
 
     def update(self, model: Any, values: dict[str, Tensor], curvature: Any) -> None:
         """One δ update at fixed θ* and curvature (``delta_update``)."""
