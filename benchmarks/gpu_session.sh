@@ -10,6 +10,7 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       -d .gpu/whl pyro-ppl==1.9.2 pyro-api arviz==0.23.4 h5netcdf xarray-einstats platformdirs
 #   git --git-dir=<mirror of tychovdo/noethers-razor> archive HEAD | tar -x -C .gpu/noethers-razor
+#   mkdir -p .gpu/fashion-mnist && cp /usr/share/datasets/fashion-mnist/*.gz .gpu/fashion-mnist/   # 30 MB
 #
 # then, on the device: OUT=<folder> bash benchmarks/gpu_session.sh  (PARTS="paper sho" runs only those parts)
 set -u
@@ -42,6 +43,17 @@ case " ${PARTS:-ddp} " in *" ddp "*)
   timeout 120 python3 benchmarks/ddp_throughput.py --device cuda --backend gloo --reps 1 \
     --out "$WORK/ddp_throughput_cuda" > "$WORK/ddp.log" 2>&1
   echo "ddp rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/parts.txt"
+  tar czf "$OUT/all.tgz" -C "$WORK" . ;;
+esac
+# issue 12: one paper-size (α = 10) epoch of F-FC+CONV with its KFAC-Laplace update, both tasks (the
+# Fashion-MNIST .gz files travel in .gpu/fashion-mnist; results land in benchmarks/results, copied to $WORK)
+case " ${PARTS:-layerwise_paper} " in *" layerwise_paper "*)
+  t0=$(date +%s)
+  timeout ${LAYERWISE_PAPER_SECONDS:-300} python3 benchmarks/layerwise_kfac.py --preset paper --epochs 1 \
+    --base fashion-mnist --data-dir .gpu/fashion-mnist --variants f-fc+conv --methods "Laplace KFAC (gradient)" \
+    --starts equivariant --seeds 0 --device cuda --stem layerwise_kfac_gpu > "$WORK/layerwise_paper.log" 2>&1
+  echo "layerwise_paper rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/parts.txt"
+  cp benchmarks/results/layerwise_kfac_gpu* "$WORK/" 2>/dev/null
   tar czf "$OUT/all.tgz" -C "$WORK" . ;;
 esac
 # the parts whose verdicts are open come first; the ones already met on 2026-11-26 (layer-wise) last

@@ -25,6 +25,16 @@ ordered baselines first, then the 10-class task, so that a stopped run has the t
 ``--render`` writes the table from the cells finished so far (missing ones show "…"); ``--cell i`` /
 ``--missing`` run it as an array job. ``--baseline-methods`` sets the methods of the variants without
 a non-equivariant pathway (FC, CONV) apart from ``--methods``.
+
+Paper size (``--preset paper``, for a GPU: ``--device cuda``): α = 10, paper 004's width; the whole
+training set, 60000 / 10000 quadrant images of ``--base`` on a 32-px canvas (``mnist`` as in the paper,
+through torchvision, which needs a network once; ``fashion-mnist`` offline from ``--data-dir`` or the
+Debian package); ``--epochs`` epochs (default 20) of 469 steps of batch 128, with one KFAC-Laplace
+update of δ per epoch after the first (laplace-torch's ``marglik_training`` updates once per epoch
+too). Every cell records ``ms_per_step`` (the Laplace updates included). Sizes for planning, from
+issue 14's measurements on an H200: a MAP step of α = 10 CONV takes 0.090 s and F-FC+CONV 0.156 s,
+so an epoch of MAP steps takes 40-75 s before the curvature passes over the 60000 images. One epoch
+as a GPU check: ``PARTS=layerwise_paper`` in ``benchmarks/gpu_session.sh``.
 """
 
 from __future__ import annotations
@@ -62,25 +72,31 @@ STARTS = ("equivariant", "prior")
 SEEDS = (0, 1, 2)
 #: the non-equivariant pathway of each learned variant
 OPEN = {"fc+conv": "fc", "f-fc+conv": "ffc", "s-fc+s-conv": "sfc"}
+#: ``--preset paper``: paper 004's network width and the whole training set, for a GPU (``--device cuda``);
+#: 60000 / 10000 images (MNIST and Fashion-MNIST), one Laplace update per epoch after the first epoch
+PAPER = {"alpha": 10, "train_size": 60000, "test_size": 10000, "eval_samples": 8, "ggn_batch": 128}
+PAPER_EPOCHS = 20
+BATCH = 128
 EARLY_BLOCKS = (0, 1, 2, 3)
 
 
-def run_fit(variant: str, method: str, start: str, data: Any, sizes: dict[str, Any], seed: int) -> dict[str, Any]:
+def run_fit(variant: str, method: str, start: str, data: Any, sizes: dict[str, Any], seed: int,
+            device: str = "cpu") -> dict[str, Any]:  # fmt: skip
     name = f"layerwise-{variant}"
     model = MODELS.get(name, **model_kwargs_for(name, data, alpha=sizes["alpha"], prior="fixed", start=start))
     delta0 = float(model.blocks[0].bias_precision)
     options = METHODS[method]
     t0 = time.perf_counter()
-    common_kw = dict(steps=sizes["steps"], batch_size=128, seed=seed, progress=False, lr=FIT_DEFAULTS["lr"])
+    common_kw = dict(steps=sizes["steps"], batch_size=128, seed=seed, progress=False, lr=FIT_DEFAULTS["lr"], device=device)
     if options is None:
         result = pyro_invariance.fit(model, "map", data, **common_kw)
     else:
         result = fit_laplace(model, "map", data, every=sizes["laplace_every"], warmup=sizes["laplace_warmup"],
                              ggn_batch_size=sizes["ggn_batch"], **options, **common_kw)  # fmt: skip
     seconds = time.perf_counter() - t0
-    metrics = pyro_invariance.evaluate(result, data, num_samples=1, num_particles=1)
+    metrics = pyro_invariance.evaluate(result, data, num_samples=1, num_particles=1, device=device)
     out: dict[str, Any] = {"variant": variant, "method": method, "start": start, "seed": seed,
-                           "seconds": round(seconds, 1), "accuracy": round(metrics["accuracy"], 4),
+                           "seconds": round(seconds, 1), "ms_per_step": round(1000 * seconds / sizes["steps"], 1), "accuracy": round(metrics["accuracy"], 4),
                            "nll": round(metrics["nll"], 4), "delta_start": delta0}  # fmt: skip
     if options is not None:
         out["log_evidence_per_datum"] = round(result.log_evidence / result.num_data, 4)
@@ -92,8 +108,9 @@ def run_fit(variant: str, method: str, start: str, data: Any, sizes: dict[str, A
 def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     """One fit of the table as a grid cell: its own threads, data and seed (the serial loop's numbers)."""
     common.set_threads(cell["threads"])
-    data = tables.load("1", cell["base"], cell["size"], cell["sizes"], cell["task"])
-    return run_fit(cell["variant"], cell["method"], cell["start"], data, cell["sizes"], cell["seed"])
+    data = tables.load("1", cell["base"], cell["size"], cell["sizes"], cell["task"], cell.get("data_dir"))
+    return run_fit(cell["variant"], cell["method"], cell["start"], data, cell["sizes"], cell["seed"],
+                   cell.get("device", "cpu"))  # fmt: skip
 
 
 def _mean_sd(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
@@ -175,6 +192,8 @@ def render(rows: dict[str, Any], variants: tuple[str, ...], header: str) -> str:
             if not any(k.startswith(f"{variant}|{method}|") for k in rows):
                 continue  # not run
             for start in STARTS if variant in OPEN else STARTS[:1]:
+                if not any(k.startswith(f"{variant}|{method}|{start}|") for k in rows):
+                    continue  # this start not run
                 cells = [variant.upper().replace("+", " + "), method, start if variant in OPEN else "–"]
                 for task in (10, 40):
                     rs = [rows[k] for s in SEEDS if (k := f"{variant}|{method}|{start}|{task}|{s}") in rows]
@@ -205,7 +224,13 @@ def main() -> None:
     p.add_argument("--resume", action="store_true")
     p.add_argument("--stem", default="layerwise_kfac", help="results file name (without _quick / extension)")
     p.add_argument("--base", default="digits", help="quadrant base: digits (default) or fashion-mnist")
-    p.add_argument("--size", type=int, default=16, help="canvas side length (default 16)")
+    p.add_argument("--size", type=int, default=None, help="canvas side length (default 16; 32 with --preset paper)")
+    p.add_argument("--preset", choices=("reduced", "paper"), default="reduced",
+                   help="reduced: Table 1's CPU size (α = 2); paper: α = 10, 60000 / 10000 images on a 32-px canvas, "
+                        "--epochs epochs with one Laplace update per epoch after the first (for a GPU: --device cuda)")
+    p.add_argument("--epochs", type=int, default=None, help=f"with --preset paper: epochs (default {PAPER_EPOCHS})")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--data-dir", default=None, help="folder of the base's files (default: the dataset's own default)")
     p.add_argument("--steps", type=int, default=None, help="MAP steps (default: Table 1's reduced size, 300)")
     p.add_argument("--alpha", type=int, default=None, help="network width α (default 2)")
     p.add_argument("--starts", default=",".join(STARTS), help="comma-separated subset of the starts")
@@ -228,6 +253,16 @@ def main() -> None:
         p.error(f"unknown methods {unknown}; use {list(METHODS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
     sizes = dict(tables.SIZES["quick" if args.quick else "reduced"])
+    if args.epochs is not None and args.preset != "paper":
+        p.error("--epochs goes with --preset paper (the reduced size counts --steps)")
+    if args.preset == "paper":
+        if args.quick:
+            p.error("--quick and --preset paper are two different sizes: pick one")
+        per_epoch = -(-PAPER["train_size"] // BATCH)
+        sizes.update(PAPER, steps=(args.epochs or PAPER_EPOCHS) * per_epoch, laplace_every=per_epoch,
+                     laplace_warmup=per_epoch)  # fmt: skip
+    if args.size is None:
+        args.size = 32 if args.preset == "paper" else 16
     for key in ("steps", "alpha", "laplace_every", "laplace_warmup"):
         if getattr(args, key) is not None:
             sizes[key] = getattr(args, key)
@@ -235,12 +270,15 @@ def main() -> None:
                 "methods": {m: METHODS[m] for m in METHODS}, "starts": starts}  # fmt: skip
     if args.baseline_methods is not None:
         settings["baseline_methods"] = baseline_methods
+    if args.device != "cpu":
+        settings["device"] = args.device
     if args.base != "digits" and sizes["train_size"] is None:
         settings.update(tables.FASHION_SIZES)  # what tables.load uses for a non-digits base
     stem = args.stem + (f"_{args.base}{args.size}" if (args.base, args.size) != ("digits", 16) else "")
     stem += "".join(f"_{k}{getattr(args, k)}" for k in ("steps", "alpha") if getattr(args, k) is not None)
     stem += f"_every{args.laplace_every}" if args.laplace_every is not None else ""
     stem += f"_warmup{args.laplace_warmup}" if args.laplace_warmup is not None else ""
+    stem += f"_paper{args.epochs or PAPER_EPOCHS}ep" if args.preset == "paper" else ""
     stem += "_quick" if args.quick else ""
     json_path = common.RESULTS_DIR / f"{stem}.json"
     rows: dict[str, Any] = {}
@@ -254,7 +292,9 @@ def main() -> None:
     grid_flags = (args.cell, args.missing, args.jobs, args.collect or None, args.render or None)
     if any(f is not None for f in grid_flags):
         cells = [{"key": f"{v}|{m}|{st}|{t}|{sd}", "variant": v, "method": m, "start": st, "task": t, "seed": sd,
-                  "sizes": sizes, "base": args.base, "size": args.size, "threads": args.threads}
+                  "sizes": sizes, "base": args.base, "size": args.size, "threads": args.threads,
+                  **({"device": args.device} if args.device != "cpu" else {}),
+                  **({"data_dir": args.data_dir} if args.data_dir is not None else {})}
                  for base_first in (True, False) for t in (10, 40) for v in variants if (v not in OPEN) == base_first
                  for m in (methods if v in OPEN else baseline_methods) for sd in seeds
                  for st in (starts if v in OPEN else STARTS[:1])]  # fmt: skip
@@ -274,9 +314,10 @@ def main() -> None:
                                 f"cell results in `{shown}`, git-ignored; the command below runs the missing ones "
                                 "and writes the table). Regenerate with")  # fmt: skip
         header = header.replace(common.command_line(), command + " --jobs 2")
-        common.write_results(stem, render(rows, variants, header), {"settings": settings, "rows": rows})
+        payload = {"settings": settings, "rows": rows, "criteria": criteria(rows, variants)}
+        common.write_results(stem, render(rows, variants, header), payload)
         return
-    data = {t: tables.load("1", args.base, args.size, sizes, t) for t in (10, 40)}
+    data = {t: tables.load("1", args.base, args.size, sizes, t, args.data_dir) for t in (10, 40)}
     for seed in seeds:
         for task in (10, 40):
             for variant in variants:
@@ -286,10 +327,11 @@ def main() -> None:
                         if key in rows:
                             continue
                         common.log(f"{key} ...")
-                        rows[key] = run_fit(variant, method, start, data[task], sizes, seed)
+                        rows[key] = run_fit(variant, method, start, data[task], sizes, seed, args.device)
                         common.log(f"  acc {rows[key]['accuracy']:.3f} log ev/N {rows[key].get('log_evidence_per_datum')} "
                                    f"({rows[key]['seconds']} s)")  # fmt: skip
-                        common.write_results(stem, render(rows, variants, header), {"settings": settings, "rows": rows})
+                        payload = {"settings": settings, "rows": rows, "criteria": criteria(rows, variants)}
+        common.write_results(stem, render(rows, variants, header), payload)
 
 
 if __name__ == "__main__":

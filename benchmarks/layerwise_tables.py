@@ -87,13 +87,15 @@ PAPER_T1 = {"FC": (95.73, 95.10, 97.04, 95.46), "CONV": (99.38, 24.68, 99.23, 24
             "learned (FC+CONV)": (None, None, None, None), "learned (F-FC+CONV)": (None, None, 98.86, 99.00)}  # fmt: skip
 
 
-def load(table: str, base: str, size: int, sizes: dict[str, Any], task: Any) -> Any:
+def load(table: str, base: str, size: int, sizes: dict[str, Any], task: Any, data_dir: str | None = None) -> Any:
+    """The dataset of ``table`` for ``task`` (``data_dir``: where the base's files are, if not the default)."""
     n = {"train_size": sizes["train_size"], "test_size": sizes["test_size"]}
     if base != "digits" and n["train_size"] is None:
         n = dict(FASHION_SIZES)
+    where = {"data_dir": data_dir} if data_dir is not None else {}
     if table == "1":
-        return build_quadrant_dataset(base, task, size=size if base != "digits" else None, **n)
-    return build_resized_dataset(base, task, size=size, **n)
+        return build_quadrant_dataset(base, task, size=size if base != "digits" else None, **n, **where)
+    return build_resized_dataset(base, task, size=size, **n, **where)
 
 
 def run_fit(variant: str, method: str, data: Any, sizes: dict[str, Any], seed: int,
