@@ -96,7 +96,8 @@ def run_fit(variant: str, method: str, start: str, data: Any, sizes: dict[str, A
     seconds = time.perf_counter() - t0
     metrics = pyro_invariance.evaluate(result, data, num_samples=1, num_particles=1, device=device)
     out: dict[str, Any] = {"variant": variant, "method": method, "start": start, "seed": seed,
-                           "seconds": round(seconds, 1), "ms_per_step": round(1000 * seconds / sizes["steps"], 1), "accuracy": round(metrics["accuracy"], 4),
+                           "seconds": round(seconds, 1), "ms_per_step": round(1000 * seconds / sizes["steps"], 1),
+                           "accuracy": round(metrics["accuracy"], 4),
                            "nll": round(metrics["nll"], 4), "delta_start": delta0}  # fmt: skip
     if options is not None:
         out["log_evidence_per_datum"] = round(result.log_evidence / result.num_data, 4)
@@ -124,7 +125,8 @@ def _mean_sd(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
 KFAC = "Laplace KFAC (gradient)"
 
 
-def _mean(rows: dict[str, Any], variant: str, method: str, start: str, task: int, field: str = "accuracy") -> tuple[float | None, int]:
+def _mean(rows: dict[str, Any], variant: str, method: str, start: str, task: int,
+          field: str = "accuracy") -> tuple[float | None, int]:  # fmt: skip
     """Mean of ``field`` over the finished seeds of one row, and how many seeds it has."""
     vals = [rows[k][field] for s in SEEDS if (k := f"{variant}|{method}|{start}|{task}|{s}") in rows]
     return (statistics.mean(vals), len(vals)) if vals else (None, 0)
@@ -179,7 +181,8 @@ def criteria(rows: dict[str, Any], variants: tuple[str, ...]) -> str:
                     continue
                 ok = ev[task][0] > ref[0] if strict else ev[task][0] >= ref[0]
                 sign = ">" if strict else "≥"
-                parts.append(f"{task}-class log evidence/N {sign} {base.upper()}'s: {ev[task][0]:.2f}{_seeds_note(ev[task][1])} "
+                parts.append(f"{task}-class log evidence/N {sign} {base.upper()}'s: "
+                             f"{ev[task][0]:.2f}{_seeds_note(ev[task][1])} "
                              f"vs {ref[0]:.2f}{_seeds_note(ref[1])} — {verdict(ok)}")  # fmt: skip
             lines.append(f"- **{name}, {start} start** (KFAC-Laplace): " + "; ".join(parts) + ".")
     return "\n".join(lines)

@@ -56,8 +56,10 @@ def _label(elbo: str, k: int) -> str:
 #: (row label, guide, guide options, refinement or None, seeds or None for --seeds)
 VARIANTS = [*((g, g, {}, None, None) for g in GUIDES),
             ("full-rank + IWAE", "full-rank", {}, REFINE, None),
-            ("symmetry-conditional (full θ cov.) + IWAE", "symmetry-conditional", {"weight_covariance": "mvn"}, REFINE, None),
-            *((_label(e, k), "full-rank", {}, _refine(e, k), None) for e in ("iwae", "rws") for k in SWEEP_K if (e, k) != ("iwae", 16)),
+            ("symmetry-conditional (full θ cov.) + IWAE", "symmetry-conditional", {"weight_covariance": "mvn"}, REFINE,
+             None),
+            *((_label(e, k), "full-rank", {}, _refine(e, k), None)
+              for e in ("iwae", "rws") for k in SWEEP_K if (e, k) != ("iwae", 16)),
             (_label(*CHOSEN) + ", held-out seeds", "full-rank", {}, _refine(*CHOSEN), CONFIRM_SEEDS)]  # fmt: skip
 INIT_SCALE = 0.3
 FIT = {"steps": 1500, "lr": 0.05, "factor_lr": 0.05, "batch_size": None, "num_particles": 4}

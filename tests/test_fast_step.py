@@ -389,7 +389,8 @@ def test_lean_rws_is_pyros_reweighted_wake_sleep(vectorize):
             pyro.set_rng_seed(3)
             kwargs = {"num_particles": 8, "vectorize_particles": vectorize, "max_plate_nesting": 1}
             if elbo is ReweightedWakeSleep:
-                loss, _ = ReweightedWakeSleep(insomnia=1.0, model_has_params=False, **kwargs).loss_and_grads(model, guide, x, y)
+                rws = ReweightedWakeSleep(insomnia=1.0, model_has_params=False, **kwargs)
+                loss, _ = rws.loss_and_grads(model, guide, x, y)
             else:
                 value = elbo(**kwargs).differentiable_loss(model, guide, x, y)
                 value.backward()
@@ -428,8 +429,8 @@ def test_rws_moves_a_gaussian_guide_to_the_posteriors_moments():
     with pi.pyro_scope():
         model = Conjugate()
         guide = AutoNormal(model, init_scale=0.1 * post_var**0.5, init_loc_fn=lambda site: torch.tensor(-0.5))
-    result = pi.fit(model, guide, (torch.zeros(len(y), 1), y), steps=400, lr=0.05, batch_size=None, num_particles=16, elbo="rws", seed=0,
-                    progress=False)  # fmt: skip
+    result = pi.fit(model, guide, (torch.zeros(len(y), 1), y), steps=400, lr=0.05, batch_size=None,
+                    num_particles=16, elbo="rws", seed=0, progress=False)  # fmt: skip
     assert result.config.elbo == "rws"
     loc, scale = float(guide.locs.z), float(guide.scales.z)
     assert loc == pytest.approx(post_mean, abs=0.05) and scale == pytest.approx(post_var**0.5, rel=0.1)
@@ -441,7 +442,8 @@ def test_rws_refuses_a_guide_it_cannot_train(name):
 
     model, x, y = entry("basis-regression-lambda").build()
     guide = guides.get(name, model)
-    with pytest.raises(ValueError, match=r"elbo='rws' cannot train the guide parameters \[.*\] of .*: .*use another elbo") as info:
+    message = r"elbo='rws' cannot train the guide parameters \[.*\] of .*: .*use another elbo"
+    with pytest.raises(ValueError, match=message) as info:
         pi.fit(model, guide, (x, y), steps=2, batch_size=None, num_particles=4, elbo="rws", progress=False)
     assert "\n" not in str(info.value)
 

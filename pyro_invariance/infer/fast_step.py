@@ -240,8 +240,8 @@ class LeanRWS_ELBO(Trace_ELBO):
     loss without host reads. With ``z_k ~ q_φ`` drawn *without* a reparameterised path, K = num_particles
     and the self-normalised weights ``w̄_k = softmax_k(log p_θ(D, z_k) − log q_φ(z_k))``::
 
-        model parameters θ (wake-θ):  ∇_θ = −Σ_k w̄_k ∇_θ log p_θ(D, z_k)     (the IWAE bound's gradient in θ)
-        guide parameters φ (wake-φ):  ∇_φ = −Σ_k w̄_k ∇_φ log q_φ(z_k)       (an estimate of ∇_φ KL(p ‖ q_φ))
+        model parameters θ (wake-θ):  ∇_θ loss = −Σ_k w̄_k ∇_θ log p_θ(D, z_k)   (the IWAE bound's, in θ)
+        guide parameters φ (wake-φ):  ∇_φ loss = −Σ_k w̄_k ∇_φ log q_φ(z_k)     (≈ ∇_φ KL(p ‖ q_φ))
 
     and the value is the negative IWAE bound, ``−log (1/K) Σ_k exp(log p − log q)``. The guide thus
     follows the *inclusive* KL(p ‖ q), which covers the posterior's mass: for a Gaussian guide its

@@ -57,7 +57,8 @@ from pyro_invariance.infer.config import FitConfig, resolve_config
 from pyro_invariance.infer.distributed import Ranks, ShardStreams, setup_ranks
 from pyro_invariance.infer.divergence import first_invalid_state, locate_problem
 from pyro_invariance.infer.fast_step import (
-    LEAN_ELBOS, CapturedLoss, LeanRWS_ELBO, CaptureError, make_optimizer, preserved_validation, set_validation, tf32_matmuls,
+    LEAN_ELBOS, CapturedLoss, CaptureError, LeanRWS_ELBO, make_optimizer, preserved_validation, set_validation,
+    tf32_matmuls,
 )  # fmt: skip
 from pyro_invariance.infer.fingerprint import fingerprint_differences, run_fingerprint
 from pyro_invariance.infer.interrupts import FitInterrupted, StopSignals
@@ -576,8 +577,8 @@ def _engine(loss_fn: Any, model: nn.Module, guide: Any, ranks: Ranks, dev: torch
         if untrained:
             raise ValueError(f"elbo='rws' cannot train the guide parameters {untrained} of {type(guide).__name__}: "
                              "they enter only through its reparameterised draws, which reweighted wake-sleep "
-                             "detaches; use another elbo ('iwae', 'meanfield'), or a guide that samples each site from its own density "
-                             "(mean-field, full-rank, low-rank, block-cholesky, matrix-normal)")  # fmt: skip
+                             "detaches; use another elbo ('iwae', 'meanfield'), or a guide that samples each site "
+                             "from its own density (mean-field, full-rank, low-rank, block-cholesky, matrix-normal)")  # fmt: skip
     if not ranks.ddp:
         return module
     unused = ranks.together(lambda: bool(_without_gradient(module, list(module.named_parameters()), dev, example)))
