@@ -153,6 +153,16 @@ def criteria(rows: dict[str, Any], variants: tuple[str, ...]) -> str:
     def verdict(ok: bool) -> str:
         return "met" if ok else "**NOT met**"
 
+    premise = []
+    for method in METHODS:
+        conv, fc = _mean(rows, "conv", method, STARTS[0], 10), _mean(rows, "fc", method, STARTS[0], 10)
+        if conv[0] is not None and fc[0] is not None:
+            holds = "holds" if conv[0] >= fc[0] else "**does not hold**"
+            premise.append(f"{method}: CONV {100 * conv[0]:.1f}{_seeds_note(conv[1])} vs FC {100 * fc[0]:.1f}"
+                           f"{_seeds_note(fc[1])} — {holds}")  # fmt: skip
+    if premise:
+        lines.append("- **The premise, CONV ≥ FC on the 10-class task** (mean accuracy): " + "; ".join(premise) + ".")
+
     for variant in (v for v in variants if v in OPEN):
         name = variant.upper().replace("+", " + ")
         for start in STARTS:
