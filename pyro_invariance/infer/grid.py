@@ -14,9 +14,10 @@ Nothing is silently overwritten (``--overwrite`` reruns a finished cell) and a f
 finished one. Because a result is found by its settings, a grid can grow (more seeds, methods or
 variants) or be reordered and keep every finished cell, two grids can share a directory, and a result
 is never read for settings other than its own (:meth:`Grid.collect` also checks the settings stored in
-the file). The index of a cell is its position in the list: what ``--cell`` and an array task address. The numbers equal the serial loop's as long as ``run_cell``
-seeds everything it draws from and sets its own thread count (a cell must not depend on the cells
-that ran before it in the same process).
+the file). The index of a cell is its position in the list: what ``--cell`` and an array task
+address. The numbers equal the serial loop's as long as ``run_cell`` seeds everything it draws from
+and sets its own thread count (a cell must not depend on the cells that ran before it in the same
+process).
 
 A script that builds a :class:`Grid` adds the flags with :func:`add_grid_arguments` and dispatches them
 with :func:`run_grid_command` (``benchmarks/full_rank_defaults.py`` is the worked example)::
