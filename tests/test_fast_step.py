@@ -335,35 +335,44 @@ def test_a_failing_compiler_falls_back_to_the_captured_graph(data, monkeypatch):
     _same_run(small_fit(data, steps=6), result)  # the captured graph: the eager numbers
 
 
+def _lean_and_pyro_losses(lean: type, pyro_loss_and_grads, vectorize: bool) -> list[tuple[float, list]]:
+    """(value, guide-parameter gradients) of a lean loss and of Pyro's ``loss_and_grads`` under the same
+    draws (seed 3, 8 particles) on basis regression with the symmetry-conditional guide (auxiliary sites);
+    a gradient is ``None`` where the loss leaves that parameter untouched."""
+    from pyro_invariance.diagnostics.reference import entry
+
+    model, x, y = entry("basis-regression-lambda").build()
+    guide = guides.get("symmetry-conditional", model, init_scale=0.3, weight_covariance="mvn")
+    out = []
+    with pi.pyro_scope(), fast_step.preserved_validation():  # the flags are process-wide: restored after
+        pyro.enable_validation(False)
+        guide(x, y)
+        params = list(guide.parameters())
+        kwargs = {"num_particles": 8, "vectorize_particles": vectorize, "max_plate_nesting": 1}
+        for which in ("lean", "pyro"):
+            pyro.set_rng_seed(3)
+            if which == "pyro":
+                loss = pyro_loss_and_grads(kwargs)(model, guide, x, y)
+            else:
+                value = lean(**kwargs).differentiable_loss(model, guide, x, y)
+                value.backward()
+                loss = float(value.detach())
+            out.append((loss, [p.grad for p in params]))
+            for p in params:
+                p.grad = None
+    return out
+
+
 @pytest.mark.parametrize("vectorize", [True, False])
 def test_lean_iwae_is_pyros_renyi_elbo_at_alpha_zero(vectorize):
     """``elbo="iwae"``: the loss and its gradients equal Pyro's ``RenyiELBO(alpha=0)`` (the IWAE bound)
     under the same draws, for vectorised and sequential particles, on a guide with auxiliary sites."""
     from pyro.infer import RenyiELBO
 
-    from pyro_invariance.diagnostics.reference import entry
     from pyro_invariance.infer.fast_step import LeanIWAE_ELBO
 
-    model, x, y = entry("basis-regression-lambda").build()
-    guide = guides.get("symmetry-conditional", model, init_scale=0.3, weight_covariance="mvn")
-    with pi.pyro_scope(), fast_step.preserved_validation():  # the flags are process-wide: restored after
-        pyro.enable_validation(False)
-        guide(x, y)
-        params = list(guide.parameters())
-        out = []
-        for elbo in (LeanIWAE_ELBO, RenyiELBO):
-            pyro.set_rng_seed(3)
-            kwargs = {"num_particles": 8, "vectorize_particles": vectorize, "max_plate_nesting": 1}
-            if elbo is RenyiELBO:
-                loss = RenyiELBO(alpha=0.0, **kwargs).loss_and_grads(model, guide, x, y)
-            else:
-                value = elbo(**kwargs).differentiable_loss(model, guide, x, y)
-                value.backward()
-                loss = float(value.detach())
-            out.append((loss, [p.grad.clone() for p in params]))
-            for p in params:
-                p.grad = None
-    (l1, g1), (l2, g2) = out
+    (l1, g1), (l2, g2) = _lean_and_pyro_losses(
+        LeanIWAE_ELBO, lambda kwargs: RenyiELBO(alpha=0.0, **kwargs).loss_and_grads, vectorize)
     assert l1 == pytest.approx(l2, rel=1e-6)
     for a, b in zip(g1, g2):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
@@ -375,30 +384,13 @@ def test_lean_rws_is_pyros_reweighted_wake_sleep(vectorize):
     gradients under the same draws, and the value is the negative IWAE bound (wake-θ's loss)."""
     from pyro.infer import ReweightedWakeSleep
 
-    from pyro_invariance.diagnostics.reference import entry
     from pyro_invariance.infer.fast_step import LeanRWS_ELBO
 
-    model, x, y = entry("basis-regression-lambda").build()
-    guide = guides.get("symmetry-conditional", model, init_scale=0.3, weight_covariance="mvn")
-    with pi.pyro_scope(), fast_step.preserved_validation():
-        pyro.enable_validation(False)
-        guide(x, y)
-        params = list(guide.parameters())
-        out = []
-        for elbo in (LeanRWS_ELBO, ReweightedWakeSleep):
-            pyro.set_rng_seed(3)
-            kwargs = {"num_particles": 8, "vectorize_particles": vectorize, "max_plate_nesting": 1}
-            if elbo is ReweightedWakeSleep:
-                rws = ReweightedWakeSleep(insomnia=1.0, model_has_params=False, **kwargs)
-                loss, _ = rws.loss_and_grads(model, guide, x, y)
-            else:
-                value = elbo(**kwargs).differentiable_loss(model, guide, x, y)
-                value.backward()
-                loss = float(value.detach())
-            out.append((loss, [p.grad for p in params]))
-            for p in params:
-                p.grad = None
-    (l1, g1), (l2, g2) = out
+    def pyro_rws(kwargs):
+        rws = ReweightedWakeSleep(insomnia=1.0, model_has_params=False, **kwargs)
+        return lambda *args: rws.loss_and_grads(*args)[0]  # (wake-θ loss, φ loss): the first is −IWAE
+
+    (l1, g1), (l2, g2) = _lean_and_pyro_losses(LeanRWS_ELBO, pyro_rws, vectorize)
     assert l1 == pytest.approx(l2, rel=1e-6)
     # AutoStructured's locations and dependency weights enter only through the (detached) draws: no
     # gradient in either; fit refuses elbo="rws" for such a guide (test_rws_refuses_a_guide_it_cannot_train)
