@@ -201,6 +201,20 @@ class LeanTrace_ELBO(Trace_ELBO):
         return -(value + (surrogate - surrogate.detach()))
 
 
+def _log_density(trace: Any, sum_dims: Any) -> Tensor:
+    """Σ of a trace's sample-site log-densities, summed over every dimension but the particles'."""
+    total: Any = 0
+    for site in trace.nodes.values():
+        if site["type"] == "sample":
+            total = total + torch_sum(site["log_prob"], sum_dims)
+    return total
+
+
+def _particles(elbo: Trace_ELBO, values: list[Tensor]) -> Tensor:
+    """The per-particle values of ``_get_traces`` as one tensor with the particles first."""
+    return values[0] if elbo.vectorize_particles and elbo.num_particles > 1 else torch.stack(values)
+
+
 class LeanIWAE_ELBO(Trace_ELBO):
     """The importance-weighted bound (Burda et al. 2016, Eq. 8; Pyro's ``RenyiELBO`` at α = 0) as a
     differentiable loss, without host reads::
@@ -217,20 +231,12 @@ class LeanIWAE_ELBO(Trace_ELBO):
     def differentiable_loss(self, model: Any, guide: Any, *args: Any, **kwargs: Any) -> Tensor:
         weights = []
         for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
-            sum_dims = get_dependent_plate_dims(model_trace.nodes.values())
-            log_w: Any = 0
-            for site in model_trace.nodes.values():
-                if site["type"] == "sample":
-                    log_w = log_w + torch_sum(site["log_prob"], sum_dims)
             for name, site in guide_trace.nodes.items():
-                if site["type"] != "sample":
-                    continue
-                if not is_identically_zero(site["score_parts"].score_function):
+                if site["type"] == "sample" and not is_identically_zero(site["score_parts"].score_function):
                     raise ValueError(f"elbo='iwae' needs reparameterised guide sites; {name!r} is not")
-                log_w = log_w - torch_sum(site["log_prob"], sum_dims)
-            weights.append(log_w)
-        vectorized = self.vectorize_particles and self.num_particles > 1
-        log_w = weights[0] if vectorized else torch.stack(weights)
+            sum_dims = get_dependent_plate_dims(model_trace.nodes.values())
+            weights.append(_log_density(model_trace, sum_dims) - _log_density(guide_trace, sum_dims))
+        log_w = _particles(self, weights)
         return -(torch.logsumexp(log_w, dim=0) - math.log(self.num_particles)).sum()
 
 
@@ -258,19 +264,9 @@ class LeanRWS_ELBO(Trace_ELBO):
         log_ps, log_qs = [], []
         for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
             sum_dims = get_dependent_plate_dims(model_trace.nodes.values())
-            log_p: Any = 0
-            log_q: Any = 0
-            for site in model_trace.nodes.values():
-                if site["type"] == "sample":
-                    log_p = log_p + torch_sum(site["log_prob"], sum_dims)
-            for site in guide_trace.nodes.values():
-                if site["type"] == "sample":
-                    log_q = log_q + torch_sum(site["log_prob"], sum_dims)
-            log_ps.append(log_p)
-            log_qs.append(log_q)
-        vectorized = self.vectorize_particles and self.num_particles > 1
-        log_p = log_ps[0] if vectorized else torch.stack(log_ps)
-        log_q = log_qs[0] if vectorized else torch.stack(log_qs)
+            log_ps.append(_log_density(model_trace, sum_dims))
+            log_qs.append(_log_density(guide_trace, sum_dims))
+        log_p, log_q = _particles(self, log_ps), _particles(self, log_qs)
         log_w = log_p - log_q.detach()
         log_sum = torch.logsumexp(log_w, dim=0)
         theta_loss = -(log_sum - math.log(self.num_particles)).sum()
