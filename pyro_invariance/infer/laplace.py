@@ -265,11 +265,14 @@ def gradient_update(
     groups = _groups(model)
     stats = [_group_stats(g, values, curvature) for g in groups]
     # all groups at once: eigenvalues concatenated, each with the index of its group
-    num = torch.tensor([float(p) for p, _, _ in stats], dtype=torch.float64)
-    sq = torch.tensor([s for _, s, _ in stats], dtype=torch.float64)
-    eig = torch.cat([hh for _, _, hh in stats])
-    owner = torch.repeat_interleave(torch.arange(len(stats)), torch.tensor([hh.numel() for _, _, hh in stats]))
-    log_delta = torch.tensor([math.log(float(g.value)) for g in groups], dtype=torch.float64, requires_grad=True)
+    eig = torch.cat([hh.detach().to(torch.float64) for _, _, hh in stats])  # on the curvature's device
+    dev = eig.device
+    num = torch.tensor([float(p) for p, _, _ in stats], dtype=torch.float64, device=dev)
+    sq = torch.tensor([s for _, s, _ in stats], dtype=torch.float64, device=dev)
+    owner = torch.repeat_interleave(torch.arange(len(stats), device=dev),
+                                    torch.tensor([hh.numel() for _, _, hh in stats], device=dev))
+    log_delta = torch.tensor([math.log(float(g.value)) for g in groups], dtype=torch.float64, device=dev,
+                             requires_grad=True)
     opt = torch.optim.Adam([log_delta], lr=lr)
     bound = math.log(max_precision)
     for _ in range(steps):
