@@ -12,8 +12,11 @@
 #   git --git-dir=<mirror of tychovdo/noethers-razor> archive HEAD | tar -x -C .gpu/noethers-razor
 #   mkdir -p .gpu/fashion-mnist && cp /usr/share/datasets/fashion-mnist/*.gz .gpu/fashion-mnist/   # 30 MB
 #
-# then, on the device: OUT=<folder> bash benchmarks/gpu_session.sh  (PARTS="paper sho" runs only those parts)
+# then, on the device: OUT=<folder> bash benchmarks/gpu_session.sh  (PARTS="paper sho" runs only those parts;
+# SECONDS_BUDGET=540 skips a part that would end after that many seconds of the script and shortens the
+# last one, layerwise_paper, to what is left)
 set -u
+BUDGET=${SECONDS_BUDGET:-100000}
 OUT=${OUT:-results/gpu_session}
 mkdir -p "$OUT"
 WORK=$(mktemp -d)  # tables and logs, packed into $OUT/all.tgz after every part (the device returns few files)
@@ -32,6 +35,7 @@ REF="--reference-dir $ROOT/.gpu/noethers-razor"
 part() {  # part <seconds> <stem> <args...>
   local secs=$1 stem=$2; shift 2
   case " ${PARTS:-$stem} " in *" $stem "*) ;; *) return 0 ;; esac  # PARTS="paper 3body": only those
+  if (( SECONDS + secs > BUDGET )); then echo "$stem skipped: $secs s > $(( BUDGET - SECONDS )) s left" | tee -a "$OUT/parts.txt"; return 0; fi
   local t0=$(date +%s)
   timeout "$secs" $B --stem "gpu_step_time_cuda_$stem" "$@" > "$WORK/$stem.log" 2>&1
   echo "$stem rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/parts.txt"
@@ -45,23 +49,44 @@ case " ${PARTS:-ddp} " in *" ddp "*)
   echo "ddp rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/parts.txt"
   tar czf "$OUT/all.tgz" -C "$WORK" . ;;
 esac
-# issue 12: one paper-size (α = 10) epoch of F-FC+CONV with its KFAC-Laplace update, both tasks (the
-# Fashion-MNIST .gz files travel in .gpu/fashion-mnist; results land in benchmarks/results, copied to $WORK)
-case " ${PARTS:-layerwise_paper} " in *" layerwise_paper "*)
-  t0=$(date +%s)
-  timeout ${LAYERWISE_PAPER_SECONDS:-300} python3 benchmarks/layerwise_kfac.py --preset paper --epochs 1 \
-    --base fashion-mnist --data-dir .gpu/fashion-mnist --variants f-fc+conv --methods "Laplace KFAC (gradient)" \
-    --starts equivariant --seeds 0 --device cuda --stem layerwise_kfac_gpu > "$WORK/layerwise_paper.log" 2>&1
-  echo "layerwise_paper rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/parts.txt"
-  cp benchmarks/results/layerwise_kfac_gpu* "$WORK/" 2>/dev/null
-  tar czf "$OUT/all.tgz" -C "$WORK" . ;;
-esac
+# the JAX reference in the background (REF_BACKGROUND=1): its start and end times go to parts.txt, so that
+# the overlap with the torch parts is on record
+REF_PID=
+if [[ ${REF_BACKGROUND:-0} == 1 ]] && [[ " ${PARTS:-reference_sho} " == *" reference_sho "* ]]; then
+  echo "reference_sho started at $SECONDS s (background)" | tee -a "$OUT/parts.txt"
+  timeout ${REF_SECONDS:-420} $B --stem gpu_step_time_cuda_reference_sho --sections reference --reference-systems hnn-sho \
+    $REF --hnn-warmup 1 --hnn-steps 4 > "$WORK/reference_sho.log" 2>&1 &
+  REF_PID=$!
+fi
+wait_reference() {
+  [[ -n $REF_PID ]] || return 0
+  wait $REF_PID; echo "reference_sho rc=$? ended at $SECONDS s" | tee -a "$OUT/parts.txt"
+  tar czf "$OUT/all.tgz" -C "$WORK" .
+}
 # the parts whose verdicts are open come first; the ones already met on 2026-11-26 (layer-wise) last
 part 45 paper --sections mlp-paper --paper-warmup 5 --paper-steps 30 --compile-modes capture,cudagraphs
 part 45 3body --sections hnn-3body --hnn-warmup 2 --hnn-steps 8 --hnn-compile-modes capture,cudagraphs
 part 60 sho --sections hnn-sho --sho-particles 20,1 --hnn-warmup 1 --hnn-steps 3 --hnn-compile-modes cudagraphs
-# the JAX reference compiles for minutes before its first epoch (cut off at 120 s on 2026-11-26)
-part ${REF_SECONDS:-200} reference_sho --sections reference --reference-systems hnn-sho $REF --hnn-warmup 0 --hnn-steps 2
+# the JAX reference compiled for longer than 120 s and 200 s before its first epoch on 2026-11-26. With
+# REF_BACKGROUND=1 it starts first and compiles on the host CPUs while the torch parts run, its epochs
+# timed after them (we wait for it), then 'sho_alone' measures ours again with the machine to itself.
+if [[ ${REF_BACKGROUND:-0} == 1 ]]; then
+  wait_reference; part 60 sho_alone --sections hnn-sho --sho-particles 20,1 --hnn-warmup 1 --hnn-steps 3 --hnn-compile-modes cudagraphs
+else
+  part ${REF_SECONDS:-200} reference_sho --sections reference --reference-systems hnn-sho $REF --hnn-warmup 1 --hnn-steps 4
+fi
 part 35 paper_tf32 --sections mlp-paper --tf32 --paper-warmup 5 --paper-steps 30 --compile-modes capture,cudagraphs
 part 45 layerwise --sections layerwise --layerwise-warmup 10 --layerwise-steps 20 \
   --layerwise-variants pyro-map,fit-lean,fit-cudagraphs,twin
+# issue 12: one paper-size (α = 10) epoch of F-FC+CONV with its KFAC-Laplace update, both tasks (the
+# Fashion-MNIST .gz files travel in .gpu/fashion-mnist; results land in benchmarks/results, copied to $WORK)
+case " ${PARTS:-layerwise_paper} " in *" layerwise_paper "*)
+  if (( BUDGET - SECONDS < 60 )); then echo "layerwise_paper skipped: $(( BUDGET - SECONDS )) s left" | tee -a "$OUT/parts.txt"; else
+  t0=$(date +%s)
+  timeout $(( BUDGET - SECONDS < ${LAYERWISE_PAPER_SECONDS:-300} ? BUDGET - SECONDS : ${LAYERWISE_PAPER_SECONDS:-300} )) python3 benchmarks/layerwise_kfac.py --preset paper --epochs 1 \
+    --base fashion-mnist --data-dir .gpu/fashion-mnist --variants f-fc+conv --methods "Laplace KFAC (gradient)" \
+    --starts equivariant --seeds 0 --device cuda --stem layerwise_kfac_gpu > "$WORK/layerwise_paper.log" 2>&1
+  echo "layerwise_paper rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/parts.txt"
+  cp benchmarks/results/layerwise_kfac_gpu* "$WORK/" 2>/dev/null
+  tar czf "$OUT/all.tgz" -C "$WORK" .; fi ;;
+esac

@@ -682,6 +682,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rerender", type=Path, nargs="+", default=None,
                         help="re-render the tables of these results JSON files (written by this script, e.g. on a GPU "
                         "machine by benchmarks/gpu_session.sh) into --out-dir, with today's report code")
+    parser.add_argument("--with-reference", type=Path, default=None,
+                        help="with --rerender: the JAX reference's timings from this results JSON of the same GPU session "
+                        "(its 'reference' part) join the tables and verdicts (the JSON files themselves are unchanged)")
     args = parser.parse_args(argv)
     if args.rerender:
         for path in args.rerender:
@@ -692,7 +695,12 @@ def main(argv: list[str] | None = None) -> int:
                 part = Path(path).stem.removeprefix("gpu_step_time_cuda_")
                 command = (f"OUT=<folder> bash benchmarks/gpu_session.sh   # part '{part}': "
                            + command.split("--stem", 1)[-1].split(" ", 2)[-1])  # fmt: skip
-            md = render(payload["machine"], payload["settings"], payload["results"], device, command)
+            results = payload["results"]
+            if args.with_reference is not None:
+                reference = json.loads(args.with_reference.read_text())["results"]["reference"]
+                results = {**results, "reference": reference}
+                command += f"\n# the JAX reference: {args.with_reference.name}, the same session (--with-reference)"
+            md = render(payload["machine"], payload["settings"], results, device, command)
             md_path, _ = common.write_results(Path(path).stem, md, payload, args.out_dir)
             common.log(f"re-rendered {md_path}")
         return 0

@@ -546,6 +546,32 @@ def test_graph_on_device_leaves_no_host_tensors_in_the_graph(data):
         n.name for n in captured.graph.graph.nodes}
 
 
+def test_graph_on_device_leaves_no_host_tensors_in_the_symmetrised_hnn():
+    """The symmetrised HNN (quadratic generators: matrix exponentials; two vectorised weight samples)
+    moved to the meta device computes on it alone, forward and backward (its H100 recording failed
+    before matrix_exp was replaced, and was recorded after: benchmarks/results/gpu_step_time_cuda_run3)."""
+    from pyro_invariance.models.symmetrised_hnn import SymmetrisedHNN
+
+    pyro.set_rng_seed(0)
+    model = SymmetrisedHNN(4, (8, 8), symmetry="quadratic", num_generators=2, num_transforms=3, euler_steps=2, dt=0.1)
+    x, y = torch.randn(5, 4), torch.randn(5, 4)
+    with pi.pyro_scope():
+        guide = guides.get("matrix-normal", model, init_scale=0.01)
+        with pyro.poutine.block():
+            guide(x, y, num_data=5)
+    elbo = LeanTraceMeanField_ELBO(num_particles=2, vectorize_particles=True, max_plate_nesting=1)
+    with pi.pyro_scope(), fast_step.preserved_validation():
+        pyro.enable_validation(False)
+        captured = CapturedLoss.capture(elbo, model, guide, x, y, {"num_data": 5}, "capture", torch.device("cpu"))
+    expm = torch.ops.aten.linalg_matrix_exp.default
+    assert any(n.target is expm for n in captured.graph.graph.nodes)  # the case the replacement is for
+    meta = torch.device("meta")
+    moved = fast_step.graph_on_device(captured.graph, meta)
+    inputs = [t.detach().to(meta).requires_grad_(t.requires_grad) for t in captured.inputs()] + [x.to(meta), y.to(meta)]
+    assert fast_step.host_traffic(moved, inputs, meta) == []
+    assert fast_step.host_traffic(captured.graph, inputs, meta, limit=1)  # unmoved, it would copy
+
+
 def test_compile_cudagraphs_is_part_of_the_run_fingerprint(data, tmp_path):
     small_fit(data, checkpoint_path=tmp_path / "c.pt", until_step=4)
     with pytest.raises(CheckpointError, match="compile"):
