@@ -82,6 +82,16 @@ Settings, and why (all fixed before any result was seen; library defaults unless
   library's 8 particles. Every evaluation is seeded by the run's seed.
 * threads: 1 (``_common.set_threads``; the machines have 2 shared cores).
 
+``--guide symmetry-conditional`` fits the full-Bayes model with ``q(η) q(θ | η)`` instead
+(:mod:`guides.symmetry_conditional`: θ linear-Gaussian in the unconstrained η, the issue's structured
+option; its library defaults: diagonal weights, Normal q(u_η), initialised as the mean-field guide).
+It was added after the mean-field run above, with its settings fixed before it ran, and it runs on
+every dataset and seed. With ``--reference-from <results JSON>`` the type-II fit and the grid reference
+of each (dataset, seed) are taken from an earlier run with the same settings (refused otherwise) instead
+of being refitted: without a latent η this guide is the mean-field family (a diagonal Normal per site),
+so the type-II and fixed-η fits are the same method; only the full-Bayes fit differs. Results go to
+``uncertain_symmetry_<guide>[_quick]``.
+
 ``--quick`` is a smoke-test size (meaningless numbers, ~1 min): 100/100 images, H = 32, S = 4,
 40 steps, a 5-point grid, K = 10, 200 draws, 8 evaluation draws.
 
@@ -262,10 +272,10 @@ def make_model(data: Any, size: dict[str, Any], seed: int, **kw: Any) -> Invaria
                         num_transforms=size["num_transforms"], symmetry="rotation", init_seed=seed, **kw)  # fmt: skip
 
 
-def fit(data: Any, size: dict[str, Any], seed: int, **model_kw: Any) -> Any:
+def fit(data: Any, size: dict[str, Any], seed: int, guide: str = GUIDE, **model_kw: Any) -> Any:
     pyro.set_rng_seed(seed)
     model = make_model(data, size, seed, **model_kw)
-    return pi.fit(model, pi.guides.get(GUIDE, model), data, steps=size["steps"], seed=seed, progress=False)
+    return pi.fit(model, pi.guides.get(guide, model), data, steps=size["steps"], seed=seed, progress=False)
 
 
 def bound(result: Any, data: Any, size: dict[str, Any], seed: int) -> dict[str, float]:
@@ -280,14 +290,16 @@ def held_out(result: Any, data: Any, size: dict[str, Any], seed: int) -> dict[st
     return pi.evaluate(result, data, num_samples=size["eval_samples"], seed=seed)
 
 
-def run_unit(dataset: str, seed: int, size: dict[str, Any]) -> dict[str, Any]:
-    """Full Bayes, type-II and the grid reference on one dataset for one seed."""
+def run_unit(dataset: str, seed: int, size: dict[str, Any], guide: str = GUIDE,
+             reference: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Full Bayes (with ``guide``), type-II and the grid reference on one dataset for one seed; type-II
+    and the grid from ``reference`` (a unit of an earlier run with the same settings) when given."""
     data = load_dataset(DATASETS[dataset][0], train_size=size["train_size"], test_size=size["test_size"])
     t0 = time.perf_counter()
     unit: dict[str, Any] = {"dataset": dataset, "seed": seed}
 
-    # (a) full Bayes: η latent, U(0, π) prior, q(θ) q(η)
-    fb = fit(data, size, seed, symmetry_prior="uniform")
+    # (a) full Bayes: η latent, U(0, π) prior, q(θ) q(η) (or q(θ | η) q(η))
+    fb = fit(data, size, seed, guide=guide, symmetry_prior="uniform")
     x, y = train_arrays(data, fb.model)
     draws = symmetry_draws(fb.model, fb.guide, x[:1], y[:1], num_samples=size["num_draws"], seed=seed)["eta"][:, 0]
     draws_np = draws.numpy().astype(np.float64)
@@ -297,6 +309,16 @@ def run_unit(dataset: str, seed: int, size: dict[str, Any]) -> dict[str, Any]:
     unit["q_draws"] = draws_np.round(5).tolist()
     common.log(f"  {dataset} seed {seed}: full Bayes q(η) mean {unit['full_bayes']['q_eta']['mean']:.3f} "
                f"sd {unit['full_bayes']['q_eta']['sd']:.3f} ({fb.seconds:.0f} s)")  # fmt: skip
+
+    if reference is not None:  # (b) and (c) from the earlier run
+        unit["type_ii"], unit["grid"] = reference["type_ii"], reference["grid"]
+        grid = np.array([p["eta"] for p in unit["grid"]["points"]])
+        gp = grid_posterior(grid, np.array([p["iwae"]["value"] for p in unit["grid"]["points"]]),
+                            np.full_like(grid, -math.log(ETA_MAX)))  # fmt: skip
+        unit["overlap"] = overlap(draws_np, gp)
+        unit["seconds"] = time.perf_counter() - t0 + reference["seconds"]
+        unit["reference_seconds"] = reference["seconds"]
+        return unit
 
     # (b) type-II: η a point estimate
     t2 = fit(data, size, seed)
@@ -478,6 +500,29 @@ def render(units: list[dict[str, Any]], info: dict[str, Any], settings: dict[str
     return "\n".join(parts)
 
 
+#: settings that may differ between a run and the run it takes type-II and the grid from
+_REFERENCE_FREE = ("guide", "seeds", "datasets", "type-II and grid", "fit config")
+
+
+def reference_units(path: Path, settings: dict[str, Any], config: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    """The (dataset key, seed) units of an earlier run whose settings equal ``settings`` except for the
+    guide, seeds and datasets, and whose fit config equals ``config`` (the mean-field guide's) on the
+    keys it recorded (later library versions record more, at their defaults); a one-line error otherwise."""
+    import json
+
+    payload = json.loads(Path(path).read_text())
+    theirs = {k: v for k, v in payload["settings"].items() if k not in _REFERENCE_FREE}
+    mine = json.loads(json.dumps({k: v for k, v in settings.items() if k not in _REFERENCE_FREE}))
+    their_cfg = payload["settings"].get("fit config", {})
+    theirs["fit config"], mine["fit config"] = their_cfg, json.loads(json.dumps({k: config.get(k) for k in their_cfg}))
+    if theirs != mine:
+        diff = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
+        raise SystemExit(f"--reference-from {path}: its settings differ in {diff}")
+    if payload["settings"].get("guide") != GUIDE:
+        raise SystemExit(f"--reference-from {path}: its fits used the guide {payload['settings'].get('guide')!r}, not {GUIDE!r}")
+    return {(u["dataset"], u["seed"]): u for u in payload["units"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny smoke-test size (~1 min, meaningless numbers)")
@@ -485,6 +530,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datasets", default=",".join(DATASETS), help=f"comma-separated subset of {list(DATASETS)}")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
+    parser.add_argument("--guide", default=GUIDE, choices=(GUIDE, "symmetry-conditional"),
+                        help=f"the full-Bayes guide (default {GUIDE}; module docstring)")
+    parser.add_argument("--reference-from", type=Path, default=None,
+                        help="take type-II and the grid reference of each unit from this results JSON (same settings)")
     parser.add_argument("--render-only", action="store_true",
                         help="rewrite the markdown and the figure from the existing JSON (no fits)")
     args = parser.parse_args(argv)
@@ -495,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(keys) - set(DATASETS)
     if unknown:
         parser.error(f"unknown datasets {sorted(unknown)}; use {list(DATASETS)}")
-    stem = STEM + ("_quick" if args.quick else "")
+    stem = STEM + ("" if args.guide == GUIDE else f"_{args.guide}") + ("_quick" if args.quick else "")
     if args.render_only:
         import json
 
@@ -508,12 +557,18 @@ def main(argv: list[str] | None = None) -> int:
         common.log(f"re-rendered {stem}.md and {stem}.png from {stem}.json")
         return 0
     probe = InvariantMLP(symmetry="rotation", symmetry_prior="uniform")
-    cfg = pi.FitConfig.recommended(probe, pi.guides.get(GUIDE, probe), steps=size["steps"])
-    settings = {**size, "seeds": seeds, "datasets": [DATASETS[k][0] for k in keys], "guide": GUIDE,
+    cfg = pi.FitConfig.recommended(probe, pi.guides.get(args.guide, probe), steps=size["steps"])
+    settings = {**size, "seeds": seeds, "datasets": [DATASETS[k][0] for k in keys], "guide": args.guide,
                 "model": "InvariantMLP(symmetry='rotation', activation='rff', prior='hierarchical', init_seed=seed)",
                 "full Bayes": "symmetry_prior='uniform' (η ~ U(0, π))",
                 "type-II": "symmetry_prior=None, eta_init=0.1 (default)",
                 "grid log prior": "−log π", "fit config": {k: v for k, v in vars(cfg).items() if k != "seed"}}  # fmt: skip
+    references = {}
+    if args.reference_from is not None:
+        base = pi.FitConfig.recommended(probe, pi.guides.get(GUIDE, probe), steps=size["steps"])
+        references = reference_units(args.reference_from, settings, {k: v for k, v in vars(base).items() if k != "seed"})
+        settings["type-II and grid"] = (f"from {args.reference_from.name} (mean-field guide; module docstring), not "
+                                        "refitted")  # fmt: skip
     info = common.machine_info()
     common.log(f"{stem}: {size}, seeds {seeds}, datasets {keys}")
     start = time.perf_counter()
@@ -521,7 +576,9 @@ def main(argv: list[str] | None = None) -> int:
     md_path = json_path = None
     for key in keys:
         for seed in seeds:
-            unit = run_unit(key, seed, size)
+            if args.reference_from is not None and (key, seed) not in references:
+                parser.error(f"{args.reference_from} has no unit for {key}, seed {seed}")
+            unit = run_unit(key, seed, size, guide=args.guide, reference=references.get((key, seed)))
             unit["num_train"] = size["train_size"]
             units.append(unit)
             complete = len(units) == len(keys) * len(seeds)

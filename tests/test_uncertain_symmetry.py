@@ -117,3 +117,27 @@ def test_one_tiny_unit_runs(bench) -> None:
     assert [p["eta"] for p in unit["grid"]["points"]] == pytest.approx([0.0, math.pi / 2, math.pi])
     assert 0.0 <= unit["overlap"]["q_in_grid90"] <= 1.0
     assert "upright digits" in bench.render([unit], {}, dict(size, seeds=[0]), "x", 1.0, True)
+
+
+def test_a_unit_takes_type_ii_and_the_grid_from_an_earlier_run(bench, tmp_path) -> None:
+    """``--guide symmetry-conditional --reference-from``: only the full-Bayes fit is new; the type-II fit
+    and the grid come from the earlier unit, and a run with other settings is refused."""
+    import json
+
+    size = {"train_size": 40, "test_size": 20, "hidden": 8, "num_transforms": 2, "steps": 3, "grid_points": 3,
+            "iwae_K": 4, "num_draws": 30, "eval_samples": 2}  # fmt: skip
+    with pytest.warns(UserWarning, match="too few for PSIS"):
+        earlier = bench.run_unit("upright", 0, size)
+        unit = bench.run_unit("upright", 0, size, guide="symmetry-conditional", reference=earlier)
+    assert unit["type_ii"] is earlier["type_ii"] and unit["grid"] is earlier["grid"]
+    assert unit["q_draws"] != earlier["q_draws"]  # its own full-Bayes fit
+    assert 0.0 <= unit["overlap"]["q_in_grid90"] <= 1.0
+    settings = {**size, "guide": "mean-field", "model": "m", "fit config": {"lr": 0.05}}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps({"settings": settings, "units": [earlier]}, default=float))
+    mine = {**settings, "guide": "symmetry-conditional"}
+    assert set(bench.reference_units(path, mine, {"lr": 0.05, "tf32": False})) == {("upright", 0)}
+    with pytest.raises(SystemExit, match=r"differ in \['steps'\]"):
+        bench.reference_units(path, {**mine, "steps": 4}, {"lr": 0.05})
+    with pytest.raises(SystemExit, match=r"differ in \['fit config'\]"):
+        bench.reference_units(path, mine, {"lr": 0.1})
