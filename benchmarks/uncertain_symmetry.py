@@ -36,9 +36,10 @@ Definitions.
 * **Resolution of the grid**: the grid density is linear between points 15° (0.26 rad) apart, so a
   posterior narrower than the spacing shows as a triangle of half-width 0.26 rad around one grid point,
   whose central 90 % interval (from the CDF) is about ±0.18 rad; the overlap masses then ask whether
-  q(η) lies within that band. ``GridPosterior.mean`` / ``.sd`` integrate by the trapezoidal rule at the
-  grid points only, so such a posterior reports an sd near 0 although its interval is ±0.18 rad: compare
-  widths by the 90 % intervals, as the overlap masses and the "why" column do.
+  q(η) lies within that band. ``GridPosterior.mean`` / ``.sd`` are the moments of that piecewise-linear
+  density (before 2026-11-26 they were trapezoidal sums at the grid points, which report an sd near 0 for
+  such a posterior; ``--render-only`` recomputes every grid summary from the stored bounds with today's
+  code). Compare widths by the 90 % intervals, as the overlap masses and the "why" column do.
 * **Noise of the reference**: each ``log p(D | η_j)`` is one IWAE_K estimate after one fit; where the
   evidence is flat in η (within a few nats), fit-to-fit and Monte-Carlo noise of the bounds moves the
   grid posterior between neighbouring points. The spread over seeds shows how much.
@@ -230,6 +231,17 @@ def overlap_reason(q: dict[str, float], g: dict[str, float], ov: dict[str, float
     return f"q(η) and the grid posterior are apart (90 % intervals {qi} vs {gi})"
 
 
+def refresh_grid(unit: dict[str, Any]) -> GridPosterior:
+    """Rebuild a unit's grid posterior from its stored bounds (``log p(D | η_j)``) with today's code and
+    rewrite its density, summary and the overlap with its q(η) draws; returns the posterior."""
+    grid = np.array([p["eta"] for p in unit["grid"]["points"]])
+    log_evidence = np.array([p["iwae"]["value"] for p in unit["grid"]["points"]])
+    gp = grid_posterior(grid, log_evidence, np.full_like(grid, -math.log(ETA_MAX)))
+    unit["grid"] = {**unit["grid"], "density": gp.density.tolist(), "summary": grid_summary(gp)}
+    unit["overlap"] = overlap(np.asarray(unit["q_draws"], dtype=np.float64), gp)
+    return gp
+
+
 def criteria(units: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Evaluate every criterion on the finished (dataset, seed) units: per-seed values and a verdict."""
     rows = []
@@ -312,10 +324,7 @@ def run_unit(dataset: str, seed: int, size: dict[str, Any], guide: str = GUIDE,
 
     if reference is not None:  # (b) and (c) from the earlier run
         unit["type_ii"], unit["grid"] = reference["type_ii"], reference["grid"]
-        grid = np.array([p["eta"] for p in unit["grid"]["points"]])
-        gp = grid_posterior(grid, np.array([p["iwae"]["value"] for p in unit["grid"]["points"]]),
-                            np.full_like(grid, -math.log(ETA_MAX)))  # fmt: skip
-        unit["overlap"] = overlap(draws_np, gp)
+        refresh_grid(unit)
         unit["seconds"] = time.perf_counter() - t0 + reference["seconds"]
         unit["reference_seconds"] = reference["seconds"]
         return unit
@@ -549,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
         import json
 
         payload = json.loads((Path(args.out_dir) / f"{stem}.json").read_text())
+        for unit in payload["units"]:
+            refresh_grid(unit)
         payload["criteria"] = criteria(payload["units"])
         markdown = render(payload["units"], payload["info"], payload["settings"], stem, payload["wall_seconds"],
                           payload["complete"], command=payload["command"])  # fmt: skip
