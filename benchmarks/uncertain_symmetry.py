@@ -98,7 +98,9 @@ cosine schedule spanning them. Added after the runs above, as a check of their c
 rotated digits, seed 0, the type-II fit's ELBO/N (8 particles, training set) was −1.90 after 1000
 steps, −1.67 after 2000 and −1.59 after 4000 (η 2.32, 3.08, 3.10), so the 1000-step fits, the grid
 reference among them, are far from converged. ``--steps 4000`` repeats the benchmark with 4× the steps
-(not converged either; what it shows is whether the verdicts move with training length).
+(not converged either; what it shows is whether the verdicts move with training length). On a
+machine with several cores, run one process per dataset (``--datasets <one> --out-dir <its own folder>``)
+and join their JSON files with ``--merge`` (settings must agree; each (dataset, seed) once).
 
 ``--quick`` is a smoke-test size (meaningless numbers, ~1 min): 100/100 images, H = 32, S = 4,
 40 steps, a 5-point grid, K = 10, 200 draws, 8 evaluation draws.
@@ -516,6 +518,30 @@ def render(units: list[dict[str, Any]], info: dict[str, Any], settings: dict[str
     return "\n".join(parts)
 
 
+def merge_runs(payloads: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """One results payload from runs on disjoint (dataset, seed) units with otherwise equal settings
+    (e.g. one process per dataset on a multi-core machine); a one-line error otherwise."""
+    free = ("datasets", "seeds")
+    base = {k: v for k, v in payloads[0]["settings"].items() if k not in free}
+    for name, p in zip(names, payloads):
+        other = {k: v for k, v in p["settings"].items() if k not in free}
+        if other != base:
+            diff = sorted(k for k in set(base) | set(other) if base.get(k) != other.get(k))
+            raise SystemExit(f"--merge: {name}'s settings differ from {names[0]}'s in {diff}")
+    keys = [(u["dataset"], u["seed"]) for p in payloads for u in p["units"]]
+    if len(set(keys)) != len(keys):
+        raise SystemExit(f"--merge: a (dataset, seed) unit is in more than one file: {sorted(keys)}")
+    order = [name for name, _ in DATASETS.values()]
+    units = sorted((u for p in payloads for u in p["units"]), key=lambda u: (list(DATASETS).index(u["dataset"]), u["seed"]))
+    settings = {**payloads[0]["settings"],
+                "datasets": sorted({d for p in payloads for d in p["settings"]["datasets"]}, key=order.index),
+                "seeds": sorted({s for p in payloads for s in p["settings"]["seeds"]})}  # fmt: skip
+    command = "\n".join(p["command"] for p in payloads) + f"\n# merged with --merge {' '.join(names)}"
+    return {"info": payloads[0]["info"], "settings": settings, "command": command,
+            "wall_seconds": max(p["wall_seconds"] for p in payloads), "complete": all(p["complete"] for p in payloads),
+            "criteria": criteria(units), "units": units}  # fmt: skip
+
+
 #: settings that may differ between a run and the run it takes type-II and the grid from
 _REFERENCE_FREE = ("guide", "seeds", "datasets", "type-II and grid", "fit config")
 
@@ -553,6 +579,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None,
                         help="SVI steps of every fit (full Bayes, type-II, grid) instead of the size's; results go to "
                         "<stem>_steps<N> (a sensitivity check: module docstring)")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None,
+                        help="merge these results JSON files (runs of this script on other datasets or seeds, same "
+                        "settings otherwise) into <out-dir>/<stem>.json and render it (no fits)")
     parser.add_argument("--render-only", action="store_true",
                         help="rewrite the markdown and the figure from the existing JSON (no fits)")
     args = parser.parse_args(argv)
@@ -569,6 +598,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown datasets {sorted(unknown)}; use {list(DATASETS)}")
     stem = (STEM + ("" if args.guide == GUIDE else f"_{args.guide}") + ("_quick" if args.quick else "")
             + ("" if args.steps is None else f"_steps{args.steps}"))
+    if args.merge:
+        import json
+
+        merged = merge_runs([json.loads(Path(m).read_text()) for m in args.merge], [Path(m).name for m in args.merge])
+        (Path(args.out_dir) / f"{stem}.json").write_text(json.dumps(merged, indent=1) + "\n")
+        args.render_only = True
     if args.render_only:
         import json
 

@@ -144,3 +144,22 @@ def test_a_unit_takes_type_ii_and_the_grid_from_an_earlier_run(bench, tmp_path) 
         bench.reference_units(path, {**mine, "steps": 4}, {"lr": 0.05})
     with pytest.raises(SystemExit, match=r"differ in \['fit config'\]"):
         bench.reference_units(path, mine, {"lr": 0.1})
+
+
+def test_runs_on_other_datasets_merge_into_one_table(bench, tmp_path) -> None:
+    """``--merge``: runs of one setting on other (dataset, seed) units become one results file; other
+    settings or a repeated unit are refused."""
+    rng = np.random.default_rng(3)
+    a = {"info": {}, "settings": {"steps": 4, "datasets": ["rotated-digits"], "seeds": [0]}, "command": "a",
+         "wall_seconds": 2.0, "complete": True, "units": [_unit(bench, "rotated", 0, rng.normal(2.9, 0.1, 200), 2.9)]}
+    b = {"info": {}, "settings": {"steps": 4, "datasets": ["digits"], "seeds": [1]}, "command": "b",
+         "wall_seconds": 3.0, "complete": True, "units": [_unit(bench, "upright", 1, rng.normal(0.2, 0.1, 200), 0.2)]}
+    merged = bench.merge_runs([b, a], ["b.json", "a.json"])
+    assert [(u["dataset"], u["seed"]) for u in merged["units"]] == [("rotated", 0), ("upright", 1)]
+    assert merged["settings"]["datasets"] == ["rotated-digits", "digits"] and merged["settings"]["seeds"] == [0, 1]
+    assert merged["wall_seconds"] == 3.0 and "--merge b.json a.json" in merged["command"]
+    assert {r["criterion"] for r in merged["criteria"]} >= {"rotated: mostly above 2.4", "upright: below 1.0"}
+    with pytest.raises(SystemExit, match=r"differ .* in \['steps'\]"):
+        bench.merge_runs([a, {**b, "settings": {**b["settings"], "steps": 5}}], ["a.json", "c.json"])
+    with pytest.raises(SystemExit, match="more than one file"):
+        bench.merge_runs([a, a], ["a.json", "a2.json"])
