@@ -241,8 +241,8 @@ def overlap_reason(q: dict[str, float], g: dict[str, float], ov: dict[str, float
 
 
 def refresh_grid(unit: dict[str, Any]) -> GridPosterior:
-    """Rebuild a unit's grid posterior from its stored bounds (``log p(D | η_j)``) with today's code and
-    rewrite its density, summary and the overlap with its q(η) draws; returns the posterior."""
+    """Build a unit's grid posterior from its stored bounds (``log p(D | η_j)``) with today's code and
+    (re)write its density, summary and the overlap with its stored q(η) draws; returns the posterior."""
     grid = np.array([p["eta"] for p in unit["grid"]["points"]])
     log_evidence = np.array([p["iwae"]["value"] for p in unit["grid"]["points"]])
     gp = grid_posterior(grid, log_evidence, np.full_like(grid, -math.log(ETA_MAX)))
@@ -352,10 +352,8 @@ def run_unit(dataset: str, seed: int, size: dict[str, Any], guide: str = GUIDE,
         r = fit(data, size, seed, learn_symmetry=False, eta_init=float(eta_j))
         points.append({"eta": float(eta_j), "iwae": bound(r, data, size, seed), "final_elbo_per_datum": r.final_elbo,
                        "fit_seconds": r.seconds})  # fmt: skip
-    log_evidence = np.array([p["iwae"]["value"] for p in points])
-    gp = grid_posterior(grid, log_evidence, np.full_like(grid, -math.log(ETA_MAX)))
-    unit["grid"] = {"points": points, "density": gp.density.tolist(), "summary": grid_summary(gp)}
-    unit["overlap"] = overlap(draws_np, gp)
+    unit["grid"] = {"points": points}
+    gp = refresh_grid(unit)  # the density, summary and overlap, as --render-only recomputes them
     unit["seconds"] = time.perf_counter() - t0
     common.log(f"  {dataset} seed {seed}: grid mode {gp.mode:.3f} mean {gp.mean:.3f} sd {gp.sd:.3f}; "
                f"overlap {unit['overlap']} ({unit['seconds']:.0f} s in all)")  # fmt: skip
@@ -518,15 +516,19 @@ def render(units: list[dict[str, Any]], info: dict[str, Any], settings: dict[str
     return "\n".join(parts)
 
 
+def _differing(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The keys whose values differ between two settings dicts (a key missing on one side differs)."""
+    return sorted(k for k in set(a) | set(b) if a.get(k, _differing) != b.get(k, _differing))
+
+
 def merge_runs(payloads: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
     """One results payload from runs on disjoint (dataset, seed) units with otherwise equal settings
     (e.g. one process per dataset on a multi-core machine); a one-line error otherwise."""
     free = ("datasets", "seeds")
     base = {k: v for k, v in payloads[0]["settings"].items() if k not in free}
     for name, p in zip(names, payloads):
-        other = {k: v for k, v in p["settings"].items() if k not in free}
-        if other != base:
-            diff = sorted(k for k in set(base) | set(other) if base.get(k) != other.get(k))
+        diff = _differing(base, {k: v for k, v in p["settings"].items() if k not in free})
+        if diff:
             raise SystemExit(f"--merge: {name}'s settings differ from {names[0]}'s in {diff}")
     keys = [(u["dataset"], u["seed"]) for p in payloads for u in p["units"]]
     if len(set(keys)) != len(keys):
@@ -557,8 +559,8 @@ def reference_units(path: Path, settings: dict[str, Any], config: dict[str, Any]
     mine = json.loads(json.dumps({k: v for k, v in settings.items() if k not in _REFERENCE_FREE}))
     their_cfg = payload["settings"].get("fit config", {})
     theirs["fit config"], mine["fit config"] = their_cfg, json.loads(json.dumps({k: config.get(k) for k in their_cfg}))
-    if theirs != mine:
-        diff = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
+    diff = _differing(theirs, mine)
+    if diff:
         raise SystemExit(f"--reference-from {path}: its settings differ in {diff}")
     if payload["settings"].get("guide") != GUIDE:
         raise SystemExit(f"--reference-from {path}: its fits used the guide {payload['settings'].get('guide')!r}, not {GUIDE!r}")

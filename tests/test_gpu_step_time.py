@@ -4,25 +4,18 @@ ratio between two parts of one session)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "benchmarks" / "gpu_step_time.py"
-RUN = ROOT / "benchmarks" / "results" / "gpu_step_time_cuda_run3"
+from benchmark_scripts import BENCHMARKS, load_benchmark
+
+RUN = BENCHMARKS / "results" / "gpu_step_time_cuda_run3"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("gpu_step_time_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_step_time")
 
 
 def test_rerender_joins_the_reference_of_the_same_session(bench, tmp_path):

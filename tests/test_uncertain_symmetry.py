@@ -3,10 +3,7 @@ and that the held-out evaluation of a full-Bayes model draws η from ``q(η)``."
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,17 +13,12 @@ from pyro.infer.autoguide.initialization import init_to_value
 import pyro_invariance as pi
 from pyro_invariance.diagnostics.symmetry_posterior import grid_posterior
 from pyro_invariance.models import InvariantMLP
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "uncertain_symmetry.py"
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("uncertain_symmetry_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("uncertain_symmetry")
 
 
 def test_reflected_kde_mode_keeps_boundary_modes(bench) -> None:
