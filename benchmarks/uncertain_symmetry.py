@@ -94,11 +94,11 @@ so the type-II and fixed-η fits are the same method; only the full-Bayes fit di
 ``uncertain_symmetry_<guide>[_quick]``.
 
 ``--steps N`` runs every fit (full Bayes, type-II, grid) for N steps instead of 1000, with the same
-cosine schedule spanning them. Added after the runs above, as a check of their convergence: on fully
-rotated digits, seed 0, the type-II fit's ELBO/N (8 particles, training set) was −1.90 after 1000
-steps, −1.67 after 2000 and −1.59 after 4000 (η 2.32, 3.08, 3.10), so the 1000-step fits, the grid
-reference among them, are far from converged. ``--steps 4000`` repeats the benchmark with 4× the steps
-(not converged either; what it shows is whether the verdicts move with training length). On a
+cosine schedule spanning them. Added after the runs above, as a check of their convergence (an
+exploratory fit of type-II on fully rotated digits, seed 0, was still improving its ELBO well past
+1000 steps). ``--steps 4000`` repeats the benchmark with 4× the steps: the type-II rows of the two
+tables show how far from converged the 1000-step fits, the grid reference among them, are (not
+converged at 4000 either; what it shows is whether the verdicts move with training length). On a
 machine with several cores, run one process per dataset (``--datasets <one> --out-dir <its own folder>``)
 and join their JSON files with ``--merge`` (settings must agree; each (dataset, seed) once).
 
