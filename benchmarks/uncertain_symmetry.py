@@ -102,6 +102,11 @@ converged at 4000 either; what it shows is whether the verdicts move with traini
 machine with several cores, run one process per dataset (``--datasets <one> --out-dir <its own folder>``)
 and join their JSON files with ``--merge`` (settings must agree; each (dataset, seed) once).
 
+A finer reference: ``benchmarks/uncertain_symmetry_refined.py`` takes a finished run (the 4000-step
+ones), refits the grid on 5° points around the mass of the grid posterior and of q(η), with four
+training seeds per point, measures the reference's own fit-to-fit noise, and evaluates these criteria
+of the stored q(η) against it (``uncertain_symmetry_refined_steps4000.md``).
+
 ``--quick`` is a smoke-test size (meaningless numbers, ~1 min): 100/100 images, H = 32, S = 4,
 40 steps, a 5-point grid, K = 10, 200 draws, 8 evaluation draws.
 
