@@ -239,6 +239,23 @@ def q_restart_table(units: list[dict[str, Any]], again: list[dict[str, Any]]) ->
     return common.md_table(header, rows)
 
 
+def restart_table(refined: dict[str, Any], value: Any) -> tuple[list[int], list[int], np.ndarray]:
+    """(window indices j, restarts r, the ``(J, R)`` table of ``value(fit)``) of a refined unit."""
+    by_j: dict[int, dict[int, float]] = {}
+    for f in refined["fits"]:
+        by_j.setdefault(f["j"], {})[f["restart"]] = float(value(f))
+    js = sorted(by_j)
+    restarts = sorted({r for v in by_j.values() for r in v})
+    return js, restarts, np.array([[by_j[j][r] for r in restarts] for j in js])
+
+
+def aligned_mean(refined: dict[str, Any], value: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(window η_j, mean over restarts of ``value(fit)`` after shifting each restart by its mean
+    difference to restart 0 over the window), as in the ``"aligned-mean"`` rule."""
+    js, _, table = restart_table(refined, value)
+    return np.array(js) * STEP, (table - (table - table[:, :1]).mean(axis=0)).mean(axis=1)
+
+
 #: how the restarts' bounds become one ``log p(D | η_j)``: the primary rule first (module docstring, c)
 RULES = ("aligned-mean", "larger")
 
@@ -251,17 +268,12 @@ def refined_points(coarse_points: list[dict[str, Any]], refined: dict[str, Any],
     ``restarts`` (the restarts' IWAE values, by restart)."""
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    by_j: dict[int, dict[int, float]] = {}
-    for f in refined["fits"]:
-        by_j.setdefault(f["j"], {})[f["restart"]] = float(f["iwae"]["value"])
-    restarts = sorted({r for v in by_j.values() for r in v})
-    offsets = {r: float(np.mean([v[r] - v[0] for v in by_j.values()])) for r in restarts}
+    js, _, table = restart_table(refined, lambda f: f["iwae"]["value"])
+    values = aligned_mean(refined, lambda f: f["iwae"]["value"])[1] if rule == "aligned-mean" else table.max(axis=1)
     coarse_j = {round(p["eta"] / STEP) for p in coarse_points}
-    points = [{**p, "coarse": True} for p in coarse_points if round(p["eta"] / STEP) not in by_j]
-    for j, v in by_j.items():
-        values = [v[r] for r in restarts]
-        value = float(np.mean([v[r] - offsets[r] for r in restarts])) if rule == "aligned-mean" else max(values)
-        points.append({"eta": j * STEP, "iwae": {"value": value}, "restarts": values, "coarse": j in coarse_j})
+    points = [{**p, "coarse": True} for p in coarse_points if round(p["eta"] / STEP) not in js]
+    for j, row, value in zip(js, table, values):
+        points.append({"eta": j * STEP, "iwae": {"value": float(value)}, "restarts": row.tolist(), "coarse": j in coarse_j})
     return sorted(points, key=lambda p: p["eta"])
 
 
@@ -270,15 +282,12 @@ def restart_noise(refined: dict[str, Any], num_train: int) -> dict[str, Any]:
     IWAE_0) (nats; ``offsets_per_datum`` = d_r / N), and, after aligning, the pooled sd of one restart's
     bound at a point, σ = sqrt(mean_j var_r(IWAE_jr − d_r)) (``point_sd``), that of their mean, σ/√R
     (``mean_sd``), and the number of window points."""
-    by_j: dict[int, dict[int, float]] = {}
-    for f in refined["fits"]:
-        by_j.setdefault(f["j"], {})[f["restart"]] = float(f["iwae"]["value"])
-    restarts = sorted({r for v in by_j.values() for r in v})
-    offsets = [float(np.mean([v[r] - v[0] for v in by_j.values()])) for r in restarts]
-    aligned = np.array([[v[r] - d for r, d in zip(restarts, offsets)] for v in by_j.values()])
+    _, restarts, table = restart_table(refined, lambda f: f["iwae"]["value"])
+    offsets = (table - table[:, :1]).mean(axis=0)
+    aligned = table - offsets
     point_sd = float(np.sqrt(np.mean(aligned.var(axis=1, ddof=1)))) if len(restarts) > 1 else float("nan")
-    return {"offsets": offsets, "offsets_per_datum": [d / num_train for d in offsets], "point_sd": point_sd,
-            "mean_sd": point_sd / math.sqrt(len(restarts)), "restarts": len(restarts), "points": len(by_j)}  # fmt: skip
+    return {"offsets": offsets.tolist(), "offsets_per_datum": (offsets / num_train).tolist(), "point_sd": point_sd,
+            "mean_sd": point_sd / math.sqrt(len(restarts)), "restarts": len(restarts), "points": len(table)}  # fmt: skip
 
 
 def restart_posterior(refined: dict[str, Any], restart: int) -> Any:
@@ -287,18 +296,6 @@ def restart_posterior(refined: dict[str, Any], restart: int) -> Any:
     fits = sorted((f for f in refined["fits"] if f["restart"] == restart), key=lambda f: f["eta"])
     grid = np.array([f["eta"] for f in fits])
     return grid_posterior(grid, np.array([f["iwae"]["value"] for f in fits]), np.full_like(grid, -math.log(us.ETA_MAX)))
-
-
-def aligned_mean(refined: dict[str, Any], value: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(window η_j, mean over restarts of ``value(fit)`` after shifting each restart by its mean
-    difference to restart 0 over the window), as in the ``"aligned-mean"`` rule."""
-    by_j: dict[int, dict[int, float]] = {}
-    for f in refined["fits"]:
-        by_j.setdefault(f["j"], {})[f["restart"]] = float(value(f))
-    js = sorted(by_j)
-    restarts = sorted({r for v in by_j.values() for r in v})
-    table = np.array([[by_j[j][r] for r in restarts] for j in js])
-    return np.array(js) * STEP, (table - (table - table[:, :1]).mean(axis=0)).mean(axis=1)
 
 
 def elbo_grid(refined: dict[str, Any], num_train: int, draws: list[float]) -> dict[str, Any]:
