@@ -130,7 +130,6 @@ import _common as common  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pyro  # noqa: E402
-import torch  # noqa: E402
 
 import pyro_invariance as pi  # noqa: E402
 from pyro_invariance.data.arrays import train_arrays  # noqa: E402
@@ -298,10 +297,21 @@ def make_model(data: Any, size: dict[str, Any], seed: int, **kw: Any) -> Invaria
                         num_transforms=size["num_transforms"], symmetry="rotation", init_seed=seed, **kw)  # fmt: skip
 
 
-def fit(data: Any, size: dict[str, Any], seed: int, guide: str = GUIDE, **model_kw: Any) -> Any:
-    pyro.set_rng_seed(seed)
+def fit(data: Any, size: dict[str, Any], seed: int, guide: str = GUIDE, train_seed: int | None = None,
+        **model_kw: Any) -> Any:  # fmt: skip
+    """The unit's model (random features of ``init_seed = seed``) fitted with ``guide``; training (guide
+    initialisation, minibatches, sampled transforms) seeded by ``train_seed`` (default ``seed``)."""
+    train_seed = seed if train_seed is None else train_seed
+    pyro.set_rng_seed(train_seed)
     model = make_model(data, size, seed, **model_kw)
-    return pi.fit(model, pi.guides.get(guide, model), data, steps=size["steps"], seed=seed, progress=False)
+    return pi.fit(model, pi.guides.get(guide, model), data, steps=size["steps"], seed=train_seed, progress=False)
+
+
+def q_draws(result: Any, data: Any, size: dict[str, Any], seed: int) -> np.ndarray:
+    """``num_draws`` draws of q(η) from a full-Bayes fit (float64, seeded by ``seed``)."""
+    x, y = train_arrays(data, result.model)
+    draws = symmetry_draws(result.model, result.guide, x[:1], y[:1], num_samples=size["num_draws"], seed=seed)
+    return draws["eta"][:, 0].numpy().astype(np.float64)
 
 
 def bound(result: Any, data: Any, size: dict[str, Any], seed: int) -> dict[str, float]:
@@ -326,9 +336,7 @@ def run_unit(dataset: str, seed: int, size: dict[str, Any], guide: str = GUIDE,
 
     # (a) full Bayes: η latent, U(0, π) prior, q(θ) q(η) (or q(θ | η) q(η))
     fb = fit(data, size, seed, guide=guide, symmetry_prior="uniform")
-    x, y = train_arrays(data, fb.model)
-    draws = symmetry_draws(fb.model, fb.guide, x[:1], y[:1], num_samples=size["num_draws"], seed=seed)["eta"][:, 0]
-    draws_np = draws.numpy().astype(np.float64)
+    draws_np = q_draws(fb, data, size, seed)
     unit["full_bayes"] = {"q_eta": draw_summary(draws_np), "metrics": held_out(fb, data, size, seed),
                           "iwae": bound(fb, data, size, seed), "fit_seconds": fb.seconds,
                           "final_elbo_per_datum": fb.final_elbo}  # fmt: skip

@@ -92,13 +92,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common  # noqa: E402
 
 import numpy as np  # noqa: E402
-import pyro  # noqa: E402
 
-import pyro_invariance as pi  # noqa: E402
 import uncertain_symmetry as us  # noqa: E402
-from pyro_invariance.data.arrays import train_arrays  # noqa: E402
 from pyro_invariance.data.images import load_dataset  # noqa: E402
-from pyro_invariance.diagnostics.symmetry_posterior import grid_posterior, symmetry_draws  # noqa: E402
+from pyro_invariance.diagnostics.symmetry_posterior import grid_posterior  # noqa: E402
 
 STEM = "uncertain_symmetry_refined"
 #: fine grid: η_j = j·STEP, j = 0..FINE_POINTS−1 (5°)
@@ -174,7 +171,7 @@ def refine_unit(dataset: str, seed: int, payloads: list[dict[str, Any]], size: d
             continue
         t0 = time.perf_counter()
         train_seed = seed + RESTART_SEED_OFFSET * r
-        res = fit_fixed(data, size, seed, train_seed, eta)
+        res = us.fit(data, size, seed, train_seed=train_seed, learn_symmetry=False, eta_init=float(eta))
         unit["fits"].append({"j": j, "eta": eta, "restart": r, "iwae": us.bound(res, data, size, train_seed),
                              "source": "fitted", "final_elbo_per_datum": res.final_elbo, "fit_seconds": res.seconds})  # fmt: skip
         unit["seconds"] += time.perf_counter() - t0
@@ -191,23 +188,12 @@ def first_restarts(refined: dict[str, Any], restarts: int) -> dict[str, Any]:
     return {**refined, "fits": [f for f in refined["fits"] if f["restart"] < restarts]}
 
 
-def fit_fixed(data: Any, size: dict[str, Any], seed: int, train_seed: int, eta: float) -> Any:
-    """A fixed-η fit of the unit's model (random features of ``init_seed = seed``) trained with ``train_seed``."""
-    pyro.set_rng_seed(train_seed)
-    model = us.make_model(data, size, seed, learn_symmetry=False, eta_init=float(eta))
-    return pi.fit(model, pi.guides.get(us.GUIDE, model), data, steps=size["steps"], seed=train_seed, progress=False)
-
-
 def refit_q(dataset: str, seed: int, size: dict[str, Any], guide: str, train_seed: int) -> dict[str, Any]:
     """The unit's full-Bayes fit (module docstring, f) with ``guide``, trained with ``train_seed``: its
     q(η) summary and draws, final ELBO/N and seconds."""
     data = load_dataset(us.DATASETS[dataset][0], train_size=size["train_size"], test_size=size["test_size"])
-    pyro.set_rng_seed(train_seed)
-    model = us.make_model(data, size, seed, symmetry_prior="uniform")
-    res = pi.fit(model, pi.guides.get(guide, model), data, steps=size["steps"], seed=train_seed, progress=False)
-    x, y = train_arrays(data, res.model)
-    draws = symmetry_draws(res.model, res.guide, x[:1], y[:1], num_samples=size["num_draws"], seed=train_seed)["eta"]
-    d = draws[:, 0].numpy().astype(np.float64)
+    res = us.fit(data, size, seed, guide=guide, train_seed=train_seed, symmetry_prior="uniform")
+    d = us.q_draws(res, data, size, train_seed)
     return {"dataset": dataset, "seed": seed, "guide": guide, "train_seed": train_seed, "q_eta": us.draw_summary(d),
             "q_draws": d.round(5).tolist(), "final_elbo_per_datum": res.final_elbo, "fit_seconds": res.seconds}  # fmt: skip
 
@@ -379,7 +365,7 @@ def unit_table(units: list[dict[str, Any]]) -> str:
 def evidence_table(units: list[dict[str, Any]]) -> str:
     """IWAE/N of every restart on the window, per unit (one table per dataset)."""
     etas = sorted({p["eta"] for u in units for p in u["grid"]["points"] if "restarts" in p})
-    header = ["η (°)", *[f"seed {u['seed']}: IWAE/N restarts 0, 1" for u in units]]
+    header = ["η (°)", *[f"seed {u['seed']}: IWAE/N, restarts 0–{len(u['restarts_alone']) - 1}" for u in units]]
     rows = []
     for eta in etas:
         cells = []
@@ -566,7 +552,8 @@ def main(argv: list[str] | None = None) -> int:
             again_by_input[name] = [refined_unit(restart_q_unit(u, json.loads(path.read_text())), refined[(u["dataset"], u["seed"])])
                                     for u, path in zip(by_input[name], paths)]  # fmt: skip
             verdicts[f"{name}, training seed + 1000: refined, {RESTARTS} restarts, {RULES[0]}"] = us.criteria(again_by_input[name])
-    stem = STEM + "_" + Path(args.inputs[0]).stem.removeprefix(us.STEM).strip("_") if Path(args.inputs[0]).stem != us.STEM else STEM
+    suffix = Path(args.inputs[0]).stem.removeprefix(us.STEM).strip("_")  # e.g. "steps4000" or "quick"
+    stem = f"{STEM}_{suffix}" if suffix else STEM
     settings.update({"inputs": [Path(p).name for p in args.inputs], "input names": names, "fine spacing": "5° (π/36)",
                      "margin": MARGIN, "restarts": RESTARTS, "restart seeds": f"seed + {RESTART_SEED_OFFSET} r",
                      "rule": f"{RULES[0]} (also reported: {', '.join(RULES[1:])})",
