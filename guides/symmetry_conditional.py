@@ -138,15 +138,16 @@ class SymmetryConditional(CatalogueGuide, AutoStructured):
             for name in self._symmetry_sites:
                 site = sample_sites[name]
                 unconstrained = biject_to(site["fn"].support).inv(site["value"].detach())
-                self.conditionals[name] = SplineNoise(name, unconstrained.numel(), self._init_scale, unconstrained.dtype)
+                noise = SplineNoise(name, unconstrained.numel(), self._init_scale, unconstrained.dtype)
+                self.conditionals[name] = noise.to(unconstrained.device)
         super()._auto_config(sample_sites, args, kwargs)
 
     def _setup_prototype(self, *args: Any, **kwargs: Any) -> None:
         super()._setup_prototype(*args, **kwargs)
-        # Pyro builds the "linear" dependencies as nn.Linear in the default dtype: follow the model's
-        # (a float64 model would otherwise mix dtypes in B (u_η − m_η)).
-        dtype = next(iter(self.locs.parameters())).dtype
-        self.deps.to(dtype)
+        # Pyro builds the "linear" dependencies as nn.Linear in the default dtype, on the CPU: follow the
+        # model's dtype and device (a float64 or a CUDA model would otherwise mix them in B (u_η − m_η)).
+        loc = next(iter(self.locs.parameters()))
+        self.deps.to(device=loc.device, dtype=loc.dtype)
 
     def _own_variance(self, name: str) -> Tensor:
         """Variance of a site's own noise per unconstrained coordinate: ``s²`` ("normal") or

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
     from pyro_invariance.tasks import Task
 
-__all__ = ["PRIORS", "CatalogueModel", "check_prior", "symmetry_parameters", "symmetry_summary", "vectorizable_particles"]
+__all__ = ["PRIORS", "CatalogueModel", "check_prior", "symmetry_parameters", "symmetry_sites", "symmetry_summary", "vectorizable_particles"]
 
 #: Every prior mode of the catalogue (each model takes the subset in its ``priors``):
 #: ``"fixed"`` — the prior scale is a constant (a buffer);
@@ -254,6 +254,11 @@ def vectorizable_particles(model: Any) -> bool:
     """``model.vectorizable_particles`` for a :class:`CatalogueModel`; ``False`` for any other model
     (its ELBO particles run one after another)."""
     return isinstance(model, CatalogueModel) and bool(model.vectorizable_particles)
+
+
+def symmetry_sites(model: Any) -> list[str]:
+    """``model.symmetry_sites()`` for a :class:`CatalogueModel`; ``[]`` for any other model."""
+    return list(model.symmetry_sites()) if isinstance(model, CatalogueModel) else []
 
 
 def symmetry_summary(model: Any, guide: Any = None) -> dict[str, Tensor]:

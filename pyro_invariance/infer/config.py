@@ -25,7 +25,7 @@ from typing import Any, Mapping
 from pyro_invariance.infer.distributed import STRATEGIES
 from pyro_invariance.validation import check_positive_float, check_positive_int
 
-ELBOS = ("meanfield", "trace", "iwae", "rws")
+ELBOS = ("meanfield", "trace", "iwae", "iwae-given-symmetry", "rws")
 SCHEDULES = ("cosine", "constant")
 #: ``FitConfig.validation``: Pyro's validation on the first step of each ``fit`` call, or on every step.
 VALIDATIONS = ("first-step", "always")
@@ -76,7 +76,8 @@ class FitConfig:
     factor_lr: float = _opt(1e-3, "Adam rate of the guide's off-diagonal covariance factors", type=float)
     num_particles: int = _opt(1, "Monte-Carlo samples of the ELBO per step", type=int)
     elbo: str = _opt("meanfield", "meanfield: analytic KL where registered; trace: Monte-Carlo KL; iwae: the importance-weighted "
-                    "bound over num_particles draws (Burda et al. 2016); rws: reweighted wake-sleep, the IWAE bound for the model "
+                    "bound over num_particles draws (Burda et al. 2016); iwae-given-symmetry: the same over the other latents with one "
+                    "draw of the symmetry latents shared by the particles (an ELBO in η, IWAE in θ given η; needs symmetry_prior); rws: reweighted wake-sleep, the IWAE bound for the model "
                     "and the inclusive KL(p || q) for the guide (mass-covering; Le et al. 2019)", choices=ELBOS)
     schedule: str = _opt("cosine", "learning-rate schedule: cosine (to 0) or constant", choices=SCHEDULES)
     seed: int = _opt(0, "seeds Pyro/torch, the minibatch shuffler and hence the whole run", type=int)

@@ -57,7 +57,7 @@ from pyro_invariance.infer.config import FitConfig, resolve_config
 from pyro_invariance.infer.distributed import Ranks, ShardStreams, setup_ranks
 from pyro_invariance.infer.divergence import first_invalid_state, locate_problem
 from pyro_invariance.infer.fast_step import (
-    LEAN_ELBOS, CapturedLoss, CaptureError, LeanRWS_ELBO, make_optimizer, preserved_validation, set_validation,
+    LEAN_ELBOS, CapturedLoss, CaptureError, LeanIWAEGivenSymmetry_ELBO, LeanRWS_ELBO, make_optimizer, preserved_validation, set_validation,
     tf32_matmuls,
 )  # fmt: skip
 from pyro_invariance.infer.fingerprint import fingerprint_differences, run_fingerprint
@@ -487,8 +487,8 @@ def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg:
         sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda _: 1.0)
     # Vectorised particles where the model declares support (CatalogueModel.vectorizable_particles, models/base.py):
     vectorize = cfg.num_particles > 1 and vectorizable_particles(model)
-    loss_fn = LEAN_ELBOS[cfg.elbo](num_particles=cfg.num_particles, vectorize_particles=vectorize,
-                                   **({"max_plate_nesting": 1} if vectorize else {}))  # fmt: skip
+    loss_fn = LEAN_ELBOS[cfg.elbo].for_model(model, num_particles=cfg.num_particles, vectorize_particles=vectorize,
+                                             **({"max_plate_nesting": 1} if vectorize else {}))  # fmt: skip
     history: dict[str, Any] = {"step": [], "elbo": [], "lr": [], "eta_lr": [], "eta": {}}
     for name in symmetry_summary(model, guide):  # a latent η: the guide's median (guide set up above)
         history["eta"][name] = []
@@ -569,6 +569,9 @@ def _engine(loss_fn: Any, model: nn.Module, guide: Any, ranks: Ranks, dev: torch
     gradient. ``elbo="rws"`` is refused (one line) for a guide with a parameter that its loss cannot
     train: wake-φ differentiates log q at detached draws, so a parameter that enters only through the
     draws (AutoStructured's locations and dependencies, a MAP guide's points) gets no gradient."""
+    if isinstance(loss_fn, LeanIWAEGivenSymmetry_ELBO):
+        x, y, kwargs = example
+        loss_fn.check_guide(guide, x, y, **kwargs)
     if not isinstance(guide, nn.Module):  # a plain callable guide (one process only): the ELBO itself
         return lambda *args, **kwargs: loss_fn.differentiable_loss(model, guide, *args, **kwargs)
     module = loss_fn(model, guide)
