@@ -1,7 +1,9 @@
 """``elbo="iwae-given-symmetry"`` (issue 15): an ELBO in the symmetry latent, the IWAE bound in the
 other latents given it. One draw of η is shared by the K particles, K = 1 is the ELBO, the bound rises
 with K towards E_q(λ)[log p(D | λ) + log p(λ) − log q(λ)] (the exact evidence of basis regression), and
-guides or models that cannot share a draw are refused."""
+guides or models that cannot share a draw are refused. The guide's evidence profile at fixed λ
+(:func:`guide_evidence_profile`) is exact with the exact conditional posterior as guide, and a bound below it
+otherwise."""
 
 from __future__ import annotations
 
@@ -12,12 +14,14 @@ import torch
 torch.set_num_threads(1)
 
 import pyro  # noqa: E402
+import pyro.distributions as dist  # noqa: E402
 import pytest  # noqa: E402
 from pyro import poutine  # noqa: E402
 
 import pyro_invariance as pi  # noqa: E402
 from pyro_invariance import guides  # noqa: E402
 from pyro_invariance.diagnostics.reference import entry  # noqa: E402
+from pyro_invariance.diagnostics.symmetry_posterior import guide_evidence_profile  # noqa: E402
 from pyro_invariance.infer.config import FitConfig  # noqa: E402
 from pyro_invariance.infer.fast_step import LeanIWAEGivenSymmetry_ELBO, LeanTrace_ELBO, _FirstDraw  # noqa: E402
 from pyro_invariance.infer.training import set_up_guide  # noqa: E402
@@ -137,3 +141,51 @@ def test_fit_trains_with_it_and_the_config_names_it() -> None:
     after = guide.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before if "lam" in k)  # q(λ) is trained
     assert all(math.isfinite(v) for v in result.history["elbo"])
+
+
+# ------------------------------------------------------------------------------------------------
+# guide_evidence_profile
+
+
+def _exact_conditional_guide(model):
+    """A guide whose q(weight | λ) is the exact Gaussian posterior p(weight | D, λ) of basis regression
+    (q(λ) any density inside the support): every importance weight at fixed λ is p(D | λ)."""
+
+    def guide(x, y, num_data=None):
+        lam = pyro.sample("lam", dist.Uniform(0.05, 1.95))
+        phi, chol, yy = model._exact(x, y, lam)
+        mean = torch.cholesky_solve(phi.T @ yy / model.noise_scale**2, chol)  # (F, D_out)
+        scale_tril = torch.linalg.cholesky(torch.cholesky_inverse(chol))
+        pyro.sample("weight", dist.MultivariateNormal(mean.T.to(x.dtype), scale_tril=scale_tril.to(x.dtype)).to_event(1))
+
+    return guide
+
+
+def test_profile_of_the_exact_conditional_guide_is_the_exact_evidence() -> None:
+    model, x, y = entry("basis-regression-lambda").build()
+    lams = [0.3, 1.0, 1.7]
+    for K in (1, 8):
+        prof = guide_evidence_profile(model, _exact_conditional_guide(model), x, y, lams, K=K, seed=K)
+        exact = torch.stack([model.log_evidence(x, y, torch.tensor(v, dtype=torch.float64)) for v in lams])
+        assert prof.dtype == torch.float64 and prof.shape == (3,)
+        assert torch.allclose(prof, exact, atol=2e-3 * x.shape[0]), (prof, exact)  # float32 sums of 60 terms
+
+
+def test_profile_of_a_fitted_guide_rises_with_k_below_the_exact_evidence() -> None:
+    model, guide, x, y = _basis("symmetry-conditional", steps=300)
+    lams = [0.4, 1.0, 1.6]
+    exact = torch.stack([model.log_evidence(x, y, torch.tensor(v, dtype=torch.float64)) for v in lams])
+    low = guide_evidence_profile(model, guide, x, y, lams, K=1, repeats=100, seed=0)
+    high = guide_evidence_profile(model, guide, x, y, lams, K=256, repeats=20, seed=0)
+    assert (low < high).all() and (high < exact + 0.5).all(), (low, high, exact)
+    assert torch.equal(guide_evidence_profile(model, guide, x, y, lams, K=16, seed=3),
+                       guide_evidence_profile(model, guide, x, y, lams, K=16, seed=3))  # seeded
+
+
+def test_profile_refuses_boundary_values_and_models_without_a_latent_symmetry() -> None:
+    model, guide, x, y = _basis("mean-field")
+    with pytest.raises(ValueError, match="strictly inside the support"):
+        guide_evidence_profile(model, guide, x, y, [0.0, 1.0], K=2)
+    plain, xp, yp = entry("basis-regression").build()
+    with pytest.raises(ValueError, match="one latent symmetry site"):
+        guide_evidence_profile(plain, guides.get("mean-field", plain), xp, yp, [1.0], K=2)

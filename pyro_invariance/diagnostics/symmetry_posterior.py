@@ -10,18 +10,23 @@ sample sites (``model.symmetry_sites()``); after ``fit`` the guide carries ``q(�
 * :func:`grid_posterior` — builds one from ``(grid, log_evidence, log_prior)``.
 * :func:`exact_symmetry_posterior` — the exact ``p(λ | D)`` of a basis regression with a latent λ
   (closed-form evidence at each grid point, 1-D quadrature): the reference for ``q(λ)``.
+* :func:`guide_evidence_profile` — ``IWAE_K(η_j)`` at fixed η_j with the fitted guide's own
+  ``q(θ | η_j)``: the η-dependence that a full-Bayes ``q(η)`` can follow, against a grid reference
+  that fits ``q(θ)`` afresh at every η_j (the amortisation gap).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
+from torch.distributions import biject_to, constraints
 
-__all__ = ["GridPosterior", "exact_symmetry_posterior", "grid_posterior", "symmetry_draws"]
+__all__ = ["GridPosterior", "exact_symmetry_posterior", "grid_posterior", "guide_evidence_profile", "symmetry_draws"]
 
 
 @dataclass(frozen=True)
@@ -174,3 +179,78 @@ def symmetry_draws(model: Any, guide: Any, x: Tensor, y: Tensor, num_samples: in
             for s in sites:
                 out[s].append(trace.nodes[s]["value"].detach().cpu())
     return {s: torch.stack(v) for s, v in out.items()}
+
+
+#: suffixes of the auxiliary guide sites an autoguide draws a site from (as ``fast_step._FirstDraw``)
+_AUXILIARY_SUFFIXES = ("_aux", "_unconstrained")
+
+
+def _strictly_inside(support: Any, value: Tensor) -> bool:
+    """Whether ``value`` lies in ``support`` and, for an interval, off its end points (where a bounded
+    q(η) is singular and ``biject_to`` clamps instead of failing)."""
+    while isinstance(support, constraints.independent):
+        support = support.base_constraint
+    if isinstance(support, (constraints._Interval, constraints._HalfOpenInterval)):
+        return bool(((value > support.lower_bound) & (value < support.upper_bound)).all())
+    return bool(support.check(value).all())
+
+
+def guide_evidence_profile(model: Any, guide: Any, x: Tensor, y: Tensor, values: Sequence[float] | Tensor,
+                           K: int = 100, repeats: int = 1, seed: int = 0) -> Tensor:  # fmt: skip
+    """The fitted guide's own evidence profile: at each fixed value η_j of the model's one symmetry site,
+    the importance-weighted bound (Burda et al. 2016, Eq. 8) with the guide's conditional ``q(θ | η_j)``
+    as proposal, the mean of ``repeats`` estimates (float64 ``(J,)``, nats, all of ``(x, y)``)::
+
+        IWAE_K(η_j) = log (1/K) Σ_k p(D, θ_k | η_j) / q(θ_k | η_j),   θ_k ~ q(θ | η_j)   ≤ log p(D | η_j) (in expectation).
+
+    A full-Bayes ``q(η)`` trained by ``elbo="iwae-given-symmetry"`` targets ``∝ p(η) exp(IWAE_K(η))`` of
+    exactly this profile, so comparing it with a grid reference of fixed-η fits (each with its own
+    ``q(θ)``) separates the two approximations: where the profile falls below the reference, the one
+    guide's ``q(θ | η)`` is worse at η_j than a fit made for η_j (the amortisation gap). With a guide whose
+    ``q(θ | η)`` is the exact conditional posterior the bound equals ``log p(D | η_j)`` for every K.
+
+    The guide's draw of η is conditioned to η_j (its auxiliary ``<site>_aux`` / ``<site>_unconstrained``
+    where it has one, at the unconstrained value; else the site itself), as is the model's; the η terms
+    ``log p(η_j) − log q(η_j)``, the same in every weight, are taken out. ``values``: points strictly
+    inside the support of η (shape ``(J,)`` for a scalar η, ``(J, *event)`` otherwise); a boundary value,
+    where ``q(η)`` is singular, is refused. Seeded by ``seed``; the caller's RNG state is restored.
+    """
+    from pyro import poutine
+
+    from pyro_invariance._pyro_scope import pyro_scope
+    from pyro_invariance.infer.fast_step import LeanIWAE_ELBO
+    from pyro_invariance.infer.modes import eval_mode
+    from pyro_invariance.models.base import symmetry_sites, vectorizable_particles
+
+    sites = symmetry_sites(model)
+    if len(sites) != 1:
+        raise ValueError(f"guide_evidence_profile needs a model with one latent symmetry site, got {sites} "
+                         "(build it with symmetry_prior=...)")  # fmt: skip
+    site = sites[0]
+    n = x.shape[0]
+    vector = vectorizable_particles(model) and K > 1
+    loss = LeanIWAE_ELBO(num_particles=int(K), vectorize_particles=vector, **({"max_plate_nesting": 1} if vector else {}))
+    out = []
+    with pyro_scope(), eval_mode(model), eval_mode(guide), torch.random.fork_rng(devices=[]), torch.no_grad(), \
+            warnings.catch_warnings():  # fmt: skip
+        warnings.filterwarnings("ignore", message="Found (non-auxiliary )?vars in")  # the conditioned η: observed in both
+        torch.manual_seed(seed)
+        prior = poutine.trace(model).get_trace(x[:1], y[:1], num_data=n).nodes[site]["fn"]
+        names = poutine.trace(guide).get_trace(x[:1], y[:1], num_data=n).nodes
+        aux = next((site + sfx for sfx in _AUXILIARY_SUFFIXES if site + sfx in names), None)
+        values = torch.as_tensor(values, dtype=x.dtype)
+        for value in values.reshape(len(values), *prior.event_shape):
+            if not _strictly_inside(prior.support, value):
+                raise ValueError(f"η = {value.tolist()} is not strictly inside the support of {site!r}")
+            unconstrained = biject_to(prior.support).inv(value)
+            guide_at = poutine.condition(guide, data={aux: unconstrained} if aux else {site: value})
+            model_at = poutine.condition(model, data={site: value})
+            g_tr = poutine.trace(guide_at).get_trace(x, y, num_data=n)
+            m_tr = poutine.trace(poutine.replay(model_at, trace=g_tr)).get_trace(x, y, num_data=n)
+            g_tr.compute_log_prob()
+            m_tr.compute_log_prob()
+            log_q = sum(g_tr.nodes[s]["log_prob"].sum() for s in (site, aux) if s in g_tr.nodes)
+            eta_terms = float(m_tr.nodes[site]["log_prob"].sum() - log_q)
+            estimates = [-float(loss.differentiable_loss(model_at, guide_at, x, y, num_data=n)) for _ in range(int(repeats))]
+            out.append(sum(estimates) / len(estimates) - eta_terms)
+    return torch.tensor(out, dtype=torch.float64)
