@@ -23,7 +23,9 @@ b. **Refinement.** That fit continued by ``REFINE``: ``elbo="iwae-given-symmetry
    (1000 steps, lr 0.005, full batch) with this bound and this K. The mean-field and the
    symmetry-conditional guides both draw η on its own, so both can share it; the symmetry-conditional
    one adapts q(θ | η) to each η draw, the mean-field one cannot (its IWAE_K(η) uses one q(θ) for every
-   η). ``--refine`` runs it (``--device cuda``: 2.7 s a step on one CPU core at K = 100, ~45 min a fit).
+   η). ``--refine`` runs it (``--device cuda``: 2.7 s a step on one CPU core at K = 100, ~45 min a fit;
+   on a lent GPU machine without this project's environment, ``benchmarks/uncertain_symmetry_iwae_device.sh``
+   installs what is missing, refines every prepared unit and returns the states as one archive).
 c. **Evaluation** (``--render``, CPU). ``num_draws`` draws of the refined q(η) (seeded by the unit's
    seed), the issue's criteria (``uncertain_symmetry.criteria``) against the refined reference of
    ``uncertain_symmetry_refined.py`` (four restarts, aligned mean; its work dir, ``--reference``), beside
@@ -34,8 +36,12 @@ d. **Amortisation profile** (``--profile``, CPU; added after (c)'s results were 
    its settings fixed before it ran). The grid reference fits q(θ) afresh at every η_j; full Bayes has one
    guide for all η, and its q(η) can only follow ``IWAE_K(η)`` as that guide's q(θ | η) gives it. For each
    fit (the ELBO fit and its refinement): IWAE_K(η_j) of the guide's own q(θ | η_j) with η held at η_j
-   (:func:`amortised_profile`; K = ``iwae_K``, the mean of two estimates, seeded by the unit's seed) on
-   the reference's window points (0 and π held 10⁻³ rad inside, where q(η) is singular). The difference reference − profile is the *amortisation gap*: what
+   (:func:`~pyro_invariance.diagnostics.symmetry_posterior.guide_evidence_profile`; K = ``iwae_K``, the
+   mean of two estimates, seeded by the unit's seed) on the reference's window points (0 and π held
+   10⁻³ rad inside, where q(η) is singular). The two estimates use seeds s and s + 1; their difference
+   gives the profile's own noise. (A first profile run evaluated the guide outside the library's Pyro
+   scope, where a second module of the same kind can read a first one's parameters from Pyro's global
+   store; it was discarded and rerun through the library function, which runs in that scope.) The difference reference − profile is the *amortisation gap*: what
    one guide loses at η_j against a fit made for η_j. The profile's own grid posterior (prior U(0, π),
    truncated to the window) is what the refinement's q(η) targets.
 
@@ -49,7 +55,6 @@ import argparse
 import json
 import sys
 import time
-import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -60,15 +65,11 @@ import _common as common  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from pyro import poutine  # noqa: E402
-from torch.distributions import biject_to  # noqa: E402
 
 import pyro_invariance as pi  # noqa: E402
 import uncertain_symmetry as us  # noqa: E402
 import uncertain_symmetry_refined as usr  # noqa: E402
-from pyro_invariance.diagnostics.evaluation import seeded_rng  # noqa: E402
-from pyro_invariance.diagnostics.symmetry_posterior import grid_posterior  # noqa: E402
-from pyro_invariance.infer.fast_step import LeanIWAE_ELBO  # noqa: E402
+from pyro_invariance.diagnostics.symmetry_posterior import grid_posterior, guide_evidence_profile  # noqa: E402
 from pyro_invariance.infer.training import set_up_guide  # noqa: E402
 
 STEM = "uncertain_symmetry_iwae"
@@ -165,33 +166,14 @@ def evaluate_unit(path: Path, payload_unit: dict[str, Any]) -> dict[str, Any]:
 
 
 def amortised_profile(model: Any, guide: Any, x: torch.Tensor, y: torch.Tensor, etas: list[float], K: int,
-                      reps: int, seed: int) -> list[float]:  # fmt: skip
-    """IWAE_K(η_j) of the fitted guide's own q(θ | η_j) at each fixed η_j (module docstring, d), nats, the
-    mean of ``reps`` estimates: the guide's draw of η is conditioned to η_j (its auxiliary
-    ``eta_aux`` for the symmetry-conditional guide, else ``eta``), the model's η to η_j, and the η terms
-    ``log p(η_j) − log q(η_j)``, the same in every weight, are taken out of the log-mean-exp. η_j = 0 and
-    η_max are held ``PROFILE_EDGE`` inside the support."""
-    n = x.shape[0]
-    support = poutine.trace(model).get_trace(x[:1], y[:1], num_data=n).nodes["eta"]["fn"].support
-    has_aux = "eta_aux" in poutine.trace(guide).get_trace(x[:1], y[:1], num_data=n).nodes
-    loss = LeanIWAE_ELBO(num_particles=K, vectorize_particles=True, max_plate_nesting=1)
-    out = []
-    with seeded_rng(seed), torch.no_grad(), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Found vars in ")  # the conditioned guide's η
-        for eta in etas:
-            inside = min(max(float(eta), PROFILE_EDGE), float(model.eta_upper.max()) - PROFILE_EDGE)
-            value = torch.full((1,), inside, dtype=x.dtype)
-            data = {"eta_aux": biject_to(support).inv(value)} if has_aux else {"eta": value}
-            fixed, fixed_model = poutine.condition(guide, data=data), poutine.condition(model, data={"eta": value})
-            g_tr = poutine.trace(fixed).get_trace(x, y, num_data=n)
-            m_tr = poutine.trace(poutine.replay(fixed_model, trace=g_tr)).get_trace(x, y, num_data=n)
-            g_tr.compute_log_prob()
-            m_tr.compute_log_prob()
-            log_q = sum(g_tr.nodes[s]["log_prob"].sum() for s in ("eta", "eta_aux") if s in g_tr.nodes)
-            eta_terms = float(m_tr.nodes["eta"]["log_prob"].sum() - log_q)
-            values = [-float(loss.differentiable_loss(fixed_model, fixed, x, y, num_data=n)) for _ in range(reps)]
-            out.append(sum(values) / reps - eta_terms)
-    return out
+                      reps: int, seed: int) -> list[list[float]]:  # fmt: skip
+    """``reps`` estimates (seeds ``seed``, ``seed + 1``, …) of IWAE_K(η_j) with the fitted guide's own
+    q(θ | η_j) at each fixed η_j (module docstring, d; :func:`~pyro_invariance.diagnostics.symmetry_posterior.
+    guide_evidence_profile`), nats, ``(reps, J)``; η_j = 0 and η_max are held ``PROFILE_EDGE`` inside the
+    support, where q(η) is singular."""
+    upper = float(model.eta_upper.max())
+    inside = [min(max(float(eta), PROFILE_EDGE), upper - PROFILE_EDGE) for eta in etas]
+    return [guide_evidence_profile(model, guide, x, y, inside, K=K, seed=seed + r).tolist() for r in range(reps)]
 
 
 def refined_q_unit(unit: dict[str, Any], evaluated: dict[str, Any]) -> dict[str, Any]:
@@ -226,7 +208,8 @@ def profile_summary(profile: dict[str, Any], refined_ref: dict[str, Any], draws:
     on the window (module docstring, d): the profile's grid posterior (mode, central 90 % interval), the
     overlap masses of ``draws`` (that fit's q(η)) with it, and the amortisation gap reference − profile
     at the reference's mode minus the gap at the window point nearest the mean of ``draws`` (nats; the
-    gap's level carries the fit-to-fit offset of the reference's restarts, its change across η does not)."""
+    gap's level carries the fit-to-fit offset of the reference's restarts, its change across η does not);
+    ``noise``: the mean over points of |estimate 1 − estimate 2| / √2, the sd of one estimate (nats)."""
     grid, ref = usr.aligned_mean(refined_ref, lambda f: f["iwae"]["value"])
     etas, prof = np.asarray(profile["etas"]), np.asarray(profile[fit])
     if not np.allclose(grid, etas):
@@ -235,15 +218,17 @@ def profile_summary(profile: dict[str, Any], refined_ref: dict[str, Any], draws:
     gap = ref - prof
     at_q = int(np.argmin(np.abs(etas - float(np.mean(draws)))))
     at_ref = int(np.argmax(ref))
+    est = np.asarray(profile[f"{fit}_estimates"])
     return {"mode": gp.mode, "q05": gp.quantile(0.05), "q95": gp.quantile(0.95),
-            "overlap": us.overlap(np.asarray(draws, dtype=np.float64), gp), "ref_mode": float(etas[at_ref]),
+            "noise": float(np.mean(np.abs(est[0] - est[1])) / 2 ** 0.5), "ref_mode": float(etas[at_ref]),
+            "overlap": us.overlap(np.asarray(draws, dtype=np.float64), gp),
             "gap_change": float(gap[at_ref] - gap[at_q]), "gap": gap.tolist(), "grid": etas.tolist(),
             "density": gp.density.tolist()}  # fmt: skip
 
 
 def profile_table(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> str:
     header = ["data, seed", "reference (window): mode", "refined q(η): mean ± sd", "profile of the refined fit: mode [90 %]",
-              "refined q(η) vs its profile: q in grid, grid in q", "gap change, refined fit (nats)",
+              "refined q(η) vs its profile: q in grid, grid in q", "gap change, refined fit (nats)", "profile noise, sd of one estimate (nats)",
               "profile of the ELBO fit: mode [90 %]", "gap change, ELBO fit (nats)"]  # fmt: skip
     rows = []
     for b, a in zip(before, after):
@@ -251,6 +236,7 @@ def profile_table(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> 
         rows.append([f"{a['dataset']}, {a['seed']}", f"{pa['ref_mode']:.3f}", f"{q['mean']:.3f} ± {q['sd']:.3f}",
                      f"{pa['mode']:.3f} [{pa['q05']:.2f}, {pa['q95']:.2f}]",
                      f"{pa['overlap']['q_in_grid90']:.2f}, {pa['overlap']['grid_in_q90']:.2f}", f"{pa['gap_change']:+.1f}",
+                     f"{pa['noise']:.1f}",
                      f"{pb['mode']:.3f} [{pb['q05']:.2f}, {pb['q95']:.2f}]", f"{pb['gap_change']:+.1f}"])  # fmt: skip
     return common.md_table(header, rows)
 
@@ -344,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
             out = {"etas": etas, "K": int(size["iwae_K"]), "reps": PROFILE_REPS, "seed": seed}
             for label, path in (("elbo_fit", start), ("refined", done)):
                 model, guide, x, y, _ = load_state(path)
-                out[label] = amortised_profile(model, guide, x, y, etas, int(size["iwae_K"]), PROFILE_REPS, seed)
+                out[f"{label}_estimates"] = amortised_profile(model, guide, x, y, etas, int(size["iwae_K"]), PROFILE_REPS, seed)
+                out[label] = np.mean(out[f"{label}_estimates"], axis=0).tolist()
             (args.work_dir / "profile" / f"{stem}.json").write_text(json.dumps(out, indent=1) + "\n")
             common.log(f"{stem}: amortisation profile on {len(etas)} points")
         elif args.evaluate and not evaluated.exists():
