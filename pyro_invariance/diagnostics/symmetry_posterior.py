@@ -231,7 +231,8 @@ def guide_evidence_profile(model: Any, guide: Any, x: Tensor, y: Tensor, values:
     vector = vectorizable_particles(model) and K > 1
     loss = LeanIWAE_ELBO(num_particles=int(K), vectorize_particles=vector, **({"max_plate_nesting": 1} if vector else {}))
     out = []
-    with pyro_scope(), eval_mode(model), eval_mode(guide), torch.random.fork_rng(devices=[]), torch.no_grad(), \
+    cuda = [x.device] if x.is_cuda else []
+    with pyro_scope(), eval_mode(model), eval_mode(guide), torch.random.fork_rng(devices=cuda), torch.no_grad(), \
             warnings.catch_warnings():  # fmt: skip
         warnings.filterwarnings("ignore", message="Found (non-auxiliary )?vars in")  # the conditioned η: observed in both
         torch.manual_seed(seed)

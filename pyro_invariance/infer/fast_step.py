@@ -368,7 +368,8 @@ class LeanIWAEGivenSymmetry_ELBO(LeanIWAE_ELBO):
         """Refuse (``ValueError``, one line) a guide that cannot share one draw of the symmetry sites: one
         that draws them jointly with other latents (full-rank, low-rank: a ``Delta`` at the site). Runs
         the guide once aside (random streams restored, no handler sees it)."""
-        with torch.random.fork_rng(devices=[]), poutine.block(), torch.no_grad():
+        cuda = [a.device for a in args if isinstance(a, Tensor) and a.is_cuda][:1]
+        with torch.random.fork_rng(devices=cuda), poutine.block(), torch.no_grad():
             _FirstDraw(self.shared_sites)(guide)(*args, **kwargs)
 
     def differentiable_loss(self, model: Any, guide: Any, *args: Any, **kwargs: Any) -> Tensor:

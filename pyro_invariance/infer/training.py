@@ -568,7 +568,9 @@ def _engine(loss_fn: Any, model: nn.Module, guide: Any, ranks: Ranks, dev: torch
     loss on ``example`` (computed aside, the random streams restored) leaves a parameter without a
     gradient. ``elbo="rws"`` is refused (one line) for a guide with a parameter that its loss cannot
     train: wake-φ differentiates log q at detached draws, so a parameter that enters only through the
-    draws (AutoStructured's locations and dependencies, a MAP guide's points) gets no gradient."""
+    draws (AutoStructured's locations and dependencies, a MAP guide's points) gets no gradient.
+    ``elbo="iwae-given-symmetry"`` is refused (one line) for a guide that draws the symmetry sites
+    jointly with other latents (one draw of them cannot be shared by the particles)."""
     if isinstance(loss_fn, LeanIWAEGivenSymmetry_ELBO):
         x, y, kwargs = example
         loss_fn.check_guide(guide, x, y, **kwargs)
