@@ -87,6 +87,11 @@ def refine_config(size: dict[str, Any]) -> dict[str, Any]:
     return {**REFINE, "num_particles": int(size["iwae_K"])}
 
 
+def input_unit(payload: dict[str, Any], dataset: str, seed: int) -> dict[str, Any]:
+    """The (dataset, seed) unit of an input run."""
+    return next(u for u in payload["units"] if u["dataset"] == dataset and u["seed"] == seed)
+
+
 def unit_name(guide: str, dataset: str, seed: int) -> str:
     return f"{guide}_{dataset}_seed{seed}"
 
@@ -122,7 +127,7 @@ def load_state(path: Path, device: str = "cpu") -> tuple[Any, Any, torch.Tensor,
 def prepare(payload: dict[str, Any], dataset: str, seed: int, size: dict[str, Any], path: Path) -> dict[str, Any]:
     """Repeat the input's full-Bayes ELBO fit of (dataset, seed) (module docstring, a) and save it."""
     guide_name = payload["settings"]["guide"]
-    unit = next(u for u in payload["units"] if u["dataset"] == dataset and u["seed"] == seed)
+    unit = input_unit(payload, dataset, seed)
     data = load_dataset(us.DATASETS[dataset][0], size)
     res = us.fit(data, size, seed, guide=guide_name, symmetry_prior="uniform")
     draws = us.q_draws(res, data, size, seed)
@@ -161,6 +166,7 @@ def evaluate_unit(path: Path, payload_unit: dict[str, Any]) -> dict[str, Any]:
     data = load_dataset(us.DATASETS[meta["dataset"]][0], size)
     res = SimpleNamespace(model=model, guide=guide)
     draws = us.q_draws(res, data, size, seed)
+    meta = {k: v for k, v in meta.items() if k != "size"}  # the run's settings are in the results JSON
     return {"meta": meta, "q_eta": us.draw_summary(draws), "q_draws": draws.round(5).tolist(),
             "iwae": us.bound(res, data, size, seed), "metrics": pi.evaluate((model, guide), data, num_samples=size["eval_samples"], seed=seed)}  # fmt: skip
 
@@ -273,9 +279,7 @@ def plot(pairs: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]], pa
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--from", dest="inputs", type=Path, nargs="+", required=True,
-                        help="results JSON files of uncertain_symmetry.py (one per guide), as for uncertain_symmetry_refined.py")
-    parser.add_argument("--names", default=None, help="comma-separated labels of the inputs (default: their guides)")
+    usr.add_input_arguments(parser, "one per guide, as for uncertain_symmetry_refined.py")
     parser.add_argument("--reference", type=Path, required=True, help="the work dir of uncertain_symmetry_refined.py (its units)")
     parser.add_argument("--work-dir", type=Path, required=True, help="where the prepared and refined states go (resumable)")
     phase = parser.add_mutually_exclusive_group(required=True)
@@ -290,16 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     common.set_threads(args.threads)
-    for path in args.inputs:
-        if not Path(path).is_file():
-            parser.error(f"--from {path}: no such file")
-    payloads = usr.load_inputs(args.inputs)
-    names = args.names.split(",") if args.names else [p["settings"]["guide"] for p in payloads]
-    if len(names) != len(payloads) or len(set(names)) != len(names):
-        parser.error(f"--names needs {len(payloads)} distinct labels, got {names}")
-    settings = {k: v for k, v in payloads[0]["settings"].items() if k not in ("guide", "type-II and grid")}
-    size = {k: settings[k] for k in us.SIZES["default"]}
-    keys = sorted({(u["dataset"], u["seed"]) for u in payloads[0]["units"]}, key=lambda k: (list(us.DATASETS).index(k[0]), k[1]))
+    payloads, names, settings, size, keys = usr.read_inputs(parser, args)
     jobs = [(p, name, d, s) for p, name in zip(payloads, names) for d, s in keys]
     if args.only:
         wanted = set(args.only.split(","))
@@ -337,9 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.evaluate and not evaluated.exists():
             if not done.exists():
                 parser.error(f"--evaluate: {done} is missing (run --refine first)")
-            unit = next(u for u in p["units"] if u["dataset"] == dataset and u["seed"] == seed)
+            unit = input_unit(p, dataset, seed)
             ev = evaluate_unit(done, unit)
-            ev["meta"].pop("size")
             evaluated.write_text(json.dumps(ev, indent=1) + "\n")
             common.log(f"{stem}: refined q(η) mean {ev['q_eta']['mean']:.3f} sd {ev['q_eta']['sd']:.3f} -> {evaluated}")
     if not args.render:
@@ -359,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             if not path.exists():
                 parser.error(f"--render: {path} is missing (run --evaluate first)")
             ev = json.loads(path.read_text())
-            unit = next(u for u in p["units"] if u["dataset"] == dataset and u["seed"] == seed)
+            unit = input_unit(p, dataset, seed)
             prof_path = args.work_dir / "profile" / f"{unit_name(p['settings']['guide'], dataset, seed)}.json"
             if not prof_path.exists():
                 parser.error(f"--render: {prof_path} is missing (run --profile first)")
@@ -398,12 +392,10 @@ def main(argv: list[str] | None = None) -> int:
                   "positive: the guide's q(θ | η) is worse there).\n", profile_table(before, after)]
     parts += [f"\n![q(η) before and after the refinement]({stem}.png)\n", "## Method\n", __doc__.split("\n\n", 1)[1]]
     payload = {"info": info, "settings": settings, "command": command, "verdicts": verdicts,
-               "units": {n: [{k: v for k, v in a.items() if k != "q_draws"} for a in after] for n, (_, after) in pairs.items()}}  # fmt: skip
+               "units": {n: usr.without_draws(after) for n, (_, after) in pairs.items()}}  # fmt: skip
     common.write_results(stem, "\n".join(parts), payload, args.out_dir)
     plot(pairs, Path(args.out_dir) / f"{stem}.png")
-    for col, rows in verdicts.items():
-        for row in rows:
-            common.log(f"  {col}: {row['criterion']}: {row['verdict']} ({row['seeds_holding']}/{row['num_seeds']})")
+    usr.log_verdicts(verdicts)
     return 0
 
 

@@ -470,11 +470,42 @@ def render(by_input: dict[str, list[dict[str, Any]]], verdicts: dict[str, dict[s
     return "\n".join(parts)
 
 
+def add_input_arguments(parser: argparse.ArgumentParser, about: str) -> None:
+    """``--from`` (results JSON files of ``uncertain_symmetry.py``) and ``--names`` (their labels)."""
+    parser.add_argument("--from", dest="inputs", type=Path, nargs="+", required=True,
+                        help=f"results JSON files of uncertain_symmetry.py ({about})")
+    parser.add_argument("--names", default=None, help="comma-separated labels of the inputs (default: their guides)")
+
+
+def read_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str], dict[str, Any], dict[str, Any], list[tuple[str, int]]]:  # fmt: skip
+    """The inputs of :func:`add_input_arguments`, checked (one-line errors): (payloads, labels, the shared
+    settings, the size preset they imply, the (dataset, seed) units in table order)."""
+    for path in args.inputs:
+        if not Path(path).is_file():
+            parser.error(f"--from {path}: no such file")
+    payloads = load_inputs(args.inputs)
+    names = args.names.split(",") if args.names else [p["settings"]["guide"] for p in payloads]
+    if len(names) != len(payloads) or len(set(names)) != len(names):
+        parser.error(f"--names needs {len(payloads)} distinct labels, got {names}")
+    keys = sorted({(u["dataset"], u["seed"]) for u in payloads[0]["units"]}, key=lambda k: (list(us.DATASETS).index(k[0]), k[1]))
+    settings = {k: v for k, v in payloads[0]["settings"].items() if k not in ("guide", "type-II and grid")}
+    return payloads, names, settings, {k: settings[k] for k in us.SIZES["default"]}, keys
+
+
+def without_draws(units: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The units without their ``q_draws`` (for a results JSON; the draws stay in the inputs)."""
+    return [{k: v for k, v in u.items() if k != "q_draws"} for u in units]
+
+
+def log_verdicts(verdicts: dict[str, list[dict[str, Any]]]) -> None:
+    for col, rows in verdicts.items():
+        for row in rows:
+            common.log(f"  {col}: {row['criterion']}: {row['verdict']} ({row['seeds_holding']}/{row['num_seeds']})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--from", dest="inputs", type=Path, nargs="+", required=True,
-                        help="results JSON files of uncertain_symmetry.py (the first one's reference is refined)")
-    parser.add_argument("--names", default=None, help="comma-separated labels of the inputs (default: their guides)")
+    add_input_arguments(parser, "the first one's reference is refined")
     parser.add_argument("--work-dir", type=Path, required=True, help="where every refined unit is saved (resumable)")
     parser.add_argument("--datasets", default=None, help="comma-separated subset of the inputs' datasets")
     parser.add_argument("--seeds", default=None, help="comma-separated subset of the inputs' seeds")
@@ -485,20 +516,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     common.set_threads(args.threads)
-    for path in args.inputs:
-        if not Path(path).is_file():
-            parser.error(f"--from {path}: no such file")
-    payloads = load_inputs(args.inputs)
-    names = args.names.split(",") if args.names else [p["settings"]["guide"] for p in payloads]
-    if len(names) != len(payloads) or len(set(names)) != len(names):
-        parser.error(f"--names needs {len(payloads)} distinct labels, got {names}")
-    keys = sorted({(u["dataset"], u["seed"]) for u in payloads[0]["units"]}, key=lambda k: (list(us.DATASETS).index(k[0]), k[1]))
+    payloads, names, settings, size, keys = read_inputs(parser, args)
     if args.datasets:
         keys = [k for k in keys if k[0] in args.datasets.split(",")]
     if args.seeds:
         keys = [k for k in keys if str(k[1]) in args.seeds.split(",")]
-    settings = {k: v for k, v in payloads[0]["settings"].items() if k not in ("guide", "type-II and grid")}
-    size = {k: settings[k] for k in us.SIZES["default"]}
     args.work_dir.mkdir(parents=True, exist_ok=True)
     if args.q_restart and not args.render:
         for p in payloads:
@@ -561,18 +583,14 @@ def main(argv: list[str] | None = None) -> int:
                      "refined fit seconds": round(sum(u["seconds"] for u in refined.values()), 1)})  # fmt: skip
     info = common.machine_info()
     command = common.command_line()
-    def lean(units: list[dict[str, Any]]) -> list[dict[str, Any]]:  # the draws stay in the inputs and the work dir
-        return [{k: v for k, v in u.items() if k != "q_draws"} for u in units]
-
+    lean = without_draws  # the draws stay in the inputs and the work dir
     payload = {"info": info, "settings": settings, "command": command, "verdicts": verdicts,
                "refined": list(refined.values()), "units": {n: lean(u) for n, u in by_input.items()},
                "q_restart_units": {n: lean(u) for n, u in again_by_input.items()}}  # fmt: skip
     markdown = render(by_input, verdicts, info, settings, stem, command, again_by_input)
     common.write_results(stem, markdown, payload, args.out_dir)
     plot(by_input, Path(args.out_dir) / f"{stem}.png")
-    for col, rows in verdicts.items():
-        for row in rows:
-            common.log(f"  {col}: {row['criterion']}: {row['verdict']} ({row['seeds_holding']}/{row['num_seeds']})")
+    log_verdicts(verdicts)
     return 0
 
 

@@ -181,10 +181,6 @@ def symmetry_draws(model: Any, guide: Any, x: Tensor, y: Tensor, num_samples: in
     return {s: torch.stack(v) for s, v in out.items()}
 
 
-#: suffixes of the auxiliary guide sites an autoguide draws a site from (as ``fast_step._FirstDraw``)
-_AUXILIARY_SUFFIXES = ("_aux", "_unconstrained")
-
-
 def _strictly_inside(support: Any, value: Tensor) -> bool:
     """Whether ``value`` lies in ``support`` and, for an interval, off its end points (where a bounded
     q(η) is singular and ``biject_to`` clamps instead of failing)."""
@@ -218,7 +214,7 @@ def guide_evidence_profile(model: Any, guide: Any, x: Tensor, y: Tensor, values:
     from pyro import poutine
 
     from pyro_invariance._pyro_scope import pyro_scope
-    from pyro_invariance.infer.fast_step import LeanIWAE_ELBO
+    from pyro_invariance.infer.fast_step import AUXILIARY_SUFFIXES, LeanIWAE_ELBO
     from pyro_invariance.infer.modes import eval_mode
     from pyro_invariance.models.base import symmetry_sites, vectorizable_particles
 
@@ -238,7 +234,7 @@ def guide_evidence_profile(model: Any, guide: Any, x: Tensor, y: Tensor, values:
         torch.manual_seed(seed)
         prior = poutine.trace(model).get_trace(x[:1], y[:1], num_data=n).nodes[site]["fn"]
         names = poutine.trace(guide).get_trace(x[:1], y[:1], num_data=n).nodes
-        aux = next((site + sfx for sfx in _AUXILIARY_SUFFIXES if site + sfx in names), None)
+        aux = next((site + sfx for sfx in AUXILIARY_SUFFIXES if site + sfx in names), None)
         values = torch.as_tensor(values, dtype=x.dtype)
         for value in values.reshape(len(values), *prior.event_shape):
             if not _strictly_inside(prior.support, value):

@@ -286,6 +286,11 @@ class LeanRWS_ELBO(_ForModel, Trace_ELBO):
         return theta_loss + (phi_loss - phi_loss.detach())  # value: −IWAE; gradient: wake-θ + wake-φ
 
 
+#: suffixes of the auxiliary guide sites that an autoguide draws a site ``name`` from
+#: (``AutoStructured``: ``name_aux``; ``AutoNormal``: ``name_unconstrained``)
+AUXILIARY_SUFFIXES = ("_aux", "_unconstrained")
+
+
 class _FirstDraw(Messenger):
     """Every particle of one loss evaluation gets the first particle's draw of the sites named: under
     vectorised particles the draw is made once, before the particle plate broadcasts the site (its
@@ -300,22 +305,18 @@ class _FirstDraw(Messenger):
         self.sites = frozenset(sites)
         self.values: dict[str, Tensor] = {}
 
-    #: suffixes of the auxiliary guide sites that an autoguide draws a site ``name`` from
-    #: (``AutoStructured``: ``name_aux``; ``AutoNormal``: ``name_unconstrained``)
-    AUXILIARY_SUFFIXES = ("_aux", "_unconstrained")
-
     def _shared(self, msg: dict[str, Any]) -> bool:
         name = msg["name"]
         if name in self.sites:
             return True
         return bool(msg["infer"].get("is_auxiliary")) and any(
-            name.endswith(sfx) and name[: -len(sfx)] in self.sites for sfx in self.AUXILIARY_SUFFIXES)
+            name.endswith(sfx) and name[: -len(sfx)] in self.sites for sfx in AUXILIARY_SUFFIXES)
 
     def _pyro_sample(self, msg: dict[str, Any]) -> None:
         name = msg["name"]
         if msg["is_observed"] or msg["value"] is not None or not self._shared(msg):
             return
-        drawn_from_shared = any(name + sfx in self.values for sfx in self.AUXILIARY_SUFFIXES)
+        drawn_from_shared = any(name + sfx in self.values for sfx in AUXILIARY_SUFFIXES)
         if name in self.sites and _is_delta(msg["fn"]) and not drawn_from_shared:
             raise ValueError(f"elbo='iwae-given-symmetry' needs a guide that draws the symmetry site {name!r} on its own "
                              "(mean-field, symmetry-conditional); this guide puts a Delta there, drawn jointly with "
