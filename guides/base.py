@@ -35,7 +35,7 @@ import math
 import numbers
 from contextlib import ExitStack
 from operator import attrgetter
-from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional, Union
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional, Sequence, Union
 
 import pyro
 import pyro.distributions as dist
@@ -108,6 +108,27 @@ def is_matrix_site(site: dict) -> bool:
     )
 
 
+#: where Pyro's site-wise autoguides keep a site's own parameters: ``<container>.<site>``
+OWN_SITE_CONTAINERS = ("locs", "scales", "scale_trils", "conds")
+
+
+def own_site_parameters(guide: torch.nn.Module, sites: Sequence[str]) -> list[Tensor]:
+    """The parameters a site-wise guide keeps for ``sites`` themselves (``locs.<site>``,
+    ``scales.<site>``, ``scale_trils.<site>``, ``conds.<site>.…``), by Pyro's autoguide naming; a
+    site with none (the guide draws it jointly with others) is refused in one line."""
+    named = list(guide.named_parameters())
+    out = []
+    for site in sites:
+        own = [p for n, p in named for c in OWN_SITE_CONTAINERS
+               if n in (f"{c}.{site}", f"{c}.{site}_unconstrained") or n.startswith(f"{c}.{site}.")]  # fmt: skip
+        if not own:
+            raise ValueError(f"{type(guide).__name__} has no parameters of its own for site {site!r} (it draws "
+                             "it jointly with other latents, or is not set up yet); use a site-wise guide "
+                             "(mean-field, symmetry-conditional)")  # fmt: skip
+        out.extend(own)
+    return out
+
+
 class CatalogueGuide:
     """What every catalogue guide declares (a mixin of the registered guide classes).
 
@@ -117,6 +138,14 @@ class CatalogueGuide:
     """
 
     fit_defaults: ClassVar[Mapping[str, Any]] = {}
+
+    def symmetry_guide_parameters(self, sites: Sequence[str]) -> list[Tensor]:
+        """q(η)'s own parameters for the symmetry ``sites`` (a set-up guide), e.g. to hold q(η) fixed
+        while the rest trains (:func:`pyro_invariance.infer.symmetry_warmup.warm_up_conditional`).
+        Site-wise guides find them by Pyro's naming (:func:`own_site_parameters`); a guide that draws
+        η jointly with the weights has none and is refused in one line."""
+        assert isinstance(self, torch.nn.Module)
+        return own_site_parameters(self, sites)
 
 
 class StructuredGuide(CatalogueGuide, AutoNormal):

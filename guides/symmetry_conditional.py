@@ -27,6 +27,24 @@ standard Normal, then a learned scale::
 so q(η) can have the sharp top and heavy shoulders an exact posterior over a symmetry may have
 (basis regression: kurtosis 8.8, ``benchmarks/results/symmetry_posterior_basis.md``). ``g`` starts
 as the identity (uniform bins, unit slopes), i.e. as the Gaussian guide. θ | η is unchanged.
+
+``symmetry_dependence="rbf"`` makes q(θ | η)'s location a smooth *nonlinear* function of η: the
+linear term plus Gaussian bumps of the absolute unconstrained coordinate ``u_η``::
+
+      u_θ = m_θ + s_θ ⊙ ε_θ + B (u_η − m_η) + C ψ(u_η),
+      ψ_k(u) = exp(−(u − c_k)² / 2w²),   c_k = −4, −3, …, 4,   w = 1,
+
+(per η coordinate; ``C`` initialised at 0). The bumps sit at fixed places of η's unconstrained
+coordinate (for η ∈ [0, π]: u = logit(η/π), so c_k spans η ≈ 0.06 … 3.08), not relative to m_η, so
+what q(θ | η) learned about some η stays attached to that η while q(η) moves. A linear q(θ | η) is
+good only near the η it was trained at (the amortisation profile of
+``benchmarks/results/uncertain_symmetry_iwae_steps4000.md``); the bumps let one guide hold a
+different weight location for every region of η, e.g. after training it across a wide q(η)
+(:func:`pyro_invariance.infer.symmetry_warmup.warm_up_conditional`). The shear stays
+triangular, so the density is unchanged by it; marginal quantiles of θ are then Monte-Carlo.
+
+``symmetry_init_scale``: the initial scale ``s_η`` of q(u_η) (default: ``init_scale``). With
+U(0, π)'s logistic spread in u, π/√3, q(η) starts as wide as the prior.
 """
 
 from __future__ import annotations
@@ -44,6 +62,7 @@ from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
 from torch.distributions.transforms import AffineTransform
 from pyro.infer.autoguide import AutoStructured
+from pyro.infer.autoguide.utils import deep_setattr
 from pyro.infer.autoguide.initialization import init_to_feasible
 
 from torch import Tensor
@@ -57,6 +76,12 @@ SYMMETRY_DENSITIES = ("normal", "spline")
 WEIGHT_COVARIANCES = ("normal", "mvn")
 #: the spline's bins and its interval [−B, B] in units of the standard-Normal ε (fixed before any fit)
 SPLINE_BINS, SPLINE_BOUND = 8, 4.0
+#: ``symmetry_dependence``: how q(θ | η)'s location depends on η
+SYMMETRY_DEPENDENCES = ("linear", "rbf")
+#: the bumps of ``"rbf"``: centres and width in η's unconstrained coordinate (fixed before any fit)
+RBF_CENTRES, RBF_WIDTH = tuple(float(c) for c in range(-4, 5)), 1.0
+#: Monte-Carlo draws for the marginal quantiles of a nonlinear q(θ | η)
+QUANTILE_DRAWS = 8192
 
 from .base import CatalogueGuide, InitLocFn, check_init_scale
 
@@ -100,6 +125,31 @@ class SplineNoise(PyroModule):
         return draws.mean(0), draws.var(0)
 
 
+class RBFDependence(torch.nn.Module):
+    """``B (u_η − m_η) + C ψ(u_η)`` (module docstring): Pyro's ``AutoStructured`` passes the upstream
+    noise ``u_η − m_η``; the absolute ``u_η`` adds the guide's current ``m_η`` back. The guide is held
+    outside the module tree (no parameter is registered twice; a deep copy of the guide carries it)."""
+
+    def __init__(self, guide: "SymmetryConditional", upstream: str, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.__dict__["_guide"] = guide
+        self.upstream = upstream
+        self.linear = torch.nn.Linear(in_dim, out_dim, bias=False)
+        self.bumps = torch.nn.Linear(in_dim * len(RBF_CENTRES), out_dim, bias=False)
+        self.register_buffer("centres", torch.tensor(RBF_CENTRES))
+        with torch.no_grad():
+            self.linear.weight.zero_()
+            self.bumps.weight.zero_()
+
+    def features(self, u: Tensor) -> Tensor:
+        """ψ(u): ``(..., in_dim) -> (..., in_dim · len(RBF_CENTRES))``."""
+        return torch.exp(-0.5 * ((u.unsqueeze(-1) - self.centres) / RBF_WIDTH).square()).flatten(-2)
+
+    def forward(self, aux: Tensor) -> Tensor:
+        loc = attrgetter(self.upstream)(self._guide.locs)
+        return self.linear(aux) + self.bumps(self.features(aux + loc))
+
+
 class SymmetryConditional(CatalogueGuide, AutoStructured):
     """``AutoStructured`` with ``q(θ | η)`` linear in η (see the module docstring).
 
@@ -111,11 +161,17 @@ class SymmetryConditional(CatalogueGuide, AutoStructured):
     fit_defaults = {"elbo": "trace"}
 
     def __init__(self, model: Callable, *, init_loc_fn: InitLocFn = init_to_feasible, init_scale: float = 1.0,
-                 symmetry_density: str = "normal", weight_covariance: str = "normal") -> None:  # fmt: skip
+                 symmetry_density: str = "normal", weight_covariance: str = "normal",
+                 symmetry_dependence: str = "linear", symmetry_init_scale: float | None = None) -> None:  # fmt: skip
         from pyro_invariance.models.base import CatalogueModel
 
         if symmetry_density not in SYMMETRY_DENSITIES:
             raise ValueError(f"unknown symmetry_density {symmetry_density!r}; use one of {list(SYMMETRY_DENSITIES)}")
+        if symmetry_dependence not in SYMMETRY_DEPENDENCES:
+            raise ValueError(f"unknown symmetry_dependence {symmetry_dependence!r}; use one of "
+                             f"{list(SYMMETRY_DEPENDENCES)}")  # fmt: skip
+        self.symmetry_dependence = symmetry_dependence
+        self.symmetry_init_scale = check_init_scale(init_scale if symmetry_init_scale is None else symmetry_init_scale)
         self._symmetry_sites = list(model.symmetry_sites()) if isinstance(model, CatalogueModel) else []
         if weight_covariance not in WEIGHT_COVARIANCES:
             raise ValueError(f"unknown weight_covariance {weight_covariance!r}; use one of {list(WEIGHT_COVARIANCES)}")
@@ -128,8 +184,16 @@ class SymmetryConditional(CatalogueGuide, AutoStructured):
         missing = [s for s in self._symmetry_sites if s not in sample_sites]
         if missing:
             raise ValueError(f"the model declares symmetry sites {missing} that its trace does not sample")
+        numel = {name: biject_to(site["fn"].support).inv(site["value"].detach()).numel()
+                 for name, site in sample_sites.items()}  # fmt: skip
+
+        def dependence(name: str, upstream: str) -> str | RBFDependence:
+            if self.symmetry_dependence == "linear":
+                return "linear"
+            return RBFDependence(self, upstream, numel[upstream], numel[name])
+
         self.dependencies = {
-            name: {s: "linear" for s in self._symmetry_sites}
+            name: {s: dependence(name, s) for s in self._symmetry_sites}
             for name in sample_sites
             if name not in self._symmetry_sites
         }
@@ -138,7 +202,7 @@ class SymmetryConditional(CatalogueGuide, AutoStructured):
             for name in self._symmetry_sites:
                 site = sample_sites[name]
                 unconstrained = biject_to(site["fn"].support).inv(site["value"].detach())
-                noise = SplineNoise(name, unconstrained.numel(), self._init_scale, unconstrained.dtype)
+                noise = SplineNoise(name, unconstrained.numel(), self.symmetry_init_scale, unconstrained.dtype)
                 self.conditionals[name] = noise.to(unconstrained.device)
         super()._auto_config(sample_sites, args, kwargs)
 
@@ -148,6 +212,11 @@ class SymmetryConditional(CatalogueGuide, AutoStructured):
         # model's dtype and device (a float64 or a CUDA model would otherwise mix them in B (u_η − m_η)).
         loc = next(iter(self.locs.parameters()))
         self.deps.to(device=loc.device, dtype=loc.dtype)
+        if self.symmetry_init_scale != self._init_scale:
+            for name in self._symmetry_sites:
+                if self.conditionals[name] in ("normal", "mvn"):
+                    start = torch.full_like(attrgetter(name)(self.scales), self.symmetry_init_scale)
+                    deep_setattr(self.scales, name, PyroParam(start, self.scale_constraint))
 
     def _own_variance(self, name: str) -> Tensor:
         """Variance of a site's own noise per unconstrained coordinate: ``s²`` ("normal") or
@@ -170,6 +239,8 @@ class SymmetryConditional(CatalogueGuide, AutoStructured):
         if not hasattr(self, "_sorted_sites"):
             self._setup_prototype(*args, **kwargs)
         q = torch.as_tensor(quantiles)
+        if self.symmetry_dependence != "linear":
+            return self._sampled_quantiles(q)
         spline = {name: attrgetter(name)(self.conds) for name, _ in self._sorted_sites
                   if isinstance(self.conditionals.get(name), SplineNoise)}  # fmt: skip
         moments = {name: (spline[name].moments() if name in spline else (0.0, self._own_variance(name)))
@@ -193,13 +264,33 @@ class SymmetryConditional(CatalogueGuide, AutoStructured):
             out[name] = biject_to(site["fn"].support)(values.reshape((len(q),) + shape))
         return out
 
+    def _sampled_quantiles(self, q: Tensor) -> dict[str, Tensor]:
+        """Marginal quantiles from ``QUANTILE_DRAWS`` joint draws (seeded: the RNG is restored), for a
+        nonlinear q(θ | η); per coordinate, so the support's monotone map commutes with them."""
+        with torch.random.fork_rng(devices=[]), pyro.poutine.block():
+            torch.manual_seed(0)
+            nesting = max(len(shape) for shape in self._batch_shapes.values())
+            with pyro.plate("_quantile_draws", QUANTILE_DRAWS, dim=-1 - nesting):
+                deltas = self.get_deltas()
+        out = {}
+        for name, _ in self._sorted_sites:
+            values = deltas[name].v.reshape(QUANTILE_DRAWS, -1)
+            level = torch.as_tensor(q, dtype=values.dtype, device=values.device)
+            out[name] = torch.quantile(values, level, dim=0).reshape((len(q),) + deltas[name].v.shape[1:])
+        return out
+
 
 @GUIDES.register("symmetry-conditional", summary="q(η) q(θ | η): weights linear-Gaussian in a latent η (AutoStructured)")
 def symmetry_conditional(
     model: Callable, *, init_loc_fn: InitLocFn = init_to_feasible, init_scale: float = 1.0,
-    symmetry_density: str = "normal", weight_covariance: str = "normal",
+    symmetry_density: str = "normal", weight_covariance: str = "normal", symmetry_dependence: str = "linear",
+    symmetry_init_scale: float | None = None,
 ) -> SymmetryConditional:
     """Diagonal Normal per site, with every weight site's location linear in the latent η's coordinates;
-    ``symmetry_density="spline"``: q(η) a spline flow instead of a Normal (module docstring)."""
+    ``symmetry_density="spline"``: q(η) a spline flow instead of a Normal; ``symmetry_dependence="rbf"``:
+    the location also a sum of fixed Gaussian bumps in η; ``symmetry_init_scale``: q(η)'s initial
+    scale (module docstring)."""
     return SymmetryConditional(model, init_loc_fn=init_loc_fn, init_scale=init_scale,
-                               symmetry_density=symmetry_density, weight_covariance=weight_covariance)  # fmt: skip
+                               symmetry_density=symmetry_density, weight_covariance=weight_covariance,
+                               symmetry_dependence=symmetry_dependence,
+                               symmetry_init_scale=symmetry_init_scale)  # fmt: skip

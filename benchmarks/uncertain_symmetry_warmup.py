@@ -1,0 +1,292 @@
+"""q(η) after a warm-up of q(θ | η) across a wide q(η) (issue 15), against the refined grid reference.
+
+Why. ``uncertain_symmetry_iwae.py`` measured the *amortisation profile* of the full-Bayes fits: the
+fitted guide's own IWAE_K(η) at fixed η. On upright digits (seeds 0 and 2) it loses 24–51 nats more at
+the reference's mode than near q(η), for the mean-field and the symmetry-conditional guide, before and
+after the IWAE refinement. The grid reference fits q(θ) afresh at every η; one guide's q(θ | η), linear
+in η and trained only where q(η) draws, is good only near the η it was trained at — and q(η), whose
+optimum is ∝ p(η) exp(bound(η)) of that same conditional, stays there. Two changes address the two
+halves of that (issue 15's closing note named both; neither had been tried):
+
+* **a wider training distribution for q(θ | η)**:
+  :func:`pyro_invariance.infer.symmetry_warmup.warm_up_conditional` holds q(η) at a wide start r(η)
+  while everything else trains (the objective is then E_r(η)[ELBO(θ | η)] + const), before the usual
+  joint fit;
+* **a nonlinear θ | η dependence**: the symmetry-conditional guide's ``symmetry_dependence="rbf"``
+  (fixed Gaussian bumps of η's unconstrained coordinate beside the linear term), so that one guide can
+  hold a different weight location for each region of η that the warm-up visits.
+
+Method (every setting fixed before any fit of this script ran; nothing here was tuned on its results):
+
+a. **Fit.** For each variant (``"rbf"``: both changes; ``"linear"``: the warm-up alone, today's linear
+   dependence), each dataset and each seed: ``InvariantMLP`` as in ``uncertain_symmetry.py`` (the input
+   run's size, ``symmetry_prior="uniform"``, ``init_seed = seed``); the symmetry-conditional guide with
+   that dependence and ``symmetry_init_scale = π/√3`` — q(u_η) starts as N(0, π²/3) in u = logit(η/π),
+   the logistic spread of the U(0, π) prior, so r(η) covers the prior's range (90 %: η ∈ [0.15, 2.99]);
+   every other guide setting the library default. Then ``WARMUP_STEPS`` = 2000 steps of
+   ``warm_up_conditional`` (half the joint fit; the library's fit defaults: batch 128, Adam lr 0.05,
+   cosine schedule, one particle, seed = the unit's seed), then the input run's joint fit (4000 steps,
+   the same settings, seed = the unit's seed). The model's random features are the input run's.
+b. **Evaluation** (in the same call): ``num_draws`` draws of q(η) (seeded by the unit's seed), the
+   IWAE_K bound on the training set and held-out NLL/accuracy (``eval_samples`` draws) — the input
+   run's functions (``uncertain_symmetry.q_draws``, ``bound``, ``held_out``).
+c. **Criteria** (``--render``): the issue's criteria (``uncertain_symmetry.criteria``) against the refined
+   reference of ``uncertain_symmetry_refined.py`` (four restarts, aligned mean; ``--reference``), beside
+   those of the input run's symmetry-conditional ELBO fit (no warm-up, linear) against the same reference.
+d. **Amortisation profile** (``--profile``): as ``uncertain_symmetry_iwae.py`` (d) — IWAE_K(η_j) of the
+   fitted guide's own q(θ | η_j) on the reference's window, the mean of two estimates — for the fits of (a).
+
+Results: ``benchmarks/results/uncertain_symmetry_warmup_<suffix>.md``, ``.json``, ``.png``; the unit
+files (``--work-dir``) hold each fit's evaluation; the fitted states (``.pt``) are not committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as common  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pyro  # noqa: E402
+
+import pyro_invariance as pi  # noqa: E402
+import uncertain_symmetry as us  # noqa: E402
+import uncertain_symmetry_iwae as usi  # noqa: E402
+import uncertain_symmetry_refined as usr  # noqa: E402
+from pyro_invariance.infer.symmetry_warmup import warm_up_conditional  # noqa: E402
+
+STEM = "uncertain_symmetry_warmup"
+GUIDE = "symmetry-conditional"
+#: variant -> the guide's ``symmetry_dependence`` (module docstring, a)
+VARIANTS: dict[str, str] = {"rbf": "rbf", "linear": "linear"}
+WARMUP_STEPS = 2000
+SYMMETRY_INIT_SCALE = math.pi / math.sqrt(3.0)
+#: the quick size's warm-up (tests)
+QUICK_WARMUP_STEPS = 20
+
+
+def unit_name(variant: str, dataset: str, seed: int) -> str:
+    return f"{variant}_{dataset}_seed{seed}"
+
+
+def make_guide(model: Any, variant: str) -> Any:
+    return pi.guides.get(GUIDE, model, symmetry_dependence=VARIANTS[variant], symmetry_init_scale=SYMMETRY_INIT_SCALE)
+
+
+def fit_unit(variant: str, dataset: str, seed: int, size: dict[str, Any], warmup_steps: int, state: Path) -> dict[str, Any]:
+    """Warm-up and joint fit of one unit (module docstring, a), evaluated (b); the state saved to ``state``."""
+    data = usi.load_dataset(us.DATASETS[dataset][0], size)
+    pyro.set_rng_seed(seed)
+    model = us.make_model(data, size, seed, symmetry_prior="uniform")
+    guide = make_guide(model, variant)
+    warm = warm_up_conditional(model, guide, data, steps=warmup_steps, seed=seed, progress=False)
+    res = pi.fit(model, guide, data, steps=size["steps"], seed=seed, progress=False)
+    draws = us.q_draws(res, data, size, seed)
+    x, y = us.train_arrays(data, model)
+    meta = {"variant": variant, "guide": GUIDE, "dataset": dataset, "seed": seed, "size": size,
+            "image_shape": list(data.image_shape), "num_classes": int(data.num_classes)}  # fmt: skip
+    usi.save_state(state, model, guide, x, y, meta)
+    return {"meta": {k: v for k, v in meta.items() if k != "size"}, "q_eta": us.draw_summary(draws),
+            "q_draws": draws.round(5).tolist(), "iwae": us.bound(res, data, size, seed),
+            "metrics": us.held_out(res, data, size, seed), "warmup_seconds": warm.seconds, "fit_seconds": res.seconds,
+            "warmup_final_elbo_per_datum": warm.final_elbo, "final_elbo_per_datum": res.final_elbo}  # fmt: skip
+
+
+def load_state(path: Path) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+    """(model, guide, x, y, meta) from :func:`fit_unit`'s state (``weights_only=True``)."""
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    meta = state["meta"]
+    data = SimpleNamespace(image_shape=tuple(meta["image_shape"]), num_classes=int(meta["num_classes"]))
+    model = us.make_model(data, meta["size"], int(meta["seed"]), symmetry_prior="uniform")
+    model.load_state_dict(state["model"])
+    guide = make_guide(model, meta["variant"])
+    x, y = state["x"], state["y"]
+    usi.set_up_guide(model, guide, x[:2], y[:2], num_data=x.shape[0])
+    guide.load_state_dict(state["guide"])
+    return model, guide, x, y, meta
+
+
+def variant_unit(unit: dict[str, Any], ev: dict[str, Any], ref: dict[str, Any], profile: dict[str, Any] | None) -> dict[str, Any]:
+    """The input unit with its full-Bayes fit replaced by a variant's (``ev``), against the refined reference."""
+    fb = {**unit["full_bayes"], "q_eta": ev["q_eta"], "iwae": ev["iwae"], "metrics": ev["metrics"],
+          "final_elbo_per_datum": ev["final_elbo_per_datum"]}  # fmt: skip
+    out = usr.refined_unit({**unit, "full_bayes": fb, "q_draws": ev["q_draws"]}, ref)
+    out["seconds"] = ev["warmup_seconds"] + ev["fit_seconds"]
+    if profile is not None:
+        out["profile"] = usi.profile_summary(profile, ref, ev["q_draws"], "refined")
+    return out
+
+
+def comparison_table(base: list[dict[str, Any]], by_variant: dict[str, list[dict[str, Any]]]) -> str:
+    """Per unit: the reference, q(η) and overlap of the input fit and of each variant, IWAE_K / N and test NLL."""
+    names = list(by_variant)
+    header = ["data, seed", "reference: mean ± sd [90 %]",
+              *[f"{n}: q(η) mean ± sd [90 %]" for n in ["no warm-up", *names]],
+              f"overlap (q in grid, grid in q): {' / '.join(['no warm-up', *names])}",
+              f"IWAE_K / N: {' / '.join(['no warm-up', *names])}", f"test NLL: {' / '.join(['no warm-up', *names])}"]  # fmt: skip
+    rows = []
+    for i, b in enumerate(base):
+        units = [b, *[by_variant[n][i] for n in names]]
+        g = b["grid"]["summary"]
+        rows.append([f"{b['dataset']}, {b['seed']}", f"{g['mean']:.3f} ± {g['sd']:.3f} [{g['q05']:.2f}, {g['q95']:.2f}]",
+                     *[f"{u['full_bayes']['q_eta']['mean']:.3f} ± {u['full_bayes']['q_eta']['sd']:.3f} "
+                       f"[{u['full_bayes']['q_eta']['q05']:.2f}, {u['full_bayes']['q_eta']['q95']:.2f}]" for u in units],
+                     " / ".join(f"{u['overlap']['q_in_grid90']:.2f}, {u['overlap']['grid_in_q90']:.2f}" for u in units),
+                     " / ".join(f"{u['full_bayes']['iwae']['per_datum']:.4f}" for u in units),
+                     " / ".join(f"{u['full_bayes']['metrics']['nll']:.4f}" for u in units)])  # fmt: skip
+    return common.md_table(header, rows)
+
+
+def profile_table(by_variant: dict[str, list[dict[str, Any]]]) -> str:
+    header = ["fit", "data, seed", "profile's grid: mode [90 %]", "q(η) in the profile's 90 %",
+              "gap change: reference mode vs near q(η) (nats)"]  # fmt: skip
+    rows = []
+    for name, units in by_variant.items():
+        for u in units:
+            if "profile" not in u:
+                continue
+            p = u["profile"]
+            rows.append([name, f"{u['dataset']}, {u['seed']}", f"{p['mode']:.2f} [{p['q05']:.2f}, {p['q95']:.2f}]",
+                         f"{p['overlap']['q_in_grid90']:.2f}", f"{p['gap_change']:+.1f}"])  # fmt: skip
+    return common.md_table(header, rows)
+
+
+def plot(base: list[dict[str, Any]], by_variant: dict[str, list[dict[str, Any]]], path: Path) -> None:
+    """Per unit: q(η) of the input fit and of each variant against the refined reference."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, (len(base) + 2) // 3, figsize=(9, 7), squeeze=False)
+    for ax, (i, b) in zip(axes.T.flat, enumerate(base)):
+        gp = us.refresh_grid(dict(b))
+        units = {"no warm-up": b, **{n: by_variant[n][i] for n in by_variant}}
+        lo = min(gp.quantile(0.005), *[min(u["q_draws"]) for u in units.values()])
+        hi = max(gp.quantile(0.995), *[max(u["q_draws"]) for u in units.values()])
+        bins = np.linspace(lo, hi, 40)
+        for name, u in units.items():
+            ax.hist(u["q_draws"], bins=bins, density=True, alpha=0.4, label=name)
+        ax.plot(gp.grid, gp.density, "k-", lw=1.2, label="reference")
+        ax.set_xlim(lo, hi)
+        ax.set_title(f"{b['dataset']} {b['seed']}", fontsize=8)
+        ax.tick_params(labelsize=6)
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    usr.add_input_arguments(parser, "the symmetry-conditional run, whose fits had no warm-up")
+    parser.add_argument("--reference", type=Path, required=True, help="the work dir of uncertain_symmetry_refined.py (its units)")
+    parser.add_argument("--work-dir", type=Path, required=True, help="where the unit files go (resumable)")
+    phase = parser.add_mutually_exclusive_group(required=True)
+    phase.add_argument("--fit", action="store_true", help="warm-up, joint fit and evaluation of every unit (CPU)")
+    phase.add_argument("--profile", action="store_true", help="the amortisation profile of every fitted unit")
+    phase.add_argument("--render", action="store_true", help="no fits: the tables from the unit files")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
+    parser.add_argument("--only", default=None, help="comma-separated unit names <variant>_<dataset>_seed<s>")
+    parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    common.set_threads(args.threads)
+    payloads, _, settings, size, keys = usr.read_inputs(parser, args)
+    if len(payloads) != 1:
+        parser.error("--from: one results file of uncertain_symmetry.py (the fits without warm-up)")
+    variants = args.variants.split(",")
+    if not set(variants) <= set(VARIANTS):
+        parser.error(f"--variants: unknown {sorted(set(variants) - set(VARIANTS))}; use {list(VARIANTS)}")
+    payload = payloads[0]
+    warmup = QUICK_WARMUP_STEPS if size == {k: us.SIZES["quick"][k] for k in size} else WARMUP_STEPS
+    jobs = [(v, d, s) for v in variants for d, s in keys]
+    if args.only:
+        jobs = [j for j in jobs if unit_name(*j) in set(args.only.split(","))]
+    for sub in ("evaluated", "states", "profile"):
+        (args.work_dir / sub).mkdir(parents=True, exist_ok=True)
+    for variant, dataset, seed in jobs if not args.render else []:
+        name = unit_name(variant, dataset, seed)
+        evaluated, state = args.work_dir / "evaluated" / f"{name}.json", args.work_dir / "states" / f"{name}.pt"
+        if args.fit and not evaluated.exists():
+            t0 = time.perf_counter()
+            ev = fit_unit(variant, dataset, seed, size, warmup, state)
+            evaluated.write_text(json.dumps(ev, indent=1) + "\n")
+            common.log(f"{name}: q(η) mean {ev['q_eta']['mean']:.3f} sd {ev['q_eta']['sd']:.3f} "
+                       f"({time.perf_counter() - t0:.0f} s) -> {evaluated}")  # fmt: skip
+        elif args.profile and not (args.work_dir / "profile" / f"{name}.json").exists():
+            ref_path = args.reference / f"{dataset}_seed{seed}.json"
+            for needed, what in ((state, "run --fit first"), (ref_path, "the reference is missing")):
+                if not needed.exists():
+                    parser.error(f"--profile: {needed} is missing ({what})")
+            etas = [j * usr.STEP for j in json.loads(ref_path.read_text())["window"]]
+            model, guide, x, y, _ = load_state(state)
+            estimates = usi.amortised_profile(model, guide, x, y, etas, int(size["iwae_K"]), usi.PROFILE_REPS, seed)
+            out = {"etas": etas, "K": int(size["iwae_K"]), "reps": usi.PROFILE_REPS, "seed": seed,
+                   "refined_estimates": estimates, "refined": np.mean(estimates, axis=0).tolist()}  # fmt: skip
+            (args.work_dir / "profile" / f"{name}.json").write_text(json.dumps(out, indent=1) + "\n")
+            common.log(f"{name}: amortisation profile on {len(etas)} points")
+    if not args.render:
+        return 0
+    base, by_variant = [], {v: [] for v in variants}
+    for dataset, seed in keys:
+        ref_path = args.reference / f"{dataset}_seed{seed}.json"
+        if not ref_path.exists():
+            parser.error(f"--reference: {ref_path} is missing")
+        ref, unit = json.loads(ref_path.read_text()), usi.input_unit(payload, dataset, seed)
+        base.append(usr.refined_unit(unit, ref))
+        for v in variants:
+            path = args.work_dir / "evaluated" / f"{unit_name(v, dataset, seed)}.json"
+            if not path.exists():
+                parser.error(f"--render: {path} is missing (run --fit first)")
+            prof = args.work_dir / "profile" / f"{unit_name(v, dataset, seed)}.json"
+            by_variant[v].append(variant_unit(unit, json.loads(path.read_text()), ref,
+                                              json.loads(prof.read_text()) if prof.exists() else None))  # fmt: skip
+    verdicts = {f"{payload['settings']['guide']}, no warm-up (the input)": us.criteria(base)}
+    for v in variants:
+        verdicts[f"symmetry-conditional, {v} dependence, warm-up"] = us.criteria(by_variant[v])
+    suffix = Path(args.inputs[0]).stem.removeprefix(us.STEM).strip("_").removeprefix(GUIDE).strip("_")
+    stem = f"{STEM}_{suffix}" if suffix else STEM
+    settings.update({"input": Path(args.inputs[0]).name, "reference": f"{usr.STEM}: {usr.RESTARTS} restarts, {usr.RULES[0]}",
+                     "guide": GUIDE, "variants": {v: VARIANTS[v] for v in variants}, "warmup_steps": warmup,
+                     "symmetry_init_scale": SYMMETRY_INIT_SCALE,
+                     "fit seconds (warm-up + joint, all units)": round(sum(u["seconds"] for us_ in by_variant.values() for u in us_), 1)})  # fmt: skip
+    info, command = common.machine_info(), common.command_line()
+    intro = ("Issue 15's criteria for q(η) of the symmetry-conditional guide after a warm-up of q(θ | η) across a wide, "
+             "fixed q(η) (`pyro_invariance.infer.symmetry_warmup.warm_up_conditional`), with the linear and with the "
+             "new nonlinear (`symmetry_dependence=\"rbf\"`) dependence on η, against the refined grid reference of "
+             "`uncertain_symmetry_refined.py`, beside the input run's fits (no warm-up, linear). Method and the reason for "
+             "every setting: section *Method* (the module docstring of `benchmarks/uncertain_symmetry_warmup.py`).")  # fmt: skip
+    parts = [common.header_markdown("Uncertain symmetry: q(η) after a warm-up of q(θ | η) across a wide q(η)", info, settings, command, intro),
+             "## Verdicts\n", "Seeds on which each criterion holds.\n", usr.verdict_table(verdicts),
+             "\n## Unit by unit\n", comparison_table(base, by_variant)]  # fmt: skip
+    for v in variants:
+        parts += [f"\n### {v} dependence, warm-up: the issue's criteria against the refined reference\n",
+                  us.criteria_table(verdicts[f"symmetry-conditional, {v} dependence, warm-up"])]
+    if any("profile" in u for units in by_variant.values() for u in units):
+        parts += ["\n## The amortisation profile of the fits (module docstring, d)\n",
+                  "IWAE_K(η) of each fit's own q(θ | η) at fixed η on the reference's window, its grid posterior, and how "
+                  "much more the fit loses against the per-η fits at the reference's mode than near its own q(η).\n",
+                  profile_table(by_variant)]  # fmt: skip
+    parts += [f"\n![q(η) per unit]({stem}.png)\n", "## Method\n", __doc__.split("\n\n", 1)[1]]
+    payload_out = {"info": info, "settings": settings, "command": command, "verdicts": verdicts,
+                   "units": {v: usr.without_draws(u) for v, u in by_variant.items()}}  # fmt: skip
+    common.write_results(stem, "\n".join(parts), payload_out, args.out_dir)
+    plot(base, by_variant, Path(args.out_dir) / f"{stem}.png")
+    usr.log_verdicts(verdicts)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
