@@ -41,7 +41,10 @@ d. **Amortisation profile** (``--profile``, CPU; added after (c)'s results were 
    10⁻³ rad inside, where q(η) is singular). The two estimates use seeds s and s + 1; their difference
    gives the profile's own noise. (A first profile run evaluated the guide outside the library's Pyro
    scope, where a second module of the same kind can read a first one's parameters from Pyro's global
-   store; it was discarded and rerun through the library function, which runs in that scope.) The difference reference − profile is the *amortisation gap*: what
+   store; it was discarded and rerun through the library function, which runs in that scope. The
+   symmetry-conditional guide's profiles were rerun once more on 2026-11-27: until then the function held η by
+   setting that guide's standard-normal noise to u_j itself instead of (u_j − m)/s, so its q(θ | η) was read near
+   q(η)'s location whatever η_j was; the mean-field profiles, which hold the site itself, reproduce bit for bit.) The difference reference − profile is the *amortisation gap*: what
    one guide loses at η_j against a fit made for η_j. The profile's own grid posterior (prior U(0, π),
    truncated to the window) is what the refinement's q(η) targets.
 

@@ -147,6 +147,15 @@ class CatalogueGuide:
         assert isinstance(self, torch.nn.Module)
         return own_site_parameters(self, sites)
 
+    def symmetry_condition(self, site: str, value: Tensor) -> dict[str, Tensor]:
+        """The guide's sample sites and values that put its draw of the symmetry ``site`` at ``value``
+        (for ``poutine.condition``), so that its other sites are drawn from q(θ | η = value): here the site
+        itself (a site-wise guide whose draw of θ does not depend on η). A guide that draws η jointly with
+        the weights is refused in one line (:func:`own_site_parameters`)."""
+        assert isinstance(self, torch.nn.Module)
+        own_site_parameters(self, [site])
+        return {site: value}
+
 
 class StructuredGuide(CatalogueGuide, AutoNormal):
     """AutoNormal-style guide with optional structured sites (see module docstring).

@@ -218,6 +218,23 @@ class SymmetryConditional(CatalogueGuide, AutoStructured):
                     start = torch.full_like(attrgetter(name)(self.scales), self.symmetry_init_scale)
                     deep_setattr(self.scales, name, PyroParam(start, self.scale_constraint))
 
+    def symmetry_condition(self, site: str, value: Tensor) -> dict[str, Tensor]:
+        """``{"<site>_aux": ε}`` with the noise ε that puts u_η at ``biject_to(support).inv(value)``: q(θ | η)
+        reads η through that noise (``B (u_η − m_η)``), so conditioning the site alone would leave θ drawn
+        at another η. Normal: ε = (u − m)/s; "mvn": ε = L⁻¹ (u − m)/s (Pyro draws ``ε Lᵀ s``); spline: the
+        auxiliary is the centred noise itself, u − m."""
+        support = dict(self._sorted_sites)[site]["fn"].support
+        loc = attrgetter(site)(self.locs)
+        centred = biject_to(support).inv(torch.as_tensor(value, dtype=loc.dtype, device=loc.device)).reshape(-1) - loc
+        conditional = self.conditionals[site]
+        if isinstance(conditional, SplineNoise):
+            return {f"{site}_aux": centred}
+        scaled = centred / attrgetter(site)(self.scales)
+        if conditional == "mvn":
+            tril = attrgetter(site)(self.scale_trils)
+            scaled = torch.linalg.solve_triangular(tril, scaled.unsqueeze(-1), upper=False).squeeze(-1)
+        return {f"{site}_aux": scaled}
+
     def _own_variance(self, name: str) -> Tensor:
         """Variance of a site's own noise per unconstrained coordinate: ``s²`` ("normal") or
         ``s² ⊙ diag(L Lᵀ)`` ("mvn", Pyro's ``aux @ Lᵀ * s``)."""

@@ -189,3 +189,31 @@ def test_profile_refuses_boundary_values_and_models_without_a_latent_symmetry() 
     plain, xp, yp = entry("basis-regression").build()
     with pytest.raises(ValueError, match="one latent symmetry site"):
         guide_evidence_profile(plain, guides.get("mean-field", plain), xp, yp, [1.0], K=2)
+
+
+@pytest.mark.parametrize("options", [{}, {"weight_covariance": "mvn"}, {"symmetry_density": "spline"}],
+                         ids=["normal", "mvn", "spline"])  # fmt: skip
+def test_profile_reads_the_symmetry_conditional_guide_at_the_held_lambda(options) -> None:
+    """The symmetry-conditional guide draws θ through η's noise (``B (u_λ − m_λ)``): holding λ must set that
+    noise, so that the draw of λ is λ_j and θ's location is m_θ + B (u_j − m_λ) (a regression: the noise
+    was once set to u_j itself, which reads q(θ | λ) near q(λ)'s location whatever λ_j is)."""
+    model, x, y = entry("basis-regression-lambda").build()
+    guide = guides.get("symmetry-conditional", model, **options)
+    set_up_guide(model, guide, x[:2], y[:2], num_data=x.shape[0])
+    with torch.no_grad():
+        guide.locs.lam_unconstrained.fill_(-1.2)
+        if "symmetry_density" not in options:
+            guide.scales.lam_unconstrained.fill_(math.log(math.expm1(0.3)))  # softplus⁻¹(0.3)
+        guide.deps.weight.lam.weight.copy_(torch.linspace(-2.0, 2.0, 8)[:, None])
+        guide.scales.weight_unconstrained.fill_(-30.0)  # θ's own noise ≈ 0: its draw is its location
+    for lam in (0.2, 1.0, 1.8):
+        value = torch.tensor(lam)
+        tr = poutine.trace(poutine.condition(guide, data=guide.symmetry_condition("lam", value))).get_trace(x, y)
+        assert torch.allclose(tr.nodes["lam"]["value"], value, atol=1e-5)
+        u = torch.logit(value / 2.0)  # λ ∈ (0, 2)
+        expected = guide.locs.weight + guide.deps.weight.lam.weight[:, 0] * (u - guide.locs.lam)
+        assert torch.allclose(tr.nodes["weight"]["value"], expected.detach(), atol=1e-4), lam
+    full = guides.get("full-rank", model)
+    set_up_guide(model, full, x[:2], y[:2], num_data=x.shape[0])
+    with pytest.raises(ValueError, match="no parameters of its own"):
+        full.symmetry_condition("lam", torch.tensor(1.0))

@@ -205,8 +205,10 @@ def guide_evidence_profile(model: Any, guide: Any, x: Tensor, y: Tensor, values:
     guide's ``q(θ | η)`` is worse at η_j than a fit made for η_j (the amortisation gap). With a guide whose
     ``q(θ | η)`` is the exact conditional posterior the bound equals ``log p(D | η_j)`` for every K.
 
-    The guide's draw of η is conditioned to η_j (its auxiliary ``<site>_aux`` / ``<site>_unconstrained``
-    where it has one, at the unconstrained value; else the site itself), as is the model's; the η terms
+    The guide's draw of η is conditioned to η_j (a catalogue guide names the sites and values:
+    :meth:`~pyro_invariance.guides.base.CatalogueGuide.symmetry_condition` — the symmetry-conditional
+    guide's noise ``<site>_aux`` that gives u_j, so that its q(θ | η) is read at η_j; any other guide: the
+    site itself), as is the model's; the η terms
     ``log p(η_j) − log q(η_j)``, the same in every weight, are taken out. ``values``: points strictly
     inside the support of η (shape ``(J,)`` for a scalar η, ``(J, *event)`` otherwise); a boundary value,
     where ``q(η)`` is singular, is refused. Seeded by ``seed``; the caller's RNG state is restored.
@@ -214,7 +216,8 @@ def guide_evidence_profile(model: Any, guide: Any, x: Tensor, y: Tensor, values:
     from pyro import poutine
 
     from pyro_invariance._pyro_scope import pyro_scope
-    from pyro_invariance.infer.fast_step import AUXILIARY_SUFFIXES, LeanIWAE_ELBO
+    from pyro_invariance.guides.base import CatalogueGuide
+    from pyro_invariance.infer.fast_step import LeanIWAE_ELBO
     from pyro_invariance.infer.modes import eval_mode
     from pyro_invariance.models.base import symmetry_sites, vectorizable_particles
 
@@ -233,20 +236,22 @@ def guide_evidence_profile(model: Any, guide: Any, x: Tensor, y: Tensor, values:
         warnings.filterwarnings("ignore", message="Found (non-auxiliary )?vars in")  # the conditioned η: observed in both
         torch.manual_seed(seed)
         prior = poutine.trace(model).get_trace(x[:1], y[:1], num_data=n).nodes[site]["fn"]
-        names = poutine.trace(guide).get_trace(x[:1], y[:1], num_data=n).nodes
-        aux = next((site + sfx for sfx in AUXILIARY_SUFFIXES if site + sfx in names), None)
+        poutine.trace(guide).get_trace(x[:1], y[:1], num_data=n)  # sets a lazily built guide up
         values = torch.as_tensor(values, dtype=x.dtype)
         for value in values.reshape(len(values), *prior.event_shape):
             if not _strictly_inside(prior.support, value):
                 raise ValueError(f"η = {value.tolist()} is not strictly inside the support of {site!r}")
-            unconstrained = biject_to(prior.support).inv(value)
-            guide_at = poutine.condition(guide, data={aux: unconstrained} if aux else {site: value})
+            held = guide.symmetry_condition(site, value) if isinstance(guide, CatalogueGuide) else {site: value}
+            guide_at = poutine.condition(guide, data=held)
             model_at = poutine.condition(model, data={site: value})
             g_tr = poutine.trace(guide_at).get_trace(x, y, num_data=n)
+            if not torch.allclose(g_tr.nodes[site]["value"], value.to(g_tr.nodes[site]["value"]), rtol=1e-4, atol=1e-6):
+                raise ValueError(f"{type(guide).__name__}: conditioning {sorted(held)} did not put {site!r} at "
+                                 f"{value.tolist()} (got {g_tr.nodes[site]['value'].tolist()})")  # fmt: skip
             m_tr = poutine.trace(poutine.replay(model_at, trace=g_tr)).get_trace(x, y, num_data=n)
             g_tr.compute_log_prob()
             m_tr.compute_log_prob()
-            log_q = sum(g_tr.nodes[s]["log_prob"].sum() for s in (site, aux) if s in g_tr.nodes)
+            log_q = sum(g_tr.nodes[s]["log_prob"].sum() for s in {site, *held} if s in g_tr.nodes)
             eta_terms = float(m_tr.nodes[site]["log_prob"].sum() - log_q)
             estimates = [-float(loss.differentiable_loss(model_at, guide_at, x, y, num_data=n)) for _ in range(int(repeats))]
             out.append(sum(estimates) / len(estimates) - eta_terms)
