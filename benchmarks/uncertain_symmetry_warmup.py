@@ -1,7 +1,7 @@
 """q(η) after a warm-up of q(θ | η) across a wide q(η) (issue 15), against the refined grid reference.
 
 Why. ``uncertain_symmetry_iwae.py`` measured the *amortisation profile* of the full-Bayes fits: the
-fitted guide's own IWAE_K(η) at fixed η. On upright digits (seeds 0 and 2) it loses 24–51 nats more at
+fitted guide's own IWAE_K(η) at fixed η. On upright digits (seeds 0 and 2) it loses 24–46 nats more at
 the reference's mode than near q(η), for the mean-field and the symmetry-conditional guide, before and
 after the IWAE refinement. The grid reference fits q(θ) afresh at every η; one guide's q(θ | η), linear
 in η and trained only where q(η) draws, is good only near the η it was trained at — and q(η), whose
@@ -36,6 +36,26 @@ c. **Criteria** (``--render``): the issue's criteria (``uncertain_symmetry.crite
 d. **Amortisation profile** (``--profile``): as ``uncertain_symmetry_iwae.py`` (d) — IWAE_K(η_j) of the
    fitted guide's own q(θ | η_j) on the reference's window, the mean of two estimates — for the fits of (a).
 
+e. **The profile against the reference** (in ``--render``; added after the fits' results were seen, as a
+   diagnostic with no setting of its own): the profile's posterior of (d) — the target of a q(η) trained by
+   ``elbo="iwae-given-symmetry"`` at K = 100 with this q(θ | η) — against the reference, by the overlap
+   masses of the criteria (its mass inside the reference's central 90 % interval, and the reference's inside
+   its own). Where it overlaps and q(η) does not, the ELBO fit's q(η) is narrower than its guide's own target.
+
+f. **The IWAE refinement of the warm-up fits** (``--refine``; decided after (e) was seen, its settings
+   those of ``uncertain_symmetry_iwae.py`` (b), unchanged: ``elbo="iwae-given-symmetry"``, K = 100, full
+   batch, 1000 steps, Adam lr 0.005, cosine schedule, seed = the unit's seed). On one CPU core a fit takes
+   ~45 min, so without a GPU it ran on the units chosen before any of them ran, in this order: rbf on upright
+   seeds 0 and 2 (where the earlier fits were furthest from the reference), then rbf on upright seed 1 and
+   linear on upright seed 0. The tables report every unit it ran on; a criterion is judged over the seeds it
+   ran on, and the number of those seeds is shown.
+
+g. **Control for the extra steps** (variant ``"no-warm-up"``; decided after (a)–(e) were seen, because the
+   warm-up fits train 2000 steps longer than the input run's): the linear variant's guide and start
+   (``symmetry_init_scale = π/√3``), fitted jointly for 2000 + 4000 = 6000 steps in one call (one cosine
+   schedule), q(η) free throughout; everything else as (a). Where it matches the warm-up fits, the steps,
+   not the warm-up, did it.
+
 Results: ``benchmarks/results/uncertain_symmetry_warmup_<suffix>.md``, ``.json``, ``.png``; the unit
 files (``--work-dir``) hold each fit's evaluation; the fitted states (``.pt``) are not committed.
 """
@@ -62,16 +82,25 @@ import pyro_invariance as pi  # noqa: E402
 import uncertain_symmetry as us  # noqa: E402
 import uncertain_symmetry_iwae as usi  # noqa: E402
 import uncertain_symmetry_refined as usr  # noqa: E402
+from pyro_invariance.diagnostics.symmetry_posterior import grid_posterior  # noqa: E402
 from pyro_invariance.infer.symmetry_warmup import warm_up_conditional  # noqa: E402
 
 STEM = "uncertain_symmetry_warmup"
 GUIDE = "symmetry-conditional"
-#: variant -> the guide's ``symmetry_dependence`` (module docstring, a)
-VARIANTS: dict[str, str] = {"rbf": "rbf", "linear": "linear"}
+#: variant -> the guide's ``symmetry_dependence`` (module docstring, a and g)
+VARIANTS: dict[str, str] = {"rbf": "rbf", "linear": "linear", "no-warm-up": "linear"}
+#: variants fitted in one call of warm-up + joint steps, q(η) free throughout (the control, g)
+CONTROLS = ("no-warm-up",)
 WARMUP_STEPS = 2000
 SYMMETRY_INIT_SCALE = math.pi / math.sqrt(3.0)
 #: the quick size's warm-up (tests)
 QUICK_WARMUP_STEPS = 20
+
+
+def variant_label(variant: str) -> str:
+    if variant in CONTROLS:
+        return f"symmetry-conditional, {VARIANTS[variant]} dependence, one fit of warm-up + joint steps, no warm-up (control, g)"
+    return f"symmetry-conditional, {VARIANTS[variant]} dependence, warm-up"
 
 
 def unit_name(variant: str, dataset: str, seed: int) -> str:
@@ -88,8 +117,12 @@ def fit_unit(variant: str, dataset: str, seed: int, size: dict[str, Any], warmup
     pyro.set_rng_seed(seed)
     model = us.make_model(data, size, seed, symmetry_prior="uniform")
     guide = make_guide(model, variant)
-    warm = warm_up_conditional(model, guide, data, steps=warmup_steps, seed=seed, progress=False)
-    res = pi.fit(model, guide, data, steps=size["steps"], seed=seed, progress=False)
+    if variant in CONTROLS:
+        warm = SimpleNamespace(seconds=0.0, final_elbo=float("nan"))
+        res = pi.fit(model, guide, data, steps=warmup_steps + size["steps"], seed=seed, progress=False)
+    else:
+        warm = warm_up_conditional(model, guide, data, steps=warmup_steps, seed=seed, progress=False)
+        res = pi.fit(model, guide, data, steps=size["steps"], seed=seed, progress=False)
     draws = us.q_draws(res, data, size, seed)
     x, y = us.train_arrays(data, model)
     meta = {"variant": variant, "guide": GUIDE, "dataset": dataset, "seed": seed, "size": size,
@@ -99,6 +132,27 @@ def fit_unit(variant: str, dataset: str, seed: int, size: dict[str, Any], warmup
             "q_draws": draws.round(5).tolist(), "iwae": us.bound(res, data, size, seed),
             "metrics": us.held_out(res, data, size, seed), "warmup_seconds": warm.seconds, "fit_seconds": res.seconds,
             "warmup_final_elbo_per_datum": warm.final_elbo, "final_elbo_per_datum": res.final_elbo}  # fmt: skip
+
+
+def evaluate(res: Any, variant: str, dataset: str, seed: int, size: dict[str, Any]) -> dict[str, Any]:
+    """q(η) draws, IWAE_K bound and held-out metrics of a fit (module docstring, b)."""
+    data = usi.load_dataset(us.DATASETS[dataset][0], size)
+    draws = us.q_draws(res, data, size, seed)
+    return {"meta": {"variant": variant, "guide": GUIDE, "dataset": dataset, "seed": seed},
+            "q_eta": us.draw_summary(draws), "q_draws": draws.round(5).tolist(), "iwae": us.bound(res, data, size, seed),
+            "metrics": us.held_out(res, data, size, seed)}  # fmt: skip
+
+
+def refine_unit(state: Path, out_state: Path, size: dict[str, Any]) -> dict[str, Any]:
+    """A fitted unit continued by ``uncertain_symmetry_iwae.REFINE`` (module docstring, f), evaluated."""
+    model, guide, x, y, meta = load_state(state)
+    cfg = usi.refine_config(size)
+    t0 = time.perf_counter()
+    res = pi.fit(model, guide, (x, y), seed=int(meta["seed"]), progress=False, **cfg)
+    seconds = time.perf_counter() - t0
+    usi.save_state(out_state, model, guide, x, y, {**meta, "refine": cfg})
+    ev = evaluate(res, meta["variant"], meta["dataset"], int(meta["seed"]), size)
+    return {**ev, "refine": cfg, "refine_seconds": seconds, "refine_final_bound_per_datum": float(res.final_elbo)}
 
 
 def load_state(path: Path) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
@@ -125,7 +179,17 @@ def variant_unit(unit: dict[str, Any], ev: dict[str, Any], ref: dict[str, Any], 
     out["seconds"] = ev["warmup_seconds"] + ev["fit_seconds"]
     if profile is not None:
         out["profile"] = usi.profile_summary(profile, ref, ev["q_draws"], "refined")
+        out["profile"]["vs_reference"] = profile_vs_reference(profile, us.refresh_grid(dict(out)))
     return out
+
+
+def profile_vs_reference(profile: dict[str, Any], reference: Any) -> dict[str, float]:
+    """The profile's posterior (prior U(0, π) on the window) against the reference, both ways (module
+    docstring, e): its mass inside the reference's central 90 % interval, and the reference's inside its own."""
+    etas = np.asarray(profile["etas"])
+    gp = grid_posterior(etas, np.asarray(profile["refined"]), np.full_like(etas, -math.log(us.ETA_MAX)))
+    return {"profile_in_reference90": gp.mass(reference.quantile(0.05), reference.quantile(0.95)),
+            "reference_in_profile90": reference.mass(gp.quantile(0.05), gp.quantile(0.95))}
 
 
 def comparison_table(base: list[dict[str, Any]], by_variant: dict[str, list[dict[str, Any]]]) -> str:
@@ -150,7 +214,8 @@ def comparison_table(base: list[dict[str, Any]], by_variant: dict[str, list[dict
 
 def profile_table(by_variant: dict[str, list[dict[str, Any]]]) -> str:
     header = ["fit", "data, seed", "profile's grid: mode [90 %]", "q(η) in the profile's 90 %",
-              "gap change: reference mode vs near q(η) (nats)"]  # fmt: skip
+              "gap change: reference mode vs near q(η) (nats)", "profile noise, sd of one estimate (nats)",
+              "profile vs reference: profile in ref. 90 %, ref. in profile 90 %"]  # fmt: skip
     rows = []
     for name, units in by_variant.items():
         for u in units:
@@ -158,7 +223,27 @@ def profile_table(by_variant: dict[str, list[dict[str, Any]]]) -> str:
                 continue
             p = u["profile"]
             rows.append([name, f"{u['dataset']}, {u['seed']}", f"{p['mode']:.2f} [{p['q05']:.2f}, {p['q95']:.2f}]",
-                         f"{p['overlap']['q_in_grid90']:.2f}", f"{p['gap_change']:+.1f}"])  # fmt: skip
+                         f"{p['overlap']['q_in_grid90']:.2f}", f"{p['gap_change']:+.1f}", f"{p['noise']:.1f}",
+                         f"{p['vs_reference']['profile_in_reference90']:.2f}, {p['vs_reference']['reference_in_profile90']:.2f}"])  # fmt: skip
+    return common.md_table(header, rows)
+
+
+def refined_table(pairs: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> str:
+    """Per refined unit (module docstring, f): q(η), overlap, IWAE_K / N and test NLL of the warm-up fit → its refinement."""
+    header = ["fit", "data, seed", "reference: mean ± sd [90 %]", "q(η): warm-up fit → refined (mean ± sd [90 %])",
+              "overlap (q in grid, grid in q): warm-up fit → refined", "IWAE_K / N: warm-up fit → refined",
+              "test NLL: warm-up fit → refined", "refinement (s, one CPU core)"]  # fmt: skip
+    rows = []
+    for name, b, a in pairs:
+        g, qb, qa = b["grid"]["summary"], b["full_bayes"]["q_eta"], a["full_bayes"]["q_eta"]
+        rows.append([name, f"{b['dataset']}, {b['seed']}", f"{g['mean']:.3f} ± {g['sd']:.3f} [{g['q05']:.2f}, {g['q95']:.2f}]",
+                     f"{qb['mean']:.3f} ± {qb['sd']:.3f} [{qb['q05']:.2f}, {qb['q95']:.2f}] → "
+                     f"{qa['mean']:.3f} ± {qa['sd']:.3f} [{qa['q05']:.2f}, {qa['q95']:.2f}]",
+                     f"{b['overlap']['q_in_grid90']:.2f}, {b['overlap']['grid_in_q90']:.2f} → "
+                     f"{a['overlap']['q_in_grid90']:.2f}, {a['overlap']['grid_in_q90']:.2f}",
+                     f"{b['full_bayes']['iwae']['per_datum']:.4f} → {a['full_bayes']['iwae']['per_datum']:.4f}",
+                     f"{b['full_bayes']['metrics']['nll']:.4f} → {a['full_bayes']['metrics']['nll']:.4f}",
+                     f"{a['refine_seconds']:.0f}"])  # fmt: skip
     return common.md_table(header, rows)
 
 
@@ -196,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     phase = parser.add_mutually_exclusive_group(required=True)
     phase.add_argument("--fit", action="store_true", help="warm-up, joint fit and evaluation of every unit (CPU)")
     phase.add_argument("--profile", action="store_true", help="the amortisation profile of every fitted unit")
+    phase.add_argument("--refine", action="store_true", help="continue fitted units by the IWAE-given-η refinement (f)")
     phase.add_argument("--render", action="store_true", help="no fits: the tables from the unit files")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
     parser.add_argument("--only", default=None, help="comma-separated unit names <variant>_<dataset>_seed<s>")
@@ -225,6 +311,13 @@ def main(argv: list[str] | None = None) -> int:
             evaluated.write_text(json.dumps(ev, indent=1) + "\n")
             common.log(f"{name}: q(η) mean {ev['q_eta']['mean']:.3f} sd {ev['q_eta']['sd']:.3f} "
                        f"({time.perf_counter() - t0:.0f} s) -> {evaluated}")  # fmt: skip
+        elif args.refine and not (args.work_dir / "evaluated" / f"{name}_refined.json").exists():
+            if not state.exists():
+                parser.error(f"--refine: {state} is missing (run --fit first)")
+            ev = refine_unit(state, args.work_dir / "states" / f"{name}_refined.pt", size)
+            (args.work_dir / "evaluated" / f"{name}_refined.json").write_text(json.dumps(ev, indent=1) + "\n")
+            common.log(f"{name}: refined q(η) mean {ev['q_eta']['mean']:.3f} sd {ev['q_eta']['sd']:.3f} "
+                       f"({ev['refine_seconds']:.0f} s)")  # fmt: skip
         elif args.profile and not (args.work_dir / "profile" / f"{name}.json").exists():
             ref_path = args.reference / f"{dataset}_seed{seed}.json"
             for needed, what in ((state, "run --fit first"), (ref_path, "the reference is missing")):
@@ -253,9 +346,25 @@ def main(argv: list[str] | None = None) -> int:
             prof = args.work_dir / "profile" / f"{unit_name(v, dataset, seed)}.json"
             by_variant[v].append(variant_unit(unit, json.loads(path.read_text()), ref,
                                               json.loads(prof.read_text()) if prof.exists() else None))  # fmt: skip
+    refined: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    pairs = []
+    for v in variants:
+        for (dataset, seed), b in zip(keys, by_variant[v]):
+            path = args.work_dir / "evaluated" / f"{unit_name(v, dataset, seed)}_refined.json"
+            if path.exists():
+                ref = json.loads((args.reference / f"{dataset}_seed{seed}.json").read_text())
+                ev = json.loads(path.read_text())
+                a = {**variant_unit(usi.input_unit(payload, dataset, seed), {**ev, "final_elbo_per_datum": ev["refine_final_bound_per_datum"],
+                                                                              "warmup_seconds": 0.0, "fit_seconds": 0.0}, ref, None),
+                     "refine_seconds": ev["refine_seconds"]}  # fmt: skip
+                refined[v].append(a)
+                pairs.append((v, b, a))
     verdicts = {f"{payload['settings']['guide']}, no warm-up (the input)": us.criteria(base)}
     for v in variants:
-        verdicts[f"symmetry-conditional, {v} dependence, warm-up"] = us.criteria(by_variant[v])
+        verdicts[variant_label(v)] = us.criteria(by_variant[v])
+    for v in variants:
+        if refined[v]:
+            verdicts[f"{variant_label(v)}, then the IWAE refinement (f; the seeds it ran on)"] = us.criteria(refined[v])
     suffix = Path(args.inputs[0]).stem.removeprefix(us.STEM).strip("_").removeprefix(GUIDE).strip("_")
     stem = f"{STEM}_{suffix}" if suffix else STEM
     settings.update({"input": Path(args.inputs[0]).name, "reference": f"{usr.STEM}: {usr.RESTARTS} restarts, {usr.RULES[0]}",
@@ -272,8 +381,16 @@ def main(argv: list[str] | None = None) -> int:
              "## Verdicts\n", "Seeds on which each criterion holds.\n", usr.verdict_table(verdicts),
              "\n## Unit by unit\n", comparison_table(base, by_variant)]  # fmt: skip
     for v in variants:
-        parts += [f"\n### {v} dependence, warm-up: the issue's criteria against the refined reference\n",
-                  us.criteria_table(verdicts[f"symmetry-conditional, {v} dependence, warm-up"])]
+        parts += [f"\n### {variant_label(v)}: the issue's criteria against the refined reference\n",
+                  us.criteria_table(verdicts[variant_label(v)])]
+    if pairs:
+        parts += ["\n## The IWAE refinement of the warm-up fits (module docstring, f)\n",
+                  "Every unit it ran on (one CPU core each, no GPU in this session).\n", refined_table(pairs)]
+        for v in variants:
+            if refined[v]:
+                label = f"{variant_label(v)}, then the IWAE refinement (f; the seeds it ran on)"
+                parts += [f"\n### {v}, refined: the issue's criteria on the units it ran on\n",
+                          us.criteria_table(verdicts[label])]
     if any("profile" in u for units in by_variant.values() for u in units):
         parts += ["\n## The amortisation profile of the fits (module docstring, d)\n",
                   "IWAE_K(η) of each fit's own q(θ | η) at fixed η on the reference's window, its grid posterior, and how "
@@ -281,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
                   profile_table(by_variant)]  # fmt: skip
     parts += [f"\n![q(η) per unit]({stem}.png)\n", "## Method\n", __doc__.split("\n\n", 1)[1]]
     payload_out = {"info": info, "settings": settings, "command": command, "verdicts": verdicts,
-                   "units": {v: usr.without_draws(u) for v, u in by_variant.items()}}  # fmt: skip
+                   "units": {v: usr.without_draws(u) for v, u in by_variant.items()},
+                   "refined_units": {v: usr.without_draws(u) for v, u in refined.items() if u}}  # fmt: skip
     common.write_results(stem, "\n".join(parts), payload_out, args.out_dir)
     plot(base, by_variant, Path(args.out_dir) / f"{stem}.png")
     usr.log_verdicts(verdicts)
