@@ -193,12 +193,14 @@ def profile_vs_reference(profile: dict[str, Any], reference: Any) -> dict[str, f
 
 
 def comparison_table(base: list[dict[str, Any]], by_variant: dict[str, list[dict[str, Any]]]) -> str:
-    """Per unit: the reference, q(η) and overlap of the input fit and of each variant, IWAE_K / N and test NLL."""
+    """Per unit: the reference, q(η) and overlap of the input fit and of each variant, IWAE_K / N and test NLL;
+    ``input``: the input run's fit (4000 steps, no warm-up, q(η) started at scale 1)."""
     names = list(by_variant)
     header = ["data, seed", "reference: mean ± sd [90 %]",
-              *[f"{n}: q(η) mean ± sd [90 %]" for n in ["no warm-up", *names]],
-              f"overlap (q in grid, grid in q): {' / '.join(['no warm-up', *names])}",
-              f"IWAE_K / N: {' / '.join(['no warm-up', *names])}", f"test NLL: {' / '.join(['no warm-up', *names])}"]  # fmt: skip
+              *[f"{n}: q(η) mean ± sd [90 %]" for n in ["input", *names]],
+              f"overlap (q in grid, grid in q): {' / '.join(['input', *names])}",
+              f"IWAE_K / N: {' / '.join(['input', *names])}", f"test NLL: {' / '.join(['input', *names])}",
+              "type-II test NLL"]  # fmt: skip
     rows = []
     for i, b in enumerate(base):
         units = [b, *[by_variant[n][i] for n in names]]
@@ -208,7 +210,8 @@ def comparison_table(base: list[dict[str, Any]], by_variant: dict[str, list[dict
                        f"[{u['full_bayes']['q_eta']['q05']:.2f}, {u['full_bayes']['q_eta']['q95']:.2f}]" for u in units],
                      " / ".join(f"{u['overlap']['q_in_grid90']:.2f}, {u['overlap']['grid_in_q90']:.2f}" for u in units),
                      " / ".join(f"{u['full_bayes']['iwae']['per_datum']:.4f}" for u in units),
-                     " / ".join(f"{u['full_bayes']['metrics']['nll']:.4f}" for u in units)])  # fmt: skip
+                     " / ".join(f"{u['full_bayes']['metrics']['nll']:.4f}" for u in units),
+                     f"{b['type_ii']['metrics']['nll']:.4f}"])  # fmt: skip
     return common.md_table(header, rows)
 
 
@@ -257,7 +260,7 @@ def plot(base: list[dict[str, Any]], by_variant: dict[str, list[dict[str, Any]]]
     fig, axes = plt.subplots(3, (len(base) + 2) // 3, figsize=(9, 7), squeeze=False)
     for ax, (i, b) in zip(axes.T.flat, enumerate(base)):
         gp = us.refresh_grid(dict(b))
-        units = {"no warm-up": b, **{n: by_variant[n][i] for n in by_variant}}
+        units = {"input": b, **{n: by_variant[n][i] for n in by_variant}}
         lo = min(gp.quantile(0.005), *[min(u["q_draws"]) for u in units.values()])
         hi = max(gp.quantile(0.995), *[max(u["q_draws"]) for u in units.values()])
         bins = np.linspace(lo, hi, 40)

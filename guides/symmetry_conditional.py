@@ -151,7 +151,8 @@ class RBFDependence(torch.nn.Module):
 
 
 class SymmetryConditional(CatalogueGuide, AutoStructured):
-    """``AutoStructured`` with ``q(θ | η)`` linear in η (see the module docstring).
+    """``AutoStructured`` with ``q(θ | η)`` linear in η, or linear plus fixed bumps
+    (``symmetry_dependence="rbf"``; see the module docstring).
 
     ``fit_defaults``: ``elbo="trace"`` — ``TraceMeanField_ELBO`` assumes independent sites and asks
     that the guide samples them in the model's order; this guide samples η before θ in dependency

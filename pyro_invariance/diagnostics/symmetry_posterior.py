@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 from torch import Tensor
-from torch.distributions import biject_to, constraints
+from torch.distributions import constraints
 
 __all__ = ["GridPosterior", "exact_symmetry_posterior", "grid_posterior", "guide_evidence_profile", "symmetry_draws"]
 
