@@ -235,7 +235,8 @@ def refined_table(pairs: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> st
     """Per refined unit (module docstring, f): q(η), overlap, IWAE_K / N and test NLL of the warm-up fit → its refinement."""
     header = ["fit", "data, seed", "reference: mean ± sd [90 %]", "q(η): warm-up fit → refined (mean ± sd [90 %])",
               "overlap (q in grid, grid in q): warm-up fit → refined", "IWAE_K / N: warm-up fit → refined",
-              "test NLL: warm-up fit → refined", "refinement (s, one CPU core)"]  # fmt: skip
+              "test NLL: warm-up fit → refined", "profile posterior: warm-up fit → refined (mode [90 %]; q in it)",
+              "profile vs reference: warm-up fit → refined", "refinement (wall s; 2 cores shared with other runs)"]  # fmt: skip
     rows = []
     for name, b, a in pairs:
         g, qb, qa = b["grid"]["summary"], b["full_bayes"]["q_eta"], a["full_bayes"]["q_eta"]
@@ -246,6 +247,10 @@ def refined_table(pairs: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> st
                      f"{a['overlap']['q_in_grid90']:.2f}, {a['overlap']['grid_in_q90']:.2f}",
                      f"{b['full_bayes']['iwae']['per_datum']:.4f} → {a['full_bayes']['iwae']['per_datum']:.4f}",
                      f"{b['full_bayes']['metrics']['nll']:.4f} → {a['full_bayes']['metrics']['nll']:.4f}",
+                     " → ".join(f"{u['profile']['mode']:.2f} [{u['profile']['q05']:.2f}, {u['profile']['q95']:.2f}]; "
+                                f"{u['profile']['overlap']['q_in_grid90']:.2f}" if "profile" in u else "–" for u in (b, a)),
+                     " → ".join(f"{u['profile']['vs_reference']['profile_in_reference90']:.2f}, "
+                                f"{u['profile']['vs_reference']['reference_in_profile90']:.2f}" if "profile" in u else "–" for u in (b, a)),
                      f"{a['refine_seconds']:.0f}"])  # fmt: skip
     return common.md_table(header, rows)
 
@@ -321,18 +326,23 @@ def main(argv: list[str] | None = None) -> int:
             (args.work_dir / "evaluated" / f"{name}_refined.json").write_text(json.dumps(ev, indent=1) + "\n")
             common.log(f"{name}: refined q(η) mean {ev['q_eta']['mean']:.3f} sd {ev['q_eta']['sd']:.3f} "
                        f"({ev['refine_seconds']:.0f} s)")  # fmt: skip
-        elif args.profile and not (args.work_dir / "profile" / f"{name}.json").exists():
+        elif args.profile:
             ref_path = args.reference / f"{dataset}_seed{seed}.json"
             for needed, what in ((state, "run --fit first"), (ref_path, "the reference is missing")):
                 if not needed.exists():
                     parser.error(f"--profile: {needed} is missing ({what})")
             etas = [j * usr.STEP for j in json.loads(ref_path.read_text())["window"]]
-            model, guide, x, y, _ = load_state(state)
-            estimates = usi.amortised_profile(model, guide, x, y, etas, int(size["iwae_K"]), usi.PROFILE_REPS, seed)
-            out = {"etas": etas, "K": int(size["iwae_K"]), "reps": usi.PROFILE_REPS, "seed": seed,
-                   "refined_estimates": estimates, "refined": np.mean(estimates, axis=0).tolist()}  # fmt: skip
-            (args.work_dir / "profile" / f"{name}.json").write_text(json.dumps(out, indent=1) + "\n")
-            common.log(f"{name}: amortisation profile on {len(etas)} points")
+            # the fit's profile, and its refinement's (f) where that ran
+            for stem, path in ((name, state), (f"{name}_refined", args.work_dir / "states" / f"{name}_refined.pt")):
+                out_path = args.work_dir / "profile" / f"{stem}.json"
+                if out_path.exists() or not path.exists():
+                    continue
+                model, guide, x, y, _ = load_state(path)
+                estimates = usi.amortised_profile(model, guide, x, y, etas, int(size["iwae_K"]), usi.PROFILE_REPS, seed)
+                out = {"etas": etas, "K": int(size["iwae_K"]), "reps": usi.PROFILE_REPS, "seed": seed,
+                       "refined_estimates": estimates, "refined": np.mean(estimates, axis=0).tolist()}  # fmt: skip
+                out_path.write_text(json.dumps(out, indent=1) + "\n")
+                common.log(f"{stem}: amortisation profile on {len(etas)} points")
     if not args.render:
         return 0
     base, by_variant = [], {v: [] for v in variants}
@@ -357,8 +367,10 @@ def main(argv: list[str] | None = None) -> int:
             if path.exists():
                 ref = json.loads((args.reference / f"{dataset}_seed{seed}.json").read_text())
                 ev = json.loads(path.read_text())
+                prof = args.work_dir / "profile" / f"{unit_name(v, dataset, seed)}_refined.json"
                 a = {**variant_unit(usi.input_unit(payload, dataset, seed), {**ev, "final_elbo_per_datum": ev["refine_final_bound_per_datum"],
-                                                                              "warmup_seconds": 0.0, "fit_seconds": 0.0}, ref, None),
+                                                                              "warmup_seconds": 0.0, "fit_seconds": 0.0}, ref,
+                                    json.loads(prof.read_text()) if prof.exists() else None),
                      "refine_seconds": ev["refine_seconds"]}  # fmt: skip
                 refined[v].append(a)
                 pairs.append((v, b, a))
@@ -388,7 +400,9 @@ def main(argv: list[str] | None = None) -> int:
                   us.criteria_table(verdicts[variant_label(v)])]
     if pairs:
         parts += ["\n## The IWAE refinement of the warm-up fits (module docstring, f)\n",
-                  "Every unit it ran on (one CPU core each, no GPU in this session).\n", refined_table(pairs)]
+                  "Every unit it ran on (no GPU in this session: two at a time on a 2-core CPU shared with other runs), with "
+                  "the amortisation profile (d) of the warm-up fit and of its refinement, and each profile's posterior "
+                  "against the reference (e).\n", refined_table(pairs)]
         for v in variants:
             if refined[v]:
                 label = f"{variant_label(v)}, then the IWAE refinement (f; the seeds it ran on)"

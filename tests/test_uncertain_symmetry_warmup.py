@@ -73,3 +73,8 @@ def test_the_control_fits_once_and_the_refinement_continues_a_fit(bench, tmp_pat
     assert refined["refine"] == bench.usi.refine_config(size) and math.isfinite(refined["refine_final_bound_per_datum"])
     fitted = json.loads((tmp_path / "evaluated" / f"{UNIT}.json").read_text())
     assert refined["q_eta"]["mean"] != pytest.approx(fitted["q_eta"]["mean"], abs=1e-6)  # q(η) was trained
+    (tmp_path / "reference").mkdir()
+    (tmp_path / "reference" / "upright_seed0.json").write_text(json.dumps({"window": [3, 6, 9]}))
+    assert bench.main(_args(tmp_path, "profile")) == 0  # the fit's profile and its refinement's
+    profiles = [json.loads((tmp_path / "profile" / f"{UNIT}{sfx}.json").read_text()) for sfx in ("", "_refined")]
+    assert all(len(p["refined"]) == 3 for p in profiles) and profiles[0]["refined"] != profiles[1]["refined"]
