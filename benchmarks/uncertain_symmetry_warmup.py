@@ -44,11 +44,12 @@ e. **The profile against the reference** (in ``--render``; added after the fits'
 
 f. **The IWAE refinement of the warm-up fits** (``--refine``; decided after (e) was seen, its settings
    those of ``uncertain_symmetry_iwae.py`` (b), unchanged: ``elbo="iwae-given-symmetry"``, K = 100, full
-   batch, 1000 steps, Adam lr 0.005, cosine schedule, seed = the unit's seed). On one CPU core a fit takes
-   ~45 min, so without a GPU it ran on the units chosen before any of them ran, in this order: rbf on upright
-   seeds 0 and 2 (where the earlier fits were furthest from the reference), then rbf on upright seed 1 and
-   linear on upright seed 0. The tables report every unit it ran on; a criterion is judged over the seeds it
-   ran on, and the number of those seeds is shown.
+   batch, 1000 steps, Adam lr 0.005, cosine schedule, seed = the unit's seed). On an idle CPU core a fit takes
+   ~45 min (2.7 s a step), so without a GPU it ran on the units chosen before any of them ran, in this order:
+   rbf on upright seeds 0 and 2 (where the earlier fits were furthest from the reference), then rbf on upright
+   seed 1 and linear on upright seed 0. The first two took 84 min each (two at a time on a 2-core CPU shared
+   with other runs); the session ended before the other two could run. The tables report every unit it ran
+   on; a criterion is judged over the seeds it ran on, and the number of those seeds is shown.
 
 g. **Control for the extra steps** (variant ``"no-warm-up"``; decided after (a)–(e) were seen, because the
    warm-up fits train 2000 steps longer than the input run's): the linear variant's guide and start
