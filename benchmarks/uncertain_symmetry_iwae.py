@@ -283,8 +283,7 @@ def plot(pairs: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]], pa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     usr.add_input_arguments(parser, "one per guide, as for uncertain_symmetry_refined.py")
-    parser.add_argument("--reference", type=Path, required=True, help="the work dir of uncertain_symmetry_refined.py (its units)")
-    parser.add_argument("--work-dir", type=Path, required=True, help="where the prepared and refined states go (resumable)")
+    usr.add_reference_arguments(parser, "where the prepared and refined states go (resumable)")
     phase = parser.add_mutually_exclusive_group(required=True)
     phase.add_argument("--prepare", action="store_true", help="repeat and save the inputs' ELBO fits (CPU)")
     phase.add_argument("--refine", action="store_true", help="continue every prepared fit by the refinement")
@@ -321,10 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.profile and not (args.work_dir / "profile" / f"{stem}.json").exists():
             if not done.exists():
                 parser.error(f"--profile: {done} is missing (run --refine first)")
-            ref_path = args.reference / f"{dataset}_seed{seed}.json"
-            if not ref_path.exists():
-                parser.error(f"--reference: {ref_path} is missing")
-            etas = [j * usr.STEP for j in json.loads(ref_path.read_text())["window"]]
+            etas = [j * usr.STEP for j in usr.read_unit_file(parser, args.reference, dataset, seed, "--reference")["window"]]
             out = {"etas": etas, "K": int(size["iwae_K"]), "reps": PROFILE_REPS, "seed": seed}
             for label, path in (("elbo_fit", start), ("refined", done)):
                 model, guide, x, y, _ = load_state(path)
@@ -341,12 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             common.log(f"{stem}: refined q(η) mean {ev['q_eta']['mean']:.3f} sd {ev['q_eta']['sd']:.3f} -> {evaluated}")
     if not args.render:
         return 0
-    refined_ref = {}
-    for dataset, seed in keys:
-        path = args.reference / f"{dataset}_seed{seed}.json"
-        if not path.exists():
-            parser.error(f"--reference: {path} is missing")
-        refined_ref[(dataset, seed)] = json.loads(path.read_text())
+    refined_ref = {(d, s): usr.read_unit_file(parser, args.reference, d, s, "--reference") for d, s in keys}
     pairs: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
     verdicts: dict[str, list[dict[str, Any]]] = {}
     for p, name in zip(payloads, names):

@@ -492,6 +492,20 @@ def read_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tu
     return payloads, names, settings, {k: settings[k] for k in us.SIZES["default"]}, keys
 
 
+def add_reference_arguments(parser: argparse.ArgumentParser, work_dir_help: str) -> None:
+    """``--reference`` (this script's work dir: the refined reference's units) and ``--work-dir``."""
+    parser.add_argument("--reference", type=Path, required=True, help="the work dir of uncertain_symmetry_refined.py (its units)")
+    parser.add_argument("--work-dir", type=Path, required=True, help=work_dir_help)
+
+
+def read_unit_file(parser: argparse.ArgumentParser, directory: Path, dataset: str, seed: int, what: str) -> dict[str, Any]:
+    """The JSON file ``<directory>/<dataset>_seed<seed>.json``; a missing one is a one-line error naming ``what``."""
+    path = Path(directory) / f"{dataset}_seed{seed}.json"
+    if not path.exists():
+        parser.error(f"{what}: {path} is missing")
+    return json.loads(path.read_text())
+
+
 def without_draws(units: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The units without their ``q_draws`` (for a results JSON; the draws stay in the inputs)."""
     return [{k: v for k, v in u.items() if k != "q_draws"} for u in units]
@@ -541,12 +555,7 @@ def main(argv: list[str] | None = None) -> int:
             unit = refine_unit(dataset, seed, payloads, size, path)
             common.log(f"{dataset} seed {seed}: {len(unit['fits'])} fits ({unit['seconds'] / 60:.1f} min of fitting) -> {path}")
         return 0
-    refined = {}
-    for dataset, seed in keys:
-        path = args.work_dir / f"{dataset}_seed{seed}.json"
-        if not path.exists():
-            parser.error(f"--render: {path} is missing (run without --render first)")
-        refined[(dataset, seed)] = json.loads(path.read_text())
+    refined = {(d, s): read_unit_file(parser, args.work_dir, d, s, "--render (run without --render first)") for d, s in keys}
     for (dataset, seed), unit in refined.items():
         have = {r: sum(f["restart"] == r for f in unit["fits"]) for r in range(RESTARTS)}
         if any(n != len(unit["window"]) for n in have.values()):

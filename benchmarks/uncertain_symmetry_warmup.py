@@ -285,8 +285,7 @@ def plot(base: list[dict[str, Any]], by_variant: dict[str, list[dict[str, Any]]]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     usr.add_input_arguments(parser, "the symmetry-conditional run, whose fits had no warm-up")
-    parser.add_argument("--reference", type=Path, required=True, help="the work dir of uncertain_symmetry_refined.py (its units)")
-    parser.add_argument("--work-dir", type=Path, required=True, help="where the unit files go (resumable)")
+    usr.add_reference_arguments(parser, "where the unit files go (resumable)")
     phase = parser.add_mutually_exclusive_group(required=True)
     phase.add_argument("--fit", action="store_true", help="warm-up, joint fit and evaluation of every unit (CPU)")
     phase.add_argument("--profile", action="store_true", help="the amortisation profile of every fitted unit")
@@ -328,11 +327,9 @@ def main(argv: list[str] | None = None) -> int:
             common.log(f"{name}: refined q(η) mean {ev['q_eta']['mean']:.3f} sd {ev['q_eta']['sd']:.3f} "
                        f"({ev['refine_seconds']:.0f} s)")  # fmt: skip
         elif args.profile:
-            ref_path = args.reference / f"{dataset}_seed{seed}.json"
-            for needed, what in ((state, "run --fit first"), (ref_path, "the reference is missing")):
-                if not needed.exists():
-                    parser.error(f"--profile: {needed} is missing ({what})")
-            etas = [j * usr.STEP for j in json.loads(ref_path.read_text())["window"]]
+            if not state.exists():
+                parser.error(f"--profile: {state} is missing (run --fit first)")
+            etas = [j * usr.STEP for j in usr.read_unit_file(parser, args.reference, dataset, seed, "--reference")["window"]]
             # the fit's profile, and its refinement's (f) where that ran
             for stem, path in ((name, state), (f"{name}_refined", args.work_dir / "states" / f"{name}_refined.pt")):
                 out_path = args.work_dir / "profile" / f"{stem}.json"
@@ -346,12 +343,10 @@ def main(argv: list[str] | None = None) -> int:
                 common.log(f"{stem}: amortisation profile on {len(etas)} points")
     if not args.render:
         return 0
+    refs = {(d, s): usr.read_unit_file(parser, args.reference, d, s, "--reference") for d, s in keys}
     base, by_variant = [], {v: [] for v in variants}
     for dataset, seed in keys:
-        ref_path = args.reference / f"{dataset}_seed{seed}.json"
-        if not ref_path.exists():
-            parser.error(f"--reference: {ref_path} is missing")
-        ref, unit = json.loads(ref_path.read_text()), usi.input_unit(payload, dataset, seed)
+        ref, unit = refs[(dataset, seed)], usi.input_unit(payload, dataset, seed)
         base.append(usr.refined_unit(unit, ref))
         for v in variants:
             path = args.work_dir / "evaluated" / f"{unit_name(v, dataset, seed)}.json"
@@ -366,8 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         for (dataset, seed), b in zip(keys, by_variant[v]):
             path = args.work_dir / "evaluated" / f"{unit_name(v, dataset, seed)}_refined.json"
             if path.exists():
-                ref = json.loads((args.reference / f"{dataset}_seed{seed}.json").read_text())
-                ev = json.loads(path.read_text())
+                ref, ev = refs[(dataset, seed)], json.loads(path.read_text())
                 prof = args.work_dir / "profile" / f"{unit_name(v, dataset, seed)}_refined.json"
                 a = {**variant_unit(usi.input_unit(payload, dataset, seed), {**ev, "final_elbo_per_datum": ev["refine_final_bound_per_datum"],
                                                                               "warmup_seconds": 0.0, "fit_seconds": 0.0}, ref,
