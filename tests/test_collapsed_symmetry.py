@@ -163,6 +163,10 @@ def test_collapse_is_the_grid_posterior_of_the_common_noise_profile_and_a_guide_
     assert torch.equal(direct.nodes["weight"]["value"], tr.nodes["weight"]["value"])
     assert "lam_aux" not in tr.nodes  # q(λ)'s own noise is replaced by q*
     assert torch.isfinite(torch.tensor(list(pi.evaluate((model, collapsed), (x, y), num_samples=4).values()))).all()
+    with pytest.raises(ValueError, match="one η per call") as err:  # refused, not silently mis-shaped
+        pyro.infer.Trace_ELBO(num_particles=2, vectorize_particles=True, max_plate_nesting=1).loss(
+            model, collapsed, x, y, num_data=x.shape[0])
+    assert "vectorize_particles=False" in str(err.value).splitlines()[0]  # ours; Pyro appends the trace's shapes
 
 
 def test_collapse_refusals_are_one_line() -> None:

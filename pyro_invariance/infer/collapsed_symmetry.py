@@ -84,6 +84,9 @@ class CollapsedSymmetryGuide(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         eta = pyro.sample(self.site, self.distribution())
+        if eta.shape != self.batch_shape + self.event_shape:
+            raise ValueError(f"CollapsedSymmetryGuide draws one η per call, got shape {tuple(eta.shape)} (inside a "
+                             "vectorised particle plate?); use vectorize_particles=False")  # fmt: skip
         held = self.guide.symmetry_condition(self.site, eta)
         with poutine.block(hide=[self.site, *held]), poutine.condition(data=held):
             return self.guide(*args, **kwargs)
