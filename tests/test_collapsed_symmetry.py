@@ -28,6 +28,7 @@ from pyro_invariance.infer.collapsed_symmetry import (  # noqa: E402
     CollapsedSymmetryGuide,
     collapse_symmetry,
     default_symmetry_grid,
+    profile_noise,
 )
 from pyro_invariance.infer.symmetry_warmup import warm_up_conditional  # noqa: E402
 from pyro_invariance.infer.training import set_up_guide  # noqa: E402
@@ -169,13 +170,36 @@ def test_collapse_is_the_grid_posterior_of_the_common_noise_profile_and_a_guide_
     assert "vectorize_particles=False" in str(err.value).splitlines()[0]  # ours; Pyro appends the trace's shapes
 
 
+def test_streams_average_single_stream_profiles_and_report_their_shape_noise() -> None:
+    model, guide, x, y = _basis()
+    _perturbed(guide)
+    three = collapse_symmetry(model, guide, x, y, num_points=21, K=4, streams=3, seed=7)
+    singles = [collapse_symmetry(model, guide, x, y, num_points=21, K=4, seed=7 + r) for r in range(3)]
+    assert singles[0].profile_noise is None
+    each = torch.stack([c.profile for c in singles])
+    assert torch.equal(three.stream_profiles.double(), each)
+    assert np.allclose(three.posterior.log_evidence, each.mean(0).numpy(), rtol=0, atol=1e-12)
+    # the pooled shape noise, by hand: deviations from the mean profile, each less its mean over the points
+    # where q* has mass, pooled, one stream's (× √(R/(R−1))), then the mean's (÷ √R)
+    dens = torch.as_tensor(three.posterior.density)
+    where = dens >= 1e-3 * dens.max()
+    dev = (each - each.mean(0))[:, where]
+    dev = dev - dev.mean(1, keepdim=True)
+    expected = math.sqrt(float((dev**2).sum()) / (dev.numel() * 2 / 3)) / math.sqrt(3)
+    assert three.profile_noise == pytest.approx(expected, rel=1e-12)
+    # an offset shared by every η is not shape noise
+    shifted = each + torch.tensor([[0.0], [5.0], [-3.0]], dtype=torch.float64)
+    assert profile_noise(shifted, dens) == pytest.approx(three.profile_noise, rel=1e-9)
+
+
 def test_collapse_refusals_are_one_line() -> None:
     model, guide, x, y = _basis()
     fixed, fx, fy = entry("basis-regression").build()  # λ a point estimate
     cases = [(lambda: collapse_symmetry(fixed, guides.get("mean-field", fixed), fx, fy, num_points=5), "one latent symmetry site"),
              (lambda: collapse_symmetry(model, object(), x, y, num_points=5), "catalogue guide"),
              (lambda: collapse_symmetry(model, guide, x, y, grid=[0.5, 2.5]), "not strictly inside"),
-             (lambda: collapse_symmetry(model, guide, x, y, num_points=2), "num_points")]  # fmt: skip
+             (lambda: collapse_symmetry(model, guide, x, y, num_points=2), "num_points"),
+             (lambda: collapse_symmetry(model, guide, x, y, num_points=5, streams=0), "streams")]  # fmt: skip
     for call, match in cases:
         with pytest.raises(ValueError, match=match) as err:
             call()
@@ -200,7 +224,13 @@ def exact_lambda():
 @pytest.mark.parametrize("seed", (0, 1, 2))
 def test_collapsed_q_lambda_meets_the_issue_criterion_against_the_exact_posterior(seed, exact_lambda) -> None:
     """Issue 15's criterion, "q(λ) mean within 0.1·sd and sd within 25 % of the exact quadrature posterior",
-    for the collapsed q*(λ) of a warmed-up symmetry-conditional fit."""
+    for the collapsed q*(λ) of a warmed-up symmetry-conditional fit. Measured
+    (benchmarks/results/symmetry_posterior_basis.md, the same settings): sd ratios 0.864, 0.980, 0.880 and
+    mean errors −0.032, +0.034, −0.042 sd on seeds 0–2, where the same fits' Gaussian q(λ) has sd ratios
+    0.54–0.58. On the held-out seeds 3–5, run after this test was written, the sd part holds (1.036, 0.967,
+    0.967) but the mean part fails on two (+0.100, +0.118 sd; −0.022 holds). The exact posterior is symmetric
+    about 1, so the error is the profile's; a shift of 0.1 sd needs a tilt of only ≈ 0.1 nats across one sd
+    of λ, within reach of one stream of Monte-Carlo noise (not measured)."""
     model, guide, x, y = _basis(**COLLAPSE_GUIDE)
     warm_up_conditional(model, guide, (x, y), seed=seed, progress=False, **COLLAPSE_WARMUP)
     pi.fit(model, guide, (x, y), seed=seed, progress=False, **COLLAPSE_FIT)

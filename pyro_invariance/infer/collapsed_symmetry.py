@@ -28,6 +28,7 @@ there and q* avoids it; a conditional trained across η first
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import pyro
@@ -40,7 +41,7 @@ from pyro_invariance._pyro_scope import pyro_scope
 from pyro_invariance.diagnostics.symmetry_posterior import GridPosterior, grid_posterior, guide_evidence_profile
 from pyro_invariance.distributions import PiecewiseLinear
 
-__all__ = ["CollapsedSymmetryGuide", "collapse_symmetry", "default_symmetry_grid"]
+__all__ = ["CollapsedSymmetryGuide", "collapse_symmetry", "default_symmetry_grid", "profile_noise"]
 
 #: the default grid's end points sit this fraction of the support's width inside it (q(η) and the
 #: guide's η-transform are singular on the boundary)
@@ -63,6 +64,9 @@ class CollapsedSymmetryGuide(nn.Module):
             ``posterior.log_marginal`` is the collapsed bound log Z (nats, all of the data it was
             computed on).
         profile: ``(G,)`` the bound L(η_j) it was built from (``posterior.log_evidence`` as a tensor).
+        stream_profiles: ``(R, G)`` each stream's profile (set by :func:`collapse_symmetry`).
+        profile_noise: the Monte-Carlo noise of ``profile``'s shape, nats (:func:`profile_noise`; ``None``
+            with one stream).
     """
 
     def __init__(self, guide: Any, site: str, posterior: GridPosterior, batch_shape: Sequence[int] = (),
@@ -75,6 +79,8 @@ class CollapsedSymmetryGuide(nn.Module):
         self.register_buffer("grid", torch.as_tensor(posterior.grid, dtype=dtype))
         self.register_buffer("density", torch.as_tensor(posterior.density, dtype=dtype))
         self.register_buffer("profile", torch.as_tensor(posterior.log_evidence, dtype=torch.float64))
+        self.stream_profiles: Tensor = self.profile.unsqueeze(0)
+        self.profile_noise: float | None = None
 
     def distribution(self) -> Any:
         """q*(η) as a Pyro distribution of the site's batch and event shapes (the model's prior's)."""
@@ -108,7 +114,7 @@ def default_symmetry_grid(support: Any, num_points: int) -> Tensor:
 
 @pyro_scope()
 def collapse_symmetry(model: Any, guide: Any, x: Tensor, y: Tensor, grid: Sequence[float] | Tensor | None = None, *,
-                      num_points: int = 181, K: int = 100, seed: int = 0) -> CollapsedSymmetryGuide:  # fmt: skip
+                      num_points: int = 181, K: int = 100, streams: int = 1, seed: int = 0) -> CollapsedSymmetryGuide:  # fmt: skip
     """q*(η) ∝ p(η) exp(IWAE_K(η)) for the fitted ``guide``'s own q(θ | η) (module docstring).
 
     Args:
@@ -119,6 +125,9 @@ def collapse_symmetry(model: Any, guide: Any, x: Tensor, y: Tensor, grid: Sequen
         grid: increasing η values strictly inside the site's support; default
             :func:`default_symmetry_grid` with ``num_points`` points (bounded supports only).
         K: importance samples per point (K = 1: the ELBO of q(θ | η_j)).
+        streams: independent streams of common random numbers (seeds ``seed``, ``seed + 1``, …); the
+            profile is their mean (its Monte-Carlo noise falls as 1/√streams, the cost grows as streams),
+            and with two or more the returned guide reports that noise (``profile_noise``).
         seed: the common random numbers' seed (the caller's RNG state is restored).
 
     Returns:
@@ -146,11 +155,36 @@ def collapse_symmetry(model: Any, guide: Any, x: Tensor, y: Tensor, grid: Sequen
         raise ValueError(f"collapse_symmetry needs a scalar symmetry site, {site!r} has shape "
                          f"{tuple(prior.batch_shape + prior.event_shape)}")  # fmt: skip
     points = default_symmetry_grid(prior.support, num_points) if grid is None else torch.as_tensor(grid, dtype=torch.float64)
-    profile = guide_evidence_profile(model, guide, x, y, points.to(x.dtype), K=K, seed=seed, common_noise=True)
+    if int(streams) < 1:
+        raise ValueError(f"collapse_symmetry: streams must be >= 1, got {streams}")
+    each = torch.stack([guide_evidence_profile(model, guide, x, y, points.to(x.dtype), K=K, seed=seed + r, common_noise=True)
+                        for r in range(int(streams))])  # fmt: skip
+    profile = each.mean(0)
     shape = prior.batch_shape + prior.event_shape
     with torch.no_grad():
         at = points.to(x.dtype).to(x.device).reshape(len(points), *shape)
         log_prior = prior.log_prob(at).reshape(len(points), -1).sum(-1).double().cpu()
     posterior = grid_posterior(points, profile, log_prior)
-    return CollapsedSymmetryGuide(guide, site, posterior, batch_shape=prior.batch_shape, event_shape=prior.event_shape,
-                                  dtype=x.dtype).to(x.device)  # fmt: skip
+    collapsed = CollapsedSymmetryGuide(guide, site, posterior, batch_shape=prior.batch_shape, event_shape=prior.event_shape,
+                                       dtype=x.dtype).to(x.device)  # fmt: skip
+    collapsed.stream_profiles = each
+    collapsed.profile_noise = profile_noise(each, torch.as_tensor(posterior.density)) if len(each) > 1 else None
+    return collapsed
+
+
+def profile_noise(stream_profiles: Tensor, density: Tensor, floor: float = 1e-3) -> float:
+    """The Monte-Carlo noise in the *shape* of a profile averaged over R ≥ 2 streams (nats): per stream, its
+    deviation from the mean profile less that deviation's mean over η (an offset shared by every η does not
+    move q*); the pooled sd of those deviations, × √(R / (R − 1)) for one stream's, ÷ √R for the mean's —
+    over the grid points where the density is above ``floor`` of its peak. Compare it with how much the
+    profile changes across q*'s width (≈ ½ nat within one sd of a Gaussian q*): where it is larger, q*'s
+    shape is noise and more streams (or a larger K) are needed."""
+    each = stream_profiles.double()
+    r = each.shape[0]
+    if r < 2:
+        raise ValueError(f"profile_noise needs at least 2 streams, got {r}")
+    where = density >= floor * density.max()
+    dev = (each - each.mean(0))[:, where]
+    dev = dev - dev.mean(1, keepdim=True)
+    one = float(dev.pow(2).mean().sqrt()) * math.sqrt(r / (r - 1))
+    return one / math.sqrt(r)
