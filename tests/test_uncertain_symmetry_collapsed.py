@@ -1,0 +1,73 @@
+"""Issue 15's collapsed-q(η) benchmark (``benchmarks/uncertain_symmetry_collapsed.py``) at the quick size: a
+warmed-up unit (``uncertain_symmetry_warmup.py --fit``) is collapsed on two streams, the first with held-out
+metrics, the phases refuse to run out of order, and the diagnostic (e) is what its docstring says."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmark_scripts import load_benchmark
+
+QUICK = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "uncertain_symmetry_quick.json"
+UNIT = "rbf_upright_seed0"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_benchmark("uncertain_symmetry_collapsed")
+
+
+def _args(work: Path, states: Path, phase: str) -> list[str]:
+    return ["--from", str(QUICK), "--reference", str(work / "reference"), "--work-dir", str(work),
+            "--states", str(states), f"--{phase}", "--only", UNIT]  # fmt: skip
+
+
+def test_settings_are_the_stated_ones(bench) -> None:
+    assert bench.NUM_POINTS == 181 and bench.NOISE_SEED_OFFSET == 1
+    assert bench.FITS == {"rbf": ("rbf", ""), "linear": ("linear", ""), "no-warm-up": ("no-warm-up", ""),
+                          "rbf, refined": ("rbf", "_refined")}  # fmt: skip
+
+
+def test_a_warmed_up_unit_is_collapsed_on_two_streams(bench, tmp_path, monkeypatch) -> None:
+    warm = load_benchmark("uncertain_symmetry_warmup")
+    states = tmp_path / "warm"
+    assert warm.main(["--from", str(QUICK), "--reference", str(states / "reference"), "--work-dir", str(states),
+                      "--fit", "--only", UNIT]) == 0  # fmt: skip
+    monkeypatch.setattr(bench, "NUM_POINTS", 9)  # the quick size
+    work = tmp_path / "collapsed"
+    with pytest.raises(SystemExit):  # render before any collapse
+        bench.main(_args(work, states, "render"))
+    assert bench.main(_args(work, states, "collapse")) == 0
+    first, second = (json.loads((work / "collapsed" / f"{UNIT}_noise{k}.json").read_text()) for k in (0, 1))
+    assert first["noise_seed"] == 0 and second["noise_seed"] == 1
+    assert len(first["grid"]) == 9 and first["grid"] == second["grid"] and first["profile"] != second["profile"]
+    assert all(math.isfinite(v) for v in first["profile"]) and math.isfinite(first["log_marginal"])
+    assert {"nll", "accuracy"} <= set(first["metrics"]) and "metrics" not in second  # held-out: first stream only
+    draws = np.asarray(first["q_draws"])
+    assert draws.min() >= first["grid"][0] - 1e-5 and draws.max() <= first["grid"][-1] + 1e-5
+    # the collapse is the library's, on the saved fit, with the unit's seed
+    from pyro_invariance.infer.collapsed_symmetry import collapse_symmetry
+
+    model, guide, x, y, _ = warm.load_state(states / "states" / f"{UNIT}.pt")
+    again = collapse_symmetry(model, guide, x, y, num_points=9, K=int(json.loads(QUICK.read_text())["settings"]["iwae_K"]), seed=0)
+    assert np.allclose(again.posterior.log_evidence, first["profile"], rtol=0, atol=1e-9)
+    with pytest.raises(SystemExit):  # the reference is missing
+        bench.main(_args(work, states, "render"))
+
+
+def test_the_two_stream_diagnostic(bench) -> None:
+    grid = np.linspace(0.1, 3.0, 30)
+    profile = -0.5 * ((grid - 1.0) / 0.2) ** 2
+    one = {"grid": grid.tolist(), "profile": profile.tolist(), "density": np.exp(profile).tolist()}
+    shifted = {**one, "profile": (profile + 7.0).tolist()}
+    assert bench.shape_noise(one, shifted) == pytest.approx(0.0, abs=1e-12)  # a shared level is not noise
+    bumped = {**one, "profile": (profile + np.where(grid > 1.0, 1.0, -1.0)).tolist()}
+    assert bench.shape_noise(one, bumped) > 0.5
+    both = bench.two_streams(one, shifted, 4000, 0)
+    assert both["q_eta"]["mean"] == pytest.approx(1.0, abs=0.02)  # the mean profile's q*: N(1, 0.2²) on the grid
+    assert both["q_eta"]["sd"] == pytest.approx(0.2, rel=0.05)
