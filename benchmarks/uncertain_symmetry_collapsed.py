@@ -39,6 +39,20 @@ e. **The two streams together** (added after (d)'s first results were seen: one 
    over η of L₀ − L₁ less its mean (on the grid points where either q* has density above 10⁻³ of its peak),
    divided by √2 — a level shared by every η does not move q*, a shape does.
 
+f. **The ELBO's own q\*** (``--elbo``; decided after (d) and (e) were seen, settings fixed before it ran). The
+   Gaussian q(η) was trained on the ELBO, whose optimum over all q(η) for the fitted conditional is
+   q*_ELBO ∝ p(η) exp(ELBO(η)). With common random numbers the ELBO's shape noise is far below IWAE_K's: a mean
+   of log-weights moves smoothly with η, where IWAE's log-mean-exp follows its largest weight. So (f) asks
+   whether the Gaussian q(η) is as narrow as the best q(η) for *its own* objective. For the rbf and linear
+   warm-up fits (18 units): ``collapse_symmetry(..., K=1, streams=ELBO_STREAMS)`` (128 streams of one draw each:
+   the profile is a 128-draw ELBO, with ``profile_noise``; 128, not the 64 first written here, after a 2-stream
+   smoke run of the code on one unit (rbf, upright, seed 0) measured 3.1 nats of shape noise in the 2-stream mean,
+   ≈ 4.3 per stream, which 128 streams bring to ≈ 0.4) on ``ELBO_SPACING`` = 1° points over the window
+   [min(q05) − ``ELBO_MARGIN``, max(q95) + ``ELBO_MARGIN``] of the reference and the Gaussian q(η) (margin
+   0.35 rad, ≈ 4 of the reference's sd; clipped 10⁻³·π inside (0, π)); prior U(0, π) truncated to the window,
+   so the table also gives q*'s mass in the window's first and last 2°. Seeds: the unit's. Judged by the same
+   criteria.
+
 Results: ``benchmarks/results/uncertain_symmetry_collapsed_<suffix>.md``, ``.json``, ``.png``; the unit files
 (``--work-dir``) hold each collapse (profile, density, draws, metrics).
 """
@@ -75,6 +89,11 @@ STEM = "uncertain_symmetry_collapsed"
 NUM_POINTS = 181
 #: the noise check's second stream of common random numbers (module docstring, d)
 NOISE_SEED_OFFSET = 1
+#: the ELBO's own q* (module docstring, f)
+ELBO_STREAMS = 128
+ELBO_SPACING = math.pi / 180
+ELBO_MARGIN = 0.35
+ELBO_FITS = ("rbf", "linear")
 #: the fits (module docstring, a): ``(label, state stem suffix)``; a refined fit exists on some units only
 FITS: dict[str, tuple[str, str]] = {"rbf": ("rbf", ""), "linear": ("linear", ""), "no-warm-up": ("no-warm-up", ""),
                                     "rbf, refined": ("rbf", "_refined")}  # fmt: skip
@@ -122,6 +141,26 @@ def shape_noise(first: dict[str, Any], second: dict[str, Any]) -> float:
     where = (p0 > 1e-3 * p0.max()) | (p1 > 1e-3 * p1.max())
     diff = (np.asarray(first["profile"]) - np.asarray(second["profile"]))[where]
     return float(np.std(diff - diff.mean()) / math.sqrt(2.0))
+
+
+def elbo_unit(state: Path, size: dict[str, Any], low: float, high: float) -> dict[str, Any]:
+    """(f) for one fitted state: the ``ELBO_STREAMS``-stream ELBO profile's q* on the window around [low, high]."""
+    model, guide, x, y, meta = usw.load_state(state)
+    seed = int(meta["seed"])
+    edge = 1e-3 * math.pi
+    lo, hi = max(low - ELBO_MARGIN, edge), min(high + ELBO_MARGIN, math.pi - edge)
+    grid = np.linspace(lo, hi, int(round((hi - lo) / ELBO_SPACING)) + 1)
+    t0 = time.perf_counter()
+    collapsed = collapse_symmetry(model, guide, x, y, grid=grid, K=1, streams=ELBO_STREAMS, seed=seed)
+    seconds = time.perf_counter() - t0
+    with seeded_rng(seed):
+        draws = collapsed.distribution().sample((int(size["num_draws"]),)).reshape(-1).double().numpy()
+    post = collapsed.posterior
+    two = 2 * math.pi / 180
+    return {"meta": {k: meta[k] for k in ("variant", "dataset", "seed")}, "grid": post.grid.tolist(),
+            "profile": post.log_evidence.tolist(), "density": post.density.tolist(), "profile_noise": collapsed.profile_noise,
+            "edge_mass": [post.mass(lo, lo + two), post.mass(hi - two, hi)], "q_eta": us.draw_summary(draws),
+            "q_draws": draws.round(5).tolist(), "collapse_seconds": seconds}  # fmt: skip
 
 
 def judged(unit: dict[str, Any], ref: dict[str, Any], q: dict[str, Any]) -> dict[str, Any]:
@@ -190,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--states", type=Path, required=True, help="uncertain_symmetry_warmup.py's work dir (states/, evaluated/)")
     phase = parser.add_mutually_exclusive_group(required=True)
     phase.add_argument("--collapse", action="store_true", help="collapse every fitted state (b, c), then the noise check (d)")
+    phase.add_argument("--elbo", action="store_true", help="the ELBO's own q* of the rbf and linear fits (f)")
     phase.add_argument("--render", action="store_true", help="no computation: the tables from the unit files")
     parser.add_argument("--only", default=None, help="comma-separated state stems <variant>_<dataset>_seed<s>[_refined]")
     parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
@@ -218,8 +258,23 @@ def main(argv: list[str] | None = None) -> int:
                            f"({out['collapse_seconds']:.0f} s)")  # fmt: skip
         return 0
     refs = {(d, s): usr.read_unit_file(parser, args.reference, d, s, "--reference") for d, s in keys}
+    if args.elbo:
+        for fit, dataset, seed in jobs:
+            stem = state_stem(fit, dataset, seed)
+            out_path = args.work_dir / "collapsed" / f"{stem}_elbo.json"
+            if fit not in ELBO_FITS or out_path.exists():
+                continue
+            ref = usr.refined_unit(usi.input_unit(payload, dataset, seed), refs[(dataset, seed)])["grid"]["summary"]
+            q = json.loads((args.states / "evaluated" / f"{stem}.json").read_text())["q_eta"]
+            out = elbo_unit(args.states / "states" / f"{stem}.pt", size, min(ref["q05"], q["q05"]), max(ref["q95"], q["q95"]))
+            out_path.write_text(json.dumps(out, indent=1) + "\n")
+            common.log(f"{stem} (ELBO): q*(η) mean {out['q_eta']['mean']:.3f} sd {out['q_eta']['sd']:.3f}, profile noise "
+                       f"{out['profile_noise']:.3f} ({out['collapse_seconds']:.0f} s)")  # fmt: skip
+        return 0
     rows, by_fit, again_by_fit, gauss_by_fit = [], {f: [] for f in FITS}, {f: [] for f in FITS}, {f: [] for f in FITS}
     both_by_fit: dict[str, list[dict[str, Any]]] = {f: [] for f in FITS}
+    elbo_by_fit: dict[str, list[dict[str, Any]]] = {f: [] for f in FITS}
+    elbo_rows: list[dict[str, Any]] = []
     for fit, dataset, seed in jobs:
         stem = state_stem(fit, dataset, seed)
         path = args.work_dir / "collapsed" / f"{stem}_noise0.json"
@@ -242,6 +297,11 @@ def main(argv: list[str] | None = None) -> int:
         if a is not None:
             again_by_fit[fit].append(a)
             both_by_fit[fit].append(both)
+        elbo_path = args.work_dir / "collapsed" / f"{stem}_elbo.json"
+        if elbo_path.exists():
+            e = json.loads(elbo_path.read_text())
+            elbo_rows.append({"fit": fit, "gaussian": g, "elbo": judged(unit, ref, e), "raw": e})
+            elbo_by_fit[fit].append(elbo_rows[-1]["elbo"])
     verdicts: dict[str, list[dict[str, Any]]] = {}
     for fit in FITS:
         if by_fit[fit]:
@@ -251,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
             if again_by_fit[fit]:
                 verdicts[f"{fit}: collapsed q*(η), noise check (seed + {NOISE_SEED_OFFSET}){tag}"] = us.criteria(again_by_fit[fit])
                 verdicts[f"{fit}: collapsed q*(η) of the two streams' mean profile (e){tag}"] = us.criteria(both_by_fit[fit])
+            if elbo_by_fit[fit]:
+                verdicts[f"{fit}: the ELBO's own q*(η), {ELBO_STREAMS} streams (f){tag}"] = us.criteria(elbo_by_fit[fit])
     suffix = Path(args.inputs[0]).stem.removeprefix(us.STEM).strip("_").removeprefix(usw.GUIDE).strip("_")
     stem = f"{STEM}_{suffix}" if suffix else STEM
     settings.update({"input": Path(args.inputs[0]).name, "reference": f"{usr.STEM}: {usr.RESTARTS} restarts, {usr.RULES[0]}",
@@ -281,6 +343,18 @@ def main(argv: list[str] | None = None) -> int:
               "The two bounds differ in kind: the Gaussian fit's IWAE_K draws η afresh for each of its K particles; the "
               "collapsed log Z integrates IWAE_K(η) of the conditional at fixed η against the prior. Neither is below the "
               "other in general; both are below log p(D) in expectation.\n", "\n".join(held)]  # fmt: skip
+    if elbo_rows:
+        head = ["fit", "data, seed", "reference: mean ± sd [90 %]", "Gaussian q(η)", f"ELBO's q*(η), {ELBO_STREAMS} streams",
+                "overlap (q in grid, grid in q): Gaussian → ELBO's q*", f"profile noise (nats, {ELBO_STREAMS}-stream mean)",
+                "q* mass in the window's first, last 2°", "seconds"]  # fmt: skip
+        lines = ["| " + " | ".join(head) + " |", "|:---|" + "---:|" * (len(head) - 1)]
+        for r in elbo_rows:
+            g, e, raw = r["gaussian"], r["elbo"], r["raw"]
+            ov = lambda u: f"{u['overlap']['q_in_grid90']:.2f}, {u['overlap']['grid_in_q90']:.2f}"  # noqa: E731
+            lines.append(f"| {r['fit']} | {e['dataset']}, {e['seed']} | {fmt_q(e['grid']['summary'])} | {fmt_q(g['full_bayes']['q_eta'])} | "
+                         f"{fmt_q(e['full_bayes']['q_eta'])} | {ov(g)} → {ov(e)} | {raw['profile_noise']:.3f} | "
+                         f"{raw['edge_mass'][0]:.3f}, {raw['edge_mass'][1]:.3f} | {raw['collapse_seconds']:.0f} |")  # fmt: skip
+        parts += ["\n## The ELBO's own q*(η) (module docstring, f)\n", "\n".join(lines)]
     for label, v in verdicts.items():
         if "collapsed" in label and "noise" not in label:
             parts += [f"\n### {label}: the issue's criteria against the refined reference\n", us.criteria_table(v)]

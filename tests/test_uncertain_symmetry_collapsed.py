@@ -29,6 +29,8 @@ def _args(work: Path, states: Path, phase: str) -> list[str]:
 
 def test_settings_are_the_stated_ones(bench) -> None:
     assert bench.NUM_POINTS == 181 and bench.NOISE_SEED_OFFSET == 1
+    assert bench.ELBO_STREAMS == 128 and bench.ELBO_SPACING == pytest.approx(math.pi / 180) and bench.ELBO_MARGIN == 0.35
+    assert bench.ELBO_FITS == ("rbf", "linear")
     assert bench.FITS == {"rbf": ("rbf", ""), "linear": ("linear", ""), "no-warm-up": ("no-warm-up", ""),
                           "rbf, refined": ("rbf", "_refined")}  # fmt: skip
 
@@ -56,8 +58,9 @@ def test_a_warmed_up_unit_is_collapsed_on_two_streams(bench, tmp_path, monkeypat
     model, guide, x, y, _ = warm.load_state(states / "states" / f"{UNIT}.pt")
     again = collapse_symmetry(model, guide, x, y, num_points=9, K=int(json.loads(QUICK.read_text())["settings"]["iwae_K"]), seed=0)
     assert np.allclose(again.posterior.log_evidence, first["profile"], rtol=0, atol=1e-9)
-    with pytest.raises(SystemExit):  # the reference is missing
-        bench.main(_args(work, states, "render"))
+    for phase in ("render", "elbo"):  # the reference is missing
+        with pytest.raises(SystemExit):
+            bench.main(_args(work, states, phase))
 
 
 def test_the_two_stream_diagnostic(bench) -> None:
