@@ -132,7 +132,7 @@ def collapse_symmetry(model: Any, guide: Any, x: Tensor, y: Tensor, grid: Sequen
         x, y: the training data (all of it: the bound is of ``log p(D)``).
         grid: increasing η values strictly inside the site's support; default
             :func:`default_symmetry_grid` with ``num_points`` points (bounded supports only).
-        K: importance samples per point (K = 1: the ELBO of q(θ | η_j)).
+        K: importance samples per point (K = 1 with ``streams=R``: the R-draw ELBO of q(θ | η_j)).
         streams: independent streams of common random numbers (seeds ``seed``, ``seed + 1``, …); the
             profile is their mean (its Monte-Carlo noise falls as 1/√streams, the cost grows as streams),
             and with two or more the returned guide reports that noise (``profile_noise``).
