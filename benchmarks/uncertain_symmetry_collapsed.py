@@ -195,7 +195,8 @@ def unit_table(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    """Per (dataset, seed): the reference and each fit's collapsed q*(η) (lines), the Gaussian q(η)s (histograms)."""
+    """Per (dataset, seed): the reference, each fit's collapsed IWAE q*(η) (first stream, lines), its ELBO's own q*
+    (f; dashed, where it ran) and its Gaussian q(η) (histograms)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -209,15 +210,20 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         lo, hi = ref.quantile(0.001), ref.quantile(0.999)
         for r in mine:
             grid, dens = np.asarray(r["q_grid"]), np.asarray(r["q_density"])
-            line = ax.plot(grid, dens, lw=1.0, label=f"{r['fit']}: collapsed")[0]
-            ax.hist(r["gaussian"]["q_draws"], bins=40, density=True, alpha=0.25, color=line.get_color())
+            line = ax.plot(grid, dens, lw=1.0, label=f"{r['fit']}: collapsed IWAE q*")[0]
+            ax.hist(r["gaussian"]["q_draws"], bins=40, density=True, alpha=0.25, color=line.get_color(),
+                    label=f"{r['fit']}: Gaussian q(η)")  # fmt: skip
+            if r.get("elbo") is not None:
+                ax.plot(r["elbo"]["grid"], r["elbo"]["density"], "--", lw=1.0, color=line.get_color(),
+                        label=f"{r['fit']}: the ELBO's own q*")  # fmt: skip
             lo, hi = min(lo, r["collapsed"]["full_bayes"]["q_eta"]["q05"] - 0.1), max(hi, r["collapsed"]["full_bayes"]["q_eta"]["q95"] + 0.1)
         ax.plot(ref.grid, ref.density, "k-", lw=1.4, label="reference")
         ax.set_xlim(max(lo, 0.0), min(hi, np.pi))
         ax.set_title(f"{key[0]} {key[1]}", fontsize=8)
         ax.tick_params(labelsize=6)
-    axes[0][0].legend(fontsize=5)
-    fig.tight_layout()
+    handles = {label: h for ax in axes.flat for h, label in zip(*ax.get_legend_handles_labels())}
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=4, fontsize=6)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -302,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             e = json.loads(elbo_path.read_text())
             elbo_rows.append({"fit": fit, "gaussian": g, "elbo": judged(unit, ref, e), "raw": e})
             elbo_by_fit[fit].append(elbo_rows[-1]["elbo"])
+            rows[-1]["elbo"] = {"grid": e["grid"], "density": e["density"]}
     verdicts: dict[str, list[dict[str, Any]]] = {}
     for fit in FITS:
         if by_fit[fit]:

@@ -7,6 +7,8 @@
   (issue 12's core; the layer-wise factors are still to come).
 * :mod:`.prior_update` — closed-form prior-variance updates (Noether's razor), also as a ``fit`` callback.
 * :mod:`.warm_start` — start a fit from a finished run's guide means (the 3-body recipe's warm-up HNN).
+* :mod:`.symmetry_warmup` — train q(θ | η) across a wide, held q(η) before the joint fit (issue 15).
+* :mod:`.collapsed_symmetry` — the optimal q(η) for a fitted q(θ | η), by quadrature over one scalar η.
 * :mod:`.fast_step` — the lean training step: ELBOs without host reads (and the IWAE bound), capture,
   compilation, CUDA graphs.
 * :mod:`.bounds` — evidence bounds: ELBO, IWAE_K, PSIS k̂.
