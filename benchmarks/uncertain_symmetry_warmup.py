@@ -41,6 +41,10 @@ e. **The profile against the reference** (in ``--render``; added after the fits'
    ``elbo="iwae-given-symmetry"`` at K = 100 with this q(θ | η) — against the reference, by the overlap
    masses of the criteria (its mass inside the reference's central 90 % interval, and the reference's inside
    its own). Where it overlaps and q(η) does not, the ELBO fit's q(η) is narrower than its guide's own target.
+   (Read later with ``uncertain_symmetry_collapsed.py``: this profile has independent noise at each point, one
+   estimate's sd 3–24 nats; with common random numbers on a 1° grid the same guides' IWAE profile posterior is
+   about as narrow as q(η) and its place is Monte-Carlo noise, and the ELBO's own optimum sits on q(η). The
+   overlaps in (e) came from the noise.)
 
 f. **The IWAE refinement of the warm-up fits** (``--refine``; decided after (e) was seen, its settings
    those of ``uncertain_symmetry_iwae.py`` (b), unchanged: ``elbo="iwae-given-symmetry"``, K = 100, full
