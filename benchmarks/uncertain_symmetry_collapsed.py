@@ -59,7 +59,6 @@ Results: ``benchmarks/results/uncertain_symmetry_collapsed_<suffix>.md``, ``.jso
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -104,20 +103,26 @@ def state_stem(fit: str, dataset: str, seed: int) -> str:
     return usw.unit_name(variant, dataset, seed) + suffix
 
 
+def collapse_record(collapsed: Any, meta: dict[str, Any], size: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """What every unit file holds: the unit, q*'s grid, profile and density, ``num_draws`` draws of q* (seeded
+    by the unit's seed) and their summary, and the collapse's seconds."""
+    with seeded_rng(int(meta["seed"])):
+        draws = collapsed.distribution().sample((int(size["num_draws"]),)).reshape(-1).double().numpy()
+    post = collapsed.posterior
+    return {"meta": {k: meta[k] for k in ("variant", "dataset", "seed")}, "grid": post.grid.tolist(),
+            "profile": post.log_evidence.tolist(), "density": post.density.tolist(), "q_eta": us.draw_summary(draws),
+            "q_draws": draws.round(5).tolist(), "collapse_seconds": seconds}  # fmt: skip
+
+
 def collapse_unit(state: Path, size: dict[str, Any], offset: int) -> dict[str, Any]:
     """(b) and (c) for one fitted state; held-out metrics for the first stream only."""
     model, guide, x, y, meta = usw.load_state(state)
     seed = int(meta["seed"])
     t0 = time.perf_counter()
     collapsed = collapse_symmetry(model, guide, x, y, num_points=NUM_POINTS, K=int(size["iwae_K"]), seed=seed + offset)
-    seconds = time.perf_counter() - t0
-    with seeded_rng(seed):
-        draws = collapsed.distribution().sample((int(size["num_draws"]),)).reshape(-1).double().numpy()
+    out = collapse_record(collapsed, meta, size, time.perf_counter() - t0)
     post = collapsed.posterior
-    out = {"meta": {k: meta[k] for k in ("variant", "dataset", "seed")}, "noise_seed": seed + offset,
-           "grid": post.grid.tolist(), "profile": post.log_evidence.tolist(), "density": post.density.tolist(),
-           "log_marginal": post.log_marginal, "per_datum": post.log_marginal / x.shape[0], "q_eta": us.draw_summary(draws),
-           "q_draws": draws.round(5).tolist(), "collapse_seconds": seconds}  # fmt: skip
+    out.update({"noise_seed": seed + offset, "log_marginal": post.log_marginal, "per_datum": post.log_marginal / x.shape[0]})
     if offset == 0:
         data = usi.load_dataset(us.DATASETS[meta["dataset"]][0], size)
         out["metrics"] = pi.evaluate((model, collapsed), data, num_samples=int(size["eval_samples"]), seed=seed)
@@ -152,15 +157,11 @@ def elbo_unit(state: Path, size: dict[str, Any], low: float, high: float) -> dic
     grid = np.linspace(lo, hi, int(round((hi - lo) / ELBO_SPACING)) + 1)
     t0 = time.perf_counter()
     collapsed = collapse_symmetry(model, guide, x, y, grid=grid, K=1, streams=ELBO_STREAMS, seed=seed)
-    seconds = time.perf_counter() - t0
-    with seeded_rng(seed):
-        draws = collapsed.distribution().sample((int(size["num_draws"]),)).reshape(-1).double().numpy()
-    post = collapsed.posterior
+    out = collapse_record(collapsed, meta, size, time.perf_counter() - t0)
     two = 2 * math.pi / 180
-    return {"meta": {k: meta[k] for k in ("variant", "dataset", "seed")}, "grid": post.grid.tolist(),
-            "profile": post.log_evidence.tolist(), "density": post.density.tolist(), "profile_noise": collapsed.profile_noise,
-            "edge_mass": [post.mass(lo, lo + two), post.mass(hi - two, hi)], "q_eta": us.draw_summary(draws),
-            "q_draws": draws.round(5).tolist(), "collapse_seconds": seconds}  # fmt: skip
+    out.update({"profile_noise": collapsed.profile_noise,
+                "edge_mass": [collapsed.posterior.mass(lo, lo + two), collapsed.posterior.mass(hi - two, hi)]})  # fmt: skip
+    return out
 
 
 def judged(unit: dict[str, Any], ref: dict[str, Any], q: dict[str, Any]) -> dict[str, Any]:
@@ -229,21 +230,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    usr.add_input_arguments(parser, "the symmetry-conditional run (type-II and the units' data)")
-    usr.add_reference_arguments(parser, "where the collapsed unit files go (resumable)")
+    parser = usr.phase_parser(__doc__, "the symmetry-conditional run (type-II and the units' data)",
+                              "where the collapsed unit files go (resumable)",
+                              {"collapse": "collapse every fitted state (b, c), then the noise check (d)",
+                               "elbo": "the ELBO's own q* of the rbf and linear fits (f)",
+                               "render": "no computation: the tables from the unit files"},
+                              "comma-separated state stems <variant>_<dataset>_seed<s>[_refined]")  # fmt: skip
     parser.add_argument("--states", type=Path, required=True, help="uncertain_symmetry_warmup.py's work dir (states/, evaluated/)")
-    phase = parser.add_mutually_exclusive_group(required=True)
-    phase.add_argument("--collapse", action="store_true", help="collapse every fitted state (b, c), then the noise check (d)")
-    phase.add_argument("--elbo", action="store_true", help="the ELBO's own q* of the rbf and linear fits (f)")
-    phase.add_argument("--render", action="store_true", help="no computation: the tables from the unit files")
-    parser.add_argument("--only", default=None, help="comma-separated state stems <variant>_<dataset>_seed<s>[_refined]")
-    parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    common.set_threads(args.threads)
-    torch.set_num_threads(args.threads)
-    payloads, _, settings, size, keys = usr.read_inputs(parser, args)
+    args, payloads, _, settings, size, keys = usr.parse_phase_args(parser, argv)
     if len(payloads) != 1:
         parser.error("--from: one results file of uncertain_symmetry.py")
     payload = payloads[0]

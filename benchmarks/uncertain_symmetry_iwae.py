@@ -54,7 +54,6 @@ states are not kept (``.pt`` files are not committed): what the tables need is i
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -281,22 +280,16 @@ def plot(pairs: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]], pa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    usr.add_input_arguments(parser, "one per guide, as for uncertain_symmetry_refined.py")
-    usr.add_reference_arguments(parser, "where the prepared and refined states go (resumable)")
-    phase = parser.add_mutually_exclusive_group(required=True)
-    phase.add_argument("--prepare", action="store_true", help="repeat and save the inputs' ELBO fits (CPU)")
-    phase.add_argument("--refine", action="store_true", help="continue every prepared fit by the refinement")
-    phase.add_argument("--evaluate", action="store_true", help="draws, bounds and metrics of every refined fit (CPU)")
-    phase.add_argument("--profile", action="store_true", help="the amortisation profile of every fit (CPU; module docstring, d)")
-    phase.add_argument("--render", action="store_true", help="no fits: the tables from the evaluated units")
+    parser = usr.phase_parser(__doc__, "one per guide, as for uncertain_symmetry_refined.py",
+                              "where the prepared and refined states go (resumable)",
+                              {"prepare": "repeat and save the inputs' ELBO fits (CPU)",
+                               "refine": "continue every prepared fit by the refinement",
+                               "evaluate": "draws, bounds and metrics of every refined fit (CPU)",
+                               "profile": "the amortisation profile of every fit (CPU; module docstring, d)",
+                               "render": "no fits: the tables from the evaluated units"},
+                              "comma-separated unit names <guide>_<dataset>_seed<s> to run")  # fmt: skip
     parser.add_argument("--device", default="cpu", help="device of --refine (cuda on a GPU machine)")
-    parser.add_argument("--only", default=None, help="comma-separated unit names <guide>_<dataset>_seed<s> to run")
-    parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    common.set_threads(args.threads)
-    payloads, names, settings, size, keys = usr.read_inputs(parser, args)
+    args, payloads, names, settings, size, keys = usr.parse_phase_args(parser, argv)
     jobs = [(p, name, d, s) for p, name in zip(payloads, names) for d, s in keys]
     if args.only:
         wanted = set(args.only.split(","))

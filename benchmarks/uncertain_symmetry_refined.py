@@ -498,6 +498,31 @@ def add_reference_arguments(parser: argparse.ArgumentParser, work_dir_help: str)
     parser.add_argument("--work-dir", type=Path, required=True, help=work_dir_help)
 
 
+def phase_parser(doc: str, input_about: str, work_dir_help: str, phases: dict[str, str],
+                 only_help: str) -> argparse.ArgumentParser:  # fmt: skip
+    """The command line that the scripts built on this one's reference share (the IWAE refinement, the warm-up,
+    the collapsed q(η)): ``--from``/``--names``, ``--reference``/``--work-dir``, exactly one of the ``phases``
+    (flag -> help), ``--only`` (unit names), ``--out-dir`` and ``--threads``; a script adds its own before parsing."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_input_arguments(parser, input_about)
+    add_reference_arguments(parser, work_dir_help)
+    group = parser.add_mutually_exclusive_group(required=True)
+    for flag, text in phases.items():
+        group.add_argument(f"--{flag}", action="store_true", help=text)
+    parser.add_argument("--only", default=None, help=only_help)
+    parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
+    parser.add_argument("--threads", type=int, default=1)
+    return parser
+
+
+def parse_phase_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, list[dict[str, Any]], list[str], dict[str, Any], dict[str, Any], list[tuple[str, int]]]:  # fmt: skip
+    """Parse, set the thread count, and read the inputs (:func:`read_inputs`): ``(args, payloads, names,
+    settings, size, keys)``."""
+    args = parser.parse_args(argv)
+    common.set_threads(args.threads)
+    return (args, *read_inputs(parser, args))
+
+
 def read_unit_file(parser: argparse.ArgumentParser, directory: Path, dataset: str, seed: int, what: str) -> dict[str, Any]:
     """The JSON file ``<directory>/<dataset>_seed<seed>.json``; a missing one is a one-line error naming ``what``."""
     path = Path(directory) / f"{dataset}_seed{seed}.json"

@@ -67,7 +67,6 @@ files (``--work-dir``) hold each fit's evaluation; the fitted states (``.pt``) a
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -287,21 +286,14 @@ def plot(base: list[dict[str, Any]], by_variant: dict[str, list[dict[str, Any]]]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    usr.add_input_arguments(parser, "the symmetry-conditional run, whose fits had no warm-up")
-    usr.add_reference_arguments(parser, "where the unit files go (resumable)")
-    phase = parser.add_mutually_exclusive_group(required=True)
-    phase.add_argument("--fit", action="store_true", help="warm-up, joint fit and evaluation of every unit (CPU)")
-    phase.add_argument("--profile", action="store_true", help="the amortisation profile of every fitted unit")
-    phase.add_argument("--refine", action="store_true", help="continue fitted units by the IWAE-given-η refinement (f)")
-    phase.add_argument("--render", action="store_true", help="no fits: the tables from the unit files")
+    parser = usr.phase_parser(__doc__, "the symmetry-conditional run, whose fits had no warm-up", "where the unit files go (resumable)",
+                              {"fit": "warm-up, joint fit and evaluation of every unit (CPU)",
+                               "profile": "the amortisation profile of every fitted unit",
+                               "refine": "continue fitted units by the IWAE-given-η refinement (f)",
+                               "render": "no fits: the tables from the unit files"},
+                              "comma-separated unit names <variant>_<dataset>_seed<s>")  # fmt: skip
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
-    parser.add_argument("--only", default=None, help="comma-separated unit names <variant>_<dataset>_seed<s>")
-    parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    common.set_threads(args.threads)
-    payloads, _, settings, size, keys = usr.read_inputs(parser, args)
+    args, payloads, _, settings, size, keys = usr.parse_phase_args(parser, argv)
     if len(payloads) != 1:
         parser.error("--from: one results file of uncertain_symmetry.py (the fits without warm-up)")
     variants = args.variants.split(",")

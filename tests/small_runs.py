@@ -1,4 +1,5 @@
-"""Small invariant-MLP runs on 8×8 rotated digits shared by the training, run-safety and input tests."""
+"""Small invariant-MLP runs on 8×8 rotated digits shared by the training, run-safety and input tests, and the
+basis regression with a latent λ that the issue-15 guide tests share."""
 
 from __future__ import annotations
 
@@ -35,3 +36,15 @@ def fit_state(result: Any) -> dict[str, torch.Tensor]:
     """Model and guide state of a fit result, keys prefixed ``m.`` / ``g.``."""
     return {**{f"m.{k}": v for k, v in result.model.state_dict().items()},
             **{f"g.{k}": v for k, v in result.guide.state_dict().items()}}  # fmt: skip
+
+
+def basis_lambda_conditional(**guide_kw: Any) -> tuple[Any, Any, torch.Tensor, torch.Tensor]:
+    """``(model, guide, x, y)``: the ``basis-regression-lambda`` reference model and data with a set-up
+    symmetry-conditional guide (``guide_kw`` passed to it)."""
+    from pyro_invariance.diagnostics.reference import entry
+    from pyro_invariance.infer.training import set_up_guide
+
+    model, x, y = entry("basis-regression-lambda").build()
+    guide = guides.get("symmetry-conditional", model, **guide_kw)
+    set_up_guide(model, guide, x[:2], y[:2], num_data=x.shape[0])
+    return model, guide, x, y

@@ -31,7 +31,7 @@ from pyro_invariance.infer.collapsed_symmetry import (  # noqa: E402
     profile_noise,
 )
 from pyro_invariance.infer.symmetry_warmup import warm_up_conditional  # noqa: E402
-from pyro_invariance.infer.training import set_up_guide  # noqa: E402
+from small_runs import basis_lambda_conditional  # noqa: E402
 
 WIDE = math.pi / math.sqrt(3.0)
 
@@ -109,11 +109,7 @@ def test_piecewise_linear_refuses_bad_grids_in_one_line() -> None:
 # basis regression with λ latent: the profile's common random numbers and the collapse
 
 
-def _basis(**guide_kw):
-    model, x, y = entry("basis-regression-lambda").build()
-    guide = guides.get("symmetry-conditional", model, **guide_kw)
-    set_up_guide(model, guide, x[:2], y[:2], num_data=x.shape[0])
-    return model, guide, x, y
+_basis = basis_lambda_conditional
 
 
 def _perturbed(guide) -> None:

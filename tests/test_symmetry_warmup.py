@@ -19,7 +19,7 @@ from torch.distributions import biject_to  # noqa: E402
 from pyro_invariance import guides  # noqa: E402
 from pyro_invariance.diagnostics.reference import entry  # noqa: E402
 from pyro_invariance.infer.symmetry_warmup import warm_up_conditional  # noqa: E402
-from pyro_invariance.infer.training import set_up_guide  # noqa: E402
+from small_runs import basis_lambda_conditional  # noqa: E402
 
 WIDE = math.pi / math.sqrt(3.0)
 
@@ -31,11 +31,7 @@ def _fresh_param_store():
     pyro.clear_param_store()
 
 
-def _basis(**guide_kw):
-    model, x, y = entry("basis-regression-lambda").build()
-    guide = guides.get("symmetry-conditional", model, **guide_kw)
-    set_up_guide(model, guide, x[:2], y[:2], num_data=x.shape[0])
-    return model, guide, x, y
+_basis = basis_lambda_conditional
 
 
 def test_warm_up_holds_q_lambda_trains_the_rest_and_restores_gradients() -> None:
