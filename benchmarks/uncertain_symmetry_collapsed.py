@@ -17,7 +17,8 @@ Method (every setting fixed and committed before any collapse of this script ran
 
 a. **Fits.** Every state that ``uncertain_symmetry_warmup.py --fit`` / ``--refine`` left in its work dir
    (``--states``): the rbf and linear warm-up fits and the no-warm-up control (seeds 0–2, three datasets),
-   and the two IWAE refinements that ran (rbf, upright seeds 0 and 2).
+   and the IWAE refinements that ran (rbf, upright seeds 0 and 2; then, on a GPU, rbf upright seed 1 and linear
+   upright seed 0).
 b. **Collapse.** ``collapse_symmetry(model, guide, x, y, num_points=NUM_POINTS, K=iwae_K, seed=seed)`` on the
    unit's 300 training images: IWAE_K(η_j) (K = 100, the input run's) of the fit's own q(θ | η_j) at
    ``NUM_POINTS`` = 181 points on (0, π) (end points 10⁻³·π inside, 179 evenly spaced between: spacing
@@ -52,6 +53,22 @@ f. **The ELBO's own q\*** (``--elbo``; decided after (d) and (e) were seen, sett
    0.35 rad, ≈ 4 of the reference's sd; clipped 10⁻³·π inside (0, π)); prior U(0, π) truncated to the window,
    so the table also gives q*'s mass in the window's first and last 2°. Seeds: the unit's. Judged by the same
    criteria.
+
+g. **A hundred IWAE streams** (``--streams``; decided after (f), a GPU phase, settings fixed and committed
+   before it first ran). (d)–(e) found one IWAE_100 stream's shape noise at 0.7–11.6 nats, so the IWAE q*'s
+   width and place were noise; (f) lowered the noise for the ELBO, not for IWAE. Per fitted state (every state
+   of (a), and the refinements that exist when it runs): ``collapse_symmetry(..., K=iwae_K, streams=STREAMS,
+   stream_batch=STREAM_BATCH, seed=seed)`` (100 streams of K = 100, drawn as 20-stream blocks of one
+   vectorised pass of 2000 particles per point, ``--device``; the noise of the mean profile ÷ 10 against one
+   stream) on 1° points over the window [min(q05) − ``ELBO_MARGIN``, max(q95) + ``ELBO_MARGIN``] of the
+   reference, the Gaussian q(η) and (b)'s and (d)'s q* (clipped 10⁻³·π inside (0, π)); prior U(0, π)
+   truncated to the window, with q*'s mass in its first and last 2° reported. Also from the same draws, at no
+   extra cost: the *pooled* bound IWAE_{10⁴}(η) = logsumexp over the streams − log 100 (one importance
+   estimate with all 10⁴ particles: a tighter bound than IWAE_100, closer to log p(D | η)) and its q*, with
+   its noise estimated from the two halves' pools (streams 0–49 and 50–99: the sd over η of their difference
+   less its mean, on the points where either q* has density above 10⁻³ of its peak, ÷ 2). Judged by the same
+   criteria; the stream profiles are kept in the unit files. Units run upright first, then ±90°, then
+   rotated, within a fixed device time; units that did not finish are listed as missing.
 
 Results: ``benchmarks/results/uncertain_symmetry_collapsed_<suffix>.md``, ``.json``, ``.png``; the unit files
 (``--work-dir``) hold each collapse (profile, density, draws, metrics).
@@ -93,9 +110,12 @@ ELBO_STREAMS = 128
 ELBO_SPACING = math.pi / 180
 ELBO_MARGIN = 0.35
 ELBO_FITS = ("rbf", "linear")
+#: a hundred IWAE streams (module docstring, g)
+STREAMS = 100
+STREAM_BATCH = 20
 #: the fits (module docstring, a): ``(label, state stem suffix)``; a refined fit exists on some units only
 FITS: dict[str, tuple[str, str]] = {"rbf": ("rbf", ""), "linear": ("linear", ""), "no-warm-up": ("no-warm-up", ""),
-                                    "rbf, refined": ("rbf", "_refined")}  # fmt: skip
+                                    "rbf, refined": ("rbf", "_refined"), "linear, refined": ("linear", "_refined")}  # fmt: skip
 
 
 def state_stem(fit: str, dataset: str, seed: int) -> str:
@@ -151,16 +171,57 @@ def shape_noise(first: dict[str, Any], second: dict[str, Any]) -> float:
 def elbo_unit(state: Path, size: dict[str, Any], low: float, high: float) -> dict[str, Any]:
     """(f) for one fitted state: the ``ELBO_STREAMS``-stream ELBO profile's q* on the window around [low, high]."""
     model, guide, x, y, meta = usw.load_state(state)
-    seed = int(meta["seed"])
-    edge = 1e-3 * math.pi
-    lo, hi = max(low - ELBO_MARGIN, edge), min(high + ELBO_MARGIN, math.pi - edge)
-    grid = np.linspace(lo, hi, int(round((hi - lo) / ELBO_SPACING)) + 1)
+    seed, grid = int(meta["seed"]), window_grid(low, high)
     t0 = time.perf_counter()
     collapsed = collapse_symmetry(model, guide, x, y, grid=grid, K=1, streams=ELBO_STREAMS, seed=seed)
     out = collapse_record(collapsed, meta, size, time.perf_counter() - t0)
-    two = 2 * math.pi / 180
-    out.update({"profile_noise": collapsed.profile_noise,
-                "edge_mass": [collapsed.posterior.mass(lo, lo + two), collapsed.posterior.mass(hi - two, hi)]})  # fmt: skip
+    out.update({"profile_noise": collapsed.profile_noise, "edge_mass": edge_mass(collapsed.posterior)})
+    return out
+
+
+def window_grid(low: float, high: float) -> np.ndarray:
+    """1° points over [low − ``ELBO_MARGIN``, high + ``ELBO_MARGIN``], clipped 10⁻³·π inside (0, π) (f, g)."""
+    edge = 1e-3 * math.pi
+    lo, hi = max(low - ELBO_MARGIN, edge), min(high + ELBO_MARGIN, math.pi - edge)
+    return np.linspace(lo, hi, int(round((hi - lo) / ELBO_SPACING)) + 1)
+
+
+def edge_mass(post: Any) -> list[float]:
+    """q*'s mass in the window's first and last 2°."""
+    two, lo, hi = 2 * math.pi / 180, float(post.grid[0]), float(post.grid[-1])
+    return [post.mass(lo, lo + two), post.mass(hi - two, hi)]
+
+
+def pooled(stream_profiles: np.ndarray) -> np.ndarray:
+    """IWAE_{RK}(η) of R IWAE_K streams of the same draws: logsumexp over the streams − log R (g)."""
+    return torch.logsumexp(torch.as_tensor(stream_profiles), 0).numpy() - math.log(len(stream_profiles))
+
+
+def streams_unit(state: Path, size: dict[str, Any], low: float, high: float, device: str) -> dict[str, Any]:
+    """(g) for one fitted state on ``device``: the ``STREAMS``-stream IWAE_K q* on the window around [low, high],
+    and the pooled IWAE_{STREAMS·K} q* of the same draws (noise from its two halves)."""
+    model, guide, x, y, meta = usw.load_state(state, device)
+    seed, grid = int(meta["seed"]), window_grid(low, high)
+    t0 = time.perf_counter()
+    collapsed = collapse_symmetry(model, guide, x.to(device), y.to(device), grid=grid, K=int(size["iwae_K"]), streams=STREAMS,
+                                  stream_batch=STREAM_BATCH, seed=seed)  # fmt: skip
+    seconds = time.perf_counter() - t0
+    collapsed = collapsed.cpu()
+    out = collapse_record(collapsed, meta, size, seconds)
+    each = collapsed.stream_profiles.double().cpu().numpy()
+    log_prior = np.full_like(grid, -math.log(us.ETA_MAX))
+    pool, halves = pooled(each), [pooled(each[: STREAMS // 2]), pooled(each[STREAMS // 2 :])]
+    post = grid_posterior(grid, pool, log_prior)
+    with seeded_rng(seed):
+        draws = PiecewiseLinear(torch.as_tensor(post.grid), torch.as_tensor(post.density)).sample((int(size["num_draws"]),)).numpy()
+    dens = [grid_posterior(grid, h, log_prior).density for h in halves]
+    where = (dens[0] > 1e-3 * dens[0].max()) | (dens[1] > 1e-3 * dens[1].max())
+    diff = (halves[0] - halves[1])[where]
+    out.update({"streams": STREAMS, "stream_batch": STREAM_BATCH, "device": device, "profile_noise": collapsed.profile_noise,
+                "edge_mass": edge_mass(collapsed.posterior), "stream_profiles": each.round(4).tolist(),
+                "pooled": {"profile": pool.tolist(), "density": post.density.tolist(), "q_eta": us.draw_summary(draws),
+                           "q_draws": draws.round(5).tolist(), "noise": float(np.std(diff - diff.mean()) / 2.0),
+                           "edge_mass": edge_mass(post)}})  # fmt: skip
     return out
 
 
@@ -234,9 +295,11 @@ def main(argv: list[str] | None = None) -> int:
                               "where the collapsed unit files go (resumable)",
                               {"collapse": "collapse every fitted state (b, c), then the noise check (d)",
                                "elbo": "the ELBO's own q* of the rbf and linear fits (f)",
+                               "streams": "a hundred IWAE streams of every fitted state (g; --device cuda)",
                                "render": "no computation: the tables from the unit files"},
                               "comma-separated state stems <variant>_<dataset>_seed<s>[_refined]")  # fmt: skip
     parser.add_argument("--states", type=Path, required=True, help="uncertain_symmetry_warmup.py's work dir (states/, evaluated/)")
+    parser.add_argument("--device", default="cpu", help="device of --streams (cuda on a GPU machine)")
     args, payloads, _, settings, size, keys = usr.parse_phase_args(parser, argv)
     if len(payloads) != 1:
         parser.error("--from: one results file of uncertain_symmetry.py")
@@ -270,6 +333,23 @@ def main(argv: list[str] | None = None) -> int:
             out_path.write_text(json.dumps(out, indent=1) + "\n")
             common.log(f"{stem} (ELBO): q*(η) mean {out['q_eta']['mean']:.3f} sd {out['q_eta']['sd']:.3f}, profile noise "
                        f"{out['profile_noise']:.3f} ({out['collapse_seconds']:.0f} s)")  # fmt: skip
+        return 0
+    if args.streams:
+        order = {d: i for i, d in enumerate(("digits", "partially-rotated-digits", "rotated-digits"))}
+        for fit, dataset, seed in sorted(jobs, key=lambda j: (order.get(us.DATASETS[j[1]][0], 3), j[2])):
+            stem = state_stem(fit, dataset, seed)
+            out_path = args.work_dir / "collapsed" / f"{stem}_streams.json"
+            if out_path.exists():
+                continue
+            ref = usr.refined_unit(usi.input_unit(payload, dataset, seed), refs[(dataset, seed)])["grid"]["summary"]
+            qs = [json.loads((args.states / "evaluated" / f"{stem}.json").read_text())["q_eta"], ref]
+            qs += [json.loads(p.read_text())["q_eta"] for p in sorted((args.work_dir / "collapsed").glob(f"{stem}_noise*.json"))]
+            out = streams_unit(args.states / "states" / f"{stem}.pt", size, min(q["q05"] for q in qs), max(q["q95"] for q in qs),
+                               args.device)  # fmt: skip
+            out_path.write_text(json.dumps(out) + "\n")
+            common.log(f"{stem} ({STREAMS} streams): q*(η) mean {out['q_eta']['mean']:.3f} sd {out['q_eta']['sd']:.3f}, noise "
+                       f"{out['profile_noise']:.2f}; pooled {out['pooled']['q_eta']['mean']:.3f} ± {out['pooled']['q_eta']['sd']:.3f}, "
+                       f"noise {out['pooled']['noise']:.2f} ({out['collapse_seconds']:.0f} s)")  # fmt: skip
         return 0
     rows, by_fit, again_by_fit, gauss_by_fit = [], {f: [] for f in FITS}, {f: [] for f in FITS}, {f: [] for f in FITS}
     both_by_fit: dict[str, list[dict[str, Any]]] = {f: [] for f in FITS}

@@ -67,6 +67,7 @@ files (``--work-dir``) hold each fit's evaluation; the fitted states (``.pt``) a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -147,20 +148,27 @@ def evaluate(res: Any, variant: str, dataset: str, seed: int, size: dict[str, An
             "metrics": us.held_out(res, data, size, seed)}  # fmt: skip
 
 
-def refine_unit(state: Path, out_state: Path, size: dict[str, Any]) -> dict[str, Any]:
-    """A fitted unit continued by ``uncertain_symmetry_iwae.REFINE`` (module docstring, f), evaluated."""
-    model, guide, x, y, meta = load_state(state)
+def refine_unit(state: Path, out_state: Path, size: dict[str, Any], device: str = "cpu") -> dict[str, Any]:
+    """A fitted unit continued by ``uncertain_symmetry_iwae.REFINE`` (module docstring, f) on ``device``,
+    then evaluated on the CPU from the saved state (as every other unit)."""
+    model, guide, x, y, meta = load_state(state, device)
     cfg = usi.refine_config(size)
     t0 = time.perf_counter()
-    res = pi.fit(model, guide, (x, y), seed=int(meta["seed"]), progress=False, **cfg)
+    res = pi.fit(model, guide, (x, y), seed=int(meta["seed"]), progress=False, device=device, **cfg)
     seconds = time.perf_counter() - t0
-    usi.save_state(out_state, model, guide, x, y, {**meta, "refine": cfg})
+    usi.save_state(out_state, model, guide, x, y, {**meta, "refine": cfg, "device": device})
+    if device != "cpu":
+        model, guide, *_ = load_state(out_state)
+        res = dataclasses.replace(res, model=model, guide=guide)
     ev = evaluate(res, meta["variant"], meta["dataset"], int(meta["seed"]), size)
-    return {**ev, "refine": cfg, "refine_seconds": seconds, "refine_final_bound_per_datum": float(res.final_elbo)}
+    return {**ev, "refine": cfg, "refine_seconds": seconds, "refine_final_bound_per_datum": float(res.final_elbo),
+            "device": device}  # fmt: skip
 
 
-def load_state(path: Path) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
-    """(model, guide, x, y, meta) from :func:`fit_unit`'s state (``weights_only=True``)."""
+def load_state(path: Path, device: str = "cpu") -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+    """(model, guide, x, y, meta) from :func:`fit_unit`'s state (``weights_only=True``), the model and guide
+    on ``device`` (the guide set up there: an autoguide keeps the prior's tensors from its set-up); ``x``,
+    ``y`` stay on the CPU."""
     import torch
 
     state = torch.load(path, map_location="cpu", weights_only=True)
@@ -168,9 +176,11 @@ def load_state(path: Path) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
     data = SimpleNamespace(image_shape=tuple(meta["image_shape"]), num_classes=int(meta["num_classes"]))
     model = us.make_model(data, meta["size"], int(meta["seed"]), symmetry_prior="uniform")
     model.load_state_dict(state["model"])
+    model.to(device)
     guide = make_guide(model, meta["variant"])
     x, y = state["x"], state["y"]
-    usi.set_up_guide(model, guide, x[:2], y[:2], num_data=x.shape[0])
+    usi.set_up_guide(model, guide, x[:2].to(device), y[:2].to(device), num_data=x.shape[0])
+    guide.to(device)
     guide.load_state_dict(state["guide"])
     return model, guide, x, y, meta
 
@@ -293,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                                "render": "no fits: the tables from the unit files"},
                               "comma-separated unit names <variant>_<dataset>_seed<s>")  # fmt: skip
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
+    parser.add_argument("--device", default="cpu", help="device of --refine (cuda on a GPU machine; evaluated on the CPU)")
     args, payloads, _, settings, size, keys = usr.parse_phase_args(parser, argv)
     if len(payloads) != 1:
         parser.error("--from: one results file of uncertain_symmetry.py (the fits without warm-up)")
@@ -318,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.refine and not (args.work_dir / "evaluated" / f"{name}_refined.json").exists():
             if not state.exists():
                 parser.error(f"--refine: {state} is missing (run --fit first)")
-            ev = refine_unit(state, args.work_dir / "states" / f"{name}_refined.pt", size)
+            ev = refine_unit(state, args.work_dir / "states" / f"{name}_refined.pt", size, args.device)
             (args.work_dir / "evaluated" / f"{name}_refined.json").write_text(json.dumps(ev, indent=1) + "\n")
             common.log(f"{name}: refined q(η) mean {ev['q_eta']['mean']:.3f} sd {ev['q_eta']['sd']:.3f} "
                        f"({ev['refine_seconds']:.0f} s)")  # fmt: skip

@@ -188,6 +188,48 @@ def test_streams_average_single_stream_profiles_and_report_their_shape_noise() -
     assert profile_noise(shifted, dens) == pytest.approx(three.profile_noise, rel=1e-9)
 
 
+def test_blocks_are_the_pooled_draws_split_into_streams() -> None:
+    """``blocks=R``: R·K particles at each point in one pass; logsumexp over the blocks less log R is the IWAE_{RK}
+    of the same draws, i.e. the K·R-particle profile with the same seed (basis regression: sequential particles;
+    the invariant MLP: vectorised)."""
+    model, guide, x, y = _basis()
+    _perturbed(guide)
+    grid = [0.4, 0.9, 1.3]
+    blocks = guide_evidence_profile(model, guide, x, y, grid, K=4, seed=5, common_noise=True, blocks=3)
+    pooled = guide_evidence_profile(model, guide, x, y, grid, K=12, seed=5, common_noise=True)
+    assert blocks.shape == (3, 3) and blocks.dtype == torch.float64
+    assert torch.allclose(torch.logsumexp(blocks, 0) - math.log(3), pooled, rtol=1e-6, atol=0)  # float32 weights
+    assert (blocks[0] != blocks[1]).all()  # independent blocks
+    mlp = pi.models.get("invariant-mlp", image_shape=(1, 8, 8), hidden=8, num_transforms=2, symmetry_prior="uniform")
+    assert mlp.vectorizable_particles
+    q = guides.get("symmetry-conditional", mlp)
+    torch.manual_seed(0)
+    xi, yi = torch.rand(12, 1, 8, 8), torch.randint(0, 10, (12,))
+    etas = [0.3, 2.0]
+    blocks = guide_evidence_profile(mlp, q, xi, yi, etas, K=5, seed=1, common_noise=True, blocks=4)
+    pooled = guide_evidence_profile(mlp, q, xi, yi, etas, K=20, seed=1, common_noise=True)
+    assert blocks.shape == (4, 2)
+    assert torch.allclose(torch.logsumexp(blocks, 0) - math.log(4), pooled, rtol=1e-6, atol=0)
+    with pytest.raises(ValueError, match="blocks must be >= 1") as err:
+        guide_evidence_profile(model, guide, x, y, grid, K=4, blocks=0)
+    assert "\n" not in str(err.value)
+
+
+def test_stream_batch_draws_streams_as_blocks_of_one_pass() -> None:
+    model, guide, x, y = _basis()
+    _perturbed(guide)
+    four = collapse_symmetry(model, guide, x, y, num_points=11, K=3, streams=4, stream_batch=2, seed=7)
+    grid = four.posterior.grid
+    each = torch.cat([guide_evidence_profile(model, guide, x, y, torch.as_tensor(grid).float(), K=3, seed=7 + c,
+                                             common_noise=True, blocks=2) for c in range(2)])  # fmt: skip
+    assert torch.equal(four.stream_profiles, each)
+    assert np.allclose(four.posterior.log_evidence, each.mean(0).numpy(), rtol=0, atol=1e-12)
+    assert four.profile_noise is not None and four.profile_noise > 0
+    with pytest.raises(ValueError, match="divide streams") as err:
+        collapse_symmetry(model, guide, x, y, num_points=5, streams=4, stream_batch=3)
+    assert "\n" not in str(err.value)
+
+
 def test_collapse_refusals_are_one_line() -> None:
     model, guide, x, y = _basis()
     fixed, fx, fy = entry("basis-regression").build()  # λ a point estimate

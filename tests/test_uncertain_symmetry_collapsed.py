@@ -31,8 +31,9 @@ def test_settings_are_the_stated_ones(bench) -> None:
     assert bench.NUM_POINTS == 181 and bench.NOISE_SEED_OFFSET == 1
     assert bench.ELBO_STREAMS == 128 and bench.ELBO_SPACING == pytest.approx(math.pi / 180) and bench.ELBO_MARGIN == 0.35
     assert bench.ELBO_FITS == ("rbf", "linear")
+    assert bench.STREAMS == 100 and bench.STREAM_BATCH == 20
     assert bench.FITS == {"rbf": ("rbf", ""), "linear": ("linear", ""), "no-warm-up": ("no-warm-up", ""),
-                          "rbf, refined": ("rbf", "_refined")}  # fmt: skip
+                          "rbf, refined": ("rbf", "_refined"), "linear, refined": ("linear", "_refined")}  # fmt: skip
 
 
 def test_a_warmed_up_unit_is_collapsed_on_two_streams(bench, tmp_path, monkeypatch) -> None:
@@ -58,9 +59,26 @@ def test_a_warmed_up_unit_is_collapsed_on_two_streams(bench, tmp_path, monkeypat
     model, guide, x, y, _ = warm.load_state(states / "states" / f"{UNIT}.pt")
     again = collapse_symmetry(model, guide, x, y, num_points=9, K=int(json.loads(QUICK.read_text())["settings"]["iwae_K"]), seed=0)
     assert np.allclose(again.posterior.log_evidence, first["profile"], rtol=0, atol=1e-9)
-    for phase in ("render", "elbo"):  # the reference is missing
+    for phase in ("render", "elbo", "streams"):  # the reference is missing
         with pytest.raises(SystemExit):
             bench.main(_args(work, states, phase))
+    # (g) at a small size: 4 streams in blocks of 2 on the window's 1° points; the pooled bound of the same draws
+    monkeypatch.setattr(bench, "STREAMS", 4)
+    monkeypatch.setattr(bench, "STREAM_BATCH", 2)
+    size = {"iwae_K": 3, "num_draws": 500}
+    out = bench.streams_unit(states / "states" / f"{UNIT}.pt", size, 0.5, 0.52, "cpu")
+    grid = np.asarray(out["grid"])
+    assert grid[0] == pytest.approx(0.15) and grid[-1] == pytest.approx(0.87) and np.allclose(np.diff(grid), math.pi / 180, rtol=0.02)
+    each = np.asarray(out["stream_profiles"])
+    assert each.shape == (4, len(grid)) and out["streams"] == 4 and out["stream_batch"] == 2
+    assert np.allclose(each.mean(0), out["profile"], atol=1e-3)  # kept rounded to 4 decimals
+    model, guide, x, y, _ = warm.load_state(states / "states" / f"{UNIT}.pt")
+    lib = collapse_symmetry(model, guide, x, y, grid=grid, K=3, streams=4, stream_batch=2, seed=0)
+    assert np.allclose(lib.posterior.log_evidence, out["profile"], rtol=0, atol=1e-9)
+    pool = np.log(np.exp(each - each.max(0)).mean(0)) + each.max(0)
+    assert np.allclose(out["pooled"]["profile"], pool, atol=1e-3)
+    assert out["profile_noise"] > 0 and out["pooled"]["noise"] >= 0 and len(out["edge_mass"]) == 2
+    assert grid[0] - 1e-5 <= out["pooled"]["q_eta"]["q05"] <= out["pooled"]["q_eta"]["q95"] <= grid[-1] + 1e-5
 
 
 def test_the_two_stream_diagnostic(bench) -> None:

@@ -124,7 +124,8 @@ def default_symmetry_grid(support: Any, num_points: int) -> Tensor:
 
 @pyro_scope()
 def collapse_symmetry(model: Any, guide: Any, x: Tensor, y: Tensor, grid: Sequence[float] | Tensor | None = None, *,
-                      num_points: int = 181, K: int = 100, streams: int = 1, seed: int = 0) -> CollapsedSymmetryGuide:  # fmt: skip
+                      num_points: int = 181, K: int = 100, streams: int = 1, stream_batch: int = 1,
+                      seed: int = 0) -> CollapsedSymmetryGuide:  # fmt: skip
     """q*(η) ∝ p(η) exp(IWAE_K(η)) for the fitted ``guide``'s own q(θ | η) (module docstring).
 
     Args:
@@ -138,6 +139,10 @@ def collapse_symmetry(model: Any, guide: Any, x: Tensor, y: Tensor, grid: Sequen
         streams: independent streams of common random numbers (seeds ``seed``, ``seed + 1``, …); the
             profile is their mean (its Monte-Carlo noise falls as 1/√streams, the cost grows as streams),
             and with two or more the returned guide reports that noise (``profile_noise``).
+        stream_batch: streams drawn together, as blocks of one pass of ``stream_batch·K`` particles at each
+            point (``guide_evidence_profile(..., blocks=stream_batch)``): the same estimator, far faster on
+            a GPU. ``streams`` must be a multiple of it; with B > 1, pass c (seed ``seed + c``) gives
+            streams ``c·B … c·B + B − 1`` (other random numbers than B = 1's, the same statistics).
         seed: the common random numbers' seed (the caller's RNG state is restored).
 
     Returns:
@@ -167,8 +172,16 @@ def collapse_symmetry(model: Any, guide: Any, x: Tensor, y: Tensor, grid: Sequen
     points = default_symmetry_grid(prior.support, num_points) if grid is None else torch.as_tensor(grid, dtype=torch.float64)
     if int(streams) < 1:
         raise ValueError(f"collapse_symmetry: streams must be >= 1, got {streams}")
-    each = torch.stack([guide_evidence_profile(model, guide, x, y, points.to(x.dtype), K=K, seed=seed + r, common_noise=True)
-                        for r in range(int(streams))])  # fmt: skip
+    batch = int(stream_batch)
+    if batch < 1 or int(streams) % batch:
+        raise ValueError(f"collapse_symmetry: stream_batch must be >= 1 and divide streams={streams}, got {stream_batch}")
+    values = points.to(x.dtype)
+    if batch == 1:
+        each = torch.stack([guide_evidence_profile(model, guide, x, y, values, K=K, seed=seed + r, common_noise=True)
+                            for r in range(int(streams))])  # fmt: skip
+    else:
+        each = torch.cat([guide_evidence_profile(model, guide, x, y, values, K=K, seed=seed + c, common_noise=True, blocks=batch)
+                          for c in range(int(streams) // batch)])  # fmt: skip
     profile = each.mean(0)
     shape = prior.batch_shape + prior.event_shape
     with torch.no_grad():

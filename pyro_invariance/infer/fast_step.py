@@ -240,7 +240,9 @@ class LeanIWAE_ELBO(_ForModel, Trace_ELBO):
     covering the posterior (the bound tightens as q approaches the posterior in a mass-covering
     sense); K = 1 is the ELBO."""
 
-    def differentiable_loss(self, model: Any, guide: Any, *args: Any, **kwargs: Any) -> Tensor:
+    def log_weights(self, model: Any, guide: Any, *args: Any, **kwargs: Any) -> Tensor:
+        """The ``num_particles`` importance log-weights ``log p(D, z_k) − log q(z_k)``, particles first
+        (``(K,)``, or ``(K, …)`` where the model's log-density keeps further dimensions)."""
         weights = []
         for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
             for name, site in guide_trace.nodes.items():
@@ -248,7 +250,10 @@ class LeanIWAE_ELBO(_ForModel, Trace_ELBO):
                     raise ValueError(f"elbo='iwae' needs reparameterised guide sites; {name!r} is not")
             sum_dims = get_dependent_plate_dims(model_trace.nodes.values())
             weights.append(_log_density(model_trace, sum_dims) - _log_density(guide_trace, sum_dims))
-        log_w = _particles(self, weights)
+        return _particles(self, weights)
+
+    def differentiable_loss(self, model: Any, guide: Any, *args: Any, **kwargs: Any) -> Tensor:
+        log_w = self.log_weights(model, guide, *args, **kwargs)
         return -(torch.logsumexp(log_w, dim=0) - math.log(self.num_particles)).sum()
 
 
