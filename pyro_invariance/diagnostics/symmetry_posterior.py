@@ -255,7 +255,7 @@ def guide_evidence_profile(model: Any, guide: Any, x: Tensor, y: Tensor, values:
         torch.manual_seed(seed)
         prior = poutine.trace(model).get_trace(x[:1], y[:1], num_data=n).nodes[site]["fn"]
         poutine.trace(guide).get_trace(x[:1], y[:1], num_data=n)  # sets a lazily built guide up
-        values = torch.as_tensor(values, dtype=x.dtype)
+        values = torch.as_tensor(values, dtype=x.dtype, device=x.device)
         for value in values.reshape(len(values), *prior.event_shape):
             if common_noise:
                 torch.manual_seed(seed)
