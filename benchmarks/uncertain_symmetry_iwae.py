@@ -66,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common  # noqa: E402
 
 import numpy as np  # noqa: E402
+import pyro  # noqa: E402
 import torch  # noqa: E402
 
 import pyro_invariance as pi  # noqa: E402
@@ -120,6 +121,7 @@ def load_state(path: Path, device: str = "cpu") -> tuple[Any, Any, torch.Tensor,
     model.to(device)
     guide = pi.guides.get(meta["guide"], model)
     x, y = state["x"], state["y"]
+    pyro.clear_param_store()  # the set-up runs in Pyro's global mode: no earlier guide's values (or device) by name
     set_up_guide(model, guide, x[:2].to(device), y[:2].to(device), num_data=x.shape[0])
     guide.to(device)
     guide.load_state_dict(state["guide"])

@@ -67,7 +67,6 @@ files (``--work-dir``) hold each fit's evaluation; the fitted states (``.pt``) a
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import sys
@@ -140,12 +139,12 @@ def fit_unit(variant: str, dataset: str, seed: int, size: dict[str, Any], warmup
 
 
 def evaluate(res: Any, variant: str, dataset: str, seed: int, size: dict[str, Any]) -> dict[str, Any]:
-    """q(η) draws, IWAE_K bound and held-out metrics of a fit (module docstring, b)."""
+    """q(η) draws, IWAE_K bound and held-out metrics of a fit (``res.model``, ``res.guide``; module docstring, b)."""
     data = usi.load_dataset(us.DATASETS[dataset][0], size)
     draws = us.q_draws(res, data, size, seed)
     return {"meta": {"variant": variant, "guide": GUIDE, "dataset": dataset, "seed": seed},
             "q_eta": us.draw_summary(draws), "q_draws": draws.round(5).tolist(), "iwae": us.bound(res, data, size, seed),
-            "metrics": us.held_out(res, data, size, seed)}  # fmt: skip
+            "metrics": us.held_out((res.model, res.guide), data, size, seed)}  # fmt: skip
 
 
 def refine_unit(state: Path, out_state: Path, size: dict[str, Any], device: str = "cpu") -> dict[str, Any]:
@@ -155,14 +154,19 @@ def refine_unit(state: Path, out_state: Path, size: dict[str, Any], device: str 
     cfg = usi.refine_config(size)
     t0 = time.perf_counter()
     res = pi.fit(model, guide, (x, y), seed=int(meta["seed"]), progress=False, device=device, **cfg)
-    seconds = time.perf_counter() - t0
-    usi.save_state(out_state, model, guide, x, y, {**meta, "refine": cfg, "device": device})
-    if device != "cpu":
-        model, guide, *_ = load_state(out_state)
-        res = dataclasses.replace(res, model=model, guide=guide)
-    ev = evaluate(res, meta["variant"], meta["dataset"], int(meta["seed"]), size)
-    return {**ev, "refine": cfg, "refine_seconds": seconds, "refine_final_bound_per_datum": float(res.final_elbo),
-            "device": device}  # fmt: skip
+    done = {"refine": cfg, "device": device, "refine_seconds": time.perf_counter() - t0,
+            "refine_final_bound_per_datum": float(res.final_elbo)}  # fmt: skip
+    usi.save_state(out_state, model, guide, x, y, {**meta, **done})
+    return evaluate_refined(out_state, size)
+
+
+def evaluate_refined(out_state: Path, size: dict[str, Any]) -> dict[str, Any]:
+    """:func:`evaluate` of a refined state on the CPU (as every other unit; also one refined on a device whose
+    run ended before its evaluation). A state saved without its seconds (the first GPU run) reports ``None``."""
+    model, guide, _, _, meta = load_state(out_state)
+    ev = evaluate(SimpleNamespace(model=model, guide=guide), meta["variant"], meta["dataset"], int(meta["seed"]), size)
+    return {**ev, "refine": meta["refine"], "refine_seconds": meta.get("refine_seconds"), "device": meta.get("device", "cpu"),
+            "refine_final_bound_per_datum": meta.get("refine_final_bound_per_datum")}  # fmt: skip
 
 
 def load_state(path: Path, device: str = "cpu") -> tuple[Any, Any, Any, Any, dict[str, Any]]:
@@ -179,6 +183,7 @@ def load_state(path: Path, device: str = "cpu") -> tuple[Any, Any, Any, Any, dic
     model.to(device)
     guide = make_guide(model, meta["variant"])
     x, y = state["x"], state["y"]
+    pyro.clear_param_store()  # the set-up runs in Pyro's global mode: no earlier guide's values (or device) by name
     usi.set_up_guide(model, guide, x[:2].to(device), y[:2].to(device), num_data=x.shape[0])
     guide.to(device)
     guide.load_state_dict(state["guide"])
@@ -265,7 +270,7 @@ def refined_table(pairs: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> st
                                 f"{u['profile']['overlap']['q_in_grid90']:.2f}" if "profile" in u else "–" for u in (b, a)),
                      " → ".join(f"{u['profile']['vs_reference']['profile_in_reference90']:.2f}, "
                                 f"{u['profile']['vs_reference']['reference_in_profile90']:.2f}" if "profile" in u else "–" for u in (b, a)),
-                     f"{a['refine_seconds']:.0f}"])  # fmt: skip
+                     "not recorded" if a["refine_seconds"] is None else f"{a['refine_seconds']:.0f}"])  # fmt: skip
     return common.md_table(header, rows)
 
 
@@ -329,10 +334,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.refine and not (args.work_dir / "evaluated" / f"{name}_refined.json").exists():
             if not state.exists():
                 parser.error(f"--refine: {state} is missing (run --fit first)")
-            ev = refine_unit(state, args.work_dir / "states" / f"{name}_refined.pt", size, args.device)
+            refined = args.work_dir / "states" / f"{name}_refined.pt"
+            ev = evaluate_refined(refined, size) if refined.exists() else refine_unit(state, refined, size, args.device)
             (args.work_dir / "evaluated" / f"{name}_refined.json").write_text(json.dumps(ev, indent=1) + "\n")
             common.log(f"{name}: refined q(η) mean {ev['q_eta']['mean']:.3f} sd {ev['q_eta']['sd']:.3f} "
-                       f"({ev['refine_seconds']:.0f} s)")  # fmt: skip
+                       f"({ev['refine_seconds'] or 0:.0f} s on {ev['device']})")  # fmt: skip
         elif args.profile:
             if not state.exists():
                 parser.error(f"--profile: {state} is missing (run --fit first)")
