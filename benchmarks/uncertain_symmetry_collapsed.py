@@ -69,6 +69,11 @@ g. **A hundred IWAE streams** (``--streams``; decided after (f), a GPU phase, se
    less its mean, on the points where either q* has density above 10⁻³ of its peak, ÷ 2). Judged by the same
    criteria; the stream profiles are kept in the unit files. Units run upright first, then ±90°, then
    rotated, within a fixed device time; units that did not finish are listed as missing.
+   How it ran (``uncertain_symmetry_collapsed_device.sh`` on one H100, two calls, 15 min of device time in
+   all): the first call ran four processes and two ran out of GPU memory (one process peaks near 30 GB);
+   two units finished. The second ran two processes for 540 s: 17 more. So 19 of the 31 states ran — every
+   upright one (the 9 warm-up and control fits and the 4 refinements) and 6 of the 9 ±90° ones; no fully
+   rotated one. Each took 44–81 s on the shared GPU (51–58 points on upright digits, 67–79 on ±90°).
 
 Results: ``benchmarks/results/uncertain_symmetry_collapsed_<suffix>.md``, ``.json``, ``.png``; the unit files
 (``--work-dir``) hold each collapse (profile, density, draws, metrics).
@@ -256,9 +261,31 @@ def unit_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def streams_table(rows: list[dict[str, Any]], jobs: list[tuple[str, str, int]], work_dir: Path) -> str:
+    """(g) per unit that ran: the reference, the Gaussian q(η), the ELBO's own q* (f), the 100-stream IWAE q* and the
+    pooled IWAE_{10⁴} q*, with overlaps and noise; then the units that did not run."""
+    head = ["fit", "data, seed", "reference: mean ± sd [90 %]", "Gaussian q(η)", "ELBO's q* (f)", f"IWAE q*, {STREAMS} streams",
+            "overlap (q in grid, grid in q): Gaussian → IWAE q*", "profile noise (nats, mean of 100)",
+            f"pooled IWAE_{{{STREAMS}·K}} q*; overlap", "pooled noise (nats)", "IWAE q* mass in the window's first, last 2°",
+            "seconds (GPU)"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|:---|" + "---:|" * (len(head) - 1)]
+    ov = lambda u: f"{u['overlap']['q_in_grid90']:.2f}, {u['overlap']['grid_in_q90']:.2f}"  # noqa: E731
+    for r in rows:
+        g, m, p, raw = r["gaussian"], r["streams"], r["pooled"], r["raw"]
+        elbo = fmt_q(r["elbo"]["full_bayes"]["q_eta"]) if r["elbo"] is not None else "–"
+        lines.append(f"| {r['fit']} | {m['dataset']}, {m['seed']} | {fmt_q(m['grid']['summary'])} | {fmt_q(g['full_bayes']['q_eta'])} | "
+                     f"{elbo} | {fmt_q(m['full_bayes']['q_eta'])} | {ov(g)} → {ov(m)} | {raw['profile_noise']:.2f} | "
+                     f"{fmt_q(p['full_bayes']['q_eta'])}; {ov(p)} | {raw['pooled']['noise']:.2f} | "
+                     f"{raw['edge_mass'][0]:.3f}, {raw['edge_mass'][1]:.3f} | {raw['collapse_seconds']:.0f} |")  # fmt: skip
+    missing = [state_stem(*j) for j in jobs if not (work_dir / "collapsed" / f"{state_stem(*j)}_streams.json").exists()]
+    if missing:
+        lines.append(f"\nNot run (the device time ran out; module docstring, g): {', '.join(missing)}.")
+    return "\n".join(lines)
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     """Per (dataset, seed): the reference, each fit's collapsed IWAE q*(η) (first stream, lines), its ELBO's own q*
-    (f; dashed, where it ran) and its Gaussian q(η) (histograms)."""
+    (f; dashed, where it ran), its 100-stream IWAE q* (g; dotted, where it ran) and its Gaussian q(η) (histograms)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -278,6 +305,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
             if r.get("elbo") is not None:
                 ax.plot(r["elbo"]["grid"], r["elbo"]["density"], "--", lw=1.0, color=line.get_color(),
                         label=f"{r['fit']}: the ELBO's own q*")  # fmt: skip
+            if r.get("streams") is not None:
+                ax.plot(r["streams"]["grid"], r["streams"]["density"], ":", lw=1.4, color=line.get_color(),
+                        label=f"{r['fit']}: IWAE q*, {STREAMS} streams")  # fmt: skip
             lo, hi = min(lo, r["collapsed"]["full_bayes"]["q_eta"]["q05"] - 0.1), max(hi, r["collapsed"]["full_bayes"]["q_eta"]["q95"] + 0.1)
         ax.plot(ref.grid, ref.density, "k-", lw=1.4, label="reference")
         ax.set_xlim(max(lo, 0.0), min(hi, np.pi))
@@ -355,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     both_by_fit: dict[str, list[dict[str, Any]]] = {f: [] for f in FITS}
     elbo_by_fit: dict[str, list[dict[str, Any]]] = {f: [] for f in FITS}
     elbo_rows: list[dict[str, Any]] = []
+    streams_rows: list[dict[str, Any]] = []
+    streams_by_fit: dict[str, list[dict[str, Any]]] = {f: [] for f in FITS}
+    pooled_by_fit: dict[str, list[dict[str, Any]]] = {f: [] for f in FITS}
     for fit, dataset, seed in jobs:
         stem = state_stem(fit, dataset, seed)
         path = args.work_dir / "collapsed" / f"{stem}_noise0.json"
@@ -383,6 +416,15 @@ def main(argv: list[str] | None = None) -> int:
             elbo_rows.append({"fit": fit, "gaussian": g, "elbo": judged(unit, ref, e), "raw": e})
             elbo_by_fit[fit].append(elbo_rows[-1]["elbo"])
             rows[-1]["elbo"] = {"grid": e["grid"], "density": e["density"]}
+        streams_path = args.work_dir / "collapsed" / f"{stem}_streams.json"
+        if streams_path.exists():
+            raw = json.loads(streams_path.read_text())
+            many, pool = judged(unit, ref, raw), judged(unit, ref, raw["pooled"])
+            elbo = elbo_rows[-1]["elbo"] if elbo_path.exists() else None
+            streams_rows.append({"fit": fit, "gaussian": g, "elbo": elbo, "streams": many, "pooled": pool, "raw": raw})
+            streams_by_fit[fit].append(many)
+            pooled_by_fit[fit].append(pool)
+            rows[-1]["streams"] = {"grid": raw["grid"], "density": raw["density"]}
     verdicts: dict[str, list[dict[str, Any]]] = {}
     for fit in FITS:
         if by_fit[fit]:
@@ -394,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
                 verdicts[f"{fit}: collapsed q*(η) of the two streams' mean profile (e){tag}"] = us.criteria(both_by_fit[fit])
             if elbo_by_fit[fit]:
                 verdicts[f"{fit}: the ELBO's own q*(η), {ELBO_STREAMS} streams (f){tag}"] = us.criteria(elbo_by_fit[fit])
+            if streams_by_fit[fit]:
+                verdicts[f"{fit}: IWAE q*(η), {STREAMS} streams (g; the units that ran)"] = us.criteria(streams_by_fit[fit])
+                verdicts[f"{fit}: pooled IWAE_{{{STREAMS}·K}} q*(η) (g; the units that ran)"] = us.criteria(pooled_by_fit[fit])
     suffix = Path(args.inputs[0]).stem.removeprefix(us.STEM).strip("_").removeprefix(usw.GUIDE).strip("_")
     stem = f"{STEM}_{suffix}" if suffix else STEM
     settings.update({"input": Path(args.inputs[0]).name, "reference": f"{usr.STEM}: {usr.RESTARTS} restarts, {usr.RULES[0]}",
@@ -436,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{fmt_q(e['full_bayes']['q_eta'])} | {ov(g)} → {ov(e)} | {raw['profile_noise']:.3f} | "
                          f"{raw['edge_mass'][0]:.3f}, {raw['edge_mass'][1]:.3f} | {raw['collapse_seconds']:.0f} |")  # fmt: skip
         parts += ["\n## The ELBO's own q*(η) (module docstring, f)\n", "\n".join(lines)]
+    if streams_rows:
+        parts += ["\n## A hundred IWAE streams (module docstring, g)\n", streams_table(streams_rows, jobs, args.work_dir)]
     for label, v in verdicts.items():
         if "collapsed" in label and "noise" not in label:
             parts += [f"\n### {label}: the issue's criteria against the refined reference\n", us.criteria_table(v)]
@@ -447,8 +494,15 @@ def main(argv: list[str] | None = None) -> int:
              "two_streams_q_eta": r["both"]["full_bayes"]["q_eta"] if r["both"] else None,
              "two_streams_overlap": r["both"]["overlap"] if r["both"] else None, "shape_noise": r["shape_noise"],
              "collapsed_bound": r["collapsed_bound"], "seconds": r["seconds"]} for r in rows]  # fmt: skip
+    lean_streams = [{"fit": r["fit"], "dataset": r["streams"]["dataset"], "seed": r["streams"]["seed"],
+                     "q_eta": r["streams"]["full_bayes"]["q_eta"], "overlap": r["streams"]["overlap"],
+                     "profile_noise": r["raw"]["profile_noise"], "edge_mass": r["raw"]["edge_mass"],
+                     "pooled_q_eta": r["pooled"]["full_bayes"]["q_eta"], "pooled_overlap": r["pooled"]["overlap"],
+                     "pooled_noise": r["raw"]["pooled"]["noise"], "seconds": r["raw"]["collapse_seconds"],
+                     "device": r["raw"]["device"]} for r in streams_rows]  # fmt: skip
     common.write_results(stem, "\n".join(parts), {"info": info, "settings": settings, "command": command,
-                                                  "verdicts": verdicts, "units": lean}, args.out_dir)  # fmt: skip
+                                                  "verdicts": verdicts, "units": lean, "streams_units": lean_streams},
+                         args.out_dir)  # fmt: skip
     plot(rows, Path(args.out_dir) / f"{stem}.png")
     usr.log_verdicts(verdicts)
     return 0

@@ -52,8 +52,12 @@ f. **The IWAE refinement of the warm-up fits** (``--refine``; decided after (e) 
    ~45 min (2.7 s a step), so without a GPU it ran on the units chosen before any of them ran, in this order:
    rbf on upright seeds 0 and 2 (where the earlier fits were furthest from the reference), then rbf on upright
    seed 1 and linear on upright seed 0. The first two took 84 min each (two at a time on a 2-core CPU shared
-   with other runs); the session ended before the other two could run. The tables report every unit it ran
-   on; a criterion is judged over the seeds it ran on, and the number of those seeds is shown.
+   with other runs); the other two ran in a later session on a lent H100 (``--refine --device cuda`` from
+   ``uncertain_symmetry_collapsed_device.sh``; under 100 s each, the settings unchanged). Their evaluation
+   there failed after the fits were saved (the CPU reload picked up the GPU tensors of the same names from
+   Pyro's global param store; fixed since: ``load_state`` empties it first), so they were evaluated on the
+   CPU from the saved states, and their seconds and final bounds were not recorded. The tables report every
+   unit it ran on; a criterion is judged over the seeds it ran on, and the number of those seeds is shown.
 
 g. **Control for the extra steps** (variant ``"no-warm-up"``; decided after (a)–(e) were seen, because the
    warm-up fits train 2000 steps longer than the input run's): the linear variant's guide and start
