@@ -1,4 +1,4 @@
-"""Issue 15: the collapsed q(η) — the optimal q(η) for each fitted q(θ | η), by quadrature — against the grid reference.
+r"""Issue 15: the collapsed q(η) — the optimal q(η) for each fitted q(θ | η), by quadrature — against the grid reference.
 
 Why. ``uncertain_symmetry_warmup.py`` left one criterion failing: the Gaussian q(η) of the warm-up fits sits
 inside the reference's 90 % interval but is about half as wide (sd 0.03 against 0.07–0.08 on upright digits;
@@ -75,6 +75,20 @@ g. **A hundred IWAE streams** (``--streams``; decided after (f), a GPU phase, se
    upright one (the 9 warm-up and control fits and the 4 refinements) and 6 of the 9 ±90° ones; no fully
    rotated one. Each took 44–81 s on the shared GPU (51–58 points on upright digits, 67–79 on ±90°).
 
+h. **The IWAE q* seen at the reference's resolution** (``--render``; a diagnostic decided after (g) was seen,
+   its settings fixed and committed before it first ran). (g) leaves the IWAE q* about half as wide as the
+   reference on upright digits with its own noise gone, so the question moves to the reference: it is a grid
+   posterior on 5° points (0.087 rad, twice the width in question), with a piecewise-linear density between
+   them and σ/√R = 1.3–3.3 nats of independent noise at each point (``uncertain_symmetry_refined.py`` (d)).
+   Per (g) unit: its 100-stream mean profile, linearly interpolated to the reference's window points (the
+   points with restarts; those outside (g)'s window are dropped and counted), made a grid posterior there
+   the reference's way (prior U(0, π) truncated to those points, trapezoidal rule); its sd without noise,
+   and with the unit's own σ/√R added independently at each point, ``RESOLUTION_REPLICATES`` = 200
+   replicates (numpy generator seeded by the unit's seed): mean, sd and 5–95 % range of the sd. Beside it
+   the reference's sd on the same window points (its aligned-mean values, truncated the same way) and on all
+   its points (as judged). If the reference's window sd falls inside the replicates' range, the reference's
+   resolution and noise alone can make the IWAE q* look as wide as it; if it is above, they cannot.
+
 Results: ``benchmarks/results/uncertain_symmetry_collapsed_<suffix>.md``, ``.json``, ``.png``; the unit files
 (``--work-dir``) hold each collapse (profile, density, draws, metrics).
 """
@@ -118,6 +132,8 @@ ELBO_FITS = ("rbf", "linear")
 #: a hundred IWAE streams (module docstring, g)
 STREAMS = 100
 STREAM_BATCH = 20
+#: the IWAE q* at the reference's resolution (module docstring, h)
+RESOLUTION_REPLICATES = 200
 #: the fits (module docstring, a): ``(label, state stem suffix)``; a refined fit exists on some units only
 FITS: dict[str, tuple[str, str]] = {"rbf": ("rbf", ""), "linear": ("linear", ""), "no-warm-up": ("no-warm-up", ""),
                                     "rbf, refined": ("rbf", "_refined"), "linear, refined": ("linear", "_refined")}  # fmt: skip
@@ -258,6 +274,45 @@ def unit_table(rows: list[dict[str, Any]]) -> str:
                      f"{r['gaussian_bound']:.4f} → {r['collapsed_bound']:.4f} | "
                      f"{g['full_bayes']['metrics']['nll']:.4f} → {c['full_bayes']['metrics']['nll']:.4f} "
                      f"({c['type_ii']['metrics']['nll']:.4f}) | {r['seconds']:.0f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def at_reference_resolution(raw: dict[str, Any], judged_unit: dict[str, Any], seed: int) -> dict[str, Any]:
+    """(h): a (g) unit's mean profile on the reference's window points, with and without the reference's noise,
+    beside the reference's own sd on those points and on all of them."""
+    grid, profile = np.asarray(raw["grid"]), np.asarray(raw["profile"])
+    window = [p for p in judged_unit["grid"]["points"] if "restarts" in p]
+    etas = np.array([p["eta"] for p in window])
+    inside = (etas >= grid[0]) & (etas <= grid[-1])
+    pts = etas[inside]
+    log_prior = np.full_like(pts, -math.log(us.ETA_MAX))
+    clean = np.interp(pts, grid, profile)
+    sigma = float(judged_unit["restart_noise"]["mean_sd"])
+    rng = np.random.default_rng(seed)
+    sds = np.array([grid_posterior(pts, clean + rng.normal(0.0, sigma, len(pts)), log_prior).sd
+                    for _ in range(RESOLUTION_REPLICATES)])  # fmt: skip
+    ref_window = grid_posterior(pts, np.array([p["iwae"]["value"] for p in window])[inside], log_prior)
+    return {"points": int(inside.sum()), "dropped": int((~inside).sum()), "sigma": sigma,
+            "q_star_sd": float(raw["q_eta"]["sd"]), "clean_sd": grid_posterior(pts, clean, log_prior).sd,
+            "noisy_sd_mean": float(sds.mean()), "noisy_sd_sd": float(sds.std(ddof=1)),
+            "noisy_sd_range": [float(np.quantile(sds, 0.05)), float(np.quantile(sds, 0.95))],
+            "reference_window_sd": ref_window.sd, "reference_sd": float(judged_unit["grid"]["summary"]["sd"])}  # fmt: skip
+
+
+def resolution_table(rows: list[dict[str, Any]]) -> str:
+    """(h) per (g) unit."""
+    head = ["fit", "data, seed", "reference sd: window points; all points", "IWAE q* sd (g, 1°)",
+            "q* profile at the reference's points: sd without noise", "σ/√R (nats)",
+            f"with that noise: sd mean ± sd [5 %, 95 %] ({RESOLUTION_REPLICATES} replicates)",
+            "reference's window sd inside that range", "points (dropped)"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|:---|" + "---:|" * (len(head) - 1)]
+    for r in rows:
+        h, m = r["resolution"], r["streams"]
+        lo, hi = h["noisy_sd_range"]
+        lines.append(f"| {r['fit']} | {m['dataset']}, {m['seed']} | {h['reference_window_sd']:.3f}; {h['reference_sd']:.3f} | "
+                     f"{h['q_star_sd']:.3f} | {h['clean_sd']:.3f} | {h['sigma']:.2f} | {h['noisy_sd_mean']:.3f} ± "
+                     f"{h['noisy_sd_sd']:.3f} [{lo:.3f}, {hi:.3f}] | {'yes' if lo <= h['reference_window_sd'] <= hi else 'no'} | "
+                     f"{h['points']} ({h['dropped']}) |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -421,7 +476,8 @@ def main(argv: list[str] | None = None) -> int:
             raw = json.loads(streams_path.read_text())
             many, pool = judged(unit, ref, raw), judged(unit, ref, raw["pooled"])
             elbo = elbo_rows[-1]["elbo"] if elbo_path.exists() else None
-            streams_rows.append({"fit": fit, "gaussian": g, "elbo": elbo, "streams": many, "pooled": pool, "raw": raw})
+            streams_rows.append({"fit": fit, "gaussian": g, "elbo": elbo, "streams": many, "pooled": pool, "raw": raw,
+                                 "resolution": at_reference_resolution(raw, many, seed)})  # fmt: skip
             streams_by_fit[fit].append(many)
             pooled_by_fit[fit].append(pool)
             rows[-1]["streams"] = {"grid": raw["grid"], "density": raw["density"]}
@@ -482,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{raw['edge_mass'][0]:.3f}, {raw['edge_mass'][1]:.3f} | {raw['collapse_seconds']:.0f} |")  # fmt: skip
         parts += ["\n## The ELBO's own q*(η) (module docstring, f)\n", "\n".join(lines)]
     if streams_rows:
-        parts += ["\n## A hundred IWAE streams (module docstring, g)\n", streams_table(streams_rows, jobs, args.work_dir)]
+        parts += ["\n## A hundred IWAE streams (module docstring, g)\n", streams_table(streams_rows, jobs, args.work_dir),
+                  "\n## The IWAE q* at the reference's resolution (module docstring, h)\n", resolution_table(streams_rows)]
     for label, v in verdicts.items():
         if "collapsed" in label and "noise" not in label:
             parts += [f"\n### {label}: the issue's criteria against the refined reference\n", us.criteria_table(v)]
@@ -499,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
                      "profile_noise": r["raw"]["profile_noise"], "edge_mass": r["raw"]["edge_mass"],
                      "pooled_q_eta": r["pooled"]["full_bayes"]["q_eta"], "pooled_overlap": r["pooled"]["overlap"],
                      "pooled_noise": r["raw"]["pooled"]["noise"], "seconds": r["raw"]["collapse_seconds"],
-                     "device": r["raw"]["device"]} for r in streams_rows]  # fmt: skip
+                     "device": r["raw"]["device"], "at_reference_resolution": r["resolution"]} for r in streams_rows]  # fmt: skip
     common.write_results(stem, "\n".join(parts), {"info": info, "settings": settings, "command": command,
                                                   "verdicts": verdicts, "units": lean, "streams_units": lean_streams},
                          args.out_dir)  # fmt: skip

@@ -31,7 +31,7 @@ def test_settings_are_the_stated_ones(bench) -> None:
     assert bench.NUM_POINTS == 181 and bench.NOISE_SEED_OFFSET == 1
     assert bench.ELBO_STREAMS == 128 and bench.ELBO_SPACING == pytest.approx(math.pi / 180) and bench.ELBO_MARGIN == 0.35
     assert bench.ELBO_FITS == ("rbf", "linear")
-    assert bench.STREAMS == 100 and bench.STREAM_BATCH == 20
+    assert bench.STREAMS == 100 and bench.STREAM_BATCH == 20 and bench.RESOLUTION_REPLICATES == 200
     assert bench.FITS == {"rbf": ("rbf", ""), "linear": ("linear", ""), "no-warm-up": ("no-warm-up", ""),
                           "rbf, refined": ("rbf", "_refined"), "linear, refined": ("linear", "_refined")}  # fmt: skip
 
@@ -79,6 +79,26 @@ def test_a_warmed_up_unit_is_collapsed_on_two_streams(bench, tmp_path, monkeypat
     assert np.allclose(out["pooled"]["profile"], pool, atol=1e-3)
     assert out["profile_noise"] > 0 and out["pooled"]["noise"] >= 0 and len(out["edge_mass"]) == 2
     assert grid[0] - 1e-5 <= out["pooled"]["q_eta"]["q05"] <= out["pooled"]["q_eta"]["q95"] <= grid[-1] + 1e-5
+
+
+def test_the_reference_resolution_diagnostic(bench) -> None:
+    """(h): a q* profile N(0.5, 0.04²) on a 1° grid, seen at 5° points without noise, is wider than on the fine grid
+    (the piecewise-linear density between coarse points), and noise spreads that sd; the reference's own sd is read
+    on the same points."""
+    fine = np.linspace(0.2, 1.2, 200)
+    profile = -0.5 * ((fine - 0.5) / 0.04) ** 2
+    step = math.pi / 36
+    points = [{"eta": j * step, "iwae": {"value": float(-0.5 * ((j * step - 0.5) / 0.08) ** 2)}, "restarts": [0.0]} for j in range(2, 12)]
+    points += [{"eta": 1.5, "iwae": {"value": -200.0}}]  # a coarse point outside the window: not a window point
+    unit = {"grid": {"points": points, "summary": {"sd": 0.081}}, "restart_noise": {"mean_sd": 2.0}}
+    raw = {"grid": fine.tolist(), "profile": profile.tolist(), "q_eta": {"sd": 0.04}}
+    out = bench.at_reference_resolution(raw, unit, 0)
+    assert out["points"] == 9 and out["dropped"] == 1  # 2·5° = 0.175 lies below the fine grid's 0.2
+    assert out["clean_sd"] > 0.045  # the 5° points' piecewise-linear density widens a 0.04-sd posterior
+    assert out["reference_window_sd"] == pytest.approx(0.08, rel=0.15) and out["reference_sd"] == 0.081
+    lo, hi = out["noisy_sd_range"]
+    assert lo < out["clean_sd"] < hi and hi - lo > 0.005 and out["sigma"] == 2.0  # 2 nats at each point spread it
+    assert bench.at_reference_resolution(raw, unit, 0) == out  # seeded
 
 
 def test_the_two_stream_diagnostic(bench) -> None:
