@@ -89,6 +89,16 @@ h. **The IWAE q* seen at the reference's resolution** (``--render``; a diagnosti
    its points (as judged). If the reference's window sd falls inside the replicates' range, the reference's
    resolution and noise alone can make the IWAE q* look as wide as it; if it is above, they cannot.
 
+i. **How wide the reference's own data allow it to be** (``--render``; a diagnostic decided after (h) was seen,
+   settings fixed and committed before it first ran). Near its mode log p(D | η) is about quadratic,
+   a + b(η − η₀) + c(η − η₀)², and a posterior of sd s has c = −1/(2s²). Per (dataset, seed) of a (g) unit: the
+   reference's window points within ``CURVATURE_HALF_WIDTH`` = 0.2 rad of its highest window point η₀ (5 points
+   at 5°: about ±2.5 of its sd), a least-squares quadratic through their aligned-mean values, the standard error
+   of c from the unit's σ/√R (the points' noise, taken as independent) and, beside it, from the fit's residuals;
+   the implied sd 1/√(−2c) and its 90 % interval (c ± 1.645 SE mapped through it; no upper end where c + 1.645 SE
+   ≥ 0). Whether each (g) q*'s sd lies inside that interval says whether the reference's data can tell the two
+   widths apart.
+
 Results: ``benchmarks/results/uncertain_symmetry_collapsed_<suffix>.md``, ``.json``, ``.png``; the unit files
 (``--work-dir``) hold each collapse (profile, density, draws, metrics).
 """
@@ -134,6 +144,8 @@ STREAMS = 100
 STREAM_BATCH = 20
 #: the IWAE q* at the reference's resolution (module docstring, h)
 RESOLUTION_REPLICATES = 200
+#: the reference's curvature (module docstring, i)
+CURVATURE_HALF_WIDTH = 0.2
 #: the fits (module docstring, a): ``(label, state stem suffix)``; a refined fit exists on some units only
 FITS: dict[str, tuple[str, str]] = {"rbf": ("rbf", ""), "linear": ("linear", ""), "no-warm-up": ("no-warm-up", ""),
                                     "rbf, refined": ("rbf", "_refined"), "linear, refined": ("linear", "_refined")}  # fmt: skip
@@ -297,6 +309,51 @@ def at_reference_resolution(raw: dict[str, Any], judged_unit: dict[str, Any], se
             "noisy_sd_mean": float(sds.mean()), "noisy_sd_sd": float(sds.std(ddof=1)),
             "noisy_sd_range": [float(np.quantile(sds, 0.05)), float(np.quantile(sds, 0.95))],
             "reference_window_sd": ref_window.sd, "reference_sd": float(judged_unit["grid"]["summary"]["sd"])}  # fmt: skip
+
+
+def implied_sd(c: float) -> float:
+    """sd of the Gaussian whose log density has curvature ``c`` (∞ where c ≥ 0)."""
+    return 1.0 / math.sqrt(-2.0 * c) if c < 0 else math.inf
+
+
+def reference_curvature(judged_unit: dict[str, Any]) -> dict[str, Any]:
+    """(i): the quadratic through the reference's window points within ``CURVATURE_HALF_WIDTH`` of its highest one,
+    its curvature c with two standard errors (from σ/√R; from the residuals), and the implied sd with its 90 % interval."""
+    window = [p for p in judged_unit["grid"]["points"] if "restarts" in p]
+    etas, values = np.array([p["eta"] for p in window]), np.array([p["iwae"]["value"] for p in window])
+    top = etas[np.argmax(values)]
+    near = np.abs(etas - top) <= CURVATURE_HALF_WIDTH + 1e-9
+    x, yv = etas[near] - top, values[near]
+    design = np.stack([np.ones_like(x), x, x**2], axis=1)
+    coef, *_ = np.linalg.lstsq(design, yv, rcond=None)
+    cov_unit = np.linalg.inv(design.T @ design)
+    sigma = float(judged_unit["restart_noise"]["mean_sd"])
+    dof = len(x) - 3
+    resid = yv - design @ coef
+    resid_sd = float(np.sqrt(resid @ resid / dof)) if dof > 0 else math.nan
+    c, se = float(coef[2]), sigma * math.sqrt(cov_unit[2, 2])
+    return {"eta0": float(top), "points": int(near.sum()), "c": c, "se_noise": se, "se_residual": resid_sd * math.sqrt(cov_unit[2, 2]),
+            "residual_sd": resid_sd, "sigma": sigma, "sd": implied_sd(c), "sd_interval": [implied_sd(c - 1.645 * se), implied_sd(c + 1.645 * se)],
+            "reference_sd": float(judged_unit["grid"]["summary"]["sd"])}  # fmt: skip
+
+
+def curvature_table(rows: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """(i) per (dataset, seed) of the (g) units: the reference's curvature, implied sd and interval, and which (g) q*'s
+    sd lies inside it."""
+    head = ["data, seed", "points (η₀)", "curvature c ± SE (σ/√R; residuals)", "implied sd [90 %]", "reference grid sd",
+            "IWAE q* sd (g) inside the interval, per fit"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|:---|" + "---:|" * (len(head) - 1)]
+    out = []
+    for key in sorted({(r["streams"]["dataset"], r["streams"]["seed"]) for r in rows}):
+        mine = [r for r in rows if (r["streams"]["dataset"], r["streams"]["seed"]) == key]
+        cur = reference_curvature(mine[0]["streams"])
+        lo, hi = cur["sd_interval"]
+        fits = "; ".join(f"{r['fit']} {r['raw']['q_eta']['sd']:.3f} {'yes' if lo <= r['raw']['q_eta']['sd'] <= hi else 'no'}" for r in mine)
+        lines.append(f"| {key[0]}, {key[1]} | {cur['points']} ({cur['eta0']:.3f}) | {cur['c']:.0f} ± {cur['se_noise']:.0f}; {cur['se_residual']:.0f} | "
+                     f"{cur['sd']:.3f} [{lo:.3f}, {'∞' if math.isinf(hi) else f'{hi:.3f}'}] | {cur['reference_sd']:.3f} | {fits} |")  # fmt: skip
+        out.append({"dataset": key[0], "seed": key[1], **cur,
+                    "q_star_sd": {r["fit"]: r["raw"]["q_eta"]["sd"] for r in mine}})  # fmt: skip
+    return "\n".join(lines), out
 
 
 def resolution_table(rows: list[dict[str, Any]]) -> str:
@@ -540,6 +597,8 @@ def main(argv: list[str] | None = None) -> int:
     if streams_rows:
         parts += ["\n## A hundred IWAE streams (module docstring, g)\n", streams_table(streams_rows, jobs, args.work_dir),
                   "\n## The IWAE q* at the reference's resolution (module docstring, h)\n", resolution_table(streams_rows)]
+        curvature_md, curvature = curvature_table(streams_rows)
+        parts += ["\n## How wide the reference's own data allow it to be (module docstring, i)\n", curvature_md]
     for label, v in verdicts.items():
         if "collapsed" in label and "noise" not in label:
             parts += [f"\n### {label}: the issue's criteria against the refined reference\n", us.criteria_table(v)]
@@ -558,7 +617,8 @@ def main(argv: list[str] | None = None) -> int:
                      "pooled_noise": r["raw"]["pooled"]["noise"], "seconds": r["raw"]["collapse_seconds"],
                      "device": r["raw"]["device"], "at_reference_resolution": r["resolution"]} for r in streams_rows]  # fmt: skip
     common.write_results(stem, "\n".join(parts), {"info": info, "settings": settings, "command": command,
-                                                  "verdicts": verdicts, "units": lean, "streams_units": lean_streams},
+                                                  "verdicts": verdicts, "units": lean, "streams_units": lean_streams,
+                                                  "reference_curvature": curvature if streams_rows else []},
                          args.out_dir)  # fmt: skip
     plot(rows, Path(args.out_dir) / f"{stem}.png")
     usr.log_verdicts(verdicts)

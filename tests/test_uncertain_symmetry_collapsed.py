@@ -32,6 +32,7 @@ def test_settings_are_the_stated_ones(bench) -> None:
     assert bench.ELBO_STREAMS == 128 and bench.ELBO_SPACING == pytest.approx(math.pi / 180) and bench.ELBO_MARGIN == 0.35
     assert bench.ELBO_FITS == ("rbf", "linear")
     assert bench.STREAMS == 100 and bench.STREAM_BATCH == 20 and bench.RESOLUTION_REPLICATES == 200
+    assert bench.CURVATURE_HALF_WIDTH == 0.2
     assert bench.FITS == {"rbf": ("rbf", ""), "linear": ("linear", ""), "no-warm-up": ("no-warm-up", ""),
                           "rbf, refined": ("rbf", "_refined"), "linear, refined": ("linear", "_refined")}  # fmt: skip
 
@@ -99,6 +100,24 @@ def test_the_reference_resolution_diagnostic(bench) -> None:
     lo, hi = out["noisy_sd_range"]
     assert lo < out["clean_sd"] < hi and hi - lo > 0.005 and out["sigma"] == 2.0  # 2 nats at each point spread it
     assert bench.at_reference_resolution(raw, unit, 0) == out  # seeded
+
+
+def test_the_reference_curvature_diagnostic(bench) -> None:
+    """(i): an exact quadratic log evidence of sd 0.07 gives c = −1/(2·0.07²) and sd 0.07 back, with zero residuals; its
+    interval is c ± 1.645 SE from σ/√R mapped to sd; points beyond 0.2 rad of the top are left out."""
+    step = math.pi / 36
+    points = [{"eta": j * step, "iwae": {"value": float(-0.5 * ((j * step - 0.52) / 0.07) ** 2)}, "restarts": [0.0]} for j in range(2, 12)]
+    unit = {"grid": {"points": points, "summary": {"sd": 0.07}}, "restart_noise": {"mean_sd": 2.0}}
+    cur = bench.reference_curvature(unit)
+    assert cur["eta0"] == pytest.approx(6 * step) and cur["points"] == 5
+    assert cur["c"] == pytest.approx(-1 / (2 * 0.07**2), rel=1e-9) and cur["sd"] == pytest.approx(0.07, rel=1e-9)
+    assert cur["residual_sd"] == pytest.approx(0.0, abs=1e-9)
+    x = (np.arange(-2, 3) * step) ** 2
+    se = 2.0 / math.sqrt(((x - x.mean()) ** 2).sum())  # a quadratic's curvature on 5 even points
+    assert cur["se_noise"] == pytest.approx(se, rel=1e-9)
+    lo, hi = cur["sd_interval"]
+    assert lo == pytest.approx(bench.implied_sd(cur["c"] - 1.645 * se)) and lo < 0.07 < hi
+    assert bench.implied_sd(0.0) == math.inf and bench.implied_sd(-50.0) == pytest.approx(0.1)
 
 
 def test_the_two_stream_diagnostic(bench) -> None:
