@@ -1,0 +1,193 @@
+"""Issue 15: a 1° grid reference near the mode, to decide whether the 5° reference is wide or the IWAE q* narrow.
+
+Why. ``uncertain_symmetry_collapsed.py`` (g)–(i) left the width question with the reference: with a hundred IWAE
+streams the upright IWAE q* has sd 0.034–0.051 against the refined reference's 0.069–0.081, and the reference's own
+data cannot tell the two apart — it is a grid posterior on 5° points (0.087 rad) with σ/√R = 2.0–3.2 nats of noise
+at each point, and the quadratic through its 5 points within 0.2 rad of its top implies sd 0.062, 0.037 and 0.063
+on seeds 0–2 with 90 % intervals [0.045, 0.188], [0.030, 0.052], [0.043, ∞]. This script fits the same fixed-η
+model on 1° points over that same ±0.2 rad, with the same restarts, so the curvature there is measured on 23
+points instead of 5.
+
+Method (every setting fixed and committed before any fit of this script ran):
+
+a. **Points.** Per upright unit (``FINE_DATASETS``; seeds of the input run), η₀ = the refined reference's window
+   point of highest aligned-mean IWAE bound (``uncertain_symmetry_refined.aligned_mean``; as in the collapsed
+   script's (i)), and η₀ + k·``FINE_SPACING`` for k = −11 … 11 (1°, ±``FINE_HALF_WIDTH`` = 0.2 rad), clipped
+   to (0, π).
+b. **Fits.** At every point ``FINE_RESTARTS`` = 4 fixed-η fits exactly as the refined reference's (``us.fit`` with
+   ``learn_symmetry=False``, ``eta_init=η``, the input run's size and settings, training seed seed + 1000 r for
+   restart r, then ``us.bound``: IWAE_K, K = 100, seeded by the training seed). Every fifth point is a 5° point
+   of the reference with the same seeds, so there the fit repeats the reference's (reported: the largest
+   difference). Fits run restart by restart (restart 0 at every point of every unit first), so a run cut short
+   leaves whole restarts; each fit is saved as it ends (``--fit`` resumes).
+c. **Evidence and width** (``--render``). Only restarts complete at every point of a unit are used. The restarts
+   are aligned as the reference's (each shifted by its mean difference to restart 0 over the points) and
+   averaged; σ is the pooled sd of one aligned restart at a point and σ/√R that of the mean. A least-squares
+   quadratic through all points gives the curvature c with its standard error from σ/√R (points taken as
+   independent) and from the residuals; the implied sd 1/√(−2c) and its 90 % interval (c ± 1.645 SE). Also the
+   grid posterior on the points (prior U(0, π) truncated to them): its sd. Beside them: the 5° reference's (i)
+   numbers and the 100-stream IWAE q* sd of every fit of ``uncertain_symmetry_collapsed.py`` (g) on the unit, and
+   whether each lies inside the fine interval.
+
+Results: ``benchmarks/results/uncertain_symmetry_fine_reference_<suffix>.md``, ``.json``; the unit files
+(``--work-dir``) hold every fit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as common  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import uncertain_symmetry as us  # noqa: E402
+import uncertain_symmetry_collapsed as usc  # noqa: E402
+import uncertain_symmetry_iwae as usi  # noqa: E402
+import uncertain_symmetry_refined as usr  # noqa: E402
+from pyro_invariance.data.images import load_dataset  # noqa: E402
+from pyro_invariance.diagnostics.symmetry_posterior import grid_posterior  # noqa: E402
+
+STEM = "uncertain_symmetry_fine_reference"
+FINE_DATASETS = ("upright",)
+FINE_SPACING = math.pi / 180
+FINE_HALF_WIDTH = 0.2
+FINE_RESTARTS = 4
+
+
+def fine_points(refined: dict[str, Any]) -> tuple[float, list[float]]:
+    """(a): η₀, the reference's best window point, and the 1° points within ``FINE_HALF_WIDTH`` of it inside (0, π)."""
+    etas, values = usr.aligned_mean(refined, lambda f: f["iwae"]["value"])
+    top = float(etas[int(np.argmax(values))])
+    k = int(round(FINE_HALF_WIDTH / FINE_SPACING))
+    return top, [top + i * FINE_SPACING for i in range(-k, k + 1) if 0.0 < top + i * FINE_SPACING < us.ETA_MAX]
+
+
+def fit_unit(dataset: str, seed: int, refined: dict[str, Any], size: dict[str, Any], path: Path, restart: int) -> dict[str, Any]:
+    """(b) for one restart of one unit: every point not yet in ``path``, saved after each fit."""
+    top, etas = fine_points(refined)
+    unit = (json.loads(path.read_text()) if path.exists()
+            else {"dataset": dataset, "seed": seed, "eta0": top, "etas": etas, "fits": []})  # fmt: skip
+    if not np.allclose(unit["etas"], etas, rtol=0, atol=1e-12):
+        raise SystemExit(f"{path}: its points are not this reference's")
+    done = {(f["k"], f["restart"]) for f in unit["fits"]}
+    todo = [k for k in range(len(etas)) if (k, restart) not in done]
+    data = load_dataset(us.DATASETS[dataset][0], train_size=size["train_size"], test_size=size["test_size"]) if todo else None
+    train_seed = seed + usr.RESTART_SEED_OFFSET * restart
+    for k in todo:
+        t0 = time.perf_counter()
+        res = us.fit(data, size, seed, train_seed=train_seed, learn_symmetry=False, eta_init=float(etas[k]))
+        unit["fits"].append({"k": k, "eta": etas[k], "restart": restart, "iwae": us.bound(res, data, size, train_seed),
+                             "final_elbo_per_datum": res.final_elbo, "fit_seconds": time.perf_counter() - t0})  # fmt: skip
+        path.write_text(json.dumps(unit, indent=1) + "\n")
+        common.log(f"  {dataset} seed {seed}: η {etas[k]:.4f} restart {restart}: IWAE/N {unit['fits'][-1]['iwae']['per_datum']:.4f}")
+    return unit
+
+
+def complete_restarts(unit: dict[str, Any]) -> list[int]:
+    """The restarts with a fit at every point."""
+    n = len(unit["etas"])
+    return sorted(r for r in {f["restart"] for f in unit["fits"]} if sum(f["restart"] == r for f in unit["fits"]) == n)
+
+
+def fine_summary(unit: dict[str, Any]) -> dict[str, Any]:
+    """(c): the aligned mean over the complete restarts, its noise, the quadratic's curvature and implied sd with
+    its 90 % interval, and the grid posterior's sd."""
+    restarts = complete_restarts(unit)
+    if not restarts:
+        raise ValueError(f"{unit['dataset']} seed {unit['seed']}: no restart is complete")
+    etas = np.asarray(unit["etas"])
+    table = np.array([[next(f["iwae"]["value"] for f in unit["fits"] if f["k"] == k and f["restart"] == r) for r in restarts]
+                      for k in range(len(etas))])  # fmt: skip
+    aligned = table - (table - table[:, :1]).mean(axis=0)
+    mean = aligned.mean(axis=1)
+    sigma = float(np.sqrt(np.mean(aligned.var(axis=1, ddof=1)))) if len(restarts) > 1 else math.nan
+    x = etas - unit["eta0"]
+    design = np.stack([np.ones_like(x), x, x**2], axis=1)
+    coef, *_ = np.linalg.lstsq(design, mean, rcond=None)
+    cov_unit = np.linalg.inv(design.T @ design)
+    resid = mean - design @ coef
+    resid_sd = float(np.sqrt(resid @ resid / (len(x) - 3)))
+    c, se = float(coef[2]), sigma / math.sqrt(len(restarts)) * math.sqrt(cov_unit[2, 2])
+    gp = grid_posterior(etas, mean, np.full_like(etas, -math.log(us.ETA_MAX)))
+    return {"restarts": restarts, "points": len(etas), "sigma": sigma, "mean_sd": sigma / math.sqrt(len(restarts)), "c": c,
+            "se_noise": se, "se_residual": resid_sd * math.sqrt(cov_unit[2, 2]), "residual_sd": resid_sd,
+            "sd": usc.implied_sd(c), "sd_interval": [usc.implied_sd(c - 1.645 * se), usc.implied_sd(c + 1.645 * se)],
+            "grid_sd": gp.sd, "mean_profile": mean.tolist()}  # fmt: skip
+
+
+def repeats_reference(unit: dict[str, Any], refined: dict[str, Any]) -> float:
+    """(b): the largest |IWAE difference| between a fine fit at a 5° point and the reference's fit there with the same
+    restart (nats; ``nan`` where none coincide)."""
+    ref = {(round(f["eta"] / usr.STEP), f["restart"]): f["iwae"]["value"] for f in refined["fits"] if f.get("source") == "fitted"}
+    diffs = [abs(f["iwae"]["value"] - ref[(round(f["eta"] / usr.STEP), f["restart"])]) for f in unit["fits"]
+             if abs(f["eta"] / usr.STEP - round(f["eta"] / usr.STEP)) < 1e-6 and (round(f["eta"] / usr.STEP), f["restart"]) in ref]  # fmt: skip
+    return max(diffs) if diffs else math.nan
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = usr.phase_parser(__doc__, "the symmetry-conditional run (its settings and units)", "where the fine units go (resumable)",
+                              {"fit": "the fixed-η fits of every upright unit, restart by restart (b)",
+                               "render": "no fits: the tables from the unit files (c)"},
+                              "comma-separated units <dataset>_seed<s>")  # fmt: skip
+    parser.add_argument("--collapsed", type=Path, default=Path("benchmarks/results/uncertain_symmetry_collapsed_units"),
+                        help="uncertain_symmetry_collapsed.py's work dir (its (g) units)")  # fmt: skip
+    args, payloads, _, settings, size, keys = usr.parse_phase_args(parser, argv)
+    keys = [(d, s) for d, s in keys if d in FINE_DATASETS and (not args.only or f"{d}_seed{s}" in args.only.split(","))]
+    refs = {(d, s): usr.read_unit_file(parser, args.reference, d, s, "--reference") for d, s in keys}
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    paths = {(d, s): args.work_dir / f"{d}_seed{s}.json" for d, s in keys}
+    if args.fit:
+        for restart in range(FINE_RESTARTS):
+            for d, s in keys:
+                fit_unit(d, s, refs[(d, s)], size, paths[(d, s)], restart)
+        return 0
+    rows, lean = [], []
+    for d, s in keys:
+        if not paths[(d, s)].exists():
+            parser.error(f"--render: {paths[(d, s)]} is missing (run --fit first)")
+        unit = json.loads(paths[(d, s)].read_text())
+        fine = fine_summary(unit)
+        coarse = usc.reference_curvature(usr.refined_unit(usi.input_unit(payloads[0], d, s), refs[(d, s)]))
+        q = {}
+        for fit in usc.FITS:
+            path = args.collapsed / "collapsed" / f"{usc.state_stem(fit, d, s)}_streams.json"
+            if path.exists():
+                q[fit] = float(json.loads(path.read_text())["q_eta"]["sd"])
+        lo, hi = fine["sd_interval"]
+        inside = "; ".join(f"{f} {v:.3f} {'yes' if lo <= v <= hi else 'no'}" for f, v in q.items()) or "–"
+        ival = lambda a, b: f"[{a:.3f}, {'∞' if math.isinf(b) else f'{b:.3f}'}]"  # noqa: E731
+        rows.append(f"| {d}, {s} | {fine['points']} × {len(fine['restarts'])} | {fine['mean_sd']:.2f} | "
+                    f"{fine['c']:.0f} ± {fine['se_noise']:.0f}; {fine['se_residual']:.0f} | {fine['sd']:.3f} {ival(lo, hi)} | "
+                    f"{fine['grid_sd']:.3f} | {coarse['sd']:.3f} {ival(*coarse['sd_interval'])}; {coarse['reference_sd']:.3f} | "
+                    f"{repeats_reference(unit, refs[(d, s)]):.2g} | {inside} |")  # fmt: skip
+        lean.append({"dataset": d, "seed": s, "eta0": unit["eta0"], "fine": fine, "coarse": coarse, "q_star_sd": q,
+                     "repeat_difference": repeats_reference(unit, refs[(d, s)])})  # fmt: skip
+    head = ["data, seed", "points × restarts", "σ/√R (nats)", "curvature c ± SE (σ/√R; residuals)", "implied sd [90 %]",
+            "grid posterior sd (1° points)", "5° reference: implied sd [90 %] (collapsed (i)); grid sd",
+            "largest |difference| from the reference's fit at the shared 5° points (nats)",
+            "IWAE q* sd, 100 streams (collapsed (g)), inside the 1° interval"]  # fmt: skip
+    table = "\n".join(["| " + " | ".join(head) + " |", "|:---|" + "---:|" * (len(head) - 1), *rows])
+    settings.update({"input": Path(args.inputs[0]).name, "reference": usr.STEM, "FINE_DATASETS": list(FINE_DATASETS),
+                     "FINE_SPACING": FINE_SPACING, "FINE_HALF_WIDTH": FINE_HALF_WIDTH, "FINE_RESTARTS": FINE_RESTARTS})  # fmt: skip
+    info, command = common.machine_info(), common.command_line()
+    intro = ("Issue 15: a 1° grid of fixed-η fits within 0.2 rad of the refined reference's mode on upright digits, to "
+             "measure the evidence's curvature there. Method: section *Method* (the module docstring of "
+             "`benchmarks/uncertain_symmetry_fine_reference.py`).")  # fmt: skip
+    suffix = Path(args.inputs[0]).stem.removeprefix(us.STEM).strip("_").removeprefix("symmetry-conditional").strip("_")
+    stem = f"{STEM}_{suffix}" if suffix else STEM
+    md = "\n".join([common.header_markdown("Uncertain symmetry: a 1° reference near the mode", info, settings, command, intro),
+                    "## Curvature and width\n", table, "\n## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
+    common.write_results(stem, md, {"info": info, "settings": settings, "command": command, "units": lean}, args.out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
