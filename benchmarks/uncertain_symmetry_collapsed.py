@@ -316,24 +316,29 @@ def implied_sd(c: float) -> float:
     return 1.0 / math.sqrt(-2.0 * c) if c < 0 else math.inf
 
 
+def quadratic_curvature(x: np.ndarray, values: np.ndarray, noise: float) -> dict[str, Any]:
+    """The least-squares quadratic a + b·x + c·x² through ``values`` at ``x`` (i; and the 1° reference): c, its
+    standard error from ``noise`` (each value's sd, taken as independent) and from the residuals, and the implied sd
+    1/√(−2c) with its 90 % interval (c ± 1.645 SE from ``noise``; ∞ where that end is ≥ 0)."""
+    design = np.stack([np.ones_like(x), x, x**2], axis=1)
+    coef, *_ = np.linalg.lstsq(design, values, rcond=None)
+    scale = math.sqrt(np.linalg.inv(design.T @ design)[2, 2])
+    resid = values - design @ coef
+    resid_sd = float(np.sqrt(resid @ resid / (len(x) - 3))) if len(x) > 3 else math.nan
+    c, se = float(coef[2]), noise * scale
+    return {"points": len(x), "c": c, "se_noise": se, "se_residual": resid_sd * scale, "residual_sd": resid_sd,
+            "sd": implied_sd(c), "sd_interval": [implied_sd(c - 1.645 * se), implied_sd(c + 1.645 * se)]}  # fmt: skip
+
+
 def reference_curvature(judged_unit: dict[str, Any]) -> dict[str, Any]:
-    """(i): the quadratic through the reference's window points within ``CURVATURE_HALF_WIDTH`` of its highest one,
-    its curvature c with two standard errors (from σ/√R; from the residuals), and the implied sd with its 90 % interval."""
+    """(i): :func:`quadratic_curvature` of the reference's window points within ``CURVATURE_HALF_WIDTH`` of its highest
+    one, with σ/√R as their noise, and the reference's grid sd."""
     window = [p for p in judged_unit["grid"]["points"] if "restarts" in p]
     etas, values = np.array([p["eta"] for p in window]), np.array([p["iwae"]["value"] for p in window])
     top = etas[np.argmax(values)]
     near = np.abs(etas - top) <= CURVATURE_HALF_WIDTH + 1e-9
-    x, yv = etas[near] - top, values[near]
-    design = np.stack([np.ones_like(x), x, x**2], axis=1)
-    coef, *_ = np.linalg.lstsq(design, yv, rcond=None)
-    cov_unit = np.linalg.inv(design.T @ design)
     sigma = float(judged_unit["restart_noise"]["mean_sd"])
-    dof = len(x) - 3
-    resid = yv - design @ coef
-    resid_sd = float(np.sqrt(resid @ resid / dof)) if dof > 0 else math.nan
-    c, se = float(coef[2]), sigma * math.sqrt(cov_unit[2, 2])
-    return {"eta0": float(top), "points": int(near.sum()), "c": c, "se_noise": se, "se_residual": resid_sd * math.sqrt(cov_unit[2, 2]),
-            "residual_sd": resid_sd, "sigma": sigma, "sd": implied_sd(c), "sd_interval": [implied_sd(c - 1.645 * se), implied_sd(c + 1.645 * se)],
+    return {"eta0": float(top), **quadratic_curvature(etas[near] - top, values[near], sigma), "sigma": sigma,
             "reference_sd": float(judged_unit["grid"]["summary"]["sd"])}  # fmt: skip
 
 
@@ -594,6 +599,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"{fmt_q(e['full_bayes']['q_eta'])} | {ov(g)} → {ov(e)} | {raw['profile_noise']:.3f} | "
                          f"{raw['edge_mass'][0]:.3f}, {raw['edge_mass'][1]:.3f} | {raw['collapse_seconds']:.0f} |")  # fmt: skip
         parts += ["\n## The ELBO's own q*(η) (module docstring, f)\n", "\n".join(lines)]
+    curvature: list[dict[str, Any]] = []
     if streams_rows:
         parts += ["\n## A hundred IWAE streams (module docstring, g)\n", streams_table(streams_rows, jobs, args.work_dir),
                   "\n## The IWAE q* at the reference's resolution (module docstring, h)\n", resolution_table(streams_rows)]
@@ -618,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
                      "device": r["raw"]["device"], "at_reference_resolution": r["resolution"]} for r in streams_rows]  # fmt: skip
     common.write_results(stem, "\n".join(parts), {"info": info, "settings": settings, "command": command,
                                                   "verdicts": verdicts, "units": lean, "streams_units": lean_streams,
-                                                  "reference_curvature": curvature if streams_rows else []},
+                                                  "reference_curvature": curvature},
                          args.out_dir)  # fmt: skip
     plot(rows, Path(args.out_dir) / f"{stem}.png")
     usr.log_verdicts(verdicts)

@@ -109,18 +109,10 @@ def fine_summary(unit: dict[str, Any]) -> dict[str, Any]:
     aligned = table - (table - table[:, :1]).mean(axis=0)
     mean = aligned.mean(axis=1)
     sigma = float(np.sqrt(np.mean(aligned.var(axis=1, ddof=1)))) if len(restarts) > 1 else math.nan
-    x = etas - unit["eta0"]
-    design = np.stack([np.ones_like(x), x, x**2], axis=1)
-    coef, *_ = np.linalg.lstsq(design, mean, rcond=None)
-    cov_unit = np.linalg.inv(design.T @ design)
-    resid = mean - design @ coef
-    resid_sd = float(np.sqrt(resid @ resid / (len(x) - 3)))
-    c, se = float(coef[2]), sigma / math.sqrt(len(restarts)) * math.sqrt(cov_unit[2, 2])
+    mean_sd = sigma / math.sqrt(len(restarts))
     gp = grid_posterior(etas, mean, np.full_like(etas, -math.log(us.ETA_MAX)))
-    return {"restarts": restarts, "points": len(etas), "sigma": sigma, "mean_sd": sigma / math.sqrt(len(restarts)), "c": c,
-            "se_noise": se, "se_residual": resid_sd * math.sqrt(cov_unit[2, 2]), "residual_sd": resid_sd,
-            "sd": usc.implied_sd(c), "sd_interval": [usc.implied_sd(c - 1.645 * se), usc.implied_sd(c + 1.645 * se)],
-            "grid_sd": gp.sd, "mean_profile": mean.tolist()}  # fmt: skip
+    return {"restarts": restarts, **usc.quadratic_curvature(etas - unit["eta0"], mean, mean_sd), "sigma": sigma,
+            "mean_sd": mean_sd, "grid_sd": gp.sd, "mean_profile": mean.tolist()}  # fmt: skip
 
 
 def repeats_reference(unit: dict[str, Any], refined: dict[str, Any]) -> float:
