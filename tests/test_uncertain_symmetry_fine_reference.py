@@ -55,6 +55,14 @@ def test_summary_recovers_an_exact_quadratic_and_uses_whole_restarts(bench) -> N
     assert out["c"] == pytest.approx(-1 / (2 * 0.05**2), rel=1e-9) and out["sd"] == pytest.approx(0.05, rel=1e-9)
     assert out["sigma"] == pytest.approx(0.0, abs=1e-9) and out["residual_sd"] == pytest.approx(0.0, abs=1e-6)
     assert out["grid_sd"] == pytest.approx(0.05, rel=0.03)  # the 1° grid posterior (piecewise-linear, truncated at 4 sd)
+    rc = out["restart_curvature"]  # (d): every restart has the same shape
+    assert np.allclose(rc["each_c"], out["c"]) and rc["se"] == pytest.approx(0.0, abs=1e-6)
+    assert rc["sd_interval"] == pytest.approx([0.05, 0.05], rel=1e-6)
+    # restarts of different shape: their curvatures' spread gives the t interval
+    bent = [{**f, "iwae": {"value": f["iwae"]["value"] + 40.0 * f["restart"] * (f["eta"] - 0.5) ** 2}} for f in fits]
+    rc = bench.fine_summary({**unit, "fits": bent})["restart_curvature"]
+    assert np.allclose(np.diff(rc["each_c"]), 40.0) and rc["se"] == pytest.approx(40.0 / math.sqrt(3), rel=1e-6)
+    assert rc["sd_interval"][0] < bench.usc.implied_sd(rc["c"]) < rc["sd_interval"][1]
     with pytest.raises(ValueError, match="no restart is complete"):
         bench.fine_summary({**unit, "fits": fits[-1:]})
 
