@@ -10,7 +10,9 @@ points instead of 5.
 
 Method (every setting fixed and committed before any fit of this script ran):
 
-a. **Points.** Per upright unit (``FINE_DATASETS``; seeds of the input run), η₀ = the refined reference's window
+a. **Points.** Per upright unit (``FINE_DATASETS``; seeds of the input run; the ±90° units were added after the
+   upright results were seen, with the same settings, and run to a fixed deadline: whole restarts only, as (c)
+   says), η₀ = the refined reference's window
    point of highest aligned-mean IWAE bound (``uncertain_symmetry_refined.aligned_mean``; as in the collapsed
    script's (i)), and η₀ + k·``FINE_SPACING`` for k = −11 … 11 (1°, ±``FINE_HALF_WIDTH`` = 0.2 rad), clipped
    to (0, π).
@@ -63,7 +65,7 @@ from pyro_invariance.data.images import load_dataset  # noqa: E402
 from pyro_invariance.diagnostics.symmetry_posterior import grid_posterior  # noqa: E402
 
 STEM = "uncertain_symmetry_fine_reference"
-FINE_DATASETS = ("upright",)
+FINE_DATASETS = ("upright", "partially-rotated")
 FINE_SPACING = math.pi / 180
 FINE_HALF_WIDTH = 0.2
 FINE_RESTARTS = 4

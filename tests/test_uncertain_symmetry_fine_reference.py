@@ -30,7 +30,7 @@ def _reference(values: dict[int, float], restarts: int = 2) -> dict:
 
 
 def test_settings_are_the_stated_ones(bench) -> None:
-    assert bench.FINE_DATASETS == ("upright",) and bench.FINE_RESTARTS == 4
+    assert bench.FINE_DATASETS == ("upright", "partially-rotated") and bench.FINE_RESTARTS == 4
     assert bench.FINE_SPACING == pytest.approx(math.pi / 180) and bench.FINE_HALF_WIDTH == 0.2
 
 
