@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     settings.update({"input": Path(args.inputs[0]).name, "reference": usr.STEM, "FINE_DATASETS": list(FINE_DATASETS),
                      "FINE_SPACING": FINE_SPACING, "FINE_HALF_WIDTH": FINE_HALF_WIDTH, "FINE_RESTARTS": FINE_RESTARTS})  # fmt: skip
     info, command = common.machine_info(), common.command_line()
-    intro = ("Issue 15: a 1° grid of fixed-η fits within 0.2 rad of the refined reference's mode on upright digits, to "
+    intro = ("Issue 15: a 1° grid of fixed-η fits within 0.2 rad of the refined reference's mode on upright and ±90° digits, to "
              "measure the evidence's curvature there. Method: section *Method* (the module docstring of "
              "`benchmarks/uncertain_symmetry_fine_reference.py`).")  # fmt: skip
     suffix = Path(args.inputs[0]).stem.removeprefix(us.STEM).strip("_").removeprefix("symmetry-conditional").strip("_")
