@@ -21,13 +21,7 @@ C=benchmarks/results/uncertain_symmetry_collapsed_units
 FROM=benchmarks/results/uncertain_symmetry_symmetry-conditional_steps4000.json
 REF=benchmarks/results/uncertain_symmetry_refined_units
 START=$SECONDS
-SITE=$(mktemp -d)
-SRC=$(mktemp -d)
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl
-cp -r pyro_invariance "$SRC/"
-ln -s "$PWD/models" "$SRC/pyro_invariance/models"
-ln -s "$PWD/guides" "$SRC/pyro_invariance/guides"
-export PYTHONPATH="$SITE:$SRC" PYTHONUNBUFFERED=1
+. benchmarks/device_env.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 (cd / && python3 -c "import torch, pyro, sklearn, pyro_invariance; print('torch', torch.__version__, 'pyro', pyro.__version__, 'cuda', torch.cuda.is_available())") || exit 1
 (while sleep 30; do echo "gpu at $((SECONDS - START)) s: $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader)"; done) &

@@ -109,17 +109,18 @@ def save_state(path: Path, model: Any, guide: Any, x: torch.Tensor, y: torch.Ten
     tmp.replace(path)
 
 
-def load_state(path: Path, device: str = "cpu") -> tuple[Any, Any, torch.Tensor, torch.Tensor, dict[str, Any]]:
+def load_state(path: Path, device: str = "cpu", make_guide: Any = None) -> tuple[Any, Any, torch.Tensor, torch.Tensor, dict[str, Any]]:  # fmt: skip
     """(model, guide, x, y, meta) rebuilt from :func:`save_state`'s file (``weights_only=True``) on
     ``device``: the guide is set up there (an autoguide keeps the prior's tensors from its set-up), and
-    ``x``, ``y`` stay on the CPU."""
+    ``x``, ``y`` stay on the CPU. ``make_guide(model, meta)`` builds the guide (default: the catalogue
+    guide named ``meta["guide"]``)."""
     state = torch.load(path, map_location="cpu", weights_only=True)
     meta = state["meta"]
     data = SimpleNamespace(image_shape=tuple(meta["image_shape"]), num_classes=int(meta["num_classes"]))
     model = us.make_model(data, meta["size"], int(meta["seed"]), symmetry_prior="uniform")
     model.load_state_dict(state["model"])
     model.to(device)
-    guide = pi.guides.get(meta["guide"], model)
+    guide = pi.guides.get(meta["guide"], model) if make_guide is None else make_guide(model, meta)
     x, y = state["x"], state["y"]
     pyro.clear_param_store()  # the set-up runs in Pyro's global mode: no earlier guide's values (or device) by name
     set_up_guide(model, guide, x[:2].to(device), y[:2].to(device), num_data=x.shape[0])

@@ -13,13 +13,7 @@ JOBS=${JOBS:-9}
 LIMIT=${LIMIT:-480}
 DEVICE=${DEVICE:-cuda}
 UNITS=${UNITS:-.}
-SITE=$(mktemp -d)
-SRC=$(mktemp -d)
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl
-cp -r pyro_invariance "$SRC/"
-ln -s "$PWD/models" "$SRC/pyro_invariance/models"
-ln -s "$PWD/guides" "$SRC/pyro_invariance/guides"
-export PYTHONPATH="$SITE:$SRC"
+. benchmarks/device_env.sh
 WORK=$(mktemp -d)
 ln -s "$PWD/$W/prepared" "$WORK/prepared"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader

@@ -174,24 +174,9 @@ def evaluate_refined(out_state: Path, size: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_state(path: Path, device: str = "cpu") -> tuple[Any, Any, Any, Any, dict[str, Any]]:
-    """(model, guide, x, y, meta) from :func:`fit_unit`'s state (``weights_only=True``), the model and guide
-    on ``device`` (the guide set up there: an autoguide keeps the prior's tensors from its set-up); ``x``,
-    ``y`` stay on the CPU."""
-    import torch
-
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    meta = state["meta"]
-    data = SimpleNamespace(image_shape=tuple(meta["image_shape"]), num_classes=int(meta["num_classes"]))
-    model = us.make_model(data, meta["size"], int(meta["seed"]), symmetry_prior="uniform")
-    model.load_state_dict(state["model"])
-    model.to(device)
-    guide = make_guide(model, meta["variant"])
-    x, y = state["x"], state["y"]
-    pyro.clear_param_store()  # the set-up runs in Pyro's global mode: no earlier guide's values (or device) by name
-    usi.set_up_guide(model, guide, x[:2].to(device), y[:2].to(device), num_data=x.shape[0])
-    guide.to(device)
-    guide.load_state_dict(state["guide"])
-    return model, guide, x, y, meta
+    """(model, guide, x, y, meta) from :func:`fit_unit`'s state (``uncertain_symmetry_iwae.load_state`` with this
+    script's guide of the state's variant)."""
+    return usi.load_state(path, device, make_guide=lambda model, meta: make_guide(model, meta["variant"]))
 
 
 def variant_unit(unit: dict[str, Any], ev: dict[str, Any], ref: dict[str, Any], profile: dict[str, Any] | None) -> dict[str, Any]:
