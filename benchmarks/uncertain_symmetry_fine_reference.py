@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         if not paths[(d, s)].exists():
             parser.error(f"--render: {paths[(d, s)]} is missing (run --fit first)")
         unit = json.loads(paths[(d, s)].read_text())
-        fine = fine_summary(unit)
+        fine, repeat = fine_summary(unit), repeats_reference(unit, refs[(d, s)])
         coarse = usc.reference_curvature(usr.refined_unit(usi.input_unit(payloads[0], d, s), refs[(d, s)]))
         q = {}
         for fit in usc.FITS:
@@ -180,9 +180,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"{fine['c']:.0f} ± {fine['se_noise']:.0f}; {fine['se_residual']:.0f} | {fine['sd']:.3f} {ival(lo, hi)} | "
                     f"{', '.join(f'{c:.0f}' for c in rc['each_c'])}: {rc['c']:.0f} ± {rc['se']:.0f}; {ival(rlo, rhi)} | "
                     f"{fine['grid_sd']:.3f} | {coarse['sd']:.3f} {ival(*coarse['sd_interval'])}; {coarse['reference_sd']:.3f} | "
-                    f"{repeats_reference(unit, refs[(d, s)]):.2g} | {inside} |")  # fmt: skip
+                    f"{repeat:.2g} | {inside} |")  # fmt: skip
         lean.append({"dataset": d, "seed": s, "eta0": unit["eta0"], "fine": fine, "coarse": coarse, "q_star_sd": q,
-                     "repeat_difference": repeats_reference(unit, refs[(d, s)])})  # fmt: skip
+                     "repeat_difference": repeat})  # fmt: skip
     head = ["data, seed", "points × restarts", "σ/√R; the quadratic's residual sd (nats)", "curvature c ± SE (σ/√R; residuals)",
             "implied sd [90 %] (c)", "each restart's curvature: mean ± SE; implied sd's 90 % t interval (d)",
             "grid posterior sd (1° points)", "5° reference: implied sd [90 %] (collapsed (i)); grid sd",
