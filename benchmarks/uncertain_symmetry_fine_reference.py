@@ -121,15 +121,21 @@ def fine_summary(unit: dict[str, Any]) -> dict[str, Any]:
     mean_sd = sigma / math.sqrt(len(restarts))
     gp = grid_posterior(etas, mean, np.full_like(etas, -math.log(us.ETA_MAX)))
     x = etas - unit["eta0"]
-    each = np.array([usc.quadratic_curvature(x, aligned[:, i], math.nan)["c"] for i in range(len(restarts))])
+    spread = curvature_spread(np.array([usc.quadratic_curvature(x, aligned[:, i], math.nan)["c"] for i in range(len(restarts))]))
+    return {"restarts": restarts, **usc.quadratic_curvature(x, mean, mean_sd), "sigma": sigma, "mean_sd": mean_sd,
+            "grid_sd": gp.sd, "mean_profile": mean.tolist(), "restart_curvature": spread}  # fmt: skip
+
+
+def curvature_spread(each: np.ndarray) -> dict[str, Any]:
+    """(d): curvatures of independent repeats (restarts; or streams): their mean, its standard error sd/√R and the
+    90 % interval of Student's t with R − 1 degrees of freedom, mapped to the implied sd (``nan`` for one repeat)."""
     spread = {"each_c": each.tolist(), "c": float(each.mean()), "se": math.nan, "sd_interval": [math.nan, math.nan]}
-    if len(restarts) > 1:
+    if len(each) > 1:
         from scipy.stats import t as student_t
 
         se, q = float(each.std(ddof=1) / math.sqrt(len(each))), float(student_t.ppf(0.95, len(each) - 1))
         spread.update({"se": se, "sd_interval": [usc.implied_sd(spread["c"] - q * se), usc.implied_sd(spread["c"] + q * se)]})
-    return {"restarts": restarts, **usc.quadratic_curvature(x, mean, mean_sd), "sigma": sigma, "mean_sd": mean_sd,
-            "grid_sd": gp.sd, "mean_profile": mean.tolist(), "restart_curvature": spread}  # fmt: skip
+    return spread
 
 
 def repeats_reference(unit: dict[str, Any], refined: dict[str, Any]) -> float:

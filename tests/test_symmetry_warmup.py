@@ -19,6 +19,7 @@ from torch.distributions import biject_to  # noqa: E402
 from pyro_invariance import guides  # noqa: E402
 from pyro_invariance.diagnostics.reference import entry  # noqa: E402
 from pyro_invariance.infer.symmetry_warmup import warm_up_conditional  # noqa: E402
+from pyro_invariance.infer import symmetry_warmup  # noqa: E402
 from small_runs import basis_lambda_conditional  # noqa: E402
 
 WIDE = math.pi / math.sqrt(3.0)
@@ -65,6 +66,51 @@ def test_warm_up_refusals() -> None:
         warm_up_conditional(fixed, guides.get("mean-field", fixed), (xf, yf), steps=2, progress=False)
     with pytest.raises(ValueError, match="catalogue guide"):
         warm_up_conditional(model, pyro.infer.autoguide.AutoNormal(model), (x, y), steps=2, progress=False)
+
+
+@pytest.mark.parametrize("density", ["normal", "spline"])
+def test_widen_holds_q_lambda_wider_during_the_fit_and_restores_it(monkeypatch, density: str) -> None:
+    model, guide, x, y = _basis(symmetry_density=density)
+    module, leaf = symmetry_warmup.symmetry_scales(guide, ["lam"])[0]
+    before = {k: v.detach().clone() for k, v in guide.state_dict().items()}
+    start = getattr(module, leaf).detach().clone()
+    seen = {}
+
+    def spy(model, guide, data, **settings):
+        seen["scale"] = getattr(module, leaf).detach().clone()
+        seen["frozen"] = not getattr(module, f"{leaf}_unconstrained").requires_grad
+        seen["settings"] = settings
+        return "result"
+
+    monkeypatch.setattr(symmetry_warmup, "fit", spy)
+    assert warm_up_conditional(model, guide, (x, y), widen=3.0, steps=7, progress=False) == "result"
+    assert torch.allclose(seen["scale"], 3.0 * start) and seen["frozen"]
+    assert seen["settings"] == {"steps": 7, "progress": False}  # widen is not passed on to fit
+    after = guide.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # q(λ) restored exactly (the spy trained nothing)
+    assert all(p.requires_grad for p in guide.parameters())
+
+
+def test_widened_warm_up_trains_the_conditional_across_the_wider_q_lambda() -> None:
+    runs = {}
+    for widen in (1.0, 4.0):
+        pyro.clear_param_store()
+        model, guide, x, y = _basis()
+        held = {k: v.detach().clone() for k, v in guide.state_dict().items() if k.endswith("lam_unconstrained")}
+        warm_up_conditional(model, guide, (x, y), widen=widen, steps=30, batch_size=None, seed=0, progress=False)
+        after = guide.state_dict()
+        assert all(torch.equal(held[k], after[k]) for k in held)
+        runs[widen] = after["deps.weight.lam.weight"].clone()
+    assert not torch.equal(runs[1.0], runs[4.0])  # the conditional saw other draws of λ
+
+
+def test_widen_refusals() -> None:
+    model, guide, x, y = _basis()
+    for bad in (0.0, -2.0, float("nan"), float("inf"), True, "3"):
+        with pytest.raises(ValueError, match="widen must be a positive finite number"):
+            warm_up_conditional(model, guide, (x, y), widen=bad, steps=1, progress=False)
+    with pytest.raises(ValueError, match="no scale of q"):
+        symmetry_warmup.symmetry_scales(guide, ["weight_missing"])
 
 
 def _draw(guide, x, y, seed: int) -> dict[str, torch.Tensor]:
