@@ -38,6 +38,16 @@ d. **The restarts' own curvatures** (added after the first render was seen: the 
    mean of the R curvatures, their standard error (sd / √R) and the 90 % interval of Student's t with R − 1
    degrees of freedom, mapped to sd the same way. Both intervals are reported; the q* verdicts are given for each.
 
+e. **Is K = 100 enough for the shape?** (``--k-check``; decided after (c)–(d) and ``uncertain_symmetry_widened.py``'s
+   first units were seen, settings fixed and committed before it ran.) The reference and q* are both IWAE_100
+   profiles; if the bound's gap to log p(D | η) changed with η on this window, both widths would be K's. On
+   ``K_CHECK_UNITS`` (upright seeds 0 and 2, where q* is narrower than the reference) restart 0 is refitted at every
+   point (the same call and seeds as (b): it repeats the unit's restart-0 bound, reported) and evaluated by
+   ``us.bound`` with K = 100 and with K = ``K_CHECK`` = 1000 (seeded by the training seed). Per unit: the quadratic
+   (as (c), x = η − η₀) through each profile and through their difference IWAE_1000 − IWAE_100 (curvature with its
+   standard error from the residuals), the implied sd at each K, and the difference's range over the points. A
+   difference with no curvature means K = 100 has the evidence's shape on this window.
+
 Results: ``benchmarks/results/uncertain_symmetry_fine_reference_<suffix>.md``, ``.json``; the unit files
 (``--work-dir``) hold every fit.
 """
@@ -69,6 +79,8 @@ FINE_DATASETS = ("upright", "partially-rotated")
 FINE_SPACING = math.pi / 180
 FINE_HALF_WIDTH = 0.2
 FINE_RESTARTS = 4
+K_CHECK = 1000
+K_CHECK_UNITS = (("upright", 0), ("upright", 2))
 
 
 def fine_points(refined: dict[str, Any]) -> tuple[float, list[float]]:
@@ -98,6 +110,48 @@ def fit_unit(dataset: str, seed: int, refined: dict[str, Any], size: dict[str, A
         path.write_text(json.dumps(unit, indent=1) + "\n")
         common.log(f"  {dataset} seed {seed}: η {etas[k]:.4f} restart {restart}: IWAE/N {unit['fits'][-1]['iwae']['per_datum']:.4f}")
     return unit
+
+
+def k_check_unit(dataset: str, seed: int, unit: dict[str, Any], size: dict[str, Any], path: Path) -> dict[str, Any]:
+    """(e) for one unit: restart 0 refitted at every point, its bound at K = iwae_K and K = ``K_CHECK``; saved after
+    each point (resumes)."""
+    out = json.loads(path.read_text()) if path.exists() else {"dataset": dataset, "seed": seed, "eta0": unit["eta0"],
+                                                                "etas": unit["etas"], "K": K_CHECK, "points": []}  # fmt: skip
+    done = {p["k"] for p in out["points"]}
+    todo = [k for k in range(len(unit["etas"])) if k not in done]
+    data = load_dataset(us.DATASETS[dataset][0], train_size=size["train_size"], test_size=size["test_size"]) if todo else None
+    for k in todo:
+        eta, t0 = float(unit["etas"][k]), time.perf_counter()
+        res = us.fit(data, size, seed, train_seed=seed, learn_symmetry=False, eta_init=eta)
+        base = us.bound(res, data, size, seed)
+        more = us.bound(res, data, {**size, "iwae_K": K_CHECK}, seed)
+        stored = next(f["iwae"]["value"] for f in unit["fits"] if f["k"] == k and f["restart"] == 0)
+        out["points"].append({"k": k, "eta": eta, "iwae": base["value"], "iwae_more": more["value"], "k_hat_more": more["k_hat"],
+                              "repeat_difference": abs(base["value"] - stored), "seconds": time.perf_counter() - t0})  # fmt: skip
+        path.write_text(json.dumps(out, indent=1) + "\n")
+        common.log(f"  k-check {dataset} seed {seed}: η {eta:.4f}: IWAE_{size['iwae_K']} {base['value']:.2f}, IWAE_{K_CHECK} {more['value']:.2f}")
+    return out
+
+
+def k_check_summary(check: dict[str, Any]) -> dict[str, Any]:
+    """(e): implied sd of each K's profile and the curvature of their difference (standard error from the residuals)."""
+    pts = sorted(check["points"], key=lambda p: p["k"])
+    x = np.array([p["eta"] for p in pts]) - check["eta0"]
+    base, more = np.array([p["iwae"] for p in pts]), np.array([p["iwae_more"] for p in pts])
+    diff = usc.quadratic_curvature(x, more - base, math.nan)
+    return {"points": len(pts), "sd": usc.quadratic_curvature(x, base, math.nan)["sd"],
+            "sd_more": usc.quadratic_curvature(x, more, math.nan)["sd"], "diff_c": diff["c"], "diff_se": diff["se_residual"],
+            "diff_range": [float((more - base).min()), float((more - base).max())],
+            "repeat_difference": max(p["repeat_difference"] for p in pts)}  # fmt: skip
+
+
+def k_check_table(summaries: list[tuple[str, int, dict[str, Any]]]) -> str:
+    head = ["data, seed", "points", "implied sd, K = 100 (restart 0)", f"implied sd, K = {K_CHECK}",
+            f"curvature of IWAE_{K_CHECK} − IWAE_100 ± SE (nats/rad²)", "its range over the points (nats)",
+            "largest |difference| from the unit's restart-0 bound (nats)"]  # fmt: skip
+    rows = [f"| {d}, {s} | {k['points']} | {k['sd']:.3f} | {k['sd_more']:.3f} | {k['diff_c']:+.0f} ± {k['diff_se']:.0f} | "
+            f"{k['diff_range'][0]:.2f} … {k['diff_range'][1]:.2f} | {k['repeat_difference']:.2g} |" for d, s, k in summaries]  # fmt: skip
+    return "\n".join(["| " + " | ".join(head) + " |", "|:---|" + "---:|" * (len(head) - 1), *rows])
 
 
 def complete_restarts(unit: dict[str, Any]) -> list[int]:
@@ -150,6 +204,7 @@ def repeats_reference(unit: dict[str, Any], refined: dict[str, Any]) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = usr.phase_parser(__doc__, "the symmetry-conditional run (its settings and units)", "where the fine units go (resumable)",
                               {"fit": "the fixed-η fits of every upright unit, restart by restart (b)",
+                               "k-check": "restart 0 refitted and evaluated at K = 100 and K = K_CHECK (e)",
                                "render": "no fits: the tables from the unit files (c)"},
                               "comma-separated units <dataset>_seed<s>")  # fmt: skip
     parser.add_argument("--collapsed", type=Path, default=Path("benchmarks/results/uncertain_symmetry_collapsed_units"),
@@ -163,6 +218,12 @@ def main(argv: list[str] | None = None) -> int:
         for restart in range(FINE_RESTARTS):
             for d, s in keys:
                 fit_unit(d, s, refs[(d, s)], size, paths[(d, s)], restart)
+        return 0
+    if args.k_check:
+        for d, s in (u for u in keys if u in K_CHECK_UNITS):
+            if not paths[(d, s)].exists():
+                parser.error(f"--k-check: {paths[(d, s)]} is missing (run --fit first)")
+            k_check_unit(d, s, json.loads(paths[(d, s)].read_text()), size, args.work_dir / f"{d}_seed{s}_k{K_CHECK}.json")
         return 0
     rows, lean = [], []
     for d, s in keys:
@@ -195,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
             "largest |difference| from the reference's fit at the shared 5° points (nats)",
             "IWAE q* sd, 100 streams (collapsed (g)): inside the interval of (c), of (d)"]  # fmt: skip
     table = "\n".join(["| " + " | ".join(head) + " |", "|:---|" + "---:|" * (len(head) - 1), *rows])
+    checks = [(d, s, k_check_summary(json.loads(p.read_text()))) for d, s in keys
+              if (p := args.work_dir / f"{d}_seed{s}_k{K_CHECK}.json").exists()]  # fmt: skip
+    for d, s, k in checks:
+        next(u for u in lean if (u["dataset"], u["seed"]) == (d, s))["k_check"] = k
+    settings.update({"K_CHECK": K_CHECK, "K_CHECK_UNITS": [list(u) for u in K_CHECK_UNITS]})
     settings.update({"input": Path(args.inputs[0]).name, "reference": usr.STEM, "FINE_DATASETS": list(FINE_DATASETS),
                      "FINE_SPACING": FINE_SPACING, "FINE_HALF_WIDTH": FINE_HALF_WIDTH, "FINE_RESTARTS": FINE_RESTARTS})  # fmt: skip
     info, command = common.machine_info(), common.command_line()
@@ -204,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     suffix = Path(args.inputs[0]).stem.removeprefix(us.STEM).strip("_").removeprefix("symmetry-conditional").strip("_")
     stem = f"{STEM}_{suffix}" if suffix else STEM
     md = "\n".join([common.header_markdown("Uncertain symmetry: a 1° reference near the mode", info, settings, command, intro),
-                    "## Curvature and width\n", table, "\n## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
+                    "## Curvature and width\n", table,
+                    *(["\n## Is K = 100 enough for the shape? (e)\n", k_check_table(checks)] if checks else []),
+                    "\n## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
     common.write_results(stem, md, {"info": info, "settings": settings, "command": command, "units": lean}, args.out_dir)
     return 0
 

@@ -30,6 +30,7 @@ def _reference(values: dict[int, float], restarts: int = 2) -> dict:
 
 
 def test_settings_are_the_stated_ones(bench) -> None:
+    assert bench.K_CHECK == 1000 and bench.K_CHECK_UNITS == (("upright", 0), ("upright", 2))
     assert bench.FINE_DATASETS == ("upright", "partially-rotated") and bench.FINE_RESTARTS == 4
     assert bench.FINE_SPACING == pytest.approx(math.pi / 180) and bench.FINE_HALF_WIDTH == 0.2
 
@@ -89,6 +90,26 @@ def test_fits_run_restart_by_restart_resume_and_repeat_the_reference(bench, tmp_
     assert bench.repeats_reference({**unit, "fits": moved}, ref) > 0.0
     with pytest.raises(SystemExit, match="points are not"):
         bench.fit_unit("upright", 0, _reference({j: -((j - 7) ** 2) for j in range(4, 10)}), size, path, 2)
+    # (e): restart 0 refitted repeats its bound, and is evaluated at a second K (resumable)
+    monkeypatch.setattr(bench, "K_CHECK", 7)
+    check_path = tmp_path / "upright_seed0_k7.json"
+    check = bench.k_check_unit("upright", 0, unit, size, check_path)
+    assert [p["k"] for p in check["points"]] == list(range(5)) and check["K"] == 7
+    assert all(p["repeat_difference"] < 1e-6 and math.isfinite(p["iwae_more"]) for p in check["points"])
+    assert json.dumps(bench.k_check_unit("upright", 0, unit, size, check_path)) == json.dumps(check)
+
+
+def test_k_check_summary_finds_the_curvature_of_the_difference(bench) -> None:
+    etas = 0.5 + np.arange(-11, 12) * math.pi / 180
+    base = -0.5 * ((etas - 0.5) / 0.05) ** 2
+    more = base + 2.0 + 30.0 * (etas - 0.5) ** 2 + 0.5 * (etas - 0.5)  # K's gap bends the profile by +30 nats/rad²
+    check = {"eta0": 0.5, "points": [{"k": k, "eta": e, "iwae": b, "iwae_more": m, "repeat_difference": 0.0}
+                                     for k, (e, b, m) in enumerate(zip(etas, base, more))]}  # fmt: skip
+    out = bench.k_check_summary(check)
+    assert out["points"] == 23 and out["sd"] == pytest.approx(0.05) and out["diff_c"] == pytest.approx(30.0)
+    assert out["sd_more"] == pytest.approx(bench.usc.implied_sd(-1 / (2 * 0.05**2) + 30.0))
+    assert out["diff_se"] == pytest.approx(0.0, abs=1e-6) and out["diff_range"] == pytest.approx([(more - base).min(), (more - base).max()])
+    assert "| upright, 0 | 23 | 0.050 |" in bench.k_check_table([("upright", 0, out)])
 
 
 def test_render_refuses_a_missing_unit(bench, tmp_path) -> None:
