@@ -39,6 +39,12 @@ d. **Measures.** (i) q*'s sd on the points (its grid posterior) beside the 1° r
 e. **Cross-check** (``--render``): for ``"as fitted"``, the same quadratic through (g)'s 100-stream GPU profile of
    the same state, linearly interpolated to the points: the 20-stream CPU estimate should agree with it.
 
+f. **The gap across the window** (``--render``; a diagnostic added after the table of (d) was seen, no setting of its
+   own). The gap of (d, iv) at the window's two ends (η₀ ± 0.2 rad: the reference's mean over its restarts there
+   minus q*'s mean profile), their mean less the gap at the mode: how much more the conditional loses to a fit at
+   that η at the ends than at the mode — the amortisation gap's growth that sharpens q* (a Gaussian of sd 0.063
+   falls by 5.0 nats from its mode to ±0.2 rad, one of sd 0.047 by 9.1).
+
 Results: ``benchmarks/results/uncertain_symmetry_widened_<suffix>.md``, ``.json``; the unit files (``--work-dir``).
 """
 
@@ -117,12 +123,13 @@ def widths(unit: dict[str, Any], fine: dict[str, Any]) -> dict[str, Any]:
     profile, each = np.asarray(unit["profile"]), np.asarray(unit["stream_profiles"])
     x = etas - eta0
     log_prior = np.full_like(etas, -math.log(us.ETA_MAX))
+    gap = [float(np.mean([f["iwae"]["value"] for f in fine["fits"] if f["k"] == k]) - profile[k]) for k in range(len(etas))]
     at0 = int(np.argmin(np.abs(x)))
-    ref_at0 = np.mean([f["iwae"]["value"] for f in fine["fits"] if f["k"] == at0])
     quad = usc.quadratic_curvature(x, profile, math.nan)
     return {"grid_sd": grid_posterior(etas, profile, log_prior).sd, "sd": quad["sd"], "c": quad["c"],
             "streams": usf.curvature_spread(np.array([usc.quadratic_curvature(x, p, math.nan)["c"] for p in each])),
-            "gap_at_mode": float(ref_at0 - profile[at0]), "profile_noise": unit["profile_noise"]}  # fmt: skip
+            "gap_at_mode": gap[at0], "gap_growth_at_ends": 0.5 * (gap[0] + gap[-1]) - gap[at0],
+            "profile_noise": unit["profile_noise"]}  # fmt: skip
 
 
 def gpu_cross_check(path: Path, fine: dict[str, Any]) -> float:
@@ -160,7 +167,7 @@ def render(work: Path, fine_dir: Path, collapsed_dir: Path, out_dir: Path | None
         train = (f"{unit['final_elbo_per_datum']:.3f}; {unit['train_seconds']:.0f} s" if "train_seconds" in unit else "–")
         rows.append(f"| {variant} | {seed} | {treatment} | {w['grid_sd']:.3f} ({fine['grid_sd']:.3f}) | {w['sd']:.3f} "
                     f"{interval(*st['sd_interval'])} | {fine['sd']:.3f} {interval(lo, hi)} | {'yes' if inside else 'no'}, "
-                    f"{'yes' if inside_d else 'no'} | {w['gap_at_mode']:+.1f} | {w['profile_noise']:.2f} | "
+                    f"{'yes' if inside_d else 'no'} | {w['gap_at_mode']:+.1f}; {w['gap_growth_at_ends']:+.1f} | {w['profile_noise']:.2f} | "
                     f"{m['gaussian']['nll']:.3f} / {m['collapsed']['nll']:.3f} | {train} | "
                     f"{'–' if math.isnan(gpu) else f'{gpu:.3f}'} |")  # fmt: skip
         lean.append({"unit": unit_name(variant, seed, treatment), **unit["meta"], "widths": w, "fine": {k: fine[k] for k in
@@ -169,7 +176,7 @@ def render(work: Path, fine_dir: Path, collapsed_dir: Path, out_dir: Path | None
                      **{k: unit[k] for k in ("train_seconds", "final_elbo_per_datum", "collapse_seconds") if k in unit}})  # fmt: skip
     head = ["fit", "seed", "treatment", "q* sd on the points (1° reference's)", "q* implied sd [90 %, 20 streams' curvatures]",
             "1° reference implied sd [90 %] (its c)", "q* inside the reference's interval (c), (d)",
-            "gap at the mode: reference − q* profile (nats)", "shape noise (nats)", "test NLL: Gaussian q(η) / q*",
+            "gap at the mode: reference − q* profile; its growth at ±0.2 rad (f) (nats)", "shape noise (nats)", "test NLL: Gaussian q(η) / q*",
             "re-training: final ELBO/N; seconds", "(g) 100-stream GPU profile: implied sd"]  # fmt: skip
     table = "\n".join(["| " + " | ".join(head) + " |", "|:---|---:|:---|" + "---:|" * (len(head) - 3), *rows])
     verdicts = "\n".join(f"- {t}: q* inside the 1° reference's interval (c) on {k} of {n} units" for t, (k, n) in counts.items())

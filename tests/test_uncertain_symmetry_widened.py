@@ -65,6 +65,8 @@ def test_widths_recover_an_exact_quadratic_and_the_gap_at_the_mode(bench) -> Non
     assert w["sd"] == pytest.approx(sd) and w["streams"]["c"] == pytest.approx(-1 / (2 * sd**2))
     assert w["streams"]["se"] == pytest.approx(0.0, abs=1e-6)
     assert w["gap_at_mode"] == pytest.approx(-80.0 + 0.5 - (-100.0))  # the reference's restarts averaged at η₀
+    end = x[-1] ** 2 * (1 / (2 * sd**2) - 1 / (2 * 0.07**2))  # (f): the wider reference falls off less
+    assert w["gap_growth_at_ends"] == pytest.approx(end)
     assert w["grid_sd"] == pytest.approx(sd, rel=0.02)  # ±3.8 sd of a Gaussian on 1° points, linear between them
 
 
