@@ -45,7 +45,8 @@ e. **Is K = 100 enough for the shape?** (``--k-check``; decided after (c)–(d) 
    point (the same call and seeds as (b): it repeats the unit's restart-0 bound, reported) and evaluated by
    ``us.bound`` with K = 100 and with K = ``K_CHECK`` = 1000 (seeded by the training seed). Per unit: the quadratic
    (as (c), x = η − η₀) through each profile and through their difference IWAE_1000 − IWAE_100 (curvature with its
-   standard error from the residuals), the implied sd at each K, and the difference's range over the points. A
+   standard error from the residuals), the implied sd at each K, the difference's range over the points and the
+   PSIS k̂ of the K = 1000 weights (above 0.7 the estimate is unreliable). A
    difference with no curvature means K = 100 has the evidence's shape on this window.
 
 Results: ``benchmarks/results/uncertain_symmetry_fine_reference_<suffix>.md``, ``.json``; the unit files
@@ -142,15 +143,17 @@ def k_check_summary(check: dict[str, Any]) -> dict[str, Any]:
     return {"points": len(pts), "sd": usc.quadratic_curvature(x, base, math.nan)["sd"],
             "sd_more": usc.quadratic_curvature(x, more, math.nan)["sd"], "diff_c": diff["c"], "diff_se": diff["se_residual"],
             "diff_range": [float((more - base).min()), float((more - base).max())],
+            "k_hat_range": [min(p["k_hat_more"] for p in pts), max(p["k_hat_more"] for p in pts)],
             "repeat_difference": max(p["repeat_difference"] for p in pts)}  # fmt: skip
 
 
 def k_check_table(summaries: list[tuple[str, int, dict[str, Any]]]) -> str:
     head = ["data, seed", "points", "implied sd, K = 100 (restart 0)", f"implied sd, K = {K_CHECK}",
             f"curvature of IWAE_{K_CHECK} − IWAE_100 ± SE (nats/rad²)", "its range over the points (nats)",
-            "largest |difference| from the unit's restart-0 bound (nats)"]  # fmt: skip
+            f"PSIS k̂ at K = {K_CHECK}", "largest |difference| from the unit's restart-0 bound (nats)"]  # fmt: skip
     rows = [f"| {d}, {s} | {k['points']} | {k['sd']:.3f} | {k['sd_more']:.3f} | {k['diff_c']:+.0f} ± {k['diff_se']:.0f} | "
-            f"{k['diff_range'][0]:.2f} … {k['diff_range'][1]:.2f} | {k['repeat_difference']:.2g} |" for d, s, k in summaries]  # fmt: skip
+            f"{k['diff_range'][0]:.2f} … {k['diff_range'][1]:.2f} | {k['k_hat_range'][0]:.1f}–{k['k_hat_range'][1]:.1f} | "
+            f"{k['repeat_difference']:.2g} |" for d, s, k in summaries]  # fmt: skip
     return "\n".join(["| " + " | ".join(head) + " |", "|:---|" + "---:|" * (len(head) - 1), *rows])
 
 

@@ -103,12 +103,13 @@ def test_k_check_summary_finds_the_curvature_of_the_difference(bench) -> None:
     etas = 0.5 + np.arange(-11, 12) * math.pi / 180
     base = -0.5 * ((etas - 0.5) / 0.05) ** 2
     more = base + 2.0 + 30.0 * (etas - 0.5) ** 2 + 0.5 * (etas - 0.5)  # K's gap bends the profile by +30 nats/rad²
-    check = {"eta0": 0.5, "points": [{"k": k, "eta": e, "iwae": b, "iwae_more": m, "repeat_difference": 0.0}
+    check = {"eta0": 0.5, "points": [{"k": k, "eta": e, "iwae": b, "iwae_more": m, "repeat_difference": 0.0, "k_hat_more": 0.1 * k}
                                      for k, (e, b, m) in enumerate(zip(etas, base, more))]}  # fmt: skip
     out = bench.k_check_summary(check)
     assert out["points"] == 23 and out["sd"] == pytest.approx(0.05) and out["diff_c"] == pytest.approx(30.0)
     assert out["sd_more"] == pytest.approx(bench.usc.implied_sd(-1 / (2 * 0.05**2) + 30.0))
     assert out["diff_se"] == pytest.approx(0.0, abs=1e-6) and out["diff_range"] == pytest.approx([(more - base).min(), (more - base).max()])
+    assert out["k_hat_range"] == pytest.approx([0.0, 2.2])
     assert "| upright, 0 | 23 | 0.050 |" in bench.k_check_table([("upright", 0, out)])
 
 
