@@ -48,6 +48,10 @@ e. **Is K = 100 enough for the shape?** (``--k-check``; decided after (c)–(d) 
    standard error from the residuals), the implied sd at each K, the difference's range over the points and the
    PSIS k̂ of the K = 1000 weights (above 0.7 the estimate is unreliable). A
    difference with no curvature means K = 100 has the evidence's shape on this window.
+f. **The K = 1000 reference** (``--k-check --k-restarts 4``; added after (e) was seen — one restart reshaped by 7–11
+   nats — settings fixed and committed before it ran). (e) for restarts 1–3 as well (training seeds as (b)), so
+   that (c) and (d) can be computed from the K = 1000 bounds of all ``FINE_RESTARTS`` restarts: its implied sd with
+   both intervals and its grid sd on the points (``--render``), beside the same restarts' K = 100 values.
 
 Results: ``benchmarks/results/uncertain_symmetry_fine_reference_<suffix>.md``, ``.json``; the unit files
 (``--work-dir``) hold every fit.
@@ -113,31 +117,53 @@ def fit_unit(dataset: str, seed: int, refined: dict[str, Any], size: dict[str, A
     return unit
 
 
-def k_check_unit(dataset: str, seed: int, unit: dict[str, Any], size: dict[str, Any], path: Path) -> dict[str, Any]:
-    """(e) for one unit: restart 0 refitted at every point, its bound at K = iwae_K and K = ``K_CHECK``; saved after
-    each point (resumes)."""
+def k_check_unit(dataset: str, seed: int, unit: dict[str, Any], size: dict[str, Any], path: Path, restart: int = 0) -> dict[str, Any]:
+    """(e) for one unit and restart (f: restarts 1–3): the restart refitted at every point, its bound at K = iwae_K and
+    K = ``K_CHECK``; saved after each point (resumes). A point without a restart (the first run's) is restart 0."""
     out = json.loads(path.read_text()) if path.exists() else {"dataset": dataset, "seed": seed, "eta0": unit["eta0"],
                                                                 "etas": unit["etas"], "K": K_CHECK, "points": []}  # fmt: skip
-    done = {p["k"] for p in out["points"]}
-    todo = [k for k in range(len(unit["etas"])) if k not in done]
+    done = {(p["k"], p.get("restart", 0)) for p in out["points"]}
+    todo = [k for k in range(len(unit["etas"])) if (k, restart) not in done]
     data = load_dataset(us.DATASETS[dataset][0], train_size=size["train_size"], test_size=size["test_size"]) if todo else None
+    train_seed = seed + usr.RESTART_SEED_OFFSET * restart
     for k in todo:
         eta, t0 = float(unit["etas"][k]), time.perf_counter()
-        res = us.fit(data, size, seed, train_seed=seed, learn_symmetry=False, eta_init=eta)
-        base = us.bound(res, data, size, seed)
-        more = us.bound(res, data, {**size, "iwae_K": K_CHECK}, seed)
-        stored = next(f["iwae"]["value"] for f in unit["fits"] if f["k"] == k and f["restart"] == 0)
-        out["points"].append({"k": k, "eta": eta, "iwae": base["value"], "iwae_more": more["value"], "k_hat_more": more["k_hat"],
-                              "repeat_difference": abs(base["value"] - stored), "seconds": time.perf_counter() - t0})  # fmt: skip
+        res = us.fit(data, size, seed, train_seed=train_seed, learn_symmetry=False, eta_init=eta)
+        base = us.bound(res, data, size, train_seed)
+        more = us.bound(res, data, {**size, "iwae_K": K_CHECK}, train_seed)
+        stored = next(f["iwae"]["value"] for f in unit["fits"] if f["k"] == k and f["restart"] == restart)
+        out["points"].append({"k": k, "restart": restart, "eta": eta, "iwae": base["value"], "iwae_more": more["value"],
+                              "k_hat_more": more["k_hat"], "repeat_difference": abs(base["value"] - stored),
+                              "seconds": time.perf_counter() - t0})  # fmt: skip
         path.write_text(json.dumps(out, indent=1) + "\n")
-        common.log(f"  k-check {dataset} seed {seed}: η {eta:.4f}: IWAE_{size['iwae_K']} {base['value']:.2f}, IWAE_{K_CHECK} {more['value']:.2f}")
+        common.log(f"  k-check {dataset} seed {seed} restart {restart}: η {eta:.4f}: IWAE_{size['iwae_K']} {base['value']:.2f}, "
+                   f"IWAE_{K_CHECK} {more['value']:.2f}")  # fmt: skip
     return out
 
 
+def k_check_reference(check: dict[str, Any], key: str = "iwae_more") -> dict[str, Any]:
+    """(f): the check's bounds ``key`` (K = ``K_CHECK``, or ``"iwae"``: K = 100) as a 1° reference unit, for
+    :func:`fine_summary` (only restarts complete at every point count there)."""
+    fits = [{"k": p["k"], "eta": p["eta"], "restart": p.get("restart", 0), "iwae": {"value": p[key]}} for p in check["points"]]
+    return {"dataset": check["dataset"], "seed": check["seed"], "eta0": check["eta0"], "etas": check["etas"], "fits": fits}
+
+
 def k_check_summary(check: dict[str, Any]) -> dict[str, Any]:
-    """(e): implied sd of each K's profile and the curvature of their difference (standard error from the residuals)."""
-    pts = sorted(check["points"], key=lambda p: p["k"])
-    x = np.array([p["eta"] for p in pts]) - check["eta0"]
+    """(e): implied sd of each K's profile and the curvature of their difference (standard error from the residuals),
+    for restart 0; (f) where more restarts are complete: :func:`fine_summary` of each K's bounds."""
+    out = _restart_k_check([p for p in check["points"] if p.get("restart", 0) == 0], check["eta0"])
+    more = k_check_reference(check)
+    if len(complete_restarts(more)) > 1:
+        keep = ("restarts", "sd", "sd_interval", "grid_sd", "mean_sd")
+        summaries = {"K100": fine_summary(k_check_reference(check, "iwae")), f"K{K_CHECK}": fine_summary(more)}
+        out["reference"] = {name: {**{k: v for k, v in f.items() if k in keep}, "restart_interval": f["restart_curvature"]["sd_interval"]}
+                            for name, f in summaries.items()}  # fmt: skip
+    return out
+
+
+def _restart_k_check(points: list[dict[str, Any]], eta0: float) -> dict[str, Any]:
+    pts = sorted(points, key=lambda p: p["k"])
+    x = np.array([p["eta"] for p in pts]) - eta0
     base, more = np.array([p["iwae"] for p in pts]), np.array([p["iwae_more"] for p in pts])
     diff = usc.quadratic_curvature(x, more - base, math.nan)
     return {"points": len(pts), "sd": usc.quadratic_curvature(x, base, math.nan)["sd"],
@@ -154,7 +180,18 @@ def k_check_table(summaries: list[tuple[str, int, dict[str, Any]]]) -> str:
     rows = [f"| {d}, {s} | {k['points']} | {k['sd']:.3f} | {k['sd_more']:.3f} | {k['diff_c']:+.0f} ± {k['diff_se']:.0f} | "
             f"{k['diff_range'][0]:.2f} … {k['diff_range'][1]:.2f} | {k['k_hat_range'][0]:.1f}–{k['k_hat_range'][1]:.1f} | "
             f"{k['repeat_difference']:.2g} |" for d, s, k in summaries]  # fmt: skip
-    return "\n".join(["| " + " | ".join(head) + " |", "|:---|" + "---:|" * (len(head) - 1), *rows])
+    table = "\n".join(["| " + " | ".join(head) + " |", "|:---|" + "---:|" * (len(head) - 1), *rows])
+    full = [(d, s, k["reference"]) for d, s, k in summaries if "reference" in k]
+    if not full:
+        return table
+    ival = lambda a, b: f"[{a:.3f}, {'∞' if math.isinf(b) else f'{b:.3f}'}]"  # noqa: E731
+    head = ["data, seed, K", "restarts", "implied sd [90 %] (c)", "restarts' curvatures: 90 % t interval (d)", "grid sd on the points",
+            "σ/√R (nats)"]  # fmt: skip
+    rows = [f"| {d}, {s}, K = {name[1:]} | {len(r['restarts'])} | {r['sd']:.3f} {ival(*r['sd_interval'])} | "
+            f"{ival(*r['restart_interval'])} | {r['grid_sd']:.3f} | {r['mean_sd']:.2f} |"
+            for d, s, ref in full for name, r in ref.items()]  # fmt: skip
+    return "\n".join([table, "\nThe K = 1000 reference (f), from the same restarts' bounds at each K:\n",
+                      "| " + " | ".join(head) + " |", "|:---|" + "---:|" * (len(head) - 1), *rows])
 
 
 def complete_restarts(unit: dict[str, Any]) -> list[int]:
@@ -212,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                               "comma-separated units <dataset>_seed<s>")  # fmt: skip
     parser.add_argument("--collapsed", type=Path, default=Path("benchmarks/results/uncertain_symmetry_collapsed_units"),
                         help="uncertain_symmetry_collapsed.py's work dir (its (g) units)")  # fmt: skip
+    parser.add_argument("--k-restarts", type=int, default=1, choices=range(1, FINE_RESTARTS + 1),
+                        help="--k-check: restarts 0 … n−1 (e: 1; f: all 4)")  # fmt: skip
     args, payloads, _, settings, size, keys = usr.parse_phase_args(parser, argv)
     keys = [(d, s) for d, s in keys if d in FINE_DATASETS and (not args.only or f"{d}_seed{s}" in args.only.split(","))]
     refs = {(d, s): usr.read_unit_file(parser, args.reference, d, s, "--reference") for d, s in keys}
@@ -226,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         for d, s in (u for u in keys if u in K_CHECK_UNITS):
             if not paths[(d, s)].exists():
                 parser.error(f"--k-check: {paths[(d, s)]} is missing (run --fit first)")
-            k_check_unit(d, s, json.loads(paths[(d, s)].read_text()), size, args.work_dir / f"{d}_seed{s}_k{K_CHECK}.json")
+            for restart in range(args.k_restarts):
+                k_check_unit(d, s, json.loads(paths[(d, s)].read_text()), size, args.work_dir / f"{d}_seed{s}_k{K_CHECK}.json",
+                             restart)  # fmt: skip
         return 0
     rows, lean = [], []
     for d, s in keys:

@@ -45,6 +45,13 @@ f. **The gap across the window** (``--render``; a diagnostic added after the tab
    that η at the ends than at the mode — the amortisation gap's growth that sharpens q* (a Gaussian of sd 0.063
    falls by 5.0 nats from its mode to ±0.2 rad, one of sd 0.047 by 9.1).
 
+g. **q* at K = 1000** (``--k-check``; added after ``uncertain_symmetry_fine_reference.py`` (e) found one reference
+   restart reshaped by 7–11 nats from K = 100 to 1000, settings fixed and committed before it ran). For
+   ``K_CHECK_UNITS`` (rbf and linear, seed 0, as fitted): (c) with K = ``uncertain_symmetry_fine_reference.K_CHECK``
+   = 1000 and ``K_CHECK_STREAMS`` = 10 streams (a K = 1000 stream costs ten K = 100 ones), evaluated as (d, i–iii)
+   against the K = 1000 reference of that script's (f) (its four restarts' K = 1000 bounds), beside the K = 100 q*
+   and reference; no held-out metrics.
+
 Results: ``benchmarks/results/uncertain_symmetry_widened_<suffix>.md``, ``.json``; the unit files (``--work-dir``).
 """
 
@@ -83,6 +90,8 @@ TREATMENTS: dict[str, float | None] = {"widened": 3.0, "held": 1.0, "as fitted":
 WIDEN = TREATMENTS["widened"]
 EXTRA_STEPS = 2000
 STREAMS = 20
+K_CHECK_UNITS = (("rbf", 0, "as fitted"), ("linear", 0, "as fitted"))
+K_CHECK_STREAMS = 10
 
 
 def unit_name(variant: str, seed: int, treatment: str) -> str:
@@ -94,10 +103,13 @@ def units() -> list[tuple[str, int, str]]:
     return [(v, s, t) for s in SEEDS for v in VARIANTS for t in TREATMENTS]
 
 
-def run_unit(state: Path, fine: dict[str, Any], treatment: str, extra_steps: int = EXTRA_STEPS) -> dict[str, Any]:
-    """(b)–(d, vi–vii) for one unit: re-train (unless ``"as fitted"``), collapse on the 1° points, evaluate."""
+def run_unit(state: Path, fine: dict[str, Any], treatment: str, extra_steps: int = EXTRA_STEPS, K: int | None = None,
+             streams: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """(b)–(d, vi–vii) for one unit: re-train (unless ``"as fitted"``), collapse on the 1° points, evaluate. With
+    ``K`` (g): the collapse at that K with ``streams``, no held-out metrics."""
     model, guide, x, y, meta = usw.load_state(state)
     seed, size = int(meta["seed"]), meta["size"]
+    streams = STREAMS if streams is None else streams
     out: dict[str, Any] = {"meta": {"variant": meta["variant"], "dataset": meta["dataset"], "seed": seed, "treatment": treatment}}
     widen = TREATMENTS[treatment]
     if widen is not None:
@@ -105,11 +117,13 @@ def run_unit(state: Path, fine: dict[str, Any], treatment: str, extra_steps: int
         out.update({"widen": widen, "extra_steps": extra_steps, "train_seconds": res.seconds,
                     "final_elbo_per_datum": float(res.final_elbo)})  # fmt: skip
     t0 = time.perf_counter()
-    collapsed = collapse_symmetry(model, guide, x, y, grid=np.asarray(fine["etas"]), K=int(size["iwae_K"]),
-                                  streams=STREAMS, stream_batch=1, seed=seed)  # fmt: skip
-    out.update({"collapse_seconds": time.perf_counter() - t0, "streams": STREAMS, "grid": fine["etas"],
+    collapsed = collapse_symmetry(model, guide, x, y, grid=np.asarray(fine["etas"]), K=int(K or size["iwae_K"]),
+                                  streams=streams, stream_batch=1, seed=seed)  # fmt: skip
+    out.update({"collapse_seconds": time.perf_counter() - t0, "streams": streams, "K": int(K or size["iwae_K"]), "grid": fine["etas"],
                 "profile": collapsed.posterior.log_evidence.tolist(), "profile_noise": collapsed.profile_noise,
                 "stream_profiles": collapsed.stream_profiles.double().numpy().round(4).tolist()})  # fmt: skip
+    if K is not None:
+        return out
     data = usi.load_dataset(us.DATASETS[meta["dataset"]][0], size)
     n = int(size["eval_samples"])
     out["metrics"] = {"gaussian": pi.evaluate((model, guide), data, num_samples=n, seed=seed),
@@ -147,6 +161,36 @@ def interval(lo: float, hi: float) -> str:
     return f"[{lo:.3f}, {'∞' if math.isinf(hi) else f'{hi:.3f}'}]"
 
 
+def k_check_rows(work: Path, fine_dir: Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """(g): per K_CHECK unit that ran, q* at K = 100 and at K = 1000 against the 1° reference at the same K (its
+    complete restarts)."""
+    rows, lean = [], []
+    for variant, seed, treatment in K_CHECK_UNITS:
+        path = work / f"{unit_name(variant, seed, treatment)}_k{usf.K_CHECK}.json"
+        check_path = fine_dir / f"{DATASET}_seed{seed}_k{usf.K_CHECK}.json"
+        if not path.exists() or not check_path.exists():
+            continue
+        check = json.loads(check_path.read_text())
+        for K, unit_path, fine_unit in ((100, work / f"{unit_name(variant, seed, treatment)}.json", usf.k_check_reference(check, "iwae")),
+                                        (usf.K_CHECK, path, usf.k_check_reference(check))):  # fmt: skip
+            unit, fine = json.loads(unit_path.read_text()), usf.fine_summary(fine_unit)
+            w = widths(unit, fine_unit)
+            lo, hi = fine["sd_interval"]
+            rows.append(f"| {variant} | {seed} | {K} | {unit['streams']} | {w['grid_sd']:.3f} ({fine['grid_sd']:.3f}) | "
+                        f"{w['sd']:.3f} {interval(*w['streams']['sd_interval'])} | {fine['sd']:.3f} {interval(lo, hi)} "
+                        f"({len(fine['restarts'])} restarts) | {'yes' if lo <= w['sd'] <= hi else 'no'} | "
+                        f"{w['gap_at_mode']:+.1f}; {w['gap_growth_at_ends']:+.1f} | {w['profile_noise']:.2f} |")  # fmt: skip
+            lean.append({"unit": unit_name(variant, seed, treatment), "K": K, "widths": w,
+                         "fine": {k: fine[k] for k in ("sd", "sd_interval", "grid_sd", "restarts")}})  # fmt: skip
+    if not rows:
+        return [], []
+    head = ["fit", "seed", "K", "streams", "q* sd on the points (reference's)", "q* implied sd [90 %, streams' curvatures]",
+            "reference implied sd [90 %] (its c), at the same K", "inside", "gap at the mode; its growth at ±0.2 rad (nats)",
+            "shape noise (nats)"]  # fmt: skip
+    return (["\n## q* and the reference at K = 1000 (g)\n", "| " + " | ".join(head) + " |", "|:---|---:|---:|---:|" + "---:|" * (len(head) - 4),
+             *rows], lean)  # fmt: skip
+
+
 def render(work: Path, fine_dir: Path, collapsed_dir: Path, out_dir: Path | None) -> tuple[Path, Path]:
     rows, lean, counts = [], [], {t: [0, 0] for t in TREATMENTS}
     for variant, seed, treatment in sorted(units(), key=lambda u: (u[1], VARIANTS.index(u[0]), list(TREATMENTS).index(u[2]))):
@@ -180,8 +224,10 @@ def render(work: Path, fine_dir: Path, collapsed_dir: Path, out_dir: Path | None
             "re-training: final ELBO/N; seconds", "(g) 100-stream GPU profile: implied sd"]  # fmt: skip
     table = "\n".join(["| " + " | ".join(head) + " |", "|:---|---:|:---|" + "---:|" * (len(head) - 3), *rows])
     verdicts = "\n".join(f"- {t}: q* inside the 1° reference's interval (c) on {k} of {n} units" for t, (k, n) in counts.items())
+    k_rows, k_lean = k_check_rows(work, fine_dir)
     settings = {"DATASET": DATASET, "SEEDS": list(SEEDS), "VARIANTS": list(VARIANTS), "TREATMENTS": TREATMENTS,
-                "EXTRA_STEPS": EXTRA_STEPS, "STREAMS": STREAMS, "K": "the input run's iwae_K",
+                "EXTRA_STEPS": EXTRA_STEPS, "STREAMS": STREAMS, "K_CHECK_UNITS": [list(u) for u in K_CHECK_UNITS],
+                "K_CHECK_STREAMS": K_CHECK_STREAMS, "K_CHECK": usf.K_CHECK, "K": "the input run's iwae_K",
                 "fits": "uncertain_symmetry_warmup.py's states", "reference": usf.STEM}  # fmt: skip
     info, command = common.machine_info(), common.command_line()
     intro = ("Issue 15: the warm-up fits' conditional q(θ | η) re-trained across a widened q(η) (and, as a control, as long with "
@@ -189,8 +235,8 @@ def render(work: Path, fine_dir: Path, collapsed_dir: Path, out_dir: Path | None
              "*Method* (the module docstring of `benchmarks/uncertain_symmetry_widened.py`).")  # fmt: skip
     md = "\n".join([common.header_markdown("Uncertain symmetry: a widened conditional before the collapse", info, settings,
                                            command, intro),
-                    "## Verdicts\n", verdicts, "\n## Units\n", table, "\n## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
-    payload = {"info": info, "settings": settings, "command": command, "counts": counts, "units": lean}
+                    "## Verdicts\n", verdicts, "\n## Units\n", table, *k_rows, "\n## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
+    payload = {"info": info, "settings": settings, "command": command, "counts": counts, "units": lean, "k_check": k_lean}
     return common.write_results(f"{STEM}_steps4000", md, payload, out_dir)
 
 
@@ -199,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--fit", action="store_true", help="re-train and collapse every unit not yet in --work-dir (b, c)")
     group.add_argument("--render", action="store_true", help="no fits: the tables from the unit files (d, e)")
+    group.add_argument("--k-check", action="store_true", help="the K = 1000 collapse of K_CHECK_UNITS (g)")
     parser.add_argument("--states", type=Path, default=Path("benchmarks/results/uncertain_symmetry_warmup_units/states"),
                         help="uncertain_symmetry_warmup.py's saved states")  # fmt: skip
     parser.add_argument("--fine", type=Path, default=Path("benchmarks/results/uncertain_symmetry_fine_reference_units"),
@@ -217,8 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         return 0 if render(args.work_dir, args.fine, args.collapsed, args.out_dir) else 1
     args.work_dir.mkdir(parents=True, exist_ok=True)
+    if args.k_check:
+        todo = [u for u in K_CHECK_UNITS if u in todo]
     for variant, seed, treatment in todo:
-        out = args.work_dir / f"{unit_name(variant, seed, treatment)}.json"
+        suffix = f"_k{usf.K_CHECK}" if args.k_check else ""
+        out = args.work_dir / f"{unit_name(variant, seed, treatment)}{suffix}.json"
         state = args.states / f"{usw.unit_name(variant, DATASET, seed)}.pt"
         fine = args.fine / f"{DATASET}_seed{seed}.json"
         if out.exists():
@@ -227,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
             if not need.exists():
                 parser.error(f"{what}: {need} is missing")
         common.log(f"{unit_name(variant, seed, treatment)}: start")
-        unit = run_unit(state, json.loads(fine.read_text()), treatment)
+        unit = (run_unit(state, json.loads(fine.read_text()), treatment, K=usf.K_CHECK, streams=K_CHECK_STREAMS) if args.k_check
+                else run_unit(state, json.loads(fine.read_text()), treatment))  # fmt: skip
         out.write_text(json.dumps(unit) + "\n")
         w = widths(unit, json.loads(fine.read_text()))
         common.log(f"{unit_name(variant, seed, treatment)}: implied sd {w['sd']:.3f}, grid sd {w['grid_sd']:.3f}, "

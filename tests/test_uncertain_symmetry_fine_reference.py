@@ -97,19 +97,29 @@ def test_fits_run_restart_by_restart_resume_and_repeat_the_reference(bench, tmp_
     assert [p["k"] for p in check["points"]] == list(range(5)) and check["K"] == 7
     assert all(p["repeat_difference"] < 1e-6 and math.isfinite(p["iwae_more"]) for p in check["points"])
     assert json.dumps(bench.k_check_unit("upright", 0, unit, size, check_path)) == json.dumps(check)
+    # (f): restart 1 joins the same file, with its own training seed; then both K's are references of two restarts
+    check = bench.k_check_unit("upright", 0, unit, size, check_path, restart=1)
+    assert sorted((p["k"], p["restart"]) for p in check["points"]) == [(k, r) for k in range(5) for r in (0, 1)]
+    assert all(p["repeat_difference"] < 1e-6 for p in check["points"])
+    as_reference = bench.k_check_reference(check, "iwae")
+    assert bench.complete_restarts(as_reference) == [0, 1]
+    assert sorted(f["iwae"]["value"] for f in as_reference["fits"]) == sorted(f["iwae"]["value"] for f in unit["fits"] if f["restart"] < 2)
+    out = bench.k_check_summary(check)
+    assert out["points"] == 5 and set(out["reference"]) == {"K100", "K7"}
+    assert out["reference"]["K100"]["sd"] == pytest.approx(bench.fine_summary({**unit, "fits": [f for f in unit["fits"] if f["restart"] < 2]})["sd"])
 
 
 def test_k_check_summary_finds_the_curvature_of_the_difference(bench) -> None:
     etas = 0.5 + np.arange(-11, 12) * math.pi / 180
     base = -0.5 * ((etas - 0.5) / 0.05) ** 2
     more = base + 2.0 + 30.0 * (etas - 0.5) ** 2 + 0.5 * (etas - 0.5)  # K's gap bends the profile by +30 nats/rad²
-    check = {"eta0": 0.5, "points": [{"k": k, "eta": e, "iwae": b, "iwae_more": m, "repeat_difference": 0.0, "k_hat_more": 0.1 * k}
+    check = {"dataset": "upright", "seed": 0, "eta0": 0.5, "etas": list(etas), "points": [{"k": k, "eta": e, "iwae": b, "iwae_more": m, "repeat_difference": 0.0, "k_hat_more": 0.1 * k}
                                      for k, (e, b, m) in enumerate(zip(etas, base, more))]}  # fmt: skip
     out = bench.k_check_summary(check)
     assert out["points"] == 23 and out["sd"] == pytest.approx(0.05) and out["diff_c"] == pytest.approx(30.0)
     assert out["sd_more"] == pytest.approx(bench.usc.implied_sd(-1 / (2 * 0.05**2) + 30.0))
     assert out["diff_se"] == pytest.approx(0.0, abs=1e-6) and out["diff_range"] == pytest.approx([(more - base).min(), (more - base).max()])
-    assert out["k_hat_range"] == pytest.approx([0.0, 2.2])
+    assert out["k_hat_range"] == pytest.approx([0.0, 2.2]) and "reference" not in out  # one restart: no (f)
     assert "| upright, 0 | 23 | 0.050 |" in bench.k_check_table([("upright", 0, out)])
 
 

@@ -50,6 +50,7 @@ def test_settings_are_the_stated_ones(bench) -> None:
     assert bench.WIDEN == 3.0 and bench.EXTRA_STEPS == 2000 and bench.STREAMS == 20
     assert bench.SEEDS == (0, 2, 1) and bench.VARIANTS == ("rbf", "linear") and bench.DATASET == "upright"
     assert bench.TREATMENTS == {"widened": 3.0, "held": 1.0, "as fitted": None}
+    assert bench.K_CHECK_UNITS == (("rbf", 0, "as fitted"), ("linear", 0, "as fitted")) and bench.K_CHECK_STREAMS == 10
     order = bench.units()
     assert len(order) == 18 and order[:3] == [("rbf", 0, "widened"), ("rbf", 0, "held"), ("rbf", 0, "as fitted")]
     assert [s for _, s, _ in order[::6]] == [0, 2, 1] and bench.unit_name("linear", 2, "as fitted") == "linear_upright_seed2_as-fitted"
@@ -93,6 +94,12 @@ def test_a_unit_is_the_library_calls_it_names(bench, quick_state, monkeypatch) -
         assert np.allclose(again.posterior.log_evidence, unit["profile"], rtol=0, atol=1e-9)
         assert np.asarray(unit["stream_profiles"]).shape == (2, 5) and unit["grid"] == fine["etas"]
         assert {"nll", "accuracy"} <= set(unit["metrics"]["gaussian"]) and {"nll", "accuracy"} <= set(unit["metrics"]["collapsed"])
+    # (g): the collapse at another K and number of streams, without held-out metrics
+    unit = bench.run_unit(quick_state, fine, "as fitted", K=4, streams=3)
+    model, guide, x, y, _ = warm.load_state(quick_state)
+    again = collapse_symmetry(model, guide, x, y, grid=grid, K=4, streams=3, stream_batch=1, seed=0)
+    assert np.allclose(again.posterior.log_evidence, unit["profile"], rtol=0, atol=1e-9)
+    assert unit["K"] == 4 and unit["streams"] == 3 and "metrics" not in unit
 
 
 def test_the_command_line_refuses_and_renders_what_ran(bench, tmp_path) -> None:
@@ -110,7 +117,7 @@ def test_the_command_line_refuses_and_renders_what_ran(bench, tmp_path) -> None:
     streams = np.stack([-(x**2) / (2 * sd**2) + b * x for b in (-1.0, 1.0)])
     metrics = {"nll": 0.5, "accuracy": 0.9}
     unit = {"meta": {"variant": "rbf", "dataset": "upright", "seed": 0, "treatment": "widened"}, "profile": streams.mean(0).tolist(),
-            "stream_profiles": streams.tolist(), "profile_noise": 0.1, "train_seconds": 1.0, "final_elbo_per_datum": -1.0,
+            "stream_profiles": streams.tolist(), "profile_noise": 0.1, "streams": 2, "train_seconds": 1.0, "final_elbo_per_datum": -1.0,
             "collapse_seconds": 2.0, "metrics": {"gaussian": metrics, "collapsed": metrics}}  # fmt: skip
     (work / "rbf_upright_seed0_widened.json").write_text(json.dumps(unit))
     assert bench.main(["--render", "--fine", str(fine_dir), "--work-dir", str(work), "--collapsed", str(tmp_path / "none"),
@@ -118,4 +125,18 @@ def test_the_command_line_refuses_and_renders_what_ran(bench, tmp_path) -> None:
     md = (tmp_path / "out" / "uncertain_symmetry_widened_steps4000.md").read_text()
     assert "- widened: q* inside the 1° reference's interval (c) on 1 of 1 units" in md
     assert "- held: q* inside the 1° reference's interval (c) on 0 of 0 units" in md
-    assert md.count("not run") == 17
+    assert md.count("not run") == 17 and "## q* and the reference at K = 1000" not in md
+    # (g): with the K = 1000 collapse and the reference's K check of three restarts, one row per K
+    fine = _fine(-(x**2) / (2 * sd**2), restarts=3, wiggle=0.5)
+    check = {"dataset": "upright", "seed": 0, "eta0": fine["eta0"], "etas": fine["etas"],
+             "points": [{"k": f["k"], "restart": f["restart"], "eta": f["eta"], "iwae": f["iwae"]["value"],
+                         "iwae_more": f["iwae"]["value"] + 2.0} for f in fine["fits"]]}  # fmt: skip
+    (fine_dir / "upright_seed0_k1000.json").write_text(json.dumps(check))
+    as_fitted = {**unit, "meta": {**unit["meta"], "treatment": "as fitted"}}
+    (work / "rbf_upright_seed0_as-fitted.json").write_text(json.dumps(as_fitted))
+    (work / "rbf_upright_seed0_as-fitted_k1000.json").write_text(json.dumps({**as_fitted, "streams": 2, "K": 1000}))
+    rows, lean = bench.k_check_rows(work, fine_dir)
+    assert [r["K"] for r in lean] == [100, 1000] and all(r["fine"]["restarts"] == [0, 1, 2] for r in lean)
+    assert all(r["widths"]["sd"] == pytest.approx(sd) and r["fine"]["sd"] == pytest.approx(sd) for r in lean)
+    assert lean[1]["widths"]["gap_at_mode"] == pytest.approx(lean[0]["widths"]["gap_at_mode"] + 2.0)
+    assert sum(row.startswith("| rbf | 0 |") for row in rows) == 2
