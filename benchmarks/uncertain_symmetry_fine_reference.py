@@ -184,14 +184,18 @@ def k_check_table(summaries: list[tuple[str, int, dict[str, Any]]]) -> str:
     full = [(d, s, k["reference"]) for d, s, k in summaries if "reference" in k]
     if not full:
         return table
-    ival = lambda a, b: f"[{a:.3f}, {'∞' if math.isinf(b) else f'{b:.3f}'}]"  # noqa: E731
     head = ["data, seed, K", "restarts", "implied sd [90 %] (c)", "restarts' curvatures: 90 % t interval (d)", "grid sd on the points",
             "σ/√R (nats)"]  # fmt: skip
-    rows = [f"| {d}, {s}, K = {name[1:]} | {len(r['restarts'])} | {r['sd']:.3f} {ival(*r['sd_interval'])} | "
-            f"{ival(*r['restart_interval'])} | {r['grid_sd']:.3f} | {r['mean_sd']:.2f} |"
+    rows = [f"| {d}, {s}, K = {name[1:]} | {len(r['restarts'])} | {r['sd']:.3f} {interval(*r['sd_interval'])} | "
+            f"{interval(*r['restart_interval'])} | {r['grid_sd']:.3f} | {r['mean_sd']:.2f} |"
             for d, s, ref in full for name, r in ref.items()]  # fmt: skip
     return "\n".join([table, "\nThe K = 1000 reference (f), from the same restarts' bounds at each K:\n",
                       "| " + " | ".join(head) + " |", "|:---|" + "---:|" * (len(head) - 1), *rows])
+
+
+def interval(lo: float, hi: float) -> str:
+    """A 90 % interval of an implied sd as the tables print it (no upper end: ∞)."""
+    return f"[{lo:.3f}, {'∞' if math.isinf(hi) else f'{hi:.3f}'}]"
 
 
 def complete_restarts(unit: dict[str, Any]) -> list[int]:
@@ -286,11 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         rlo, rhi = rc["sd_interval"]
         inside = "; ".join(f"{f} {v:.3f} {'yes' if lo <= v <= hi else 'no'}, {'yes' if rlo <= v <= rhi else 'no'}"
                            for f, v in q.items()) or "–"  # fmt: skip
-        ival = lambda a, b: f"[{a:.3f}, {'∞' if math.isinf(b) else f'{b:.3f}'}]"  # noqa: E731
         rows.append(f"| {d}, {s} | {fine['points']} × {len(fine['restarts'])} | {fine['mean_sd']:.2f}; {fine['residual_sd']:.2f} | "
-                    f"{fine['c']:.0f} ± {fine['se_noise']:.0f}; {fine['se_residual']:.0f} | {fine['sd']:.3f} {ival(lo, hi)} | "
-                    f"{', '.join(f'{c:.0f}' for c in rc['each_c'])}: {rc['c']:.0f} ± {rc['se']:.0f}; {ival(rlo, rhi)} | "
-                    f"{fine['grid_sd']:.3f} | {coarse['sd']:.3f} {ival(*coarse['sd_interval'])}; {coarse['reference_sd']:.3f} | "
+                    f"{fine['c']:.0f} ± {fine['se_noise']:.0f}; {fine['se_residual']:.0f} | {fine['sd']:.3f} {interval(lo, hi)} | "
+                    f"{', '.join(f'{c:.0f}' for c in rc['each_c'])}: {rc['c']:.0f} ± {rc['se']:.0f}; {interval(rlo, rhi)} | "
+                    f"{fine['grid_sd']:.3f} | {coarse['sd']:.3f} {interval(*coarse['sd_interval'])}; {coarse['reference_sd']:.3f} | "
                     f"{repeat:.2g} | {inside} |")  # fmt: skip
         lean.append({"dataset": d, "seed": s, "eta0": unit["eta0"], "fine": fine, "coarse": coarse, "q_star_sd": q,
                      "repeat_difference": repeat})  # fmt: skip

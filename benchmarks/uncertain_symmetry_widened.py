@@ -157,10 +157,6 @@ def gpu_cross_check(path: Path, fine: dict[str, Any]) -> float:
     return usc.quadratic_curvature(etas - fine["eta0"], np.interp(etas, g["grid"], g["profile"]), math.nan)["sd"]
 
 
-def interval(lo: float, hi: float) -> str:
-    return f"[{lo:.3f}, {'∞' if math.isinf(hi) else f'{hi:.3f}'}]"
-
-
 def k_check_rows(work: Path, fine_dir: Path) -> tuple[list[str], list[dict[str, Any]]]:
     """(g): per K_CHECK unit that ran, q* at K = 100 and at K = 1000 against the 1° reference at the same K (its
     complete restarts)."""
@@ -177,7 +173,7 @@ def k_check_rows(work: Path, fine_dir: Path) -> tuple[list[str], list[dict[str, 
             w = widths(unit, fine_unit)
             lo, hi = fine["sd_interval"]
             rows.append(f"| {variant} | {seed} | {K} | {unit['streams']} | {w['grid_sd']:.3f} ({fine['grid_sd']:.3f}) | "
-                        f"{w['sd']:.3f} {interval(*w['streams']['sd_interval'])} | {fine['sd']:.3f} {interval(lo, hi)} "
+                        f"{w['sd']:.3f} {usf.interval(*w['streams']['sd_interval'])} | {fine['sd']:.3f} {usf.interval(lo, hi)} "
                         f"({len(fine['restarts'])} restarts) | {'yes' if lo <= w['sd'] <= hi else 'no'} | "
                         f"{w['gap_at_mode']:+.1f}; {w['gap_growth_at_ends']:+.1f} | {w['profile_noise']:.2f} |")  # fmt: skip
             lean.append({"unit": unit_name(variant, seed, treatment), "K": K, "widths": w,
@@ -210,7 +206,7 @@ def render(work: Path, fine_dir: Path, collapsed_dir: Path, out_dir: Path | None
         m = unit["metrics"]
         train = (f"{unit['final_elbo_per_datum']:.3f}; {unit['train_seconds']:.0f} s" if "train_seconds" in unit else "–")
         rows.append(f"| {variant} | {seed} | {treatment} | {w['grid_sd']:.3f} ({fine['grid_sd']:.3f}) | {w['sd']:.3f} "
-                    f"{interval(*st['sd_interval'])} | {fine['sd']:.3f} {interval(lo, hi)} | {'yes' if inside else 'no'}, "
+                    f"{usf.interval(*st['sd_interval'])} | {fine['sd']:.3f} {usf.interval(lo, hi)} | {'yes' if inside else 'no'}, "
                     f"{'yes' if inside_d else 'no'} | {w['gap_at_mode']:+.1f}; {w['gap_growth_at_ends']:+.1f} | {w['profile_noise']:.2f} | "
                     f"{m['gaussian']['nll']:.3f} / {m['collapsed']['nll']:.3f} | {train} | "
                     f"{'–' if math.isnan(gpu) else f'{gpu:.3f}'} |")  # fmt: skip
