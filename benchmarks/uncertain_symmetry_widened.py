@@ -47,7 +47,8 @@ f. **The gap across the window** (``--render``; a diagnostic added after the tab
 
 g. **q* at K = 1000** (``--k-check``; added after ``uncertain_symmetry_fine_reference.py`` (e) found one reference
    restart reshaped by 7–11 nats from K = 100 to 1000, settings fixed and committed before it ran). For
-   ``K_CHECK_UNITS`` (rbf and linear, seed 0, as fitted): (c) with K = ``uncertain_symmetry_fine_reference.K_CHECK``
+   ``K_CHECK_UNITS`` (rbf and linear, seed 0, as fitted; seed 2's two fits added while seed 0's ran, when a core came
+   free, before any seed-2 result of this section or of the K = 1000 reference beyond restart 0 was seen): (c) with K = ``uncertain_symmetry_fine_reference.K_CHECK``
    = 1000 and ``K_CHECK_STREAMS`` = 10 streams (a K = 1000 stream costs ten K = 100 ones), evaluated as (d, i–iii)
    against the K = 1000 reference of that script's (f) (its four restarts' K = 1000 bounds), beside the K = 100 q*
    and reference; no held-out metrics.
@@ -90,7 +91,7 @@ TREATMENTS: dict[str, float | None] = {"widened": 3.0, "held": 1.0, "as fitted":
 WIDEN = TREATMENTS["widened"]
 EXTRA_STEPS = 2000
 STREAMS = 20
-K_CHECK_UNITS = (("rbf", 0, "as fitted"), ("linear", 0, "as fitted"))
+K_CHECK_UNITS = (("rbf", 0, "as fitted"), ("linear", 0, "as fitted"), ("rbf", 2, "as fitted"), ("linear", 2, "as fitted"))
 K_CHECK_STREAMS = 10
 
 

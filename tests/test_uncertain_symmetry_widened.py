@@ -50,7 +50,7 @@ def test_settings_are_the_stated_ones(bench) -> None:
     assert bench.WIDEN == 3.0 and bench.EXTRA_STEPS == 2000 and bench.STREAMS == 20
     assert bench.SEEDS == (0, 2, 1) and bench.VARIANTS == ("rbf", "linear") and bench.DATASET == "upright"
     assert bench.TREATMENTS == {"widened": 3.0, "held": 1.0, "as fitted": None}
-    assert bench.K_CHECK_UNITS == (("rbf", 0, "as fitted"), ("linear", 0, "as fitted")) and bench.K_CHECK_STREAMS == 10
+    assert bench.K_CHECK_UNITS == tuple((v, s, "as fitted") for s in (0, 2) for v in ("rbf", "linear")) and bench.K_CHECK_STREAMS == 10
     order = bench.units()
     assert len(order) == 18 and order[:3] == [("rbf", 0, "widened"), ("rbf", 0, "held"), ("rbf", 0, "as fitted")]
     assert [s for _, s, _ in order[::6]] == [0, 2, 1] and bench.unit_name("linear", 2, "as fitted") == "linear_upright_seed2_as-fitted"
