@@ -119,10 +119,10 @@ def fit_unit(dataset: str, seed: int, refined: dict[str, Any], size: dict[str, A
 
 def k_check_unit(dataset: str, seed: int, unit: dict[str, Any], size: dict[str, Any], path: Path, restart: int = 0) -> dict[str, Any]:
     """(e) for one unit and restart (f: restarts 1–3): the restart refitted at every point, its bound at K = iwae_K and
-    K = ``K_CHECK``; saved after each point (resumes). A point without a restart (the first run's) is restart 0."""
+    K = ``K_CHECK``; saved after each point (resumes)."""
     out = json.loads(path.read_text()) if path.exists() else {"dataset": dataset, "seed": seed, "eta0": unit["eta0"],
                                                                 "etas": unit["etas"], "K": K_CHECK, "points": []}  # fmt: skip
-    done = {(p["k"], p.get("restart", 0)) for p in out["points"]}
+    done = {(p["k"], p["restart"]) for p in out["points"]}
     todo = [k for k in range(len(unit["etas"])) if (k, restart) not in done]
     data = load_dataset(us.DATASETS[dataset][0], train_size=size["train_size"], test_size=size["test_size"]) if todo else None
     train_seed = seed + usr.RESTART_SEED_OFFSET * restart
@@ -144,14 +144,14 @@ def k_check_unit(dataset: str, seed: int, unit: dict[str, Any], size: dict[str, 
 def k_check_reference(check: dict[str, Any], key: str = "iwae_more") -> dict[str, Any]:
     """(f): the check's bounds ``key`` (K = ``K_CHECK``, or ``"iwae"``: K = 100) as a 1° reference unit, for
     :func:`fine_summary` (only restarts complete at every point count there)."""
-    fits = [{"k": p["k"], "eta": p["eta"], "restart": p.get("restart", 0), "iwae": {"value": p[key]}} for p in check["points"]]
+    fits = [{"k": p["k"], "eta": p["eta"], "restart": p["restart"], "iwae": {"value": p[key]}} for p in check["points"]]
     return {"dataset": check["dataset"], "seed": check["seed"], "eta0": check["eta0"], "etas": check["etas"], "fits": fits}
 
 
 def k_check_summary(check: dict[str, Any]) -> dict[str, Any]:
     """(e): implied sd of each K's profile and the curvature of their difference (standard error from the residuals),
     for restart 0; (f) where more restarts are complete: :func:`fine_summary` of each K's bounds."""
-    out = _restart_k_check([p for p in check["points"] if p.get("restart", 0) == 0], check["eta0"])
+    out = _restart_k_check([p for p in check["points"] if p["restart"] == 0], check["eta0"])
     more = k_check_reference(check)
     if len(complete_restarts(more)) > 1:
         keep = ("restarts", "sd", "sd_interval", "grid_sd", "mean_sd")

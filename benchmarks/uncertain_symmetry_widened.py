@@ -111,6 +111,7 @@ def run_unit(state: Path, fine: dict[str, Any], treatment: str, extra_steps: int
     model, guide, x, y, meta = usw.load_state(state)
     seed, size = int(meta["seed"]), meta["size"]
     streams = STREAMS if streams is None else streams
+    k = int(K or size["iwae_K"])
     out: dict[str, Any] = {"meta": {"variant": meta["variant"], "dataset": meta["dataset"], "seed": seed, "treatment": treatment}}
     widen = TREATMENTS[treatment]
     if widen is not None:
@@ -118,9 +119,9 @@ def run_unit(state: Path, fine: dict[str, Any], treatment: str, extra_steps: int
         out.update({"widen": widen, "extra_steps": extra_steps, "train_seconds": res.seconds,
                     "final_elbo_per_datum": float(res.final_elbo)})  # fmt: skip
     t0 = time.perf_counter()
-    collapsed = collapse_symmetry(model, guide, x, y, grid=np.asarray(fine["etas"]), K=int(K or size["iwae_K"]),
+    collapsed = collapse_symmetry(model, guide, x, y, grid=np.asarray(fine["etas"]), K=k,
                                   streams=streams, stream_batch=1, seed=seed)  # fmt: skip
-    out.update({"collapse_seconds": time.perf_counter() - t0, "streams": streams, "K": int(K or size["iwae_K"]), "grid": fine["etas"],
+    out.update({"collapse_seconds": time.perf_counter() - t0, "streams": streams, "K": k, "grid": fine["etas"],
                 "profile": collapsed.posterior.log_evidence.tolist(), "profile_noise": collapsed.profile_noise,
                 "stream_profiles": collapsed.stream_profiles.double().numpy().round(4).tolist()})  # fmt: skip
     if K is not None:
@@ -267,17 +268,18 @@ def main(argv: list[str] | None = None) -> int:
         suffix = f"_k{usf.K_CHECK}" if args.k_check else ""
         out = args.work_dir / f"{unit_name(variant, seed, treatment)}{suffix}.json"
         state = args.states / f"{usw.unit_name(variant, DATASET, seed)}.pt"
-        fine = args.fine / f"{DATASET}_seed{seed}.json"
+        fine_path = args.fine / f"{DATASET}_seed{seed}.json"
         if out.exists():
             continue
-        for need, what in ((state, "--states"), (fine, "--fine")):
+        for need, what in ((state, "--states"), (fine_path, "--fine")):
             if not need.exists():
                 parser.error(f"{what}: {need} is missing")
         common.log(f"{unit_name(variant, seed, treatment)}: start")
-        unit = (run_unit(state, json.loads(fine.read_text()), treatment, K=usf.K_CHECK, streams=K_CHECK_STREAMS) if args.k_check
-                else run_unit(state, json.loads(fine.read_text()), treatment))  # fmt: skip
+        fine = json.loads(fine_path.read_text())
+        unit = (run_unit(state, fine, treatment, K=usf.K_CHECK, streams=K_CHECK_STREAMS) if args.k_check
+                else run_unit(state, fine, treatment))  # fmt: skip
         out.write_text(json.dumps(unit) + "\n")
-        w = widths(unit, json.loads(fine.read_text()))
+        w = widths(unit, fine)
         common.log(f"{unit_name(variant, seed, treatment)}: implied sd {w['sd']:.3f}, grid sd {w['grid_sd']:.3f}, "
                    f"noise {w['profile_noise']:.2f}, {unit['collapse_seconds']:.0f} s")  # fmt: skip
     return 0

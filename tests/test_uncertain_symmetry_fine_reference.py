@@ -113,7 +113,7 @@ def test_k_check_summary_finds_the_curvature_of_the_difference(bench) -> None:
     etas = 0.5 + np.arange(-11, 12) * math.pi / 180
     base = -0.5 * ((etas - 0.5) / 0.05) ** 2
     more = base + 2.0 + 30.0 * (etas - 0.5) ** 2 + 0.5 * (etas - 0.5)  # K's gap bends the profile by +30 nats/rad²
-    check = {"dataset": "upright", "seed": 0, "eta0": 0.5, "etas": list(etas), "points": [{"k": k, "eta": e, "iwae": b, "iwae_more": m, "repeat_difference": 0.0, "k_hat_more": 0.1 * k}
+    check = {"dataset": "upright", "seed": 0, "eta0": 0.5, "etas": list(etas), "points": [{"k": k, "restart": 0, "eta": e, "iwae": b, "iwae_more": m, "repeat_difference": 0.0, "k_hat_more": 0.1 * k}
                                      for k, (e, b, m) in enumerate(zip(etas, base, more))]}  # fmt: skip
     out = bench.k_check_summary(check)
     assert out["points"] == 23 and out["sd"] == pytest.approx(0.05) and out["diff_c"] == pytest.approx(30.0)

@@ -81,6 +81,8 @@ def warm_up_conditional(model: nn.Module, guide: Any, data: Any, *, widen: float
     from pyro_invariance.guides.base import CatalogueGuide
     from pyro_invariance.models.base import symmetry_sites
 
+    if isinstance(widen, bool) or not isinstance(widen, (int, float)) or not math.isfinite(widen) or widen <= 0:
+        raise ValueError(f"widen must be a positive finite number (the factor on q(η)'s scale), got {widen!r}")
     sites = symmetry_sites(model)
     if not sites:
         raise ValueError(f"{type(model).__name__} has no latent symmetry sites to hold fixed: set symmetry_prior "
@@ -90,8 +92,6 @@ def warm_up_conditional(model: nn.Module, guide: Any, data: Any, *, widen: float
                          f"{type(guide).__name__}")  # fmt: skip
     if not any(True for _ in guide.parameters()):
         set_up_guide_on(model, guide, data)
-    if isinstance(widen, bool) or not isinstance(widen, (int, float)) or not math.isfinite(widen) or widen <= 0:
-        raise ValueError(f"widen must be a positive finite number (the factor on q(η)'s scale), got {widen!r}")
     held = guide.symmetry_guide_parameters(sites)
     scales = symmetry_scales(guide, sites) if widen != 1.0 else []
     saved = [p.detach().clone() for p in held]
