@@ -47,6 +47,12 @@ f. **The issue's criterion against this reference.** For the stored q(η) of upr
    quantiles stand in for the draws (checked against the 2000 stored draws of the mean-field units: the largest
    difference in either mass is reported). Type-II η: inside the reference's 90 % interval or not.
 
+g. **The other datasets** (settings committed while the upright scan ran, after its first points' values had been
+   logged and before any posterior was computed): ``SCANS`` — partially rotated (±90°) digits on η = 0.8, 0.9, …, 2.3
+   (16 points) and fully rotated ones on π − 0.1 j, j = 0..8 (9 points up to π), coarser than the upright scan to fit
+   the CPU time left; otherwise (a), (b), (d)–(f) unchanged, run after the upright scan and the checks. The quadratic
+   of (d) then uses the points within two spacings of the top.
+
 Results: ``benchmarks/results/uncertain_symmetry_annealed.md``, ``.json``; unit files (``--work-dir``), one per
 (seed, half) plus the checks, written after every η (a stopped run resumes).
 """
@@ -79,9 +85,12 @@ from pyro_invariance.diagnostics.symmetry_posterior import grid_posterior  # noq
 from pyro_invariance.infer.bounds import psis_khat  # noqa: E402
 
 STEM = "uncertain_symmetry_annealed"
-DATASET = "upright"
 SEEDS = (0, 2, 1)
 ETAS = tuple(round(0.10 + 0.05 * j, 2) for j in range(21))
+#: dataset -> its scan of η (g): upright first; the others coarser, where their references and q(η) lie
+SCANS = {"upright": ETAS, "partially-rotated": tuple(round(0.8 + 0.1 * j, 2) for j in range(16)),
+         "rotated": tuple(math.pi - 0.1 * j for j in reversed(range(9)))}  # fmt: skip
+CHECK_DATASET = "upright"
 HALVES = (0, 1)
 CHAINS = 32
 TEMPERATURES = 1000
@@ -106,8 +115,8 @@ Q_SOURCES = {
 REFINED = ("uncertain_symmetry_refined_steps4000.json", ("units", "mean-field"))
 
 
-def unit_name(seed: int, half: int) -> str:
-    return f"{DATASET}_seed{seed}_half{half}"
+def unit_name(dataset: str, seed: int, half: int) -> str:
+    return f"{dataset}_seed{seed}_half{half}"
 
 
 def make_model(data: Any, seed: int, eta: float, sampling: str = SAMPLING, num_transforms: int = 16) -> Any:
@@ -131,9 +140,11 @@ def evaluate_point(data: Any, seed: int, eta: float, half: int, chains: int = CH
             "seconds": time.perf_counter() - start}  # fmt: skip
 
 
-def run_unit(data: Any, seed: int, half: int, path: Path, etas: tuple[float, ...] = ETAS, **kw: Any) -> dict[str, Any]:
-    """Every η of the scan for (seed, half), resuming from ``path``; the file is rewritten after each η."""
-    unit = json.loads(path.read_text()) if path.exists() else {"dataset": DATASET, "seed": seed, "half": half, "points": []}
+def run_unit(data: Any, dataset: str, seed: int, half: int, path: Path, etas: tuple[float, ...] | None = None,
+             **kw: Any) -> dict[str, Any]:  # fmt: skip
+    """Every η of the dataset's scan for (seed, half), resuming from ``path``; the file is rewritten after each η."""
+    etas = SCANS[dataset] if etas is None else etas
+    unit = json.loads(path.read_text()) if path.exists() else {"dataset": dataset, "seed": seed, "half": half, "points": []}
     done = {p["eta"] for p in unit["points"]}
     for eta in etas:
         if eta in done:
@@ -163,7 +174,7 @@ def combine(halves: list[dict[str, Any]]) -> dict[str, Any]:
     diff = (each[0] - each[1]) / 2 if len(halves) == 2 else np.full(len(etas), np.nan)
     return {"etas": np.array(etas), "combined": np.array([_logmeanexp(w) for w in weights]), "each": each,
             "noise": float(np.std(diff, ddof=1)) if len(etas) > 1 else math.nan,
-            "k_hat": [float(psis_khat(torch.as_tensor(w))) for w in weights],
+            "k_hat": [float(psis_khat(torch.as_tensor(w))) if len(w) >= 50 else math.nan for w in weights],
             "weight_sd": [b[e]["weight_sd"] for b in by_eta for e in etas],
             "acceptance": [b[e]["acceptance"] for b in by_eta for e in etas],
             "edge_share": [b[e]["edge_share"] for b in by_eta for e in etas],
@@ -175,8 +186,10 @@ def posterior(etas: np.ndarray, log_evidence: np.ndarray) -> Any:
 
 
 def implied_width(etas: np.ndarray, values: np.ndarray, noise: float) -> dict[str, Any]:
+    """The quadratic through the points within ``CURVATURE_HALF_WIDTH`` (at least two spacings) of the top."""
     top = etas[int(np.argmax(values))]
-    near = np.abs(etas - top) <= CURVATURE_HALF_WIDTH + 1e-9
+    half = max(CURVATURE_HALF_WIDTH, 2 * float(np.min(np.diff(etas))))
+    near = np.abs(etas - top) <= half + 1e-9
     return {"eta0": float(top), **usc.quadratic_curvature(etas[near] - top, values[near], noise)}
 
 
@@ -187,39 +200,39 @@ def logit_normal_draws(q05: float, q95: float, n: int = QUANTILE_DRAWS) -> np.nd
     return us.ETA_MAX * expit(loc + scale * norm.ppf((np.arange(n) + 0.5) / n))
 
 
-def _units(results: Path, source: tuple[str, tuple[str, ...]]) -> dict[int, dict[str, Any]]:
+def _units(results: Path, source: tuple[str, tuple[str, ...]], dataset: str) -> dict[int, dict[str, Any]]:
     node: Any = json.loads((results / source[0]).read_text())
     for key in source[1]:
         node = node[key]
-    return {u["seed"]: u for u in node if u["dataset"] == DATASET}
+    return {u["seed"]: u for u in node if u["dataset"] == dataset}
 
 
-def q_overlaps(results: Path, gps: dict[int, Any]) -> tuple[list[dict[str, Any]], float]:
+def q_overlaps(results: Path, gps: dict[tuple[str, int], Any]) -> tuple[list[dict[str, Any]], float]:
     """(f): every stored q(η) against this reference, and the largest error of the quantile stand-in."""
     rows, worst = [], 0.0
     for label, source in Q_SOURCES.items():
-        units = _units(results, source)
-        for seed, gp in gps.items():
+        for (dataset, seed), gp in gps.items():
+            units = _units(results, source, dataset)
             q = units[seed]["full_bayes"]["q_eta"]
             ov = us.overlap(logit_normal_draws(q["q05"], q["q95"]), gp)
             if "q_draws" in units[seed]:
                 exact = us.overlap(np.asarray(units[seed]["q_draws"]), gp)
                 worst = max(worst, *(abs(exact[k] - ov[k]) for k in ov))
             holds = ov["q_in_grid90"] >= us.OVERLAP_MIN and ov["grid_in_q90"] >= us.OVERLAP_MIN
-            rows.append({"q": label, "seed": seed, "mean": q["mean"], "sd": q["sd"], **ov, "holds": bool(holds)})
+            rows.append({"q": label, "dataset": dataset, "seed": seed, "mean": q["mean"], "sd": q["sd"], **ov, "holds": bool(holds)})
     return rows, worst
 
 
-def iwae_gap(results: Path, seed: int, etas: np.ndarray, combined: np.ndarray) -> dict[str, Any]:
+def iwae_gap(results: Path, dataset: str, seed: int, etas: np.ndarray, combined: np.ndarray) -> dict[str, Any]:
     """(e): the refined IWAE_100 reference's summary and ℓ_AIS − IWAE at its points inside the scan."""
-    unit = _units(results, REFINED)[seed]
+    unit = _units(results, REFINED, dataset)[seed]
     pts = [p for p in unit["grid"]["points"] if etas[0] - 1e-9 <= p["eta"] <= etas[-1] + 1e-9]
     gaps = np.array([np.interp(p["eta"], etas, combined) - p["iwae"]["value"] for p in pts])
     s = unit["grid"]["summary"]
     at_mode = float(gaps[int(np.argmin([abs(p["eta"] - s["mode"]) for p in pts]))])
     return {"summary": {k: s[k] for k in ("mode", "mean", "sd", "q05", "q95")}, "gap_at_mode": at_mode,
             "gap_min": float(gaps.min()), "gap_max": float(gaps.max()), "points": len(pts),
-            "type_ii_eta": _units(results, Q_SOURCES["mean-field, 4000 steps"])[seed]["type_ii"]["eta"]}  # fmt: skip
+            "type_ii_eta": _units(results, Q_SOURCES["mean-field, 4000 steps"], dataset)[seed]["type_ii"]["eta"]}  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,10 +243,10 @@ def _interval(lo: float, hi: float) -> str:
 
 
 def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path] | None:
-    seeds, gps, lean = [], {}, []
+    gps, lean = {}, []
     ref_rows, diag_rows = [], []
-    for seed in sorted(SEEDS):
-        halves = [work / f"{unit_name(seed, h)}.json" for h in HALVES]
+    for dataset, seed in ((d, s) for d in SCANS for s in sorted(SEEDS)):
+        halves = [work / f"{unit_name(dataset, seed, h)}.json" for h in HALVES]
         if not all(p.exists() for p in halves):
             continue
         c = combine([json.loads(p.read_text()) for p in halves])
@@ -242,64 +255,65 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
         gp = posterior(c["etas"], c["combined"])
         each = [posterior(c["etas"], e) for e in c["each"]]
         width = implied_width(c["etas"], c["combined"], c["noise"] / math.sqrt(2))
-        gap = iwae_gap(results, seed, c["etas"], c["combined"])
+        gap = iwae_gap(results, dataset, seed, c["etas"], c["combined"])
         dens = gp.density / gp.density.max()
-        seeds.append(seed)
-        gps[seed] = gp
+        gps[(dataset, seed)] = gp
         ref = gap["summary"]
         t2 = gap["type_ii_eta"]
-        ref_rows.append(f"| {seed} | {gp.mode:.2f} / {gp.mean:.3f} / {gp.sd:.3f} {_interval(gp.quantile(0.05), gp.quantile(0.95))} | "
+        ref_rows.append(f"| {dataset} | {seed} | {gp.mode:.2f} / {gp.mean:.3f} / {gp.sd:.3f} {_interval(gp.quantile(0.05), gp.quantile(0.95))} | "
                         f"{', '.join(f'{e.mode:.2f} / {e.sd:.3f}' for e in each)} | {width['sd']:.3f} {_interval(*width['sd_interval'])} | "
                         f"{ref['mode']:.2f} / {ref['mean']:.3f} / {ref['sd']:.3f} {_interval(ref['q05'], ref['q95'])} | "
                         f"{gap['gap_at_mode']:+.1f} ({gap['gap_min']:+.1f} to {gap['gap_max']:+.1f}) | {t2:.3f}, "
                         f"{'inside' if gp.quantile(0.05) <= t2 <= gp.quantile(0.95) else 'outside'} |")  # fmt: skip
-        diag_rows.append(f"| {seed} | {len(c['etas'])} | {c['noise'] / math.sqrt(2):.2f} | {min(c['weight_sd']):.1f}–{max(c['weight_sd']):.1f} | "
+        diag_rows.append(f"| {dataset} | {seed} | {len(c['etas'])} | {c['noise'] / math.sqrt(2):.2f} | {min(c['weight_sd']):.1f}–{max(c['weight_sd']):.1f} | "
                          f"{min(c['k_hat']):.2f}–{max(c['k_hat']):.2f} | {min(c['acceptance']):.2f}–{max(c['acceptance']):.2f} | "
                          f"{max(c['edge_share']):.3f} | {min(c['sigma_mode']):.1f}–{max(c['sigma_mode']):.1f} | "
                          f"{dens[0]:.1e}, {dens[-1]:.1e} |")  # fmt: skip
-        lean.append({"seed": seed, "etas": c["etas"].tolist(), "combined": c["combined"].tolist(), "each": c["each"].tolist(),
+        lean.append({"dataset": dataset, "seed": seed, "etas": c["etas"].tolist(), "combined": c["combined"].tolist(), "each": c["each"].tolist(),
                      "noise_combined": c["noise"] / math.sqrt(2), "k_hat": c["k_hat"], "summary": us.grid_summary(gp),
                      "halves": [us.grid_summary(e) for e in each], "implied": width, "iwae_reference": gap,
                      "edge_density": [float(dens[0]), float(dens[-1])]})  # fmt: skip
-    if not seeds:
+    if not gps:
         return None
     overlaps, worst = q_overlaps(results, gps)
-    q_rows = [f"| {r['q']} | {r['seed']} | {r['mean']:.3f} / {r['sd']:.3f} | {r['q_in_grid90']:.2f}, {r['grid_in_q90']:.2f} | "
+    q_rows = [f"| {r['q']} | {r['dataset']} | {r['seed']} | {r['mean']:.3f} / {r['sd']:.3f} | {r['q_in_grid90']:.2f}, {r['grid_in_q90']:.2f} | "
               f"{'yes' if r['holds'] else 'no'} |" for r in overlaps]  # fmt: skip
-    counts = {label: f"{sum(r['holds'] for r in overlaps if r['q'] == label)}/{len(seeds)}" for label in Q_SOURCES}
+    done = sorted({d for d, _ in gps}, key=list(SCANS).index)
+    counts = {f"{label}, {d}": f"{sum(r['holds'] for r in overlaps if r['q'] == label and r['dataset'] == d)}/"
+                                f"{sum(1 for dd, _ in gps if dd == d)}" for d in done for label in Q_SOURCES}  # fmt: skip
     checks = []
     for name, (label, _) in CHECKS.items():
         path = work / f"check_{name}.json"
-        base = work / f"{unit_name(CHECK_SEED, 0)}.json"
+        base = work / f"{unit_name(CHECK_DATASET, CHECK_SEED, 0)}.json"
         if path.exists() and base.exists():
             p = json.loads(path.read_text())
             b = next(q for q in json.loads(base.read_text())["points"] if q["eta"] == CHECK_ETA)
             checks.append(f"| {label} | {p['log_evidence']:.2f} | {b['log_evidence']:.2f} | {p['weight_sd']:.1f} | {b['weight_sd']:.1f} |")
-    settings = {"DATASET": DATASET, "SEEDS": list(SEEDS), "ETAS": list(ETAS), "HALVES": list(HALVES), "CHAINS": CHAINS,
+    settings = {"SCANS": {k: list(v) for k, v in SCANS.items()}, "SEEDS": list(SEEDS), "HALVES": list(HALVES), "CHAINS": CHAINS,
                 "TEMPERATURES": TEMPERATURES, "LEAPFROG": LEAPFROG, "STEP_SIZE": STEP_SIZE, "CURVATURE": CURVATURE,
                 "SAMPLING": SAMPLING, "CHECK_ETA": CHECK_ETA, "CHECK_SEED": CHECK_SEED, "CHECKS": {k: v[1] for k, v in CHECKS.items()},
                 "CURVATURE_HALF_WIDTH": CURVATURE_HALF_WIDTH, "QUANTILE_DRAWS": QUANTILE_DRAWS}  # fmt: skip
     info, command = common.machine_info(), common.command_line()
-    intro = ("Issue 15: log p(D | η) of the invariant MLP on 300 upright digits by annealed importance sampling, against the "
+    intro = ("Issue 15: log p(D | η) of the invariant MLP on 300 digits by annealed importance sampling, against the "
              "IWAE_100 references and the stored q(η). Method: section *Method* (the module docstring of "
              "`benchmarks/uncertain_symmetry_annealed.py`).")  # fmt: skip
     md = "\n".join([
         common.header_markdown("Uncertain symmetry: an annealed-importance-sampling reference", info, settings, command, intro),
         "## The reference, per seed\n",
-        "| seed | AIS posterior: mode / mean / sd [90 %] | each half alone: mode / sd | implied sd near the top [90 %] | "
+        "| data | seed | AIS posterior: mode / mean / sd [90 %] | each half alone: mode / sd | implied sd near the top [90 %] | "
         "refined IWAE_100 reference: mode / mean / sd [90 %] | ℓ_AIS − IWAE_100 at its mode (range) (nats) | type-II η |",
-        "|---:|---:|---:|---:|---:|---:|---:|", *ref_rows,
+        "|:---|---:|---:|---:|---:|---:|---:|---:|", *ref_rows,
         "\n## Diagnostics\n",
-        "| seed | η points | combined estimate's noise (nats) | chains' log-weight sd | PSIS k̂ (64 chains) | acceptance | "
+        "| data | seed | η points | combined estimate's noise (nats) | chains' log-weight sd | PSIS k̂ (64 chains) | acceptance | "
         "σ_p integral in the path's top 5 % | σ_p posterior mode | edge densities / top |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *diag_rows,
-        "\n## Checks at η = 0.5, seed 0, half 0 (c)\n",
+        "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *diag_rows,
+        "\n## Checks at η = 0.5, upright seed 0, half 0 (c)\n",
         "| variant | log p(D \\| η) | the scan's (16-point quadrature) | chains' sd | the scan's chains' sd |", "|:---|---:|---:|---:|---:|",
         *(checks or ["| not run | | | | |"]),
         "\n## The issue's overlap criterion against this reference (f)\n",
         "\n".join(f"- {label}: {n} seeds" for label, n in counts.items()),
         f"\nThe quantile stand-in for q(η)'s draws moves either mass by at most {worst:.3f} (the mean-field units' stored draws).\n",
-        "| q(η) | seed | mean / sd | q in reference 90 %, reference in q 90 % | holds |", "|:---|---:|---:|---:|:---|", *q_rows,
+        "| q(η) | data | seed | mean / sd | q in reference 90 %, reference in q 90 % | holds |", "|:---|:---|---:|---:|---:|:---|", *q_rows,
         "\n## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
     payload = {"info": info, "settings": settings, "command": command, "seeds": lean, "overlaps": overlaps,
                "counts": counts, "quantile_stand_in_error": worst}  # fmt: skip
@@ -314,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (d–f)")
     parser.add_argument("--halves", default=",".join(map(str, HALVES)), help="comma-separated AIS seeds to run")
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated data seeds, in run order")
+    parser.add_argument("--datasets", default=",".join(SCANS), help="comma-separated datasets, in run order")
     parser.add_argument("--results", type=Path, default=common.RESULTS_DIR, help="where the earlier runs' results are")
     parser.add_argument("--work-dir", type=Path, default=Path(f"benchmarks/results/{STEM}_units"))
     parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
@@ -324,12 +339,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if render(args.work_dir, args.results, args.out_dir) else 1
     halves = [int(h) for h in args.halves.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
-    if not set(halves) <= set(HALVES) or not set(seeds) <= set(SEEDS):
-        parser.error(f"--halves from {HALVES}, --seeds from {SEEDS}")
+    datasets = args.datasets.split(",")
+    if not set(halves) <= set(HALVES) or not set(seeds) <= set(SEEDS) or not set(datasets) <= set(SCANS):
+        parser.error(f"--halves from {HALVES}, --seeds from {SEEDS}, --datasets from {tuple(SCANS)}")
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    data = load_dataset(us.DATASETS[DATASET][0], train_size=us.SIZES["default"]["train_size"],
-                        test_size=us.SIZES["default"]["test_size"])  # fmt: skip
+
+    def load(dataset: str) -> Any:
+        return load_dataset(us.DATASETS[dataset][0], train_size=us.SIZES["default"]["train_size"],
+                            test_size=us.SIZES["default"]["test_size"])  # fmt: skip
+
     if args.checks:
+        data = load(CHECK_DATASET)
         for name, (label, kw) in CHECKS.items():
             path = args.work_dir / f"check_{name}.json"
             if not path.exists():
@@ -337,9 +357,11 @@ def main(argv: list[str] | None = None) -> int:
                 path.write_text(json.dumps({"check": label, **point}) + "\n")
                 common.log(f"check {label}: {point['log_evidence']:.2f} (chains' sd {point['weight_sd']:.2f})")
         return 0
-    for seed in seeds:
-        for half in halves:
-            run_unit(data, seed, half, args.work_dir / f"{unit_name(seed, half)}.json")
+    for dataset in datasets:
+        data = load(dataset)
+        for seed in seeds:
+            for half in halves:
+                run_unit(data, dataset, seed, half, args.work_dir / f"{unit_name(dataset, seed, half)}.json")
     return 0
 
 
