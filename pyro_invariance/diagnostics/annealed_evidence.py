@@ -80,11 +80,12 @@ class AnnealedEvidence:
 
     @property
     def log_weight_sd(self) -> float:
-        """Standard deviation of the chains' log weights (nats): ≲ 1 when AIS is close to exact."""
+        """The standard deviation of the chains' log weights in nats; about 1 or less when AIS is close to exact."""
         return float(self.log_weights.std())
 
     @property
     def per_datum(self) -> float:
+        """``log_evidence / num_data``."""
         return self.log_evidence / self.num_data
 
 
