@@ -58,6 +58,13 @@ h. **The upright scan extended** (added while it ran, after upright seed 0's poi
    ``UPRIGHT_EXTENSION``, η = 1.2, 1.3, …, 2.0 (9 points, coarser to fit the CPU time), run before (g), otherwise
    unchanged; the upright posterior is over both, 0.10–2.0 rad.
 
+i. **Is T = 1000 enough?** (added after upright seed 0's first render: PSIS k̂ 0.26–2.15 over its 21 points, above 0.7 at
+   some, while the halves agree to 0.6 nats — agreement that a bias shared by both halves would not show.) Upright seed 0,
+   ``LONG_ETAS`` = 0.4, 0.6, …, 1.4 rad, both halves with ``LONG_TEMPERATURES`` = 4000 scales, otherwise (b); against
+   the scan's T = 1000 estimates at the same η: the profile's shape (each estimate less its value at 0.8 rad), the
+   chains' sd and k̂. Run after (h) and before (g); (g) then runs the ±90° digits first, and the fully rotated ones only
+   if CPU time is left.
+
 Results: ``benchmarks/results/uncertain_symmetry_annealed.md``, ``.json``; unit files (``--work-dir``), one per
 (seed, half) plus the checks, written after every η (a stopped run resumes).
 """
@@ -98,6 +105,8 @@ UPRIGHT_EXTENSION = tuple(round(1.2 + 0.1 * j, 2) for j in range(9))
 SCANS = {"upright": ETAS + UPRIGHT_EXTENSION, "partially-rotated": tuple(round(0.8 + 0.1 * j, 2) for j in range(16)),
          "rotated": tuple(math.pi - 0.1 * j for j in reversed(range(9)))}  # fmt: skip
 CHECK_DATASET = "upright"
+#: (i) the same points with four times the scales: is T = 1000 enough for the profile's shape?
+LONG_ETAS, LONG_SEED, LONG_TEMPERATURES = (0.4, 0.6, 0.8, 1.0, 1.2, 1.4), 0, 4000
 HALVES = (0, 1)
 CHAINS = 32
 TEMPERATURES = 1000
@@ -245,6 +254,30 @@ def iwae_gap(results: Path, dataset: str, seed: int, etas: np.ndarray, combined:
 # --------------------------------------------------------------------------------------------
 # Render
 # --------------------------------------------------------------------------------------------
+def long_check_rows(work: Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """(i): the T = 4000 estimates beside the scan's at the same η, as shapes (less their value at 0.8 rad)."""
+    paths = [work / f"long_{unit_name(CHECK_DATASET, LONG_SEED, h)}.json" for h in HALVES]
+    scans = [work / f"{unit_name(CHECK_DATASET, LONG_SEED, h)}.json" for h in HALVES]
+    if not all(p.exists() for p in paths + scans):
+        return [], []
+    long, short = (combine([json.loads(p.read_text()) for p in ps]) for ps in (paths, scans))
+    keep, keep_long = np.isin(short["etas"], long["etas"]), np.isin(long["etas"], short["etas"])
+    etas, a, b = long["etas"][keep_long], long["combined"][keep_long], short["combined"][keep]
+    long_k = np.asarray(long["k_hat"])[keep_long]
+    anchor = int(np.argmin(np.abs(etas - 0.8)))
+    rows = ["| η | T = 4000 | T = 1000 | shape at 4000 (less 0.8 rad) | shape at 1000 | k̂ at 4000 / 1000 |",
+            "|---:|---:|---:|---:|---:|---:|"]
+    short_k = np.asarray(short["k_hat"])[keep]
+    for i, eta in enumerate(etas):
+        rows.append(f"| {eta:.2f} | {a[i]:.2f} | {b[i]:.2f} | {a[i] - a[anchor]:+.2f} | {b[i] - b[anchor]:+.2f} | "
+                    f"{long_k[i]:.2f} / {short_k[i]:.2f} |")  # fmt: skip
+    shift = (a - a[anchor]) - (b - b[anchor])
+    rows.append(f"\nShape change from T = 1000 to 4000: {np.min(shift):+.2f} to {np.max(shift):+.2f} nats; the T = 4000 estimates "
+                f"are higher by {np.min(a - b):+.2f} to {np.max(a - b):+.2f}; the halves' noise at T = 4000 {long['noise'] / math.sqrt(2):.2f} nats.")  # fmt: skip
+    return rows, [{"eta": float(e), "long": float(x), "short": float(y), "k_hat_long": float(k1), "k_hat_short": float(k2)}
+                  for e, x, y, k1, k2 in zip(etas, a, b, long_k, short_k)]  # fmt: skip
+
+
 def _interval(lo: float, hi: float) -> str:
     return f"[{lo:.3f}, {hi:.3f}]" if math.isfinite(hi) else f"[{lo:.3f}, ∞]"
 
@@ -296,10 +329,12 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
             p = json.loads(path.read_text())
             b = next(q for q in json.loads(base.read_text())["points"] if q["eta"] == CHECK_ETA)
             checks.append(f"| {label} | {p['log_evidence']:.2f} | {b['log_evidence']:.2f} | {p['weight_sd']:.1f} | {b['weight_sd']:.1f} |")
+    long_rows, long_lean = long_check_rows(work)
     settings = {"SCANS": {k: list(v) for k, v in SCANS.items()}, "SEEDS": list(SEEDS), "HALVES": list(HALVES), "CHAINS": CHAINS,
                 "TEMPERATURES": TEMPERATURES, "LEAPFROG": LEAPFROG, "STEP_SIZE": STEP_SIZE, "CURVATURE": CURVATURE,
                 "SAMPLING": SAMPLING, "CHECK_ETA": CHECK_ETA, "CHECK_SEED": CHECK_SEED, "CHECKS": {k: v[1] for k, v in CHECKS.items()},
-                "CURVATURE_HALF_WIDTH": CURVATURE_HALF_WIDTH, "QUANTILE_DRAWS": QUANTILE_DRAWS}  # fmt: skip
+                "CURVATURE_HALF_WIDTH": CURVATURE_HALF_WIDTH, "QUANTILE_DRAWS": QUANTILE_DRAWS, "LONG_ETAS": list(LONG_ETAS),
+                "LONG_SEED": LONG_SEED, "LONG_TEMPERATURES": LONG_TEMPERATURES}  # fmt: skip
     info, command = common.machine_info(), common.command_line()
     intro = ("Issue 15: log p(D | η) of the invariant MLP on 300 digits by annealed importance sampling, against the "
              "IWAE_100 references and the stored q(η). Method: section *Method* (the module docstring of "
@@ -317,13 +352,15 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
         "\n## Checks at η = 0.5, upright seed 0, half 0 (c)\n",
         "| variant | log p(D \\| η) | the scan's (16-point quadrature) | chains' sd | the scan's chains' sd |", "|:---|---:|---:|---:|---:|",
         *(checks or ["| not run | | | | |"]),
+        f"\n## T = {LONG_TEMPERATURES} against T = {TEMPERATURES} (i; upright seed {LONG_SEED}, both halves' 64 chains)\n",
+        *(long_rows or ["not run"]),
         "\n## The issue's overlap criterion against this reference (f)\n",
         "\n".join(f"- {label}: {n} seeds" for label, n in counts.items()),
         f"\nThe quantile stand-in for q(η)'s draws moves either mass by at most {worst:.3f} (the mean-field units' stored draws).\n",
         "| q(η) | data | seed | mean / sd | q in reference 90 %, reference in q 90 % | holds |", "|:---|:---|---:|---:|---:|:---|", *q_rows,
         "\n## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
     payload = {"info": info, "settings": settings, "command": command, "seeds": lean, "overlaps": overlaps,
-               "counts": counts, "quantile_stand_in_error": worst}  # fmt: skip
+               "counts": counts, "quantile_stand_in_error": worst, "long_check": long_lean}  # fmt: skip
     return common.write_results(STEM, md, payload, out_dir)
 
 
@@ -332,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--run", action="store_true", help="the scan (b) for --halves, every point not yet in --work-dir")
     group.add_argument("--checks", action="store_true", help="the two checks of (c)")
+    group.add_argument("--long-check", action="store_true", help="(i): LONG_ETAS with LONG_TEMPERATURES for --halves")
     group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (d–f)")
     parser.add_argument("--halves", default=",".join(map(str, HALVES)), help="comma-separated AIS seeds to run")
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated data seeds, in run order")
@@ -355,6 +393,12 @@ def main(argv: list[str] | None = None) -> int:
         return load_dataset(us.DATASETS[dataset][0], train_size=us.SIZES["default"]["train_size"],
                             test_size=us.SIZES["default"]["test_size"])  # fmt: skip
 
+    if args.long_check:
+        data = load(CHECK_DATASET)
+        for half in halves:
+            path = args.work_dir / f"long_{unit_name(CHECK_DATASET, LONG_SEED, half)}.json"
+            run_unit(data, CHECK_DATASET, LONG_SEED, half, path, etas=LONG_ETAS, temperatures=LONG_TEMPERATURES)
+        return 0
     if args.checks:
         data = load(CHECK_DATASET)
         for name, (label, kw) in CHECKS.items():

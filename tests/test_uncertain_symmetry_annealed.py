@@ -24,6 +24,8 @@ def test_settings(bench) -> None:
     assert bench.HALVES == (0, 1) and bench.SAMPLING == "deterministic"
     assert bench.SCANS["upright"] == bench.ETAS + bench.UPRIGHT_EXTENSION and bench.CHECK_DATASET == "upright"
     assert bench.UPRIGHT_EXTENSION[0] == 1.2 and bench.UPRIGHT_EXTENSION[-1] == 2.0
+    assert set(bench.LONG_ETAS) <= set(bench.SCANS["upright"]) and 0.8 in bench.LONG_ETAS
+    assert bench.LONG_TEMPERATURES == 4 * bench.TEMPERATURES
     assert bench.SCANS["rotated"][-1] == pytest.approx(math.pi) and len(bench.SCANS["partially-rotated"]) == 16
 
 
@@ -68,11 +70,15 @@ def test_a_tiny_run_resumes(bench, tmp_path, monkeypatch) -> None:
 def test_render_recovers_a_known_posterior(bench, tmp_path) -> None:
     """Units whose log evidence is the log density of N(0.5, 0.06²) on the scan: the AIS posterior and the quadratic
     give sd 0.06; the stored q(η) of the earlier runs are judged against it."""
-    etas = np.array(bench.ETAS)
+    etas = np.array(bench.SCANS["upright"])
     for seed in bench.SEEDS:
         for half in bench.HALVES:
             values = -300 - 0.5 * ((etas - 0.5) / 0.06) ** 2 + (0.01 if half else 0.0)
             (tmp_path / f"{bench.unit_name('upright', seed, half)}.json").write_text(json.dumps(_half(seed, half, etas, values)))
+    long_etas = np.array(bench.LONG_ETAS)
+    for half in bench.HALVES:  # (i): T = 4000 one nat higher everywhere, and 0.5 nat more at 1.4 rad
+        values = -299 - 0.5 * ((long_etas - 0.5) / 0.06) ** 2 + 0.5 * (long_etas == 1.4)
+        (tmp_path / f"long_{bench.unit_name('upright', 0, half)}.json").write_text(json.dumps(_half(0, half, long_etas, values)))
     md, js = bench.render(tmp_path, bench.common.RESULTS_DIR, tmp_path)
     payload = json.loads(js.read_text())
     for s in payload["seeds"]:
@@ -82,5 +88,9 @@ def test_render_recovers_a_known_posterior(bench, tmp_path) -> None:
         assert s["iwae_reference"]["points"] > 5
     assert len(payload["overlaps"]) == 3 * len(bench.Q_SOURCES)
     assert payload["quantile_stand_in_error"] < 0.05
+    long = {p["eta"]: p for p in payload["long_check"]}
+    assert long[1.4]["long"] - long[1.4]["short"] == pytest.approx(1.5, abs=0.01)  # the scan's half 1 is 0.01 higher
+    assert long[0.8]["long"] - long[0.8]["short"] == pytest.approx(1.0, abs=0.01)
     text = md.read_text()
+    assert "Shape change from T = 1000 to 4000: +0.00 to +0.50 nats" in text
     assert "## The issue's overlap criterion against this reference (f)" in text and "| not run |" in text
