@@ -56,7 +56,9 @@ g. **The other datasets** (settings committed while the upright scan ran, after 
 h. **The upright scan extended** (added while it ran, after upright seed 0's points up to 0.95 rad had been logged: the
    evidence there was flat within ≈ 3 nats from 0.55 rad on, so the posterior may reach past the scan's end at 1.10):
    ``UPRIGHT_EXTENSION``, η = 1.2, 1.3, …, 2.0 (9 points, coarser to fit the CPU time), run before (g), otherwise
-   unchanged; the upright posterior is over both, 0.10–2.0 rad.
+   unchanged. Seed 0's extension came out flat within ≈ 5 nats up to 2.0 rad too, so ``UPRIGHT_TAIL``, η = 2.1, 2.2, …,
+   3.1 (11 points), was added the same way (run after (i), before (g)); the upright posterior is over all three,
+   0.10–3.1 rad.
 
 i. **Is T = 1000 enough?** (added after upright seed 0's first render: PSIS k̂ 0.26–2.15 over its 21 points, above 0.7 at
    some, while the halves agree to 0.6 nats — agreement that a bias shared by both halves would not show.) Upright seed 0,
@@ -101,8 +103,10 @@ SEEDS = (0, 2, 1)
 ETAS = tuple(round(0.10 + 0.05 * j, 2) for j in range(21))
 #: (h) added after upright seed 0's first 18 points showed the evidence flat from 0.55 to 0.95 rad
 UPRIGHT_EXTENSION = tuple(round(1.2 + 0.1 * j, 2) for j in range(9))
+#: (h) again, after seed 0's points up to 2.0 rad were logged: still flat, so on to 3.1 rad
+UPRIGHT_TAIL = tuple(round(2.1 + 0.1 * j, 2) for j in range(11))
 #: dataset -> its scan of η (g): upright first; the others coarser, where their references and q(η) lie
-SCANS = {"upright": ETAS + UPRIGHT_EXTENSION, "partially-rotated": tuple(round(0.8 + 0.1 * j, 2) for j in range(16)),
+SCANS = {"upright": ETAS + UPRIGHT_EXTENSION + UPRIGHT_TAIL, "partially-rotated": tuple(round(0.8 + 0.1 * j, 2) for j in range(16)),
          "rotated": tuple(math.pi - 0.1 * j for j in reversed(range(9)))}  # fmt: skip
 CHECK_DATASET = "upright"
 #: (i) the same points with four times the scales: is T = 1000 enough for the profile's shape?

@@ -22,7 +22,8 @@ def test_settings(bench) -> None:
     assert np.allclose(np.diff(bench.ETAS), 0.05)
     assert bench.CHECK_ETA in bench.ETAS and bench.CHECK_SEED in bench.SEEDS
     assert bench.HALVES == (0, 1) and bench.SAMPLING == "deterministic"
-    assert bench.SCANS["upright"] == bench.ETAS + bench.UPRIGHT_EXTENSION and bench.CHECK_DATASET == "upright"
+    assert bench.SCANS["upright"] == bench.ETAS + bench.UPRIGHT_EXTENSION + bench.UPRIGHT_TAIL
+    assert bench.CHECK_DATASET == "upright" and bench.UPRIGHT_TAIL[-1] == 3.1
     assert bench.UPRIGHT_EXTENSION[0] == 1.2 and bench.UPRIGHT_EXTENSION[-1] == 2.0
     assert set(bench.LONG_ETAS) <= set(bench.SCANS["upright"]) and 0.8 in bench.LONG_ETAS
     assert bench.LONG_TEMPERATURES == 4 * bench.TEMPERATURES
