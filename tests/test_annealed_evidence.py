@@ -100,6 +100,8 @@ def test_refusals() -> None:
     for bad in (True, -0.1, float("nan"), "0.3"):
         with pytest.raises(ValueError, match="step_size"):
             annealed_readout_evidence(model, x, y, step_size=bad)
+    with pytest.raises(ValueError, match="curvature"):
+        annealed_readout_evidence(model, x, y, curvature=0.0)
     with pytest.raises(ValueError, match="chains"):
         annealed_readout_evidence(model, x, y, chains=1)
     with pytest.raises(ValueError, match="temperatures"):

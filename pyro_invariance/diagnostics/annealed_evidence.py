@@ -115,11 +115,10 @@ def readout_design(model: Any, x: Tensor, chains: int, seed: int = 0) -> Tensor:
     return torch.cat([feats, ones], dim=-1)
 
 
-def _check_step(step_size: Any) -> float:
-    if isinstance(step_size, bool) or not isinstance(step_size, (int, float)) or not math.isfinite(step_size) \
-            or step_size <= 0:  # fmt: skip
-        raise ValueError(f"step_size must be a positive finite number, got {step_size!r}")
-    return float(step_size)
+def _check_positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return float(value)
 
 
 def _log_scale_prior(model: Any) -> tuple[float, bool]:
@@ -153,8 +152,8 @@ def annealed_readout_evidence(model: Any, x: Tensor, y: Tensor, *, chains: int =
     chains = check_positive_int("chains", chains, minimum=2)
     temperatures = check_positive_int("temperatures", temperatures, minimum=2)
     leapfrog = check_positive_int("leapfrog", leapfrog)
-    step = _check_step(step_size)
-    kappa = _check_step(curvature)
+    step = _check_positive("step_size", step_size)
+    kappa = _check_positive("curvature", curvature)
     seed = check_seed(seed)
     x = model._flatten(torch.as_tensor(x))
     y = torch.as_tensor(y)
@@ -169,7 +168,8 @@ def annealed_readout_evidence(model: Any, x: Tensor, y: Tensor, *, chains: int =
     loc, hierarchical = _log_scale_prior(model)
     start = -math.log(float(sv[:, 0].max())) - 3.0  # logits ≲ e^{-3} |z|: a nearly flat likelihood
     end = loc + 5.0 if hierarchical else loc
-    scales = torch.linspace(min(start, end - 1.0), end, temperatures, dtype=torch.float64)
+    device = basis.device
+    scales = torch.linspace(min(start, end - 1.0), end, temperatures, dtype=torch.float64, device=device)
 
     def loglik(w: Tensor) -> Tensor:
         logits = basis @ w  # (R, N, C)
@@ -178,9 +178,9 @@ def annealed_readout_evidence(model: Any, x: Tensor, y: Tensor, *, chains: int =
     def grad_loglik(w: Tensor) -> Tensor:
         return basis.transpose(-1, -2) @ (onehot - torch.softmax(basis @ w, -1))
 
-    gen = torch.Generator().manual_seed(seed + 1)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
     shape = (chains, rank, model.num_classes)
-    z = torch.randn(shape, generator=gen, dtype=torch.float64)  # the prior N(0, I)
+    z = torch.randn(shape, generator=gen, dtype=torch.float64, device=device)  # the prior N(0, I)
     ll = loglik(math.exp(float(scales[0])) * z)
     log_w = ll  # importance sampling from the prior to π_0
     weights = [log_w]
@@ -198,14 +198,14 @@ def annealed_readout_evidence(model: Any, x: Tensor, y: Tensor, *, chains: int =
         def grad(v: Tensor) -> Tensor:
             return sigma * grad_loglik(sigma * v) - v
 
-        momentum = mass.sqrt() * torch.randn(shape, generator=gen, dtype=torch.float64)
+        momentum = mass.sqrt() * torch.randn(shape, generator=gen, dtype=torch.float64, device=device)
         energy = -(ll_new - 0.5 * (z**2).sum((-1, -2))) + 0.5 * (momentum**2 / mass).sum((-1, -2))
         v, p = z, momentum + 0.5 * step * grad(z)
         for i in range(leapfrog):
             v = v + step * p / mass
             p = p + (step if i < leapfrog - 1 else 0.5 * step) * grad(v)
         proposed = -log_target(v) + 0.5 * (p**2 / mass).sum((-1, -2))
-        accept = torch.rand(chains, generator=gen, dtype=torch.float64).log() < (energy - proposed)
+        accept = torch.rand(chains, generator=gen, dtype=torch.float64, device=device).log() < (energy - proposed)
         accept = accept & torch.isfinite(proposed)
         z = torch.where(accept[:, None, None], v, z)
         accepted += float(accept.double().mean())
