@@ -67,6 +67,10 @@ i. **Is T = 1000 enough?** (added after upright seed 0's first render: PSIS k̂ 
    chains' sd and k̂. Run after (h) and before (g); (g) then runs the ±90° digits first, and the fully rotated ones only
    if CPU time is left.
 
+j. **±90° seed 0 past its scan** (added after its evidence was seen rising up to the scan's end at 2.3 rad; the CPU time
+   left covered no more): ``PARTIAL_SEED0_EXTRA`` = 2.5, 2.7, 2.9 and π rad, both halves, otherwise (b). ±90° seed 1 and
+   the fully rotated digits of (g) were not run.
+
 Results: ``benchmarks/results/uncertain_symmetry_annealed.md``, ``.json``; unit files (``--work-dir``), one per
 (seed, half) plus the checks, written after every η (a stopped run resumes).
 """
@@ -109,6 +113,8 @@ UPRIGHT_TAIL = tuple(round(2.1 + 0.1 * j, 2) for j in range(11))
 SCANS = {"upright": ETAS + UPRIGHT_EXTENSION + UPRIGHT_TAIL, "partially-rotated": tuple(round(0.8 + 0.1 * j, 2) for j in range(16)),
          "rotated": tuple(math.pi - 0.1 * j for j in reversed(range(9)))}  # fmt: skip
 CHECK_DATASET = "upright"
+#: (j) added after ±90° seed 0's evidence rose up to its scan's end
+PARTIAL_SEED0_EXTRA = (2.5, 2.7, 2.9, math.pi)
 #: (i) the same points with four times the scales: is T = 1000 enough for the profile's shape?
 LONG_ETAS, LONG_SEED, LONG_TEMPERATURES = (0.4, 0.6, 0.8, 1.0, 1.2, 1.4), 0, 4000
 HALVES = (0, 1)
@@ -123,6 +129,7 @@ CHECK_ETA, CHECK_SEED = 0.5, 0
 CHECKS = {"quadrature64": ("quadrature, S = 64", {"sampling": "deterministic", "num_transforms": 64}),
           "random16": ("random ε, S = 16 (the fits' transforms)", {"sampling": "stochastic", "num_transforms": 16})}  # fmt: skip
 CURVATURE_HALF_WIDTH = 0.15
+PLATEAU_NATS = 5.0
 QUANTILE_DRAWS = 4000
 #: q(η) of the earlier runs: label -> (results file, key path to the unit list)
 Q_SOURCES = {
@@ -282,6 +289,37 @@ def long_check_rows(work: Path) -> tuple[list[str], list[dict[str, Any]]]:
                   for e, x, y, k1, k2 in zip(etas, a, b, long_k, short_k)]  # fmt: skip
 
 
+def plateau(etas: np.ndarray, values: np.ndarray, within: float = PLATEAU_NATS) -> tuple[float, float]:
+    """The lowest and highest η whose estimate is within ``within`` nats of the scan's top."""
+    near = etas[values >= values.max() - within]
+    return float(near.min()), float(near.max())
+
+
+def plot(lean: list[dict[str, Any]], results: Path, path: Path) -> None:
+    """ℓ_AIS(η) − its top per (dataset, seed), each half and combined, beside the refined IWAE_100 reference's points
+    (less their own top): the shapes that the two references give the evidence."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(lean), figsize=(3.6 * len(lean), 3.2), squeeze=False, sharey=True)
+    for ax, u in zip(axes[0], lean):
+        etas, combined = np.array(u["etas"]), np.array(u["combined"])
+        for h, each in enumerate(u["each"]):
+            ax.plot(etas, np.array(each) - combined.max(), lw=0.8, alpha=0.6, color=f"C{h + 1}", label=f"AIS, half {h}")
+        ax.plot(etas, combined - combined.max(), "o-", ms=2.5, lw=1.2, color="C3", label="AIS, 64 chains")
+        ref = _units(results, REFINED, u["dataset"])[u["seed"]]["grid"]["points"]
+        iwae = np.array([p["iwae"]["value"] for p in ref])
+        ax.plot([p["eta"] for p in ref], iwae - iwae.max(), "s--", ms=2.5, lw=1, color="k", label="refined IWAE_100, less its top")
+        ax.set(xlim=(0, us.ETA_MAX), ylim=(-60, 5), xlabel="η (rad)", title=f"{u['dataset']}, seed {u['seed']}")
+    axes[0][0].set_ylabel("log p(D | η) − top (nats)")
+    axes[0][0].legend(fontsize=6, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _interval(lo: float, hi: float) -> str:
     return f"[{lo:.3f}, {hi:.3f}]" if math.isfinite(hi) else f"[{lo:.3f}, ∞]"
 
@@ -304,7 +342,9 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
         gps[(dataset, seed)] = gp
         ref = gap["summary"]
         t2 = gap["type_ii_eta"]
+        top_lo, top_hi = plateau(c["etas"], c["combined"])
         ref_rows.append(f"| {dataset} | {seed} | {gp.mode:.2f} / {gp.mean:.3f} / {gp.sd:.3f} {_interval(gp.quantile(0.05), gp.quantile(0.95))} | "
+                        f"{top_lo:.2f}–{top_hi:.2f} | {gp.cdf(us.UPRIGHT_THRESHOLD):.2f} | "
                         f"{', '.join(f'{e.mode:.2f} / {e.sd:.3f}' for e in each)} | {width['sd']:.3f} {_interval(*width['sd_interval'])} | "
                         f"{ref['mode']:.2f} / {ref['mean']:.3f} / {ref['sd']:.3f} {_interval(ref['q05'], ref['q95'])} | "
                         f"{gap['gap_at_mode']:+.1f} ({gap['gap_min']:+.1f} to {gap['gap_max']:+.1f}) | {t2:.3f}, "
@@ -316,7 +356,7 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
         lean.append({"dataset": dataset, "seed": seed, "etas": c["etas"].tolist(), "combined": c["combined"].tolist(), "each": c["each"].tolist(),
                      "noise_combined": c["noise"] / math.sqrt(2), "k_hat": c["k_hat"], "summary": us.grid_summary(gp),
                      "halves": [us.grid_summary(e) for e in each], "implied": width, "iwae_reference": gap,
-                     "edge_density": [float(dens[0]), float(dens[-1])]})  # fmt: skip
+                     "edge_density": [float(dens[0]), float(dens[-1])], "plateau": [top_lo, top_hi]})  # fmt: skip
     if not gps:
         return None
     overlaps, worst = q_overlaps(results, gps)
@@ -338,7 +378,8 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
                 "TEMPERATURES": TEMPERATURES, "LEAPFROG": LEAPFROG, "STEP_SIZE": STEP_SIZE, "CURVATURE": CURVATURE,
                 "SAMPLING": SAMPLING, "CHECK_ETA": CHECK_ETA, "CHECK_SEED": CHECK_SEED, "CHECKS": {k: v[1] for k, v in CHECKS.items()},
                 "CURVATURE_HALF_WIDTH": CURVATURE_HALF_WIDTH, "QUANTILE_DRAWS": QUANTILE_DRAWS, "LONG_ETAS": list(LONG_ETAS),
-                "LONG_SEED": LONG_SEED, "LONG_TEMPERATURES": LONG_TEMPERATURES}  # fmt: skip
+                "LONG_SEED": LONG_SEED, "LONG_TEMPERATURES": LONG_TEMPERATURES,
+                "PARTIAL_SEED0_EXTRA": list(PARTIAL_SEED0_EXTRA)}  # fmt: skip
     info, command = common.machine_info(), common.command_line()
     intro = ("Issue 15: log p(D | η) of the invariant MLP on 300 digits by annealed importance sampling, against the "
              "IWAE_100 references and the stored q(η). Method: section *Method* (the module docstring of "
@@ -346,9 +387,10 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
     md = "\n".join([
         common.header_markdown("Uncertain symmetry: an annealed-importance-sampling reference", info, settings, command, intro),
         "## The reference, per seed\n",
-        "| data | seed | AIS posterior: mode / mean / sd [90 %] | each half alone: mode / sd | implied sd near the top [90 %] | "
+        f"![ℓ_AIS and IWAE_100 profiles]({STEM}.png)\n",
+        "| data | seed | AIS posterior: mode / mean / sd [90 %] | η within 5 nats of the top | P(η < 1.0) | each half alone: mode / sd | implied sd near the top [90 %] | "
         "refined IWAE_100 reference: mode / mean / sd [90 %] | ℓ_AIS − IWAE_100 at its mode (range) (nats) | type-II η |",
-        "|:---|---:|---:|---:|---:|---:|---:|---:|", *ref_rows,
+        "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *ref_rows,
         "\n## Diagnostics\n",
         "| data | seed | η points | combined estimate's noise (nats) | chains' log-weight sd | PSIS k̂ (64 chains) | acceptance | "
         "σ_p integral in the path's top 5 % | σ_p posterior mode | edge densities / top |",
@@ -365,7 +407,9 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
         "\n## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
     payload = {"info": info, "settings": settings, "command": command, "seeds": lean, "overlaps": overlaps,
                "counts": counts, "quantile_stand_in_error": worst, "long_check": long_lean}  # fmt: skip
-    return common.write_results(STEM, md, payload, out_dir)
+    paths = common.write_results(STEM, md, payload, out_dir)
+    plot(lean, results, paths[0].with_suffix(".png"))
+    return paths
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -374,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--run", action="store_true", help="the scan (b) for --halves, every point not yet in --work-dir")
     group.add_argument("--checks", action="store_true", help="the two checks of (c)")
     group.add_argument("--long-check", action="store_true", help="(i): LONG_ETAS with LONG_TEMPERATURES for --halves")
+    group.add_argument("--partial-extra", action="store_true", help="(j): PARTIAL_SEED0_EXTRA for --halves")
     group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (d–f)")
     parser.add_argument("--halves", default=",".join(map(str, HALVES)), help="comma-separated AIS seeds to run")
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated data seeds, in run order")
@@ -397,6 +442,12 @@ def main(argv: list[str] | None = None) -> int:
         return load_dataset(us.DATASETS[dataset][0], train_size=us.SIZES["default"]["train_size"],
                             test_size=us.SIZES["default"]["test_size"])  # fmt: skip
 
+    if args.partial_extra:
+        data = load("partially-rotated")
+        for half in halves:
+            path = args.work_dir / f"{unit_name('partially-rotated', 0, half)}.json"
+            run_unit(data, "partially-rotated", 0, half, path, etas=PARTIAL_SEED0_EXTRA)
+        return 0
     if args.long_check:
         data = load(CHECK_DATASET)
         for half in halves:
