@@ -217,6 +217,8 @@ def implied_width(etas: np.ndarray, values: np.ndarray, noise: float) -> dict[st
     top = etas[int(np.argmax(values))]
     half = max(CURVATURE_HALF_WIDTH, 2 * float(np.min(np.diff(etas))))
     near = np.abs(etas - top) <= half + 1e-9
+    if near.sum() < 3:  # a top at the scan's coarse end: no quadratic
+        return {"eta0": float(top), "points": int(near.sum()), "sd": math.nan, "sd_interval": [math.nan, math.nan]}
     return {"eta0": float(top), **usc.quadratic_curvature(etas[near] - top, values[near], noise)}
 
 
@@ -321,6 +323,8 @@ def plot(lean: list[dict[str, Any]], results: Path, path: Path) -> None:
 
 
 def _interval(lo: float, hi: float) -> str:
+    if math.isnan(lo):
+        return "(none)"
     return f"[{lo:.3f}, {hi:.3f}]" if math.isfinite(hi) else f"[{lo:.3f}, ∞]"
 
 

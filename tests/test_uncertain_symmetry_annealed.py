@@ -68,6 +68,12 @@ def test_a_tiny_run_resumes(bench, tmp_path, monkeypatch) -> None:
     assert calls == [] and again == json.loads(path.read_text())
 
 
+def test_no_quadratic_from_fewer_than_three_points(bench) -> None:
+    etas = np.array([2.1, 2.2, 2.3, 2.5, 2.7, 2.9, math.pi])  # within two spacings (0.2) of 2.9: 2.7 and 2.9
+    width = bench.implied_width(etas, np.array([-9.0, -8.0, -7.0, -5.0, -1.0, 0.0, -2.0]), 0.5)
+    assert width["eta0"] == 2.9 and width["points"] == 2 and math.isnan(width["sd"])
+
+
 def test_render_recovers_a_known_posterior(bench, tmp_path) -> None:
     """Units whose log evidence is the log density of N(0.5, 0.06²) on the scan: the AIS posterior and the quadratic
     give sd 0.06; the stored q(η) of the earlier runs are judged against it."""
