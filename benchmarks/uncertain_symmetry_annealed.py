@@ -160,7 +160,7 @@ def evaluate_point(data: Any, seed: int, eta: float, half: int, chains: int = CH
     r = annealed_readout_evidence(model, x, y, chains=chains, temperatures=temperatures, leapfrog=LEAPFROG,
                                   step_size=STEP_SIZE, curvature=CURVATURE, seed=half)  # fmt: skip
     scales, profile = r.log_scales.numpy(), r.scale_profile.numpy()
-    posterior_s = profile - 0.5 * scales**2  # × the LogNormal(0, 1) prior of σ_p, in s = log σ_p
+    posterior_s = profile - 0.5 * (scales - float(model.prior_scale_loc)) ** 2  # × σ_p's LogNormal prior, in s = log σ_p
     return {"eta": eta, "log_evidence": r.log_evidence, "log_weights": r.log_weights.tolist(), "weight_sd": r.log_weight_sd,
             "acceptance": r.acceptance, "edge_share": r.edge_share, "sigma_mode": float(np.exp(scales[np.argmax(posterior_s)])),
             "profile": {"log_scale": scales[::20].tolist(), "log_evidence": profile[::20].tolist()},
@@ -178,7 +178,9 @@ def run_unit(data: Any, dataset: str, seed: int, half: int, path: Path, etas: tu
             continue
         point = evaluate_point(data, seed, eta, half, **kw)
         unit["points"].append(point)
-        path.write_text(json.dumps(unit) + "\n")
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(unit) + "\n")
+        partial.replace(path)  # a run stopped mid-write leaves the last complete file
         common.log(f"{path.stem} η {eta:.2f}: {point['log_evidence']:.2f} (chains' sd {point['weight_sd']:.2f}, "
                    f"σ_p mode {point['sigma_mode']:.1f}, {point['seconds']:.0f} s)")  # fmt: skip
     return unit
@@ -278,14 +280,15 @@ def long_check_rows(work: Path) -> tuple[list[str], list[dict[str, Any]]]:
     etas, a, b = long["etas"][keep_long], long["combined"][keep_long], short["combined"][keep]
     long_k = np.asarray(long["k_hat"])[keep_long]
     anchor = int(np.argmin(np.abs(etas - 0.8)))
-    rows = ["| η | T = 4000 | T = 1000 | shape at 4000 (less 0.8 rad) | shape at 1000 | k̂ at 4000 / 1000 |",
+    t_long, t_short = LONG_TEMPERATURES, TEMPERATURES
+    rows = [f"| η | T = {t_long} | T = {t_short} | shape at {t_long} (less 0.8 rad) | shape at {t_short} | k̂ at {t_long} / {t_short} |",
             "|---:|---:|---:|---:|---:|---:|"]
     short_k = np.asarray(short["k_hat"])[keep]
     for i, eta in enumerate(etas):
         rows.append(f"| {eta:.2f} | {a[i]:.2f} | {b[i]:.2f} | {a[i] - a[anchor]:+.2f} | {b[i] - b[anchor]:+.2f} | "
                     f"{long_k[i]:.2f} / {short_k[i]:.2f} |")  # fmt: skip
     shift = (a - a[anchor]) - (b - b[anchor])
-    rows.append(f"\nShape change from T = 1000 to 4000: {np.min(shift):+.2f} to {np.max(shift):+.2f} nats; the T = 4000 estimates "
+    rows.append(f"\nShape change from T = {t_short} to {t_long}: {np.min(shift):+.2f} to {np.max(shift):+.2f} nats; the T = {t_long} estimates "
                 f"are higher by {np.min(a - b):+.2f} to {np.max(a - b):+.2f}; the halves' noise at T = 4000 {long['noise'] / math.sqrt(2):.2f} nats.")  # fmt: skip
     return rows, [{"eta": float(e), "long": float(x), "short": float(y), "k_hat_long": float(k1), "k_hat_short": float(k2)}
                   for e, x, y, k1, k2 in zip(etas, a, b, long_k, short_k)]  # fmt: skip
