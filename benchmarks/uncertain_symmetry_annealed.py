@@ -78,6 +78,7 @@ Results: ``benchmarks/results/uncertain_symmetry_annealed.md``, ``.json``; unit 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -91,11 +92,12 @@ import _common as common  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from scipy.special import expit, logit  # noqa: E402
+from scipy.special import expit, logit, logsumexp  # noqa: E402
 from scipy.stats import norm  # noqa: E402
 
 import uncertain_symmetry as us  # noqa: E402
 import uncertain_symmetry_collapsed as usc  # noqa: E402
+import uncertain_symmetry_fine_reference as usf  # noqa: E402
 from pyro_invariance.data import load_dataset  # noqa: E402
 from pyro_invariance.data.arrays import train_arrays  # noqa: E402
 from pyro_invariance.diagnostics.annealed_evidence import annealed_readout_evidence  # noqa: E402
@@ -189,11 +191,6 @@ def run_unit(data: Any, dataset: str, seed: int, half: int, path: Path, etas: tu
 # --------------------------------------------------------------------------------------------
 # Measures
 # --------------------------------------------------------------------------------------------
-def _logmeanexp(values: np.ndarray) -> float:
-    m = float(np.max(values))
-    return m + math.log(float(np.mean(np.exp(values - m))))
-
-
 def combine(halves: list[dict[str, Any]]) -> dict[str, Any]:
     """(d): the combined profile over both halves' chains, each half's own, and the noise from their difference."""
     by_eta = [{p["eta"]: p for p in h["points"]} for h in halves]
@@ -201,7 +198,7 @@ def combine(halves: list[dict[str, Any]]) -> dict[str, Any]:
     weights = [np.concatenate([np.asarray(b[e]["log_weights"]) for b in by_eta]) for e in etas]
     each = np.array([[b[e]["log_evidence"] for e in etas] for b in by_eta])  # (halves, G)
     diff = (each[0] - each[1]) / 2 if len(halves) == 2 else np.full(len(etas), np.nan)
-    return {"etas": np.array(etas), "combined": np.array([_logmeanexp(w) for w in weights]), "each": each,
+    return {"etas": np.array(etas), "combined": np.array([logsumexp(w) - math.log(len(w)) for w in weights]), "each": each,
             "noise": float(np.std(diff, ddof=1)) if len(etas) > 1 else math.nan,
             "k_hat": [float(psis_khat(torch.as_tensor(w))) if len(w) >= 50 else math.nan for w in weights],
             "weight_sd": [b[e]["weight_sd"] for b in by_eta for e in etas],
@@ -231,8 +228,14 @@ def logit_normal_draws(q05: float, q95: float, n: int = QUANTILE_DRAWS) -> np.nd
     return us.ETA_MAX * expit(loc + scale * norm.ppf((np.arange(n) + 0.5) / n))
 
 
+@functools.lru_cache(maxsize=None)
+def _results_file(path: Path) -> Any:
+    """An earlier run's results, read once per render."""
+    return json.loads(path.read_text())
+
+
 def _units(results: Path, source: tuple[str, tuple[str, ...]], dataset: str) -> dict[int, dict[str, Any]]:
-    node: Any = json.loads((results / source[0]).read_text())
+    node: Any = _results_file(results / source[0])
     for key in source[1]:
         node = node[key]
     return {u["seed"]: u for u in node if u["dataset"] == dataset}
@@ -325,12 +328,6 @@ def plot(lean: list[dict[str, Any]], results: Path, path: Path) -> None:
     plt.close(fig)
 
 
-def _interval(lo: float, hi: float) -> str:
-    if math.isnan(lo):
-        return "(none)"
-    return f"[{lo:.3f}, {hi:.3f}]" if math.isfinite(hi) else f"[{lo:.3f}, ∞]"
-
-
 def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path] | None:
     gps, lean = {}, []
     ref_rows, diag_rows = [], []
@@ -350,10 +347,10 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
         ref = gap["summary"]
         t2 = gap["type_ii_eta"]
         top_lo, top_hi = plateau(c["etas"], c["combined"])
-        ref_rows.append(f"| {dataset} | {seed} | {gp.mode:.2f} / {gp.mean:.3f} / {gp.sd:.3f} {_interval(gp.quantile(0.05), gp.quantile(0.95))} | "
+        ref_rows.append(f"| {dataset} | {seed} | {gp.mode:.2f} / {gp.mean:.3f} / {gp.sd:.3f} {usf.interval(gp.quantile(0.05), gp.quantile(0.95))} | "
                         f"{top_lo:.2f}–{top_hi:.2f} | {gp.cdf(us.UPRIGHT_THRESHOLD):.2f} | "
-                        f"{', '.join(f'{e.mode:.2f} / {e.sd:.3f}' for e in each)} | {width['sd']:.3f} {_interval(*width['sd_interval'])} | "
-                        f"{ref['mode']:.2f} / {ref['mean']:.3f} / {ref['sd']:.3f} {_interval(ref['q05'], ref['q95'])} | "
+                        f"{', '.join(f'{e.mode:.2f} / {e.sd:.3f}' for e in each)} | {width['sd']:.3f} {usf.interval(*width['sd_interval'])} | "
+                        f"{ref['mode']:.2f} / {ref['mean']:.3f} / {ref['sd']:.3f} {usf.interval(ref['q05'], ref['q95'])} | "
                         f"{gap['gap_at_mode']:+.1f} ({gap['gap_min']:+.1f} to {gap['gap_max']:+.1f}) | {t2:.3f}, "
                         f"{'inside' if gp.quantile(0.05) <= t2 <= gp.quantile(0.95) else 'outside'} |")  # fmt: skip
         diag_rows.append(f"| {dataset} | {seed} | {len(c['etas'])} | {c['noise'] / math.sqrt(2):.2f} | {min(c['weight_sd']):.1f}–{max(c['weight_sd']):.1f} | "

@@ -194,7 +194,9 @@ def k_check_table(summaries: list[tuple[str, int, dict[str, Any]]]) -> str:
 
 
 def interval(lo: float, hi: float) -> str:
-    """A 90 % interval of an implied sd as the tables print it (no upper end: ∞)."""
+    """A 90 % interval of an implied sd as the tables print it (no upper end: ∞; none computed: "(none)")."""
+    if math.isnan(lo):
+        return "(none)"
     return f"[{lo:.3f}, {'∞' if math.isinf(hi) else f'{hi:.3f}'}]"
 
 

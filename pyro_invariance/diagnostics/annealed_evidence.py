@@ -107,9 +107,12 @@ def readout_design(model: Any, x: Tensor, chains: int, seed: int = 0) -> Tensor:
     (:func:`~pyro_invariance.diagnostics.evaluation.seeded_rng`), so the same seed gives the same ε
     at every η. Deterministic ε (``sampling="deterministic"``) gives R equal matrices."""
     model = _invariant_mlp(model)
-    chains = check_positive_int("chains", chains)
-    x = model._flatten(torch.as_tensor(x))
-    with torch.no_grad(), seeded_rng(check_seed(seed)):
+    return _design(model, model._flatten(torch.as_tensor(x)), check_positive_int("chains", chains), check_seed(seed))
+
+
+def _design(model: Any, x: Tensor, chains: int, seed: int) -> Tensor:
+    """:func:`readout_design` for checked arguments and flattened ``x``."""
+    with torch.no_grad(), seeded_rng(seed):
         feats = torch.stack([model.features(x) for _ in range(chains)]).double()
     ones = torch.ones(*feats.shape[:-1], 1, dtype=feats.dtype, device=feats.device)
     return torch.cat([feats, ones], dim=-1)
@@ -159,7 +162,7 @@ def annealed_readout_evidence(model: Any, x: Tensor, y: Tensor, *, chains: int =
     y = torch.as_tensor(y)
     check_labels(y, x.shape[0], model.num_classes)
 
-    design = readout_design(model, x, chains, seed)  # (R, N, P)
+    design = _design(model, x, chains, seed)  # (R, N, P)
     u, sv, _ = torch.linalg.svd(design, full_matrices=False)  # (R, N, m), (R, m)
     rank = int((sv > sv[:, :1] * 1e-10).sum(-1).min())
     basis = (u * sv.unsqueeze(-2))[..., :rank]  # (R, N, m): logits = basis @ W'
@@ -192,9 +195,6 @@ def annealed_readout_evidence(model: Any, x: Tensor, y: Tensor, *, chains: int =
         weights.append(log_w)
         mass = 1.0 + kappa * sigma**2 * sv2  # (R, m, 1)
 
-        def log_target(v: Tensor) -> Tensor:
-            return loglik(sigma * v) - 0.5 * (v**2).sum((-1, -2))
-
         def grad(v: Tensor) -> Tensor:
             return sigma * grad_loglik(sigma * v) - v
 
@@ -204,12 +204,13 @@ def annealed_readout_evidence(model: Any, x: Tensor, y: Tensor, *, chains: int =
         for i in range(leapfrog):
             v = v + step * p / mass
             p = p + (step if i < leapfrog - 1 else 0.5 * step) * grad(v)
-        proposed = -log_target(v) + 0.5 * (p**2 / mass).sum((-1, -2))
+        ll_proposed = loglik(sigma * v)
+        proposed = -(ll_proposed - 0.5 * (v**2).sum((-1, -2))) + 0.5 * (p**2 / mass).sum((-1, -2))
         accept = torch.rand(chains, generator=gen, dtype=torch.float64, device=device).log() < (energy - proposed)
         accept = accept & torch.isfinite(proposed)
         z = torch.where(accept[:, None, None], v, z)
         accepted += float(accept.double().mean())
-        ll = loglik(sigma * z)
+        ll = torch.where(accept, ll_proposed, ll_new)  # log p(D | σ_t Z) of the chain's new state
     path = torch.stack(weights, dim=1)  # (R, T): log w_r(s_t)
     profile = torch.logsumexp(path, 0) - math.log(chains)
     if hierarchical:
