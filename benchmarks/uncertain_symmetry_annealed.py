@@ -71,6 +71,15 @@ j. **±90° seed 0 past its scan** (added after its evidence was seen rising up 
    left covered no more): ``PARTIAL_SEED0_EXTRA`` = 2.5, 2.7, 2.9 and π rad, both halves, otherwise (b). ±90° seed 1 and
    the fully rotated digits of (g) were not run.
 
+k. **The rest of (g)** (added in a later session, before any fully rotated or ±90° seed 1 unit ran; no setting of
+   (a)–(f) changed): the fully rotated digits, seeds 0, 2, 1, on their scan of (g) with ``ROTATED_LOWER`` = 1.6, 1.8,
+   2.0, 2.2 rad added below it — without them the reference is truncated to [π − 0.8, π] and its mass above 2.4 rad
+   could not fall below ≈ 0.9 whatever the evidence, so the criterion "mostly above 2.4" would be judged on a grid
+   that cannot fail it; then ±90° seed 1 on its scan of (g); then ``PARTIAL_EXTRA`` (the points of (j)) for ±90° seeds
+   2 and 1. Run order per half: rotated seeds 0, 2, 1; ±90° seed 1; the extra points (seeds 2, 1). Two processes, one
+   per half. The reference table gains the issue's location criterion of each dataset, judged on the reference itself
+   (``uncertain_symmetry.location_criterion`` on its grid summary).
+
 Results: ``benchmarks/results/uncertain_symmetry_annealed.md``, ``.json``; unit files (``--work-dir``), one per
 (seed, half) plus the checks, written after every η (a stopped run resumes).
 """
@@ -111,12 +120,14 @@ ETAS = tuple(round(0.10 + 0.05 * j, 2) for j in range(21))
 UPRIGHT_EXTENSION = tuple(round(1.2 + 0.1 * j, 2) for j in range(9))
 #: (h) again, after seed 0's points up to 2.0 rad were logged: still flat, so on to 3.1 rad
 UPRIGHT_TAIL = tuple(round(2.1 + 0.1 * j, 2) for j in range(11))
+#: (k) below the fully rotated scan of (g), so that its reference can put mass below 2.4 rad
+ROTATED_LOWER = (1.6, 1.8, 2.0, 2.2)
 #: dataset -> its scan of η (g): upright first; the others coarser, where their references and q(η) lie
 SCANS = {"upright": ETAS + UPRIGHT_EXTENSION + UPRIGHT_TAIL, "partially-rotated": tuple(round(0.8 + 0.1 * j, 2) for j in range(16)),
-         "rotated": tuple(math.pi - 0.1 * j for j in reversed(range(9)))}  # fmt: skip
+         "rotated": ROTATED_LOWER + tuple(math.pi - 0.1 * j for j in reversed(range(9)))}  # fmt: skip
 CHECK_DATASET = "upright"
-#: (j) added after ±90° seed 0's evidence rose up to its scan's end
-PARTIAL_SEED0_EXTRA = (2.5, 2.7, 2.9, math.pi)
+#: (j) added after ±90° seed 0's evidence rose up to its scan's end; (k) runs them for seeds 2 and 1 too
+PARTIAL_EXTRA = (2.5, 2.7, 2.9, math.pi)
 #: (i) the same points with four times the scales: is T = 1000 enough for the profile's shape?
 LONG_ETAS, LONG_SEED, LONG_TEMPERATURES = (0.4, 0.6, 0.8, 1.0, 1.2, 1.4), 0, 4000
 HALVES = (0, 1)
@@ -347,8 +358,9 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
         ref = gap["summary"]
         t2 = gap["type_ii_eta"]
         top_lo, top_hi = plateau(c["etas"], c["combined"])
+        crit = us.location_criterion(dataset, us.grid_summary(gp))
         ref_rows.append(f"| {dataset} | {seed} | {gp.mode:.2f} / {gp.mean:.3f} / {gp.sd:.3f} {usf.interval(gp.quantile(0.05), gp.quantile(0.95))} | "
-                        f"{top_lo:.2f}–{top_hi:.2f} | {gp.cdf(us.UPRIGHT_THRESHOLD):.2f} | "
+                        f"{top_lo:.2f}–{top_hi:.2f} | {gp.cdf(us.UPRIGHT_THRESHOLD):.2f} | {'holds' if crit[0] else 'fails'} ({crit[1].replace('|', chr(92) + '|')}) | "
                         f"{', '.join(f'{e.mode:.2f} / {e.sd:.3f}' for e in each)} | {width['sd']:.3f} {usf.interval(*width['sd_interval'])} | "
                         f"{ref['mode']:.2f} / {ref['mean']:.3f} / {ref['sd']:.3f} {usf.interval(ref['q05'], ref['q95'])} | "
                         f"{gap['gap_at_mode']:+.1f} ({gap['gap_min']:+.1f} to {gap['gap_max']:+.1f}) | {t2:.3f}, "
@@ -360,7 +372,8 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
         lean.append({"dataset": dataset, "seed": seed, "etas": c["etas"].tolist(), "combined": c["combined"].tolist(), "each": c["each"].tolist(),
                      "noise_combined": c["noise"] / math.sqrt(2), "k_hat": c["k_hat"], "summary": us.grid_summary(gp),
                      "halves": [us.grid_summary(e) for e in each], "implied": width, "iwae_reference": gap,
-                     "edge_density": [float(dens[0]), float(dens[-1])], "plateau": [top_lo, top_hi]})  # fmt: skip
+                     "edge_density": [float(dens[0]), float(dens[-1])], "plateau": [top_lo, top_hi],
+                     "location_criterion": {"holds": bool(crit[0]), "statistic": crit[1]}})  # fmt: skip
     if not gps:
         return None
     overlaps, worst = q_overlaps(results, gps)
@@ -383,7 +396,7 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
                 "SAMPLING": SAMPLING, "CHECK_ETA": CHECK_ETA, "CHECK_SEED": CHECK_SEED, "CHECKS": {k: v[1] for k, v in CHECKS.items()},
                 "CURVATURE_HALF_WIDTH": CURVATURE_HALF_WIDTH, "QUANTILE_DRAWS": QUANTILE_DRAWS, "LONG_ETAS": list(LONG_ETAS),
                 "LONG_SEED": LONG_SEED, "LONG_TEMPERATURES": LONG_TEMPERATURES,
-                "PARTIAL_SEED0_EXTRA": list(PARTIAL_SEED0_EXTRA)}  # fmt: skip
+                "PARTIAL_EXTRA": list(PARTIAL_EXTRA), "ROTATED_LOWER": list(ROTATED_LOWER)}  # fmt: skip
     info, command = common.machine_info(), common.command_line()
     intro = ("Issue 15: log p(D | η) of the invariant MLP on 300 digits by annealed importance sampling, against the "
              "IWAE_100 references and the stored q(η). Method: section *Method* (the module docstring of "
@@ -392,9 +405,9 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
         common.header_markdown("Uncertain symmetry: an annealed-importance-sampling reference", info, settings, command, intro),
         "## The reference, per seed\n",
         f"![ℓ_AIS and IWAE_100 profiles]({STEM}.png)\n",
-        "| data | seed | AIS posterior: mode / mean / sd [90 %] | η within 5 nats of the top | P(η < 1.0) | each half alone: mode / sd | implied sd near the top [90 %] | "
+        "| data | seed | AIS posterior: mode / mean / sd [90 %] | η within 5 nats of the top | P(η < 1.0) | the issue's location criterion, on this reference | each half alone: mode / sd | implied sd near the top [90 %] | "
         "refined IWAE_100 reference: mode / mean / sd [90 %] | ℓ_AIS − IWAE_100 at its mode (range) (nats) | type-II η |",
-        "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *ref_rows,
+        "|:---|---:|---:|---:|---:|:---|---:|---:|---:|---:|---:|", *ref_rows,
         "\n## Diagnostics\n",
         "| data | seed | η points | combined estimate's noise (nats) | chains' log-weight sd | PSIS k̂ (64 chains) | acceptance | "
         "σ_p integral in the path's top 5 % | σ_p posterior mode | edge densities / top |",
@@ -422,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--run", action="store_true", help="the scan (b) for --halves, every point not yet in --work-dir")
     group.add_argument("--checks", action="store_true", help="the two checks of (c)")
     group.add_argument("--long-check", action="store_true", help="(i): LONG_ETAS with LONG_TEMPERATURES for --halves")
-    group.add_argument("--partial-extra", action="store_true", help="(j): PARTIAL_SEED0_EXTRA for --halves")
+    group.add_argument("--partial-extra", action="store_true", help="(j, k): PARTIAL_EXTRA on ±90° digits for --seeds, --halves")
     group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (d–f)")
     parser.add_argument("--halves", default=",".join(map(str, HALVES)), help="comma-separated AIS seeds to run")
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated data seeds, in run order")
@@ -448,9 +461,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.partial_extra:
         data = load("partially-rotated")
-        for half in halves:
-            path = args.work_dir / f"{unit_name('partially-rotated', 0, half)}.json"
-            run_unit(data, "partially-rotated", 0, half, path, etas=PARTIAL_SEED0_EXTRA)
+        for seed in seeds:
+            for half in halves:
+                path = args.work_dir / f"{unit_name('partially-rotated', seed, half)}.json"
+                run_unit(data, "partially-rotated", seed, half, path, etas=PARTIAL_EXTRA)
         return 0
     if args.long_check:
         data = load(CHECK_DATASET)

@@ -28,6 +28,9 @@ def test_settings(bench) -> None:
     assert set(bench.LONG_ETAS) <= set(bench.SCANS["upright"]) and 0.8 in bench.LONG_ETAS
     assert bench.LONG_TEMPERATURES == 4 * bench.TEMPERATURES
     assert bench.SCANS["rotated"][-1] == pytest.approx(math.pi) and len(bench.SCANS["partially-rotated"]) == 16
+    rotated = np.array(bench.SCANS["rotated"])  # (k): the rotated reference can put mass below 2.4 rad
+    assert np.all(np.diff(rotated) > 0) and rotated[0] < 2.4 - 0.5 and len(bench.SCANS["rotated"]) == 13
+    assert bench.PARTIAL_EXTRA[-1] == pytest.approx(math.pi) and min(bench.PARTIAL_EXTRA) > max(bench.SCANS["partially-rotated"])
 
 
 def test_logit_normal_draws_have_the_stored_quantiles(bench) -> None:
