@@ -1,0 +1,242 @@
+r"""Issue 15: a Laplace evidence of the invariant MLP's read-out against the AIS reference of log p(D | η).
+
+Why. ``uncertain_symmetry_annealed.py`` found the fixed-η IWAE_100 bounds 70–180 nats below log p(D | η), with a
+gap that grows with η: every q(η) fitted to such a bound, and every grid reference built from them, is pulled to
+small η. AIS costs ≈ 40 s per η on a CPU core per 32 chains and leaves a few nats of noise. Given η, the read-out
+is a Bayesian softmax regression on fixed features; its log posterior is concave, and the Laplace evidence with
+the exact Hessian (:func:`~pyro_invariance.diagnostics.laplace_evidence.laplace_readout_evidence`; the evidence that
+paper 004 maximises, Eqs. 9–11, without KFAC) is deterministic. How far it lies from log p(D | η), and — what
+decides a posterior over η — whether that error changes with η, is measured here at every point of the AIS scan.
+
+Method (every setting fixed and committed before any Laplace unit of this script ran; nothing of it was tried
+on these data beforehand except three points of upright seed 0 — η = 0.5, 2.0, 3.0 — while the function was
+written, which showed Laplace 8–12 nats below the AIS estimate of one half):
+
+a. **Model and data.** Those of the AIS reference (``uncertain_symmetry_annealed.make_model``: 300 training digits
+   of the fixed split, random features of ``init_seed = seed``, H = 256, hierarchical σ_p ~ LogNormal(0, 1), the
+   16-point quadrature of the orbit), datasets upright, ±90° and fully rotated, seeds 0, 2, 1.
+b. **Points.** Every η of the AIS scan of that dataset (``uncertain_symmetry_annealed.SCANS``, and its
+   ``PARTIAL_EXTRA`` for ±90° digits). ``NUM_SCALES`` = 29 values of s = log σ_p evenly on [−2, 5]
+   (``SCALE_SPAN``; spacing 0.25), trapezoidal rule against σ_p's prior; Newton to a decrement below 10⁻⁸.
+   Run order: (dataset, seed) units upright 0, ±90° 0, rotated 0, then seeds 2 and 1 the same way; two
+   processes take alternate points of every unit (``--part 0/2`` and ``1/2``), each with its own file.
+c. **Measures** (``--render``), per unit, at the η where both exist (the AIS estimate: both halves' 64 chains):
+   the error ℓ_Laplace − ℓ_AIS (mean and range) beside the IWAE_100 bound's ℓ_IWAE − ℓ_AIS (range, the refined
+   reference's points); the error's *shape*: its sd over η and its largest minus smallest value (a constant error
+   moves no posterior over η); the grid posteriors (U(0, π) prior, truncated to the scan) from both — mode / mean /
+   sd / 90 % interval — and the issue's overlap criterion of the Laplace posterior against the AIS one
+   (``uncertain_symmetry.overlap``, 4000 quantiles of the Laplace posterior as its draws; both masses ≥ 0.5 to hold);
+   each dataset's location criterion on the Laplace posterior; σ_p's posterior mode at the AIS top, both ways; seconds
+   per point.
+
+Results: ``benchmarks/results/uncertain_symmetry_laplace.md``, ``.json``; unit files (``--work-dir``), one per
+(dataset, seed, part), written after every η (a stopped run resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as common  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import uncertain_symmetry as us  # noqa: E402
+import uncertain_symmetry_annealed as usa  # noqa: E402
+import uncertain_symmetry_fine_reference as usf  # noqa: E402
+from pyro_invariance.data import load_dataset  # noqa: E402
+from pyro_invariance.data.arrays import train_arrays  # noqa: E402
+from pyro_invariance.diagnostics.laplace_evidence import laplace_readout_evidence  # noqa: E402
+
+STEM = "uncertain_symmetry_laplace"
+NUM_SCALES = 29
+SCALE_SPAN = (-2.0, 5.0)
+#: (dataset, seed) units in run order (b)
+UNITS = tuple((d, s) for s in (0, 2, 1) for d in ("upright", "partially-rotated", "rotated"))
+QUANTILE_DRAWS = 4000
+AIS_WORK = Path(f"benchmarks/results/{usa.STEM}_units")
+
+
+def points(dataset: str) -> tuple[float, ...]:
+    """The AIS scan's η for ``dataset`` (b)."""
+    return usa.SCANS[dataset] + (usa.PARTIAL_EXTRA if dataset == "partially-rotated" else ())
+
+
+def evaluate_point(data: Any, seed: int, eta: float) -> dict[str, Any]:
+    model = usa.make_model(data, seed, eta)
+    x, y = train_arrays(data, model)
+    start = time.perf_counter()
+    r = laplace_readout_evidence(model, x, y, num_scales=NUM_SCALES, scale_span=SCALE_SPAN)
+    return {"eta": eta, "log_evidence": r.log_evidence, "sigma_mode": r.sigma_mode, "newton_steps": r.newton_steps,
+            "profile": r.scale_profile.tolist(), "seconds": time.perf_counter() - start}  # fmt: skip
+
+
+def unit_path(work: Path, dataset: str, seed: int, k: int) -> Path:
+    return work / f"{dataset}_seed{seed}_part{k}.json"
+
+
+def run_unit(dataset: str, seed: int, path: Path, k: int = 0, n: int = 1) -> dict[str, Any]:
+    """Points k, k + n, … of the unit's η, resuming from ``path``; the file is replaced after each η."""
+    unit = json.loads(path.read_text()) if path.exists() else {"dataset": dataset, "seed": seed, "points": []}
+    done = {p["eta"] for p in unit["points"]}
+    data = load_dataset(us.DATASETS[dataset][0], train_size=us.SIZES["default"]["train_size"],
+                        test_size=us.SIZES["default"]["test_size"])  # fmt: skip
+    for eta in points(dataset)[k::n]:
+        if eta in done:
+            continue
+        point = evaluate_point(data, seed, eta)
+        unit["points"].append(point)
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(unit) + "\n")
+        partial.replace(path)
+        common.log(f"{path.stem} η {eta:.2f}: {point['log_evidence']:.2f} (σ_p mode {point['sigma_mode']:.1f}, "
+                   f"{point['newton_steps']} Newton steps, {point['seconds']:.0f} s)")  # fmt: skip
+    return unit
+
+
+def grid_draws(gp: Any, n: int = QUANTILE_DRAWS) -> np.ndarray:
+    """``n`` evenly spaced quantiles of a grid posterior, standing in for its draws."""
+    return np.array([gp.quantile((i + 0.5) / n) for i in range(n)])
+
+
+def compare(unit: dict[str, Any], ais: dict[str, Any], results: Path) -> dict[str, Any]:
+    """(c) for one (dataset, seed)."""
+    lap = {p["eta"]: p for p in unit["points"]}
+    keep = np.array([e in lap for e in ais["etas"]])
+    etas = ais["etas"][keep]
+    a = ais["combined"][keep]
+    lp = np.array([lap[e]["log_evidence"] for e in etas])
+    err = lp - a
+    gp_a, gp_l = usa.posterior(etas, a), usa.posterior(etas, lp)
+    ov = us.overlap(grid_draws(gp_l), gp_a)
+    gap = usa.iwae_gap(results, unit["dataset"], unit["seed"], etas, a)
+    top = int(np.argmax(a))
+    return {"dataset": unit["dataset"], "seed": unit["seed"], "points": len(etas), "etas": etas.tolist(),
+            "laplace": lp.tolist(), "ais": a.tolist(), "error_mean": float(err.mean()), "error_range": [float(err.min()), float(err.max())],
+            "error_shape_sd": float(np.std(err - err.mean(), ddof=1)), "error_spread": float(err.max() - err.min()),
+            "iwae_minus_ais": [-gap["gap_max"], -gap["gap_min"]], "ais_posterior": us.grid_summary(gp_a),
+            "laplace_posterior": us.grid_summary(gp_l), "overlap": ov,
+            "holds": bool(min(ov.values()) >= us.OVERLAP_MIN),
+            "location": us.location_criterion(unit["dataset"], us.grid_summary(gp_l)),
+            "location_ais": us.location_criterion(unit["dataset"], us.grid_summary(gp_a)),
+            "sigma_mode_laplace": lap[float(etas[top])]["sigma_mode"], "sigma_mode_ais": ais["sigma_mode_at_top"],
+            "seconds": float(np.mean([lap[e]["seconds"] for e in etas]))}  # fmt: skip
+
+
+def ais_reference(dataset: str, seed: int, work: Path) -> dict[str, Any] | None:
+    paths = [work / f"{usa.unit_name(dataset, seed, h)}.json" for h in usa.HALVES]
+    if not all(p.exists() for p in paths):
+        return None
+    halves = [json.loads(p.read_text()) for p in paths]
+    c = usa.combine(halves)
+    top = float(c["etas"][int(np.argmax(c["combined"]))])
+    modes = [p["sigma_mode"] for h in halves for p in h["points"] if p["eta"] == top]
+    return {**c, "sigma_mode_at_top": float(np.mean(modes))}
+
+
+def render(work: Path, ais_work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path] | None:
+    rows = []
+    for dataset, seed in sorted(UNITS, key=lambda u: (list(usa.SCANS).index(u[0]), u[1])):
+        parts = sorted(work.glob(f"{dataset}_seed{seed}_part*.json"))
+        ais = ais_reference(dataset, seed, ais_work)
+        if not parts or ais is None:
+            continue
+        merged = {"dataset": dataset, "seed": seed, "points": [q for p in parts for q in json.loads(p.read_text())["points"]]}
+        r = compare(merged, ais, results)
+        if r["points"] >= 5:
+            rows.append(r)
+    if not rows:
+        return None
+
+    def post(s: dict[str, float]) -> str:
+        return f"{s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} {usf.interval(s['q05'], s['q95'])}"
+
+    def crit(c: tuple[bool, str]) -> str:
+        return f"{'holds' if c[0] else 'fails'} ({c[1].replace('|', chr(92) + '|')})"
+
+    table = ["| data | seed | points | ℓ_Laplace − ℓ_AIS: mean [range] | its shape: sd / spread | ℓ_IWAE_100 − ℓ_AIS [range] | "
+             "AIS posterior: mode / mean / sd [90 %] | Laplace posterior | overlap (Laplace in AIS 90 %, AIS in Laplace 90 %) | "
+             "location criterion: AIS / Laplace | σ_p mode at the top: AIS / Laplace | s per point |",
+             "|:---|---:|---:|---:|---:|---:|---:|---:|---:|:---|---:|---:|"]  # fmt: skip
+    for r in rows:
+        table.append(f"| {r['dataset']} | {r['seed']} | {r['points']} | {r['error_mean']:+.1f} [{r['error_range'][0]:+.1f}, {r['error_range'][1]:+.1f}] | "
+                     f"{r['error_shape_sd']:.2f} / {r['error_spread']:.1f} | [{r['iwae_minus_ais'][0]:+.0f}, {r['iwae_minus_ais'][1]:+.0f}] | "
+                     f"{post(r['ais_posterior'])} | {post(r['laplace_posterior'])} | {r['overlap']['q_in_grid90']:.2f}, "
+                     f"{r['overlap']['grid_in_q90']:.2f} ({'holds' if r['holds'] else 'fails'}) | {crit(r['location_ais'])} / {crit(r['location'])} | "
+                     f"{r['sigma_mode_ais']:.1f} / {r['sigma_mode_laplace']:.1f} | {r['seconds']:.0f} |")  # fmt: skip
+    counts = {d: f"{sum(r['holds'] for r in rows if r['dataset'] == d)}/{sum(r['dataset'] == d for r in rows)}"
+              for d in usa.SCANS if any(r["dataset"] == d for r in rows)}  # fmt: skip
+    settings = {"NUM_SCALES": NUM_SCALES, "SCALE_SPAN": list(SCALE_SPAN), "UNITS": [list(u) for u in UNITS],
+                "QUANTILE_DRAWS": QUANTILE_DRAWS, "AIS": {"CHAINS": usa.CHAINS, "HALVES": list(usa.HALVES),
+                "TEMPERATURES": usa.TEMPERATURES, "SAMPLING": usa.SAMPLING}}  # fmt: skip
+    info, command = common.machine_info(), common.command_line()
+    intro = ("Issue 15: the Laplace evidence of the invariant MLP's read-out against the AIS reference of log p(D | η), at every "
+             "point of the AIS scan. Method: section *Method* (the module docstring of `benchmarks/uncertain_symmetry_laplace.py`).")  # fmt: skip
+    md = "\n".join([
+        common.header_markdown("Uncertain symmetry: a Laplace evidence against the AIS reference", info, settings, command, intro),
+        f"![ℓ_Laplace and ℓ_AIS]({STEM}.png)\n", *table,
+        "\nThe overlap criterion of the Laplace posterior against the AIS one: "
+        + ", ".join(f"{d} {c}" for d, c in counts.items()) + ".\n",
+        "## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
+    payload = {"info": info, "settings": settings, "command": command, "units": rows, "counts": counts}
+    paths = common.write_results(STEM, md, payload, out_dir)
+    plot(rows, paths[0].with_suffix(".png"))
+    return paths
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """ℓ(η) − its top for AIS and Laplace, one panel per (dataset, seed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(rows), figsize=(3.0 * len(rows), 3.0), squeeze=False, sharey=True)
+    for ax, r in zip(axes[0], rows):
+        etas, a, lp = (np.array(r[k]) for k in ("etas", "ais", "laplace"))
+        ax.plot(etas, a - a.max(), "o-", ms=2.5, lw=1.2, color="C3", label="AIS, 64 chains")
+        ax.plot(etas, lp - lp.max(), "s--", ms=2.5, lw=1.0, color="C0", label="Laplace")
+        ax.set(xlim=(0, us.ETA_MAX), ylim=(-60, 5), xlabel="η (rad)", title=f"{r['dataset']}, seed {r['seed']}")
+    axes[0][0].set_ylabel("log p(D | η) − top (nats)")
+    axes[0][0].legend(fontsize=6, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--run", action="store_true", help="(b): the units of --part, every point not yet in --work-dir")
+    group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (c)")
+    parser.add_argument("--part", default="0/1", help="k/n: run points k, k + n, … of every unit (two processes: 0/2 and 1/2)")
+    parser.add_argument("--results", type=Path, default=common.RESULTS_DIR, help="where the earlier runs' results are")
+    parser.add_argument("--ais-work-dir", type=Path, default=AIS_WORK)
+    parser.add_argument("--work-dir", type=Path, default=Path(f"benchmarks/results/{STEM}_units"))
+    parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    common.set_threads(args.threads)
+    if args.render:
+        return 0 if render(args.work_dir, args.ais_work_dir, args.results, args.out_dir) else 1
+    try:
+        k, n = (int(v) for v in args.part.split("/"))
+        if not 0 <= k < n:
+            raise ValueError
+    except ValueError:
+        parser.error(f"--part must be k/n with 0 ≤ k < n, got {args.part!r}")
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    for dataset, seed in UNITS:
+        run_unit(dataset, seed, unit_path(args.work_dir, dataset, seed, k), k, n)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,183 @@
+"""``log p(D | η)`` of an invariant MLP at a fixed η by a Laplace approximation of its read-out (issue 15).
+
+Given η and the transforms, an :class:`InvariantMLP`'s read-out is a Bayesian multinomial logistic
+regression on fixed features (see :mod:`~pyro_invariance.diagnostics.annealed_evidence`):
+
+    p(D | σ_p, η) = ∫ N(W; 0, σ_p² I) Π_n Cat(y_n | softmax(h̃_n W)) dW,   W = [W2, b2] ``(H + 1, C)``.
+
+Its log posterior is concave in W, so the mode W* is unique and Newton's method finds it. The Laplace
+approximation (MacKay 1992; the evidence that paper 004 maximises, Eqs. 9–11, here with the exact Hessian
+rather than KFAC) is
+
+    log p(D | σ_p, η) ≈ log p(D | W*) − ‖W*‖² / (2σ_p²) − m C log σ_p − ½ log det Λ,
+    Λ = Σ_n (B_n B_nᵀ) ⊗ (diag p_n − p_n p_nᵀ) + I / σ_p²,
+
+in the basis of ``H̃``'s right singular vectors (``H̃ = U Σ Vᵀ``, ``B = U Σ`` ``(N, m)``, ``m`` = rank): the
+isotropic prior keeps its form there, and the ``(H + 1 − m) C`` directions outside the row space never
+meet the likelihood and integrate to 1 exactly. For a softmax likelihood the Hessian equals the
+generalised Gauss–Newton matrix, so no curvature approximation enters — only the Gaussian shape.
+
+For ``prior="hierarchical"`` (``s = log σ_p ~ N(log σ₀, 1)``) the profile over a grid of ``s`` is integrated
+against that prior by the trapezoidal rule (the same integral that the AIS reference takes); ``"fixed"``
+and ``"learned"`` priors evaluate the model's σ_p only. Transforms drawn at random (``sampling=
+"stochastic"``) enter as ``draws`` independent designs whose evidences are averaged,
+``log mean_r p(D | ε_r, η)``, as AIS's chains average them.
+
+Cost per σ_p: a few Newton steps, each one ``(mC) × (mC)`` Cholesky factorisation (``m ≤ min(N, H + 1)``).
+The approximation's error is not diagnosed by this function; measure it against
+:func:`~pyro_invariance.diagnostics.annealed_evidence.annealed_readout_evidence` (issue 15's
+``benchmarks/uncertain_symmetry_laplace.py`` does, at every point of the AIS scan).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from pyro_invariance.diagnostics.annealed_evidence import _design, _invariant_mlp, _log_scale_prior
+from pyro_invariance.validation import check_labels, check_positive_int, check_seed
+
+__all__ = ["LaplaceEvidence", "laplace_readout_evidence", "readout_log_evidence", "readout_mode"]
+
+
+@dataclass(frozen=True)
+class LaplaceEvidence:
+    """The Laplace estimate of ``log p(D | η)`` (nats, all N data).
+
+    Attributes:
+        log_evidence: the estimate (σ_p integrated out for a hierarchical prior).
+        log_scales: ``(G,)`` float64 ``s = log σ_p`` where the read-out's evidence was evaluated.
+        scale_profile: ``(G,)`` float64 Laplace ``log p(D | σ_p = e^s, η)`` (log mean over the draws).
+        sigma_mode: σ_p at the grid's highest ``profile + log p(s)`` (the model's σ_p for a non-hierarchical prior).
+        num_data: N.
+        newton_steps: Newton steps taken over the whole grid and all draws.
+    """
+
+    log_evidence: float
+    log_scales: Tensor
+    scale_profile: Tensor
+    sigma_mode: float
+    num_data: int
+    newton_steps: int
+
+    @property
+    def per_datum(self) -> float:
+        """``log_evidence / num_data``."""
+        return self.log_evidence / self.num_data
+
+
+def _softmax_hessian(basis: Tensor, probs: Tensor) -> Tensor:
+    """``(mC, mC)`` Σ_n (B_n B_nᵀ) ⊗ (diag p_n − p_n p_nᵀ), index ``k C + c`` (the negative log-likelihood's Hessian)."""
+    m, c = basis.shape[1], probs.shape[1]
+    g = (basis.unsqueeze(-1) * probs.unsqueeze(1)).reshape(basis.shape[0], m * c)  # (N, mC): B_nk p_nc
+    hess = -(g.T @ g).reshape(m, c, m, c)
+    diag = (basis.T.unsqueeze(0) * probs.T.unsqueeze(1)) @ basis  # (C, m, m): Σ_n p_nc B_nk B_nl
+    idx = torch.arange(c, device=basis.device)
+    hess[:, idx, :, idx] += diag
+    return hess.reshape(m * c, m * c)
+
+
+def readout_mode(basis: Tensor, onehot: Tensor, sigma: float, init: Tensor | None = None, *, tol: float = 1e-8,
+                 max_steps: int = 100) -> tuple[Tensor, Tensor, Tensor, int]:  # fmt: skip
+    """Newton's method for the mode of ``log p(D | W) − ‖W‖² / (2σ²)``, ``W`` ``(m, C)``, logits ``basis @ W``.
+
+    Returns ``(W*, log p(D | W*), L, steps)`` with ``L`` the Cholesky factor of Λ at W*. Stops when the
+    Newton decrement gᵀΛ⁻¹g falls below ``tol``; steps are halved until the objective rises (it is concave)."""
+    m, c = basis.shape[1], onehot.shape[1]
+    w = torch.zeros(m, c, dtype=basis.dtype, device=basis.device) if init is None else init.clone()
+    eye = torch.eye(m * c, dtype=basis.dtype, device=basis.device) / sigma**2
+
+    def objective(v: Tensor) -> tuple[Tensor, Tensor]:
+        logits = basis @ v
+        ll = (logits * onehot).sum() - torch.logsumexp(logits, -1).sum()
+        return ll, ll - 0.5 * (v**2).sum() / sigma**2
+
+    ll, obj = objective(w)
+    for step in range(1, max_steps + 1):
+        probs = torch.softmax(basis @ w, -1)
+        grad = (basis.T @ (onehot - probs) - w / sigma**2).reshape(-1)
+        chol = torch.linalg.cholesky(_softmax_hessian(basis, probs) + eye)
+        delta = torch.cholesky_solve(grad.unsqueeze(-1), chol).squeeze(-1)
+        decrement = float(grad @ delta)
+        if decrement < tol:
+            return w, ll, chol, step - 1
+        t = 1.0
+        while True:
+            ll_new, obj_new = objective(w + t * delta.reshape(m, c))
+            if obj_new >= obj - 1e-12 * abs(float(obj)) or t < 1e-8:
+                break
+            t /= 2
+        w, ll, obj = w + t * delta.reshape(m, c), ll_new, obj_new
+    raise RuntimeError(f"Newton's method did not converge in {max_steps} steps (decrement {decrement:.3g})")
+
+
+def readout_log_evidence(basis: Tensor, onehot: Tensor, sigma: float, init: Tensor | None = None) -> tuple[float, Tensor, int]:
+    """Laplace ``log ∫ N(W; 0, σ² I) Π_n Cat(y_n | softmax(B_n W)) dW`` for ``basis`` B ``(N, m)`` of full column rank.
+
+    Returns ``(log evidence, W*, Newton steps)``: ``log p(D | W*) − ‖W*‖²/(2σ²) − mC log σ − ½ log det Λ``."""
+    w, ll, chol, steps = readout_mode(basis, onehot, sigma, init)
+    logdet = 2.0 * torch.log(torch.diagonal(chol)).sum()
+    return float(ll - 0.5 * (w**2).sum() / sigma**2 - w.numel() * math.log(sigma) - 0.5 * logdet), w, steps
+
+
+def laplace_readout_evidence(model: Any, x: Tensor, y: Tensor, *, num_scales: int = 29, scale_span: tuple[float, float] = (-2.0, 5.0),
+                             draws: int = 1, seed: int = 0) -> LaplaceEvidence:  # fmt: skip
+    """Laplace estimate of ``log p(D | η)`` for an :class:`InvariantMLP` at its fixed η (module docstring).
+
+    Args:
+        model: an ``InvariantMLP`` whose η is not a latent site.
+        x: ``(N, C, h, w)`` or ``(N, D)`` images; y: ``(N,)`` labels.
+        num_scales: G, grid points of ``s = log σ_p`` for a hierarchical prior (ignored otherwise).
+        scale_span: the grid runs from ``log σ₀ + scale_span[0]`` to ``log σ₀ + scale_span[1]`` (prior sd 1).
+        draws: R designs (draws of the transforms) averaged; 1 suffices for ``sampling="deterministic"``.
+        seed: the transforms' random numbers (the same seed gives the same designs at every η).
+
+    Returns:
+        :class:`LaplaceEvidence`.
+    """
+    model = _invariant_mlp(model)
+    draws = check_positive_int("draws", draws)
+    seed = check_seed(seed)
+    lo, hi = (float(v) for v in scale_span)
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ValueError(f"scale_span must be two finite numbers, low < high, got {scale_span!r}")
+    x = model._flatten(torch.as_tensor(x))
+    y = torch.as_tensor(y)
+    check_labels(y, x.shape[0], model.num_classes)
+    loc, hierarchical = _log_scale_prior(model)
+    num_scales = check_positive_int("num_scales", num_scales, minimum=2) if hierarchical else 1
+    design = _design(model, x, draws, seed)  # (R, N, P)
+    onehot = torch.nn.functional.one_hot(y.long(), model.num_classes).to(design)
+    scales = (torch.linspace(loc + lo, loc + hi, num_scales, dtype=torch.float64) if hierarchical
+              else torch.tensor([loc], dtype=torch.float64))  # fmt: skip
+    profiles, steps = [], 0
+    for d in design:
+        u, sv, _ = torch.linalg.svd(d, full_matrices=False)
+        rank = int((sv > sv[0] * 1e-10).sum())
+        basis = u[:, :rank] * sv[:rank]
+        modes: list[Tensor] = []
+        values = []
+        for s in scales.tolist():
+            sigma = math.exp(s)
+            # warm start: the previous modes extrapolated linearly in s (the grid is uniform)
+            init = None if not modes else modes[-1] if len(modes) == 1 else 2 * modes[-1] - modes[-2]
+            value, w, n = readout_log_evidence(basis, onehot, sigma, init)
+            modes = [*modes[-1:], w]
+            steps += n
+            values.append(value)
+        profiles.append(torch.tensor(values, dtype=torch.float64))
+    profile = torch.logsumexp(torch.stack(profiles), 0) - math.log(draws)
+    if hierarchical:
+        ds = torch.diff(scales)
+        trap = torch.cat([ds[:1], ds[:-1] + ds[1:], ds[-1:]]) / 2
+        terms = profile - 0.5 * (scales - loc) ** 2 - 0.5 * math.log(2 * math.pi)
+        log_evidence = float(torch.logsumexp(terms + trap.log(), 0))
+        sigma_mode = math.exp(float(scales[int(torch.argmax(terms))]))
+    else:
+        log_evidence, sigma_mode = float(profile[0]), math.exp(loc)
+    return LaplaceEvidence(log_evidence=log_evidence, log_scales=scales, scale_profile=profile, sigma_mode=sigma_mode,
+                           num_data=int(x.shape[0]), newton_steps=steps)  # fmt: skip
