@@ -53,9 +53,12 @@ def test_matches_prior_importance_sampling(prior: str) -> None:
     if prior == "fixed":  # the path ends at the fixed scale; its last profile point is the evidence
         assert got.log_scales[-1].item() == pytest.approx(math.log(1.5))
         assert got.scale_profile[-1].item() == pytest.approx(got.log_evidence)
-        assert got.edge_share == 0.0
+        assert got.edge_share == 0.0 and got.sigma_mode == pytest.approx(1.5)
     else:
         assert got.edge_share < 0.01
+        s = got.log_scales  # σ_p's posterior mode on the path: the profile times s's N(loc, 1) prior
+        best = torch.argmax(got.scale_profile - 0.5 * (s - float(model.prior_scale_loc)) ** 2)
+        assert got.sigma_mode == pytest.approx(math.exp(s[best].item()))
 
 
 def test_the_scale_profile_is_the_fixed_scale_evidence() -> None:

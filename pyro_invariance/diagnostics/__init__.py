@@ -4,8 +4,9 @@
 * :mod:`.compare` — :func:`compare_guides`: several guides alike, with bounds, η and metrics.
 * :mod:`.inference_data` / :mod:`.arviz_compat` — ArviZ export (``to_inference_data``) and LOO.
 * :mod:`.reference` — NUTS reference posteriors and scoring guides against them.
-* :mod:`.symmetry_posterior`, :mod:`.annealed_evidence` — posteriors over a symmetry parameter η and their
-  references (grid posteriors; ``log p(D | η)`` of an invariant MLP by annealed importance sampling).
+* :mod:`.symmetry_posterior`, :mod:`.annealed_evidence`, :mod:`.laplace_evidence` — posteriors over a symmetry
+  parameter η and their references (grid posteriors; ``log p(D | η)`` of an invariant MLP by annealed importance
+  sampling, and by a Laplace approximation of its read-out).
 * :mod:`.hnn_metrics`, :mod:`.layerwise_analysis` — family-specific analyses.
 * :mod:`.plots` — figures.
 """

@@ -66,6 +66,8 @@ class AnnealedEvidence:
         log_scales: ``(T,)`` float64 ``s_t = log σ_p`` of the path.
         scale_profile: ``(T,)`` float64 ``log p(D | σ_p = e^{s_t}, η)`` (log mean of the chains' weights).
         edge_share: the share of the hierarchical σ_p integral in the grid's last 5 % (0 for a fixed σ_p).
+        sigma_mode: σ_p at the path's highest ``scale_profile + log p(s)`` (σ_p's posterior mode on the path; the
+            model's σ_p for a non-hierarchical prior).
     """
 
     log_evidence: float
@@ -77,6 +79,7 @@ class AnnealedEvidence:
     log_scales: Tensor
     scale_profile: Tensor
     edge_share: float
+    sigma_mode: float
 
     @property
     def log_weight_sd(self) -> float:
@@ -223,11 +226,12 @@ def annealed_readout_evidence(model: Any, x: Tensor, y: Tensor, *, chains: int =
         mass_s = torch.logsumexp(terms, 0)
         edge = int(math.ceil(0.95 * temperatures))
         edge_share = float(torch.exp(torch.logsumexp(mass_s[edge:], 0) - torch.logsumexp(mass_s, 0)))
+        sigma_mode = math.exp(float(scales[int(torch.argmax(profile + log_prior))]))
     else:
-        log_weights, edge_share = path[:, -1], 0.0
+        log_weights, edge_share, sigma_mode = path[:, -1], 0.0, math.exp(loc)
     log_evidence = float(torch.logsumexp(log_weights, 0) - math.log(chains))
     k_hat = psis_khat(log_weights) if chains >= 50 else float("nan")
     return AnnealedEvidence(log_evidence=log_evidence, log_weights=log_weights, k_hat=float(k_hat),
                             acceptance=accepted / (temperatures - 1), num_data=int(x.shape[0]),
                             temperatures=temperatures, log_scales=scales, scale_profile=profile,
-                            edge_share=edge_share)  # fmt: skip
+                            edge_share=edge_share, sigma_mode=sigma_mode)  # fmt: skip
