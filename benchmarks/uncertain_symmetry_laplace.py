@@ -29,6 +29,14 @@ c. **Measures** (``--render``), per unit, at the η where both exist (the AIS es
    each dataset's location criterion on the Laplace posterior; σ_p's posterior mode at the AIS top, both ways; seconds
    per point.
 
+d. **Held-out NLL along η** (added while (b) ran, before any of its points was rendered against AIS; no setting of
+   (a)–(c) changed). Does the larger η that log p(D | η) prefers predict as well? At every point of (b), the Laplace
+   posterior predictive of the read-out (:func:`~pyro_invariance.diagnostics.laplace_evidence.laplace_readout_predictive`)
+   at σ_p = that point's Laplace σ_p mode, ``HELDOUT_DRAWS`` = 256 draws (seeded by the data seed), on the 450 test
+   images of the fixed split: mean NLL and accuracy. Reported per unit: the η of the lowest NLL, and the NLL at the AIS
+   posterior's top, at the refined IWAE_100 reference's mode and at the type-II η of the 4000-step fits (each at the
+   nearest scan point), less the lowest. Run after (b), the same two parts.
+
 Results: ``benchmarks/results/uncertain_symmetry_laplace.md``, ``.json``; unit files (``--work-dir``), one per
 (dataset, seed, part), written after every η (a stopped run resumes).
 """
@@ -52,8 +60,8 @@ import uncertain_symmetry as us  # noqa: E402
 import uncertain_symmetry_annealed as usa  # noqa: E402
 import uncertain_symmetry_fine_reference as usf  # noqa: E402
 from pyro_invariance.data import load_dataset  # noqa: E402
-from pyro_invariance.data.arrays import train_arrays  # noqa: E402
-from pyro_invariance.diagnostics.laplace_evidence import laplace_readout_evidence  # noqa: E402
+from pyro_invariance.data.arrays import test_arrays, train_arrays  # noqa: E402
+from pyro_invariance.diagnostics.laplace_evidence import laplace_readout_evidence, laplace_readout_predictive  # noqa: E402
 
 STEM = "uncertain_symmetry_laplace"
 NUM_SCALES = 29
@@ -61,6 +69,7 @@ SCALE_SPAN = (-2.0, 5.0)
 #: (dataset, seed) units in run order (b)
 UNITS = tuple((d, s) for s in (0, 2, 1) for d in ("upright", "partially-rotated", "rotated"))
 QUANTILE_DRAWS = 4000
+HELDOUT_DRAWS = 256
 AIS_WORK = Path(f"benchmarks/results/{usa.STEM}_units")
 
 
@@ -99,6 +108,50 @@ def run_unit(dataset: str, seed: int, path: Path, k: int = 0, n: int = 1) -> dic
         common.log(f"{path.stem} η {eta:.2f}: {point['log_evidence']:.2f} (σ_p mode {point['sigma_mode']:.1f}, "
                    f"{point['newton_steps']} Newton steps, {point['seconds']:.0f} s)")  # fmt: skip
     return unit
+
+
+def heldout_unit(dataset: str, seed: int, work: Path, k: int = 0, n: int = 1) -> dict[str, Any]:
+    """(d) at the points of (b)'s part k, with σ_p from its unit file; resumes from its own file."""
+    path = work / f"heldout_{dataset}_seed{seed}_part{k}.json"
+    unit = json.loads(path.read_text()) if path.exists() else {"dataset": dataset, "seed": seed, "points": []}
+    done = {p["eta"] for p in unit["points"]}
+    sigmas = {p["eta"]: p["sigma_mode"] for p in json.loads(unit_path(work, dataset, seed, k).read_text())["points"]}
+    data = load_dataset(us.DATASETS[dataset][0], train_size=us.SIZES["default"]["train_size"],
+                        test_size=us.SIZES["default"]["test_size"])  # fmt: skip
+    for eta in points(dataset)[k::n]:
+        if eta in done or eta not in sigmas:
+            continue
+        model = usa.make_model(data, seed, eta)
+        (x, y), (xt, yt) = train_arrays(data, model), test_arrays(data, model)
+        logp = laplace_readout_predictive(model, x, y, xt, sigma=sigmas[eta], draws=HELDOUT_DRAWS, seed=seed)
+        nll = float(-logp.gather(1, yt.long().unsqueeze(1)).mean())
+        unit["points"].append({"eta": eta, "nll": nll, "accuracy": float((logp.argmax(1) == yt).double().mean()),
+                               "sigma": sigmas[eta]})  # fmt: skip
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(unit) + "\n")
+        partial.replace(path)
+        common.log(f"{path.stem} η {eta:.2f}: held-out NLL {nll:.4f}")
+    return unit
+
+
+def heldout_summary(work: Path, r: dict[str, Any], results: Path) -> dict[str, Any] | None:
+    """(d) for one rendered unit: the lowest NLL's η and the NLL at the AIS top, IWAE mode and type-II η, less it."""
+    pts = [q for p in sorted(work.glob(f"heldout_{r['dataset']}_seed{r['seed']}_part*.json")) for q in json.loads(p.read_text())["points"]]
+    if len(pts) < 5:
+        return None
+    pts.sort(key=lambda q: q["eta"])
+    etas, nll = np.array([q["eta"] for q in pts]), np.array([q["nll"] for q in pts])
+    gap = usa.iwae_gap(results, r["dataset"], r["seed"], np.array(r["etas"]), np.array(r["ais"]))
+
+    def at(eta: float) -> float | None:
+        near = int(np.argmin(np.abs(etas - eta)))
+        return float(nll[near] - nll.min()) if abs(etas[near] - eta) <= 0.1 else None  # None: outside the scan
+
+    best = int(np.argmin(nll))
+    return {"etas": etas.tolist(), "nll": nll.tolist(), "accuracy": [q["accuracy"] for q in pts],
+            "best_eta": float(etas[best]), "best_nll": float(nll[best]), "best_accuracy": pts[best]["accuracy"],
+            "at_ais_top": at(r["etas"][int(np.argmax(r["ais"]))]), "at_iwae_mode": at(gap["summary"]["mode"]),
+            "at_type_ii": at(gap["type_ii_eta"])}  # fmt: skip
 
 
 def grid_draws(gp: Any, n: int = QUANTILE_DRAWS) -> np.ndarray:
@@ -151,6 +204,7 @@ def render(work: Path, ais_work: Path, results: Path, out_dir: Path | None) -> t
         merged = {"dataset": dataset, "seed": seed, "points": [q for p in parts for q in json.loads(p.read_text())["points"]]}
         r = compare(merged, ais, results)
         if r["points"] >= 5:
+            r["heldout"] = heldout_summary(work, r, results)
             rows.append(r)
     if not rows:
         return None
@@ -171,10 +225,20 @@ def render(work: Path, ais_work: Path, results: Path, out_dir: Path | None) -> t
                      f"{post(r['ais_posterior'])} | {post(r['laplace_posterior'])} | {r['overlap']['q_in_grid90']:.2f}, "
                      f"{r['overlap']['grid_in_q90']:.2f} ({'holds' if r['holds'] else 'fails'}) | {crit(r['location_ais'])} / {crit(r['location'])} | "
                      f"{r['sigma_mode_ais']:.1f} / {r['sigma_mode_laplace']:.1f} | {r['seconds']:.0f} |")  # fmt: skip
+    def above(v: float | None) -> str:
+        return "outside the scan" if v is None else f"{v:+.4f}"
+
+    held = ["| data | seed | points | lowest held-out NLL: η / NLL / accuracy | NLL above the lowest at: the AIS top | "
+            "the refined IWAE_100 mode | the type-II η |", "|:---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for r in rows:
+        h = r["heldout"]
+        if h is not None:
+            held.append(f"| {r['dataset']} | {r['seed']} | {len(h['etas'])} | {h['best_eta']:.2f} / {h['best_nll']:.4f} / "
+                        f"{h['best_accuracy']:.3f} | {above(h['at_ais_top'])} | {above(h['at_iwae_mode'])} | {above(h['at_type_ii'])} |")  # fmt: skip
     counts = {d: f"{sum(r['holds'] for r in rows if r['dataset'] == d)}/{sum(r['dataset'] == d for r in rows)}"
               for d in usa.SCANS if any(r["dataset"] == d for r in rows)}  # fmt: skip
     settings = {"NUM_SCALES": NUM_SCALES, "SCALE_SPAN": list(SCALE_SPAN), "UNITS": [list(u) for u in UNITS],
-                "QUANTILE_DRAWS": QUANTILE_DRAWS, "AIS": {"CHAINS": usa.CHAINS, "HALVES": list(usa.HALVES),
+                "QUANTILE_DRAWS": QUANTILE_DRAWS, "HELDOUT_DRAWS": HELDOUT_DRAWS, "AIS": {"CHAINS": usa.CHAINS, "HALVES": list(usa.HALVES),
                 "TEMPERATURES": usa.TEMPERATURES, "SAMPLING": usa.SAMPLING}}  # fmt: skip
     info, command = common.machine_info(), common.command_line()
     intro = ("Issue 15: the Laplace evidence of the invariant MLP's read-out against the AIS reference of log p(D | η), at every "
@@ -184,7 +248,8 @@ def render(work: Path, ais_work: Path, results: Path, out_dir: Path | None) -> t
         f"![ℓ_Laplace and ℓ_AIS]({STEM}.png)\n", *table,
         "\nThe overlap criterion of the Laplace posterior against the AIS one: "
         + ", ".join(f"{d} {c}" for d, c in counts.items()) + ".\n",
-        "## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
+        "## Held-out NLL along η (d)\n", *(held if len(held) > 2 else ["not run"]),
+        "\n## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
     payload = {"info": info, "settings": settings, "command": command, "units": rows, "counts": counts}
     paths = common.write_results(STEM, md, payload, out_dir)
     plot(rows, paths[0].with_suffix(".png"))
@@ -215,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--run", action="store_true", help="(b): the units of --part, every point not yet in --work-dir")
-    group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (c)")
+    group.add_argument("--heldout", action="store_true", help="(d): held-out NLL at the points of --part that (b) finished")
+    group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (c, d)")
     parser.add_argument("--part", default="0/1", help="k/n: run points k, k + n, … of every unit (two processes: 0/2 and 1/2)")
     parser.add_argument("--results", type=Path, default=common.RESULTS_DIR, help="where the earlier runs' results are")
     parser.add_argument("--ais-work-dir", type=Path, default=AIS_WORK)
@@ -234,7 +300,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--part must be k/n with 0 ≤ k < n, got {args.part!r}")
     args.work_dir.mkdir(parents=True, exist_ok=True)
     for dataset, seed in UNITS:
-        run_unit(dataset, seed, unit_path(args.work_dir, dataset, seed, k), k, n)
+        if args.heldout:
+            if unit_path(args.work_dir, dataset, seed, k).exists():
+                heldout_unit(dataset, seed, args.work_dir, k, n)
+        else:
+            run_unit(dataset, seed, unit_path(args.work_dir, dataset, seed, k), k, n)
     return 0
 
 

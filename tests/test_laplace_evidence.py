@@ -138,3 +138,44 @@ def test_refusals() -> None:
         laplace_readout_evidence(_tiny("fixed"), x, y, draws=0)
     with pytest.raises(ValueError):
         laplace_readout_evidence(_tiny("fixed"), x, y[:5])
+
+
+def test_predictive_matches_importance_weighted_predictions_with_many_data() -> None:
+    """2000 images whose labels follow a softmax regression on the model's features: the read-out posterior is
+    nearly Gaussian, so the library's Laplace predictive must match the predictive of importance sampling with the
+    Laplace proposal (20k draws) to 0.01 in probability."""
+    from pyro_invariance.diagnostics.laplace_evidence import laplace_readout_predictive
+
+    model = _tiny("fixed")
+    g = torch.Generator().manual_seed(4)
+    x = torch.rand(2005, 1, 4, 4, generator=g)
+    design = readout_design(model, x, chains=1)[0]  # (2005, 4): full column rank
+    y = torch.distributions.Categorical(logits=design @ (3 * torch.randn(4, 3, generator=g, dtype=torch.float64))).sample()
+    x, y, x_new, d_new, d = x[:2000], y[:2000], x[2000:], design[2000:], design[:2000]
+    got = laplace_readout_predictive(model, x, y, x_new, sigma=1.5, draws=20_000).exp()
+    onehot = torch.nn.functional.one_hot(y, 3).double()
+    w, _, chol, _ = readout_mode(d, onehot, 1.5)  # in the original coordinates (the prior is isotropic)
+    eps = torch.randn(20_000, 12, generator=g, dtype=torch.float64)
+    draws = w.reshape(-1) + torch.linalg.solve_triangular(chol.T, eps.T, upper=True).T
+    proposal = torch.distributions.MultivariateNormal(w.reshape(-1), precision_matrix=chol @ chol.T)
+    logits = d @ draws.reshape(-1, 4, 3)
+    ll = (logits * onehot).sum((-1, -2)) - torch.logsumexp(logits, -1).sum(-1)
+    log_w = ll + torch.distributions.Normal(0.0, 1.5).log_prob(draws).sum(-1) - proposal.log_prob(draws)
+    exact = (torch.softmax(log_w, 0)[:, None, None] * torch.softmax(d_new @ draws.reshape(-1, 4, 3), -1)).sum(0)
+    assert torch.allclose(got, exact, atol=0.01), (got, exact)
+    assert torch.allclose(got.sum(-1), torch.ones(5, dtype=torch.float64))
+    assert torch.equal(got, laplace_readout_predictive(model, x, y, x_new, sigma=1.5, draws=20_000).exp())
+
+
+def test_predictive_outside_the_data_is_the_prior() -> None:
+    from pyro_invariance.diagnostics.laplace_evidence import laplace_readout_predictive
+
+    x, y = _data(2)  # 2 images, 4 features: half the feature space is never seen
+    model = _tiny("fixed")
+    flat = laplace_readout_predictive(model, x, y, x, sigma=1e-4, draws=16)  # a tiny prior scale: 1/C everywhere
+    assert torch.allclose(flat.exp(), torch.full((2, 3), 1 / 3, dtype=torch.float64), atol=1e-3)
+    new = torch.rand(3, 1, 4, 4, generator=torch.Generator().manual_seed(9))
+    wide = laplace_readout_predictive(model, x, y, new, sigma=1.5, draws=4000)
+    assert torch.isfinite(wide).all() and wide.shape == (3, 3)
+    with pytest.raises(ValueError, match="sigma"):
+        laplace_readout_predictive(model, x, y, x, sigma=0.0)

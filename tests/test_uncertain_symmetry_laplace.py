@@ -32,8 +32,14 @@ def test_a_tiny_run_in_two_parts_resumes(bench, tmp_path, monkeypatch) -> None:
     units = [bench.run_unit("upright", 0, p, k, 2) for k, p in enumerate(paths)]
     assert [[q["eta"] for q in u["points"]] for u in units] == [[0.4], [1.2]]
     assert all(math.isfinite(q["log_evidence"]) and len(q["profile"]) == 2 for u in units for q in u["points"])
+    monkeypatch.setattr(bench, "HELDOUT_DRAWS", 8)
+    held = bench.heldout_unit("upright", 0, tmp_path, 1, 2)  # (d) at part 1's point, with its σ_p
+    assert [q["eta"] for q in held["points"]] == [1.2] and held["points"][0]["sigma"] == units[1]["points"][0]["sigma_mode"]
+    assert 0 < held["points"][0]["nll"] < math.inf and 0 <= held["points"][0]["accuracy"] <= 1  # σ_p = e^5 here: overconfident
     monkeypatch.setattr(bench, "evaluate_point", lambda *a, **k: pytest.fail("a finished point ran again"))
+    monkeypatch.setattr(bench, "laplace_readout_predictive", lambda *a, **k: pytest.fail("a finished point ran again"))
     assert bench.run_unit("upright", 0, paths[0], 0, 2) == json.loads(paths[0].read_text())
+    assert bench.heldout_unit("upright", 0, tmp_path, 1, 2) == held
 
 
 def _ais_half(seed: int, half: int, etas: np.ndarray, values: np.ndarray, dataset: str) -> dict:
@@ -55,6 +61,9 @@ def test_render_a_constant_error_holds_and_a_tilt_fails(bench, tmp_path) -> None
             pts = [{"eta": float(e), "log_evidence": float(t + r), "sigma_mode": 12.0, "newton_steps": 40, "profile": [],
                     "seconds": 20.0} for e, t, r in list(zip(etas, truth, error))[k::2]]  # fmt: skip
             bench.unit_path(lap_dir, "upright", seed, k).write_text(json.dumps({"dataset": "upright", "seed": seed, "points": pts}))
+    nll = 0.3 + 0.01 * (etas - 1.0) ** 2  # (d) for seed 0 only: lowest at 1.0 rad
+    held = [{"eta": float(e), "nll": float(v), "accuracy": 0.9, "sigma": 12.0} for e, v in zip(etas, nll)]
+    (lap_dir / "heldout_upright_seed0_part0.json").write_text(json.dumps({"dataset": "upright", "seed": 0, "points": held}))
     md, js = bench.render(lap_dir, ais_dir, bench.common.RESULTS_DIR, tmp_path)
     units = {u["seed"]: u for u in json.loads(js.read_text())["units"]}
     assert set(units) == {0, 2} and units[0]["points"] == len(etas)
@@ -64,3 +73,7 @@ def test_render_a_constant_error_holds_and_a_tilt_fails(bench, tmp_path) -> None
     assert units[2]["laplace_posterior"]["mode"] > 2.5
     assert units[0]["iwae_minus_ais"][0] < 0  # the refined IWAE reference lies below this (synthetic) evidence
     assert "upright 1/2" in md.read_text()
+    h = units[0]["heldout"]
+    assert units[2]["heldout"] is None and h["best_eta"] == pytest.approx(1.0)
+    assert h["at_ais_top"] == pytest.approx(0.01 * 0.5**2)  # the synthetic evidence's top is at 1.5 rad
+    assert "## Held-out NLL along η (d)" in md.read_text()

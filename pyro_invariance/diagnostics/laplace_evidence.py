@@ -41,7 +41,7 @@ from torch import Tensor
 from pyro_invariance.diagnostics.annealed_evidence import _design, _invariant_mlp, _log_scale_prior
 from pyro_invariance.validation import check_labels, check_positive_int, check_seed
 
-__all__ = ["LaplaceEvidence", "laplace_readout_evidence", "readout_log_evidence", "readout_mode"]
+__all__ = ["LaplaceEvidence", "laplace_readout_evidence", "laplace_readout_predictive", "readout_log_evidence", "readout_mode"]
 
 
 @dataclass(frozen=True)
@@ -181,3 +181,44 @@ def laplace_readout_evidence(model: Any, x: Tensor, y: Tensor, *, num_scales: in
         log_evidence, sigma_mode = float(profile[0]), math.exp(loc)
     return LaplaceEvidence(log_evidence=log_evidence, log_scales=scales, scale_profile=profile, sigma_mode=sigma_mode,
                            num_data=int(x.shape[0]), newton_steps=steps)  # fmt: skip
+
+
+def laplace_readout_predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor, *, sigma: float, draws: int = 256,
+                               seed: int = 0) -> Tensor:  # fmt: skip
+    """``(M, C)`` log posterior-predictive probabilities of ``x_new`` under the Laplace posterior of the read-out at σ_p.
+
+    The posterior is ``N(W*, Λ⁻¹)`` in the row space of the training features (:func:`readout_mode`) and the prior
+    ``N(0, σ_p² I)`` outside it, where the data say nothing; ``log (1/K) Σ_k softmax(h̃(x_new) W_k)`` over ``draws``
+    draws W_k. Deterministic transforms (``sampling="deterministic"``) make the features, and so the result, a function of
+    η alone; random ones are drawn once, under ``seed``, for the training and the new inputs alike.
+
+    Args:
+        model: an ``InvariantMLP`` whose η is not a latent site.
+        x, y: the training images and labels; x_new: ``(M, ...)`` images to predict.
+        sigma: the read-out's prior scale σ_p (e.g. :attr:`LaplaceEvidence.sigma_mode`).
+        draws: K posterior draws of W; seed: their random numbers and the transforms'.
+    """
+    model = _invariant_mlp(model)
+    sigma = float(sigma)
+    if not (math.isfinite(sigma) and sigma > 0):
+        raise ValueError(f"sigma must be a positive finite number, got {sigma!r}")
+    draws, seed = check_positive_int("draws", draws), check_seed(seed)
+    x = model._flatten(torch.as_tensor(x))
+    x_new = model._flatten(torch.as_tensor(x_new))
+    y = torch.as_tensor(y)
+    check_labels(y, x.shape[0], model.num_classes)
+    design = _design(model, torch.cat([x, x_new]), 1, seed)[0]  # (N + M, P): one draw of the transforms for both
+    train, new = design[: x.shape[0]], design[x.shape[0]:]
+    _, sv, vt = torch.linalg.svd(train, full_matrices=False)
+    rank = int((sv > sv[0] * 1e-10).sum())
+    v = vt[:rank].T  # (P, m)
+    basis = train @ v  # = U Σ
+    onehot = torch.nn.functional.one_hot(y.long(), model.num_classes).to(design)
+    w, _, chol, _ = readout_mode(basis, onehot, sigma)
+    gen = torch.Generator(device=design.device).manual_seed(seed + 1)
+    m, c = w.shape
+    eps = torch.randn(draws, m * c, 1, generator=gen, dtype=design.dtype, device=design.device)
+    inside = w + torch.linalg.solve_triangular(chol.T, eps, upper=True).reshape(draws, m, c)  # N(W*, Λ⁻¹), Λ = L Lᵀ
+    outside = sigma * torch.randn(draws, design.shape[1], c, generator=gen, dtype=design.dtype, device=design.device)
+    logits = (new @ v) @ inside + (new - (new @ v) @ v.T) @ outside  # (K, M, C)
+    return torch.logsumexp(torch.log_softmax(logits, -1), 0) - math.log(draws)
