@@ -79,6 +79,9 @@ k. **The rest of (g)** (added in a later session, before any fully rotated or ±
    2 and 1. Run order per half: rotated seeds 0, 2, 1; ±90° seed 1; the extra points (seeds 2, 1). Two processes, one
    per half. The reference table gains the issue's location criterion of each dataset, judged on the reference itself
    (``uncertain_symmetry.location_criterion`` on its grid summary).
+   **Not run**, for CPU time: the extra points for ±90° seeds 2 and 1 (dropped while fully rotated seed 1 ran, when only
+   the run logs' per-point values had been seen and no posterior of (k) had been rendered; the Laplace benchmark shared
+   the two cores).
 
 Results: ``benchmarks/results/uncertain_symmetry_annealed.md``, ``.json``; unit files (``--work-dir``), one per
 (seed, half) plus the checks, written after every η (a stopped run resumes).
