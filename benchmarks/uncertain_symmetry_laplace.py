@@ -20,6 +20,8 @@ b. **Points.** Every η of the AIS scan of that dataset (``uncertain_symmetry_an
    (``SCALE_SPAN``; spacing 0.25), trapezoidal rule against σ_p's prior; Newton to a decrement below 10⁻⁸.
    Run order: (dataset, seed) units upright 0, ±90° 0, rotated 0, then seeds 2 and 1 the same way; two
    processes take alternate points of every unit (``--part 0/2`` and ``1/2``), each with its own file.
+   **Seed 1's units were not run**, for CPU time (stopped once seeds 0 and 2 were done; decided while upright seed 0
+   ran, when only its run log had been seen and nothing had been rendered against AIS).
 c. **Measures** (``--render``), per unit, at the η where both exist (the AIS estimate: both halves' 64 chains):
    the error ℓ_Laplace − ℓ_AIS (mean and range) beside the IWAE_100 bound's ℓ_IWAE − ℓ_AIS (range, the refined
    reference's points); the error's *shape*: its sd over η and its largest minus smallest value (a constant error
@@ -35,7 +37,11 @@ d. **Held-out NLL along η** (added while (b) ran, before any of its points was 
    at σ_p = that point's Laplace σ_p mode, ``HELDOUT_DRAWS`` = 256 draws (seeded by the data seed), on the 450 test
    images of the fixed split: mean NLL and accuracy. Reported per unit: the η of the lowest NLL, and the NLL at the AIS
    posterior's top, at the refined IWAE_100 reference's mode and at the type-II η of the 4000-step fits (each at the
-   nearest scan point), less the lowest. Run after (b), the same two parts.
+   nearest scan point), less the lowest. Run after (b), the same two parts. Its first run was killed for memory (the
+   predictive's triangular solve was batched over the draws, copying the (mC)² factor per draw); after the fix (one
+   solve for all draws, the same random numbers) it was rerun from scratch, and only the rerun is reported.
+   ±90° seed 2's points past 2.3 rad have no AIS estimate (dropped there, ``uncertain_symmetry_annealed.py`` (k)); the
+   comparison uses the points that both have.
 
 Results: ``benchmarks/results/uncertain_symmetry_laplace.md``, ``.json``; unit files (``--work-dir``), one per
 (dataset, seed, part), written after every η (a stopped run resumes).

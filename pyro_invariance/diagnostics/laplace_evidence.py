@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pyro_invariance.diagnostics.annealed_evidence import _design, _invariant_mlp, _log_scale_prior
+from pyro_invariance.diagnostics.annealed_evidence import _check_positive, _design, _invariant_mlp, _log_scale_prior
 from pyro_invariance.validation import check_labels, check_positive_int, check_seed
 
 __all__ = ["LaplaceEvidence", "laplace_readout_evidence", "laplace_readout_predictive", "readout_log_evidence", "readout_mode"]
@@ -199,9 +199,7 @@ def laplace_readout_predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor, 
         draws: K posterior draws of W; seed: their random numbers and the transforms'.
     """
     model = _invariant_mlp(model)
-    sigma = float(sigma)
-    if not (math.isfinite(sigma) and sigma > 0):
-        raise ValueError(f"sigma must be a positive finite number, got {sigma!r}")
+    sigma = _check_positive("sigma", sigma)
     draws, seed = check_positive_int("draws", draws), check_seed(seed)
     x = model._flatten(torch.as_tensor(x))
     x_new = model._flatten(torch.as_tensor(x_new))
@@ -217,8 +215,9 @@ def laplace_readout_predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor, 
     w, _, chol, _ = readout_mode(basis, onehot, sigma)
     gen = torch.Generator(device=design.device).manual_seed(seed + 1)
     m, c = w.shape
-    eps = torch.randn(draws, m * c, 1, generator=gen, dtype=design.dtype, device=design.device)
-    inside = w + torch.linalg.solve_triangular(chol.T, eps, upper=True).reshape(draws, m, c)  # N(W*, Λ⁻¹), Λ = L Lᵀ
+    eps = torch.randn(draws, m * c, generator=gen, dtype=design.dtype, device=design.device)
+    # N(W*, Λ⁻¹) with Λ = L Lᵀ: one triangular solve for all draws (a batched solve would copy L per draw)
+    inside = w + torch.linalg.solve_triangular(chol.T, eps.T, upper=True).T.reshape(draws, m, c)
     outside = sigma * torch.randn(draws, design.shape[1], c, generator=gen, dtype=design.dtype, device=design.device)
     logits = (new @ v) @ inside + (new - (new @ v) @ v.T) @ outside  # (K, M, C)
     return torch.logsumexp(torch.log_softmax(logits, -1), 0) - math.log(draws)
