@@ -97,20 +97,29 @@ def unit_path(work: Path, dataset: str, seed: int, k: int) -> Path:
     return work / f"{dataset}_seed{seed}_part{k}.json"
 
 
+def _load(dataset: str) -> Any:
+    return load_dataset(us.DATASETS[dataset][0], train_size=us.SIZES["default"]["train_size"],
+                        test_size=us.SIZES["default"]["test_size"])  # fmt: skip
+
+
+def _write(path: Path, unit: dict[str, Any]) -> None:
+    """Replace ``path`` whole (a run stopped mid-write leaves the last complete file)."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(unit) + "\n")
+    partial.replace(path)
+
+
 def run_unit(dataset: str, seed: int, path: Path, k: int = 0, n: int = 1) -> dict[str, Any]:
     """Points k, k + n, … of the unit's η, resuming from ``path``; the file is replaced after each η."""
     unit = json.loads(path.read_text()) if path.exists() else {"dataset": dataset, "seed": seed, "points": []}
     done = {p["eta"] for p in unit["points"]}
-    data = load_dataset(us.DATASETS[dataset][0], train_size=us.SIZES["default"]["train_size"],
-                        test_size=us.SIZES["default"]["test_size"])  # fmt: skip
+    data = _load(dataset)
     for eta in points(dataset)[k::n]:
         if eta in done:
             continue
         point = evaluate_point(data, seed, eta)
         unit["points"].append(point)
-        partial = path.with_suffix(".partial")
-        partial.write_text(json.dumps(unit) + "\n")
-        partial.replace(path)
+        _write(path, unit)
         common.log(f"{path.stem} η {eta:.2f}: {point['log_evidence']:.2f} (σ_p mode {point['sigma_mode']:.1f}, "
                    f"{point['newton_steps']} Newton steps, {point['seconds']:.0f} s)")  # fmt: skip
     return unit
@@ -122,8 +131,7 @@ def heldout_unit(dataset: str, seed: int, work: Path, k: int = 0, n: int = 1) ->
     unit = json.loads(path.read_text()) if path.exists() else {"dataset": dataset, "seed": seed, "points": []}
     done = {p["eta"] for p in unit["points"]}
     sigmas = {p["eta"]: p["sigma_mode"] for p in json.loads(unit_path(work, dataset, seed, k).read_text())["points"]}
-    data = load_dataset(us.DATASETS[dataset][0], train_size=us.SIZES["default"]["train_size"],
-                        test_size=us.SIZES["default"]["test_size"])  # fmt: skip
+    data = _load(dataset)
     for eta in points(dataset)[k::n]:
         if eta in done or eta not in sigmas:
             continue
@@ -133,9 +141,7 @@ def heldout_unit(dataset: str, seed: int, work: Path, k: int = 0, n: int = 1) ->
         nll = float(-logp.gather(1, yt.long().unsqueeze(1)).mean())
         unit["points"].append({"eta": eta, "nll": nll, "accuracy": float((logp.argmax(1) == yt).double().mean()),
                                "sigma": sigmas[eta]})  # fmt: skip
-        partial = path.with_suffix(".partial")
-        partial.write_text(json.dumps(unit) + "\n")
-        partial.replace(path)
+        _write(path, unit)
         common.log(f"{path.stem} η {eta:.2f}: held-out NLL {nll:.4f}")
     return unit
 
@@ -177,14 +183,13 @@ def compare(unit: dict[str, Any], ais: dict[str, Any], results: Path) -> dict[st
     ov = us.overlap(grid_draws(gp_l), gp_a)
     gap = usa.iwae_gap(results, unit["dataset"], unit["seed"], etas, a)
     top = int(np.argmax(a))
+    s_a, s_l = us.grid_summary(gp_a), us.grid_summary(gp_l)
     return {"dataset": unit["dataset"], "seed": unit["seed"], "points": len(etas), "etas": etas.tolist(),
             "laplace": lp.tolist(), "ais": a.tolist(), "error_mean": float(err.mean()), "error_range": [float(err.min()), float(err.max())],
             "error_shape_sd": float(np.std(err - err.mean(), ddof=1)), "error_spread": float(err.max() - err.min()),
-            "iwae_minus_ais": [-gap["gap_max"], -gap["gap_min"]], "ais_posterior": us.grid_summary(gp_a),
-            "laplace_posterior": us.grid_summary(gp_l), "overlap": ov,
-            "holds": bool(min(ov.values()) >= us.OVERLAP_MIN),
-            "location": us.location_criterion(unit["dataset"], us.grid_summary(gp_l)),
-            "location_ais": us.location_criterion(unit["dataset"], us.grid_summary(gp_a)),
+            "iwae_minus_ais": [-gap["gap_max"], -gap["gap_min"]], "ais_posterior": s_a, "laplace_posterior": s_l,
+            "overlap": ov, "holds": bool(min(ov.values()) >= us.OVERLAP_MIN),
+            "location": us.location_criterion(unit["dataset"], s_l), "location_ais": us.location_criterion(unit["dataset"], s_a),
             "sigma_mode_laplace": lap[float(etas[top])]["sigma_mode"], "sigma_mode_ais": ais["sigma_mode_at_top"],
             "seconds": float(np.mean([lap[e]["seconds"] for e in etas]))}  # fmt: skip
 
