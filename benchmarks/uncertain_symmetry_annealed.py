@@ -334,6 +334,13 @@ def plot(lean: list[dict[str, Any]], results: Path, path: Path) -> None:
         iwae = np.array([p["iwae"]["value"] for p in ref])
         ax.plot([p["eta"] for p in ref], iwae - iwae.max(), "s--", ms=2.5, lw=1, color="k", label="refined IWAE_100, less its top")
         ax.set(xlim=(0, us.ETA_MAX), ylim=(-60, 5), xlabel="η (rad)", title=f"{u['dataset']}, seed {u['seed']}")
+    finish_profiles(fig, axes, path)
+
+
+def finish_profiles(fig: Any, axes: Any, path: Path) -> None:
+    """Label and legend a row of ``log p(D | η) − top`` panels, save the figure to ``path`` and close it."""
+    import matplotlib.pyplot as plt
+
     axes[0][0].set_ylabel("log p(D | η) − top (nats)")
     axes[0][0].legend(fontsize=6, loc="lower right")
     fig.tight_layout()

@@ -280,11 +280,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.plot(etas, a - a.max(), "o-", ms=2.5, lw=1.2, color="C3", label="AIS, 64 chains")
         ax.plot(etas, lp - lp.max(), "s--", ms=2.5, lw=1.0, color="C0", label="Laplace")
         ax.set(xlim=(0, us.ETA_MAX), ylim=(-60, 5), xlabel="η (rad)", title=f"{r['dataset']}, seed {r['seed']}")
-    axes[0][0].set_ylabel("log p(D | η) − top (nats)")
-    axes[0][0].legend(fontsize=6, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    usa.finish_profiles(fig, axes, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,17 +11,7 @@ import torch
 
 from pyro_invariance.diagnostics.annealed_evidence import annealed_readout_evidence, readout_design
 from pyro_invariance.models import InvariantMLP
-
-
-def _tiny(prior: str, sampling: str = "deterministic", eta: float = 0.4) -> InvariantMLP:
-    return InvariantMLP(image_shape=(1, 4, 4), num_classes=3, hidden=3, num_transforms=4, symmetry="rotation",
-                        learn_symmetry=False, eta_init=eta, sampling=sampling, prior=prior, prior_scale=1.5,
-                        init_seed=3)  # fmt: skip
-
-
-def _data(n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    return torch.rand(n, 1, 4, 4, generator=g), torch.randint(0, 3, (n,), generator=g)
+from tiny_readout import tiny_readout_data as _data, tiny_readout_model as _tiny
 
 
 def _prior_importance(model: InvariantMLP, x: torch.Tensor, y: torch.Tensor, draws: int = 400_000) -> float:

@@ -17,6 +17,7 @@ from pyro_invariance.diagnostics.laplace_evidence import (
 )
 from pyro_invariance.diagnostics.annealed_evidence import readout_design
 from pyro_invariance.models import InvariantMLP
+from tiny_readout import tiny_readout_data as _data, tiny_readout_model as _tiny
 
 
 def _problem(n: int, m: int = 3, c: int = 3, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,17 +81,6 @@ def test_evidence_matches_importance_sampling_when_the_posterior_is_nearly_gauss
     assert abs(value - exact) < 0.05, (value, exact)
     # and with few data Laplace is an approximation whose error this test does not bound, only its sign of life
     assert math.isfinite(readout_log_evidence(basis[:20], onehot[:20], sigma)[0])
-
-
-def _tiny(prior: str, sampling: str = "deterministic", eta: float = 0.4) -> InvariantMLP:
-    return InvariantMLP(image_shape=(1, 4, 4), num_classes=3, hidden=3, num_transforms=4, symmetry="rotation",
-                        learn_symmetry=False, eta_init=eta, sampling=sampling, prior=prior, prior_scale=1.5,
-                        init_seed=3)  # fmt: skip
-
-
-def _data(n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    return torch.rand(n, 1, 4, 4, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
 def test_fixed_prior_is_one_laplace_evidence_and_hierarchical_integrates_the_profile() -> None:
