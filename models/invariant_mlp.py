@@ -305,10 +305,11 @@ class InvariantMLP(CatalogueModel):
         return {"out_weight": ["class", "hidden"], "out_bias": ["class"], "prior_scale": [], "obs": ["obs_dim_0"],
                 "eta": ["generator"]}
 
-    def sample_transforms(self, num_transforms: int | None = None) -> Tensor:
-        """S affine matrices T_s = expm(Σ ε_si η_i G_i), shape ``(S, 3, 3)`` (Eq. 3)."""
+    def sample_transforms(self, num_transforms: int | None = None, eta: Tensor | None = None) -> Tensor:
+        """S affine matrices T_s = expm(Σ ε_si η_i G_i), shape ``(S, 3, 3)`` (Eq. 3); ``eta`` ``(k,)`` in place of
+        the model's η (e.g. a value of a latent η outside a model call)."""
         s = num_transforms or self.num_transforms
-        eta = self.eta
+        eta = self.eta if eta is None else eta
         eps = sample_epsilon(s, len(self.generator_names), self.sampling, dtype=eta.dtype, device=eta.device)
         return lie_exp(eta, eps, self.generators)
 
@@ -332,16 +333,17 @@ class InvariantMLP(CatalogueModel):
             return self.transform_on
         return "inputs" if batch_size < self.hidden else "weights"
 
-    def features(self, x: Tensor) -> Tensor:
+    def features(self, x: Tensor, eta: Tensor | None = None) -> Tensor:
         """Invariant hidden features h(x) = (1/S) Σ_s φ(W1^(s) x + b1), shape ``(B, H)`` for ``x (B, D)``.
 
         Warps the weight rows (W1^(s) = W1 ∘ T_s) or the inputs (x ∘ T_s⁻¹, times ``|det T_s|⁻¹``)
-        as :meth:`transform_path` decides; see the module docstring for why the two agree.
+        as :meth:`transform_path` decides; see the module docstring for why the two agree. ``eta``
+        ``(k,)``: the features at that η instead of the model's (a latent η's value at a fixed point).
         """
         w1, b1 = self.w1, self.b1
         if not self.generator_names:
             return self._phi(x @ w1.T + b1)
-        transforms = self.sample_transforms()  # (S, 3, 3), one set shared by the batch
+        transforms = self.sample_transforms(eta=eta)  # (S, 3, 3), one set shared by the batch
         s, (b, d) = transforms.shape[0], x.shape
         if self.transform_path(b) == "weights":
             rows = transform_weight_rows(w1, transforms, self.image_shape, layout="hsd")  # (H, S, D)

@@ -1,6 +1,7 @@
 """Laplace ``log p(D | η)`` of an invariant MLP's read-out (``pyro_invariance.diagnostics.laplace_evidence``):
 the curvature against a dense Kronecker sum and autograd, the mode's stationarity, the evidence against
-importance sampling with many data (where Laplace is nearly exact) and against its own pieces, and the refusals."""
+importance sampling with many data (where Laplace is nearly exact) and against its own pieces, the posterior over a
+latent η against fixed-η evidences and the model's prior, and the refusals."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ import torch
 from pyro_invariance.diagnostics.laplace_evidence import (
     _softmax_hessian,
     laplace_readout_evidence,
+    laplace_symmetry_posterior,
     readout_log_evidence,
     readout_mode,
 )
 from pyro_invariance.diagnostics.annealed_evidence import readout_design
 from pyro_invariance.models import InvariantMLP
-from tiny_readout import tiny_readout_data as _data, tiny_readout_model as _tiny
+from pyro_invariance.diagnostics.symmetry_posterior import grid_posterior
+from pyro_invariance.symmetry.priors import bounded_prior
+from tiny_readout import tiny_latent_model, tiny_readout_data as _data, tiny_readout_model as _tiny
 
 
 def _problem(n: int, m: int = 3, c: int = 3, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,3 +173,39 @@ def test_predictive_outside_the_data_is_the_prior() -> None:
     assert torch.isfinite(wide).all() and wide.shape == (3, 3)
     with pytest.raises(ValueError, match="sigma"):
         laplace_readout_predictive(model, x, y, x, sigma=0.0)
+
+
+@pytest.mark.parametrize("symmetry_prior", ["uniform", "logit-normal"])
+def test_symmetry_posterior_conditions_the_latent_eta_and_uses_the_model_prior(symmetry_prior: str) -> None:
+    """The latent-η model conditioned at η_j has the features of a model built with η fixed at η_j (the same
+    init_seed), so the posterior is the grid posterior of those fixed-η evidences times the model's own prior."""
+    x, y = _data(12)
+    model = tiny_latent_model(symmetry_prior)
+    grid = [0.3, 0.9, 1.7, 2.6]
+    post = laplace_symmetry_posterior(model, x, y, grid, num_scales=5)
+    fixed = [laplace_readout_evidence(_tiny("hierarchical", eta=e), x, y, num_scales=5).log_evidence for e in grid]
+    log_prior = bounded_prior(symmetry_prior, model.eta_upper.double()).log_prob(torch.tensor(grid, dtype=torch.float64).unsqueeze(-1))
+    expected = grid_posterior(grid, fixed, log_prior)
+    assert post.log_evidence == pytest.approx(expected.log_evidence, abs=1e-9)
+    assert post.density == pytest.approx(expected.density, rel=1e-9)
+    assert len(set(post.log_evidence.round(6))) == len(grid)  # η changes the evidence: the condition took effect
+    assert post.log_marginal == pytest.approx(expected.log_marginal, abs=1e-9)
+
+
+def test_symmetry_posterior_default_grid_and_refusals() -> None:
+    x, y = _data()
+    model = tiny_latent_model("uniform", prior="fixed")
+    post = laplace_symmetry_posterior(model, x, y, num_points=3)
+    upper = float(model.eta_upper[0])
+    assert post.grid == pytest.approx([upper / 4, upper / 2, 3 * upper / 4])
+    assert post.density @ [1.0, 1.0, 1.0] > 0 and math.isfinite(post.log_marginal)
+    with pytest.raises(ValueError, match="latent"):
+        laplace_symmetry_posterior(_tiny("fixed"), x, y)
+    with pytest.raises(ValueError, match="strictly inside"):
+        laplace_symmetry_posterior(model, x, y, [0.0, 1.0])
+    with pytest.raises(ValueError, match="strictly inside"):
+        laplace_symmetry_posterior(model, x, y, [1.0, upper])
+    with pytest.raises(ValueError, match="increasing"):
+        laplace_symmetry_posterior(model, x, y, [1.0, 0.5])
+    with pytest.raises(ValueError, match="num_points"):
+        laplace_symmetry_posterior(model, x, y, num_points=1)

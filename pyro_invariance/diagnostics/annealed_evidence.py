@@ -113,10 +113,10 @@ def readout_design(model: Any, x: Tensor, chains: int, seed: int = 0) -> Tensor:
     return _design(model, model._flatten(torch.as_tensor(x)), check_positive_int("chains", chains), check_seed(seed))
 
 
-def _design(model: Any, x: Tensor, chains: int, seed: int) -> Tensor:
-    """:func:`readout_design` for checked arguments and flattened ``x``."""
+def _design(model: Any, x: Tensor, chains: int, seed: int, eta: Tensor | None = None) -> Tensor:
+    """:func:`readout_design` for checked arguments and flattened ``x`` (at ``eta`` ``(k,)`` if given, else the model's η)."""
     with torch.no_grad(), seeded_rng(seed):
-        feats = torch.stack([model.features(x) for _ in range(chains)]).double()
+        feats = torch.stack([model.features(x, eta) for _ in range(chains)]).double()
     ones = torch.ones(*feats.shape[:-1], 1, dtype=feats.dtype, device=feats.device)
     return torch.cat([feats, ones], dim=-1)
 
