@@ -309,7 +309,10 @@ class InvariantMLP(CatalogueModel):
         """S affine matrices T_s = expm(Σ ε_si η_i G_i), shape ``(S, 3, 3)`` (Eq. 3); ``eta`` ``(k,)`` in place of
         the model's η (e.g. a value of a latent η outside a model call)."""
         s = num_transforms or self.num_transforms
-        eta = self.eta if eta is None else eta
+        if eta is None:
+            eta = self.eta
+        elif eta.shape != (len(self.generator_names),):
+            raise ValueError(f"eta must have shape ({len(self.generator_names)},), one value per generator, got {tuple(eta.shape)}")
         eps = sample_epsilon(s, len(self.generator_names), self.sampling, dtype=eta.dtype, device=eta.device)
         return lie_exp(eta, eps, self.generators)
 

@@ -209,3 +209,5 @@ def test_symmetry_posterior_default_grid_and_refusals() -> None:
         laplace_symmetry_posterior(model, x, y, [1.0, 0.5])
     with pytest.raises(ValueError, match="num_points"):
         laplace_symmetry_posterior(model, x, y, num_points=1)
+    with pytest.raises(ValueError, match="one value per generator"):
+        model.features(x.reshape(len(x), -1), eta=torch.tensor([0.5, 0.5]))
