@@ -35,6 +35,14 @@ c. **Measures** (``--render``), per (dataset, N, seed): the grid posterior from 
    Check: at N = 300 the points that the AIS scan shares with ``ETAS`` must equal the Laplace benchmark's values (the
    same deterministic function on the same data); the largest difference is printed.
 
+e. **Full Bayes against type-II on held-out digits** (added while (b) ran, before any unit was rendered; no setting of
+   (a)–(c) changed). Per complete unit of (b), with the same model built with η latent (``symmetry_prior="uniform"``,
+   the prior of (c)'s grid posterior): the Laplace grid posterior from (b)'s stored evidences and σ_p modes
+   (:class:`~pyro_invariance.diagnostics.laplace_evidence.LaplaceSymmetryPosterior`), and the held-out NLL and accuracy
+   of :func:`~pyro_invariance.diagnostics.laplace_evidence.laplace_symmetry_predictive` with ``mass`` = 0.999 (full
+   Bayes: η integrated out over the grid) and ``mass`` = 0 (type-II: the posterior's mode alone),
+   ``HELDOUT_DRAWS`` draws seeded by the data seed. Run after (b) (``--predictive``, two processes taking alternate units).
+
 Results: ``benchmarks/results/uncertain_symmetry_datasize.md``, ``.json``, ``.png``; unit files (``--work-dir``), one per
 (dataset, N, seed, part), replaced after every η (a stopped run resumes).
 """
@@ -60,7 +68,12 @@ import uncertain_symmetry_annealed as usa  # noqa: E402
 import uncertain_symmetry_laplace as usl  # noqa: E402
 from pyro_invariance.data import load_dataset  # noqa: E402
 from pyro_invariance.data.arrays import test_arrays, train_arrays  # noqa: E402
-from pyro_invariance.diagnostics.laplace_evidence import laplace_readout_evidence, laplace_readout_predictive  # noqa: E402
+from pyro_invariance.diagnostics.laplace_evidence import (  # noqa: E402
+    LaplaceSymmetryPosterior,
+    laplace_readout_evidence,
+    laplace_readout_predictive,
+    laplace_symmetry_predictive,
+)
 
 STEM = "uncertain_symmetry_datasize"
 SIZES = (300, 600, 1200)
@@ -69,6 +82,8 @@ SEEDS = (0, 2, 1)
 ETAS = tuple(round(0.1 + 0.25 * j, 2) for j in range(12)) + (math.pi,)
 NUM_SCALES, SCALE_SPAN = usl.NUM_SCALES, usl.SCALE_SPAN
 HELDOUT_DRAWS = 256
+#: (e) the posterior mass that the full-Bayes predictive keeps
+FULL_BAYES_MASS = 0.999
 #: (seed, dataset, N) units in run order (b)
 UNITS = tuple((s, d, n) for s in SEEDS for d in DATASETS for n in SIZES)
 LAPLACE_WORK = Path(f"benchmarks/results/{usl.STEM}_units")
@@ -110,6 +125,44 @@ def run_unit(dataset: str, size: int, seed: int, path: Path, k: int = 0, n: int 
     return unit
 
 
+def unit_points(work: Path, dataset: str, size: int, seed: int) -> list[dict[str, Any]] | None:
+    """(b)'s points of one unit sorted by η, or None while it is incomplete."""
+    pts = [q for p in sorted(work.glob(f"{dataset}_n{size}_seed{seed}_part*.json")) for q in json.loads(p.read_text())["points"]]
+    return sorted(pts, key=lambda q: q["eta"]) if len(pts) == len(ETAS) else None
+
+
+def laplace_posterior(pts: list[dict[str, Any]]) -> LaplaceSymmetryPosterior:
+    """(c)'s grid posterior with each point's σ_p (e)."""
+    etas = np.array([p["eta"] for p in pts])
+    return LaplaceSymmetryPosterior.from_grid(usa.posterior(etas, np.array([p["log_evidence"] for p in pts])),
+                                              [p["sigma_mode"] for p in pts])  # fmt: skip
+
+
+def predictive_unit(dataset: str, size: int, seed: int, work: Path) -> dict[str, Any] | None:
+    """(e) for one complete unit of (b), written to its own file (skipped if that file exists)."""
+    path = work / f"predictive_{dataset}_n{size}_seed{seed}.json"
+    pts = unit_points(work, dataset, size, seed)
+    if path.exists() or pts is None:
+        return json.loads(path.read_text()) if path.exists() else None
+    data = load(dataset, size)
+    model = us.make_model(data, us.SIZES["default"], seed, symmetry_prior="uniform", sampling=usa.SAMPLING)
+    (x, y), (xt, yt) = train_arrays(data, model), test_arrays(data, model)
+    post = laplace_posterior(pts)
+    unit: dict[str, Any] = {"dataset": dataset, "size": size, "seed": seed}
+    start = time.perf_counter()
+    for name, mass in (("full_bayes", FULL_BAYES_MASS), ("type_ii", 0.0)):
+        logp = laplace_symmetry_predictive(model, x, y, xt, post, mass=mass, draws=HELDOUT_DRAWS, seed=seed)
+        unit[name] = {"nll": float(-logp.gather(1, yt.long().unsqueeze(1)).mean()),
+                      "accuracy": float((logp.argmax(1) == yt).double().mean())}  # fmt: skip
+    w = post.weights()
+    unit["points_mixed"] = int(np.searchsorted(np.cumsum(np.sort(w)[::-1]), FULL_BAYES_MASS * (1 - 1e-12)) + 1)
+    unit["seconds"] = time.perf_counter() - start
+    usl._write(path, unit)
+    common.log(f"{path.stem}: full Bayes {unit['full_bayes']['nll']:.4f}, type-II {unit['type_ii']['nll']:.4f} "
+               f"({unit['points_mixed']} points mixed, {unit['seconds']:.0f} s)")  # fmt: skip
+    return unit
+
+
 def summarise(dataset: str, size: int, seed: int, pts: list[dict[str, Any]]) -> dict[str, Any]:
     """(c) for one (dataset, N, seed) from its points sorted by η."""
     etas = np.array([p["eta"] for p in pts])
@@ -143,9 +196,11 @@ def render(work: Path, laplace_work: Path, out_dir: Path | None) -> tuple[Path, 
     for dataset in DATASETS:
         for size in SIZES:
             for seed in sorted(SEEDS):
-                pts = [q for p in sorted(work.glob(f"{dataset}_n{size}_seed{seed}_part*.json")) for q in json.loads(p.read_text())["points"]]
-                if len(pts) == len(ETAS):  # only complete units
-                    rows.append(summarise(dataset, size, seed, sorted(pts, key=lambda q: q["eta"])))
+                pts = unit_points(work, dataset, size, seed)
+                if pts is not None:  # only complete units
+                    rows.append(summarise(dataset, size, seed, pts))
+                    pred = work / f"predictive_{dataset}_n{size}_seed{seed}.json"
+                    rows[-1]["predictive"] = json.loads(pred.read_text()) if pred.exists() else None
     if not rows:
         return None
 
@@ -175,9 +230,15 @@ def render(work: Path, laplace_work: Path, out_dir: Path | None) -> tuple[Path, 
                  and lo["size"] == SIZES[0] and hi["size"] == SIZES[-1]]  # fmt: skip
         if pairs:
             moves[dataset] = f"{sum(moves_down(lo, hi) for lo, hi in pairs)}/{len(pairs)}"
+    versus = ["| data | N | seed | full Bayes over η: NLL / accuracy | type-II (posterior mode): NLL / accuracy | "
+              "full Bayes − type-II NLL | grid points mixed |", "|:---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for r in (r for r in rows if r["predictive"] is not None):
+        f, t = r["predictive"]["full_bayes"], r["predictive"]["type_ii"]
+        versus.append(f"| {r['dataset']} | {r['size']} | {r['seed']} | {f['nll']:.4f} / {f['accuracy']:.3f} | "
+                      f"{t['nll']:.4f} / {t['accuracy']:.3f} | {f['nll'] - t['nll']:+.4f} | {r['predictive']['points_mixed']} |")  # fmt: skip
     check = check_against_laplace(rows, laplace_work)
     settings = {"SIZES": list(SIZES), "DATASETS": list(DATASETS), "SEEDS": list(SEEDS), "ETAS": list(ETAS), "NUM_SCALES": NUM_SCALES,
-                "SCALE_SPAN": list(SCALE_SPAN), "HELDOUT_DRAWS": HELDOUT_DRAWS}  # fmt: skip
+                "SCALE_SPAN": list(SCALE_SPAN), "HELDOUT_DRAWS": HELDOUT_DRAWS, "FULL_BAYES_MASS": FULL_BAYES_MASS}  # fmt: skip
     info, command = common.machine_info(), common.command_line()
     intro = ("Issue 15: the Laplace evidence's posterior over η, and the held-out NLL along η, as the training set grows from "
              "300 to 1200 digits. Method: section *Method* (the module docstring of `benchmarks/uncertain_symmetry_datasize.py`).")  # fmt: skip
@@ -187,6 +248,7 @@ def render(work: Path, laplace_work: Path, out_dir: Path | None) -> tuple[Path, 
         "\nThe evidence's η moves down from N = 300 to 1200 (posterior mean lower by more than the larger sd) on: "
         + (", ".join(f"{d} {c} seeds" for d, c in moves.items()) or "no seed with both sizes") + ".\n",
         "## Per seed\n", *table,
+        "\n## Full Bayes against type-II on held-out digits (e)\n", *(versus if len(versus) > 2 else ["not run"]),
         "\nCheck against `uncertain_symmetry_laplace.py` at N = 300 (shared η): "
         + ("no shared point" if check is None else f"largest |Δ log p(D | η)| = {check:.2e} nats") + ".\n",
         "\n## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
@@ -223,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--run", action="store_true", help="(b): the units, every point of --part not yet in --work-dir")
-    group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (c)")
+    group.add_argument("--predictive", action="store_true", help="(e): units k, k + n, … of --part that (b) completed")
+    group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (c, e)")
     parser.add_argument("--part", default="0/1", help="k/n: run points k, k + n, … of every unit (two processes: 0/2 and 1/2)")
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds, in run order")
     parser.add_argument("--laplace-work-dir", type=Path, default=LAPLACE_WORK)
@@ -242,8 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         parser.error(f"--part must be k/n with 0 ≤ k < n and --seeds from {SEEDS}, got {args.part!r}, {args.seeds!r}")
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    for seed, dataset, size in sorted(UNITS, key=lambda u: seeds.index(u[0]) if u[0] in seeds else len(seeds)):
-        if seed in seeds:
+    order = [u for u in sorted(UNITS, key=lambda u: seeds.index(u[0]) if u[0] in seeds else len(seeds)) if u[0] in seeds]
+    for i, (seed, dataset, size) in enumerate(order):
+        if args.predictive:
+            if i % n == k:
+                predictive_unit(dataset, size, seed, args.work_dir)
+        else:
             run_unit(dataset, size, seed, unit_path(args.work_dir, dataset, size, seed, k), k, n)
     return 0
 

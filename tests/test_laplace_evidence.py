@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from pyro_invariance.diagnostics.laplace_evidence import (
     _softmax_hessian,
     laplace_readout_evidence,
+    LaplaceSymmetryPosterior,
+    laplace_readout_predictive,
     laplace_symmetry_posterior,
+    laplace_symmetry_predictive,
     readout_log_evidence,
     readout_mode,
 )
@@ -211,3 +215,38 @@ def test_symmetry_posterior_default_grid_and_refusals() -> None:
         laplace_symmetry_posterior(model, x, y, num_points=1)
     with pytest.raises(ValueError, match="one value per generator"):
         model.features(x.reshape(len(x), -1), eta=torch.tensor([0.5, 0.5]))
+
+
+def test_symmetry_predictive_mixes_the_fixed_eta_predictives_by_the_grid_weights() -> None:
+    """Full Bayes over η: Σ_j w_j p(y* | x*, D, η_j) with the fixed-η Laplace predictives at each point's σ_p; mass=0
+    keeps the posterior's mode alone (type-II on the grid)."""
+    x, y = _data(12)
+    x_new = _data(5)[0] + 0.1
+    model = tiny_latent_model("uniform")
+    grid = [0.3, 1.2, 2.4]
+    post = laplace_symmetry_posterior(model, x, y, grid, num_scales=5)
+    assert isinstance(post, LaplaceSymmetryPosterior) and post.weights().sum() == pytest.approx(1.0)
+    assert np.all(post.sigma_modes > 0)
+    each = torch.stack([laplace_readout_predictive(_tiny("hierarchical", eta=e), x, y, x_new, sigma=float(s), draws=16, seed=2)
+                        for e, s in zip(grid, post.sigma_modes)])  # fmt: skip
+    w = torch.as_tensor(post.weights())
+    full = laplace_symmetry_predictive(model, x, y, x_new, post, mass=1.0, draws=16, seed=2)
+    assert full.shape == (5, 3) and torch.allclose(full.exp().sum(-1), torch.ones(5, dtype=full.dtype))
+    assert torch.allclose(full, torch.logsumexp(each + w.log()[:, None, None], 0), atol=1e-10)
+    mode = laplace_symmetry_predictive(model, x, y, x_new, post, mass=0.0, draws=16, seed=2)
+    assert torch.allclose(mode, each[int(np.argmax(post.weights()))], atol=1e-10)
+
+
+def test_symmetry_predictive_refusals() -> None:
+    x, y = _data()
+    model = tiny_latent_model("uniform")
+    post = laplace_symmetry_posterior(model, x, y, [0.5, 1.5], num_scales=3)
+    plain = grid_posterior(post.grid, post.log_evidence, np.zeros(2))
+    with pytest.raises(TypeError, match="LaplaceSymmetryPosterior"):
+        laplace_symmetry_predictive(model, x, y, x, plain)
+    with pytest.raises(ValueError, match="mass"):
+        laplace_symmetry_predictive(model, x, y, x, post, mass=1.5)
+    with pytest.raises(ValueError, match="latent"):
+        laplace_symmetry_predictive(_tiny("fixed"), x, y, x, post)
+    with pytest.raises(ValueError, match="sigma_modes"):
+        LaplaceSymmetryPosterior.from_grid(plain, [1.0, -1.0])

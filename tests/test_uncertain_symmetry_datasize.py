@@ -35,8 +35,17 @@ def test_a_tiny_run_in_two_parts_resumes(bench, tmp_path, monkeypatch) -> None:
     assert [[q["eta"] for q in u["points"]] for u in units] == [[0.4], [1.2]]
     q = units[1]["points"][0]
     assert math.isfinite(q["log_evidence"]) and 0 < q["nll"] < math.inf and 0 <= q["accuracy"] <= 1
+    pred = bench.predictive_unit("upright", 40, 0, tmp_path)  # (e) on the complete unit
+    assert pred["points_mixed"] in (1, 2) and all(0 < pred[k]["nll"] < math.inf for k in ("full_bayes", "type_ii"))
+    mode_point = max(units, key=lambda u: u["points"][0]["log_evidence"])["points"][0]
+    if pred["points_mixed"] == 1:  # one point holds the mass: full Bayes is type-II
+        assert pred["full_bayes"] == pred["type_ii"]
     monkeypatch.setattr(bench, "evaluate_point", lambda *a, **k: pytest.fail("a finished point ran again"))
+    monkeypatch.setattr(bench, "laplace_symmetry_predictive", lambda *a, **k: pytest.fail("a finished unit ran again"))
     assert bench.run_unit("upright", 40, 0, paths[0], 0, 2) == json.loads(paths[0].read_text())
+    assert bench.predictive_unit("upright", 40, 0, tmp_path) == pred
+    # type-II is the Laplace predictive of the fixed-η model at the mode, held out on the same test digits
+    assert abs(pred["type_ii"]["nll"] - mode_point["nll"]) < 1e-6
 
 
 def _write_unit(bench, work, dataset, size, seed, top) -> None:
@@ -63,6 +72,8 @@ def test_render_reads_moving_and_staying_tops(bench, tmp_path) -> None:
                                                                         "points": []}))  # fmt: skip
     shared = {0.1: -240.0 - 0.5 * 10 * 2.0**2, 0.6: -240.0 - 0.5 * 10 * 1.5**2 + 0.25}  # N = 300, seed 0: 0.25 nats off
     (lap / "upright_seed0_part0.json").write_text(json.dumps({"points": [{"eta": e, "log_evidence": v} for e, v in shared.items()]}))
+    (work / "predictive_upright_n600_seed2.json").write_text(json.dumps({
+        "full_bayes": {"nll": 0.41, "accuracy": 0.9}, "type_ii": {"nll": 0.43, "accuracy": 0.89}, "points_mixed": 3}))
     md, js = bench.render(work, lap, tmp_path)
     out = json.loads(js.read_text())
     assert out["moves_down"] == {"upright": "2/2", "partially-rotated": "0/2"}
@@ -74,6 +85,7 @@ def test_render_reads_moving_and_staying_tops(bench, tmp_path) -> None:
     assert "upright 2/2 seeds, partially-rotated 0/2 seeds" in text
     row = next(line for line in text.splitlines() if line.startswith("| upright | 1200 | 2 |"))
     assert "| 2/2 |" in row and "0.60 ± 0.00" in row
+    assert "| upright | 600 | 2 | 0.4100 / 0.900 | 0.4300 / 0.890 | -0.0200 | 3 |" in text
     assert md.with_suffix(".png").exists()
 
 

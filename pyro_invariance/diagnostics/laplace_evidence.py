@@ -35,6 +35,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -42,8 +43,8 @@ from pyro_invariance.diagnostics.annealed_evidence import _check_positive, _desi
 from pyro_invariance.diagnostics.symmetry_posterior import GridPosterior, grid_posterior
 from pyro_invariance.validation import check_labels, check_positive_int, check_seed
 
-__all__ = ["LaplaceEvidence", "laplace_readout_evidence", "laplace_readout_predictive", "laplace_symmetry_posterior",
-           "readout_log_evidence", "readout_mode"]
+__all__ = ["LaplaceEvidence", "LaplaceSymmetryPosterior", "laplace_readout_evidence", "laplace_readout_predictive",
+           "laplace_symmetry_posterior", "laplace_symmetry_predictive", "readout_log_evidence", "readout_mode"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,33 @@ class LaplaceEvidence:
     def per_datum(self) -> float:
         """``log_evidence / num_data``."""
         return self.log_evidence / self.num_data
+
+
+@dataclass(frozen=True)
+class LaplaceSymmetryPosterior(GridPosterior):
+    """A :class:`~pyro_invariance.diagnostics.symmetry_posterior.GridPosterior` over η from Laplace evidences, with
+    what :func:`laplace_symmetry_predictive` needs at each grid point.
+
+    Attributes:
+        sigma_modes: ``(G,)`` the read-out's σ_p at each η_j (its posterior mode for a hierarchical prior).
+    """
+
+    sigma_modes: np.ndarray
+
+    @classmethod
+    def from_grid(cls, posterior: GridPosterior, sigma_modes: Sequence[float] | np.ndarray) -> "LaplaceSymmetryPosterior":
+        """``posterior`` with the σ_p of each of its grid points (e.g. rebuilt from stored evidences)."""
+        sigmas = np.asarray(sigma_modes, dtype=np.float64)
+        if sigmas.shape != posterior.grid.shape or not np.all(np.isfinite(sigmas) & (sigmas > 0)):
+            raise ValueError(f"sigma_modes must be {posterior.grid.shape[0]} positive finite values, got shape {sigmas.shape}")
+        return cls(posterior.grid, posterior.density, posterior.log_evidence, posterior.log_marginal, sigmas)
+
+    def weights(self) -> np.ndarray:
+        """``(G,)`` the probability each grid point carries: its trapezoidal cell mass, normalised to sum to 1."""
+        h = np.diff(self.grid)
+        cell = np.concatenate([h[:1], h[:-1] + h[1:], h[-1:]]) / 2
+        w = self.density * cell
+        return w / w.sum()
 
 
 def _softmax_hessian(basis: Tensor, probs: Tensor) -> Tensor:
@@ -164,7 +192,7 @@ def _checked(model: Any, x: Tensor, y: Tensor, num_scales: int, scale_span: tupl
 
 def laplace_symmetry_posterior(model: Any, x: Tensor, y: Tensor, grid: Sequence[float] | Tensor | None = None, *,
                                num_points: int = 32, num_scales: int = 29, scale_span: tuple[float, float] = (-2.0, 5.0),
-                               draws: int = 1, seed: int = 0, progress: bool = False) -> GridPosterior:  # fmt: skip
+                               draws: int = 1, seed: int = 0, progress: bool = False) -> LaplaceSymmetryPosterior:  # fmt: skip
     """The posterior over η of an :class:`InvariantMLP` whose η is a latent site, on a grid, from the Laplace evidence:
 
         p(η_j | D) ∝ p(D | η_j) p(η_j),   log p(D | η_j) ≈ :func:`laplace_readout_evidence` at η_j,
@@ -188,17 +216,14 @@ def laplace_symmetry_posterior(model: Any, x: Tensor, y: Tensor, grid: Sequence[
         progress: a tqdm bar over the grid.
 
     Returns:
-        :class:`~pyro_invariance.diagnostics.symmetry_posterior.GridPosterior` (its ``log_evidence``: the Laplace
-        ``log p(D | η_j)``).
+        :class:`LaplaceSymmetryPosterior`: a ``GridPosterior`` (its ``log_evidence``: the Laplace ``log p(D | η_j)``)
+        with the σ_p mode at each η_j, for :func:`laplace_symmetry_predictive`.
     """
     from tqdm.auto import tqdm
 
-    from pyro_invariance.models.invariant_mlp import InvariantMLP
     from pyro_invariance.symmetry.priors import bounded_prior
 
-    if not isinstance(model, InvariantMLP) or not model.eta_is_latent or len(model.generator_names) != 1:
-        raise ValueError("laplace_symmetry_posterior needs an InvariantMLP with one generator and a latent η (symmetry_prior="
-                         f"'uniform' or 'logit-normal'), got {type(model).__name__}")  # fmt: skip
+    model = _latent_eta_mlp(model, "laplace_symmetry_posterior")
     upper = float(model.eta_upper[0])
     if grid is None:
         points = check_positive_int("num_points", num_points, minimum=2)
@@ -212,12 +237,56 @@ def laplace_symmetry_posterior(model: Any, x: Tensor, y: Tensor, grid: Sequence[
     x, y, scales, prior = _checked(model, x, y, num_scales, scale_span)
     draws, seed = check_positive_int("draws", draws), check_seed(seed)
     like = model.eta_upper
-    log_evidence = []
+    results = []
     for eta in tqdm(values.tolist(), desc="η grid", disable=not progress):
         design = _design(model, x, draws, seed, eta=torch.tensor([eta], dtype=like.dtype, device=like.device))
-        log_evidence.append(_evidence_of_design(design, y, model.num_classes, scales, *prior).log_evidence)
+        results.append(_evidence_of_design(design, y, model.num_classes, scales, *prior))
     log_prior = bounded_prior(model.symmetry_prior, like.double().cpu()).log_prob(values.unsqueeze(-1))
-    return grid_posterior(values, log_evidence, log_prior)
+    return LaplaceSymmetryPosterior.from_grid(grid_posterior(values, [r.log_evidence for r in results], log_prior),
+                                              [r.sigma_mode for r in results])  # fmt: skip
+
+
+def _latent_eta_mlp(model: Any, caller: str) -> Any:
+    from pyro_invariance.models.invariant_mlp import InvariantMLP
+
+    if not isinstance(model, InvariantMLP) or not model.eta_is_latent or len(model.generator_names) != 1:
+        raise ValueError(f"{caller} needs an InvariantMLP with one generator and a latent η (symmetry_prior="
+                         f"'uniform' or 'logit-normal'), got {type(model).__name__}")  # fmt: skip
+    return model
+
+
+def laplace_symmetry_predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor, posterior: LaplaceSymmetryPosterior, *,
+                                mass: float = 0.999, draws: int = 256, seed: int = 0) -> Tensor:  # fmt: skip
+    """``(M, C)`` log posterior-predictive probabilities with η integrated out over the Laplace grid posterior:
+
+        p(y* | x*, D) = Σ_j w_j p(y* | x*, D, η_j),
+
+    ``w_j`` the grid points' probabilities (:meth:`LaplaceSymmetryPosterior.weights`) and ``p(y* | x*, D, η_j)`` the
+    read-out's Laplace predictive at η_j and its σ_p (:func:`laplace_readout_predictive`). Only the fewest points that
+    hold ``mass`` of the posterior enter (largest weights first; their weights renormalised): ``mass=0`` keeps the
+    posterior's mode alone, the type-II (maximum a posteriori η on the grid) predictive of the same model.
+
+    Args:
+        model: the ``InvariantMLP`` with a latent η that ``posterior`` was computed for (:func:`laplace_symmetry_posterior`).
+        x, y: its training images and labels; x_new: ``(M, ...)`` images to predict.
+        posterior: the grid posterior with σ_p per point.
+        mass: in ``[0, 1]``; draws, seed: as in :func:`laplace_readout_predictive` (the same at every η_j).
+    """
+    model = _latent_eta_mlp(model, "laplace_symmetry_predictive")
+    if not isinstance(posterior, LaplaceSymmetryPosterior):
+        raise TypeError(f"posterior must be a LaplaceSymmetryPosterior (laplace_symmetry_posterior's result), got {type(posterior).__name__}")
+    if isinstance(mass, bool) or not isinstance(mass, (int, float)) or not 0.0 <= mass <= 1.0:
+        raise ValueError(f"mass must be a number in [0, 1], got {mass!r}")
+    w = posterior.weights()
+    order = np.argsort(-w, kind="stable")
+    keep = order[: int(np.searchsorted(np.cumsum(w[order]), mass * (1 - 1e-12))) + 1]
+    like = model.eta_upper
+    terms = []
+    for j in keep.tolist():
+        eta = torch.tensor([posterior.grid[j]], dtype=like.dtype, device=like.device)
+        logp = _predictive(model, x, y, x_new, float(posterior.sigma_modes[j]), draws, seed, eta)
+        terms.append(logp + math.log(w[j]))
+    return torch.logsumexp(torch.stack(terms), 0) - math.log(float(w[keep].sum()))
 
 
 def _evidence_of_design(design: Tensor, y: Tensor, num_classes: int, scales: Tensor, loc: float,
@@ -271,13 +340,18 @@ def laplace_readout_predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor, 
         draws: K posterior draws of W; seed: their random numbers and the transforms'.
     """
     model = _invariant_mlp(model)
-    sigma = _check_positive("sigma", sigma)
+    return _predictive(model, x, y, x_new, _check_positive("sigma", sigma), draws, seed)
+
+
+def _predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor, sigma: float, draws: int, seed: int,
+                eta: Tensor | None = None) -> Tensor:  # fmt: skip
+    """:func:`laplace_readout_predictive` at ``eta`` ``(k,)`` (the model's η if None)."""
     draws, seed = check_positive_int("draws", draws), check_seed(seed)
     x = model._flatten(torch.as_tensor(x))
     x_new = model._flatten(torch.as_tensor(x_new))
     y = torch.as_tensor(y)
     check_labels(y, x.shape[0], model.num_classes)
-    design = _design(model, torch.cat([x, x_new]), 1, seed)[0]  # (N + M, P): one draw of the transforms for both
+    design = _design(model, torch.cat([x, x_new]), 1, seed, eta)[0]  # (N + M, P): one draw of the transforms for both
     train, new = design[: x.shape[0]], design[x.shape[0]:]
     _, sv, vt = torch.linalg.svd(train, full_matrices=False)
     rank = int((sv > sv[0] * 1e-10).sum())
