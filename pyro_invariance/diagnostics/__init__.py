@@ -6,7 +6,8 @@
 * :mod:`.reference` — NUTS reference posteriors and scoring guides against them.
 * :mod:`.symmetry_posterior`, :mod:`.annealed_evidence`, :mod:`.laplace_evidence` — posteriors over a symmetry
   parameter η and their references (grid posteriors; ``log p(D | η)`` of an invariant MLP by annealed importance
-  sampling, and by a Laplace approximation of its read-out).
+  sampling, and by a Laplace approximation of its read-out, which also gives a latent η's grid posterior and the
+  predictive with η integrated out over it).
 * :mod:`.hnn_metrics`, :mod:`.layerwise_analysis` — family-specific analyses.
 * :mod:`.plots` — figures.
 """
