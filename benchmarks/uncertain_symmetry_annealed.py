@@ -162,9 +162,10 @@ def unit_name(dataset: str, seed: int, half: int) -> str:
     return f"{dataset}_seed{seed}_half{half}"
 
 
-def make_model(data: Any, seed: int, eta: float, sampling: str = SAMPLING, num_transforms: int = 16) -> Any:
+def make_model(data: Any, seed: int, eta: float, sampling: str = SAMPLING, num_transforms: int = 16, **kw: Any) -> Any:
+    """The reference model at a fixed η (``kw``: further ``InvariantMLP`` arguments, e.g. ``lengthscale``)."""
     size = {**us.SIZES["default"], "num_transforms": num_transforms}
-    return us.make_model(data, size, seed, learn_symmetry=False, eta_init=eta, sampling=sampling)
+    return us.make_model(data, size, seed, learn_symmetry=False, eta_init=eta, sampling=sampling, **kw)
 
 
 def evaluate_point(data: Any, seed: int, eta: float, half: int, chains: int = CHAINS, temperatures: int = TEMPERATURES,

@@ -97,9 +97,10 @@ def load(dataset: str, size: int) -> Any:
     return load_dataset(us.DATASETS[dataset][0], train_size=size, test_size=us.SIZES["default"]["test_size"])
 
 
-def evaluate_point(data: Any, seed: int, eta: float) -> dict[str, Any]:
-    """(b) at one η: the Laplace evidence, then the held-out NLL of the predictive at its σ_p mode."""
-    model = usa.make_model(data, seed, eta)
+def evaluate_point(data: Any, seed: int, eta: float, **model_kw: Any) -> dict[str, Any]:
+    """(b) at one η: the Laplace evidence, then the held-out NLL of the predictive at its σ_p mode (``model_kw``: further
+    model arguments, for ``uncertain_symmetry_lengthscale.py``)."""
+    model = usa.make_model(data, seed, eta, **model_kw)
     (x, y), (xt, yt) = train_arrays(data, model), test_arrays(data, model)
     start = time.perf_counter()
     r = laplace_readout_evidence(model, x, y, num_scales=NUM_SCALES, scale_span=SCALE_SPAN)
