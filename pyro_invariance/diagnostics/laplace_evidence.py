@@ -23,6 +23,10 @@ and ``"learned"`` priors evaluate the model's σ_p only. Transforms drawn at ran
 "stochastic"``) enter as ``draws`` independent designs whose evidences are averaged,
 ``log mean_r p(D | ε_r, η)``, as AIS's chains average them.
 
+With η a latent site (``symmetry_prior``), :func:`laplace_symmetry_posterior` evaluates this evidence on a grid of η and
+returns ``p(η_j | D) ∝ p(D | η_j) p(η_j)`` with the model's own prior, and :func:`laplace_symmetry_predictive` predicts
+with η integrated out over that grid (or at its mode: the type-II predictive).
+
 Cost per σ_p: a few Newton steps, each one ``(mC) × (mC)`` Cholesky factorisation (``m ≤ min(N, H + 1)``).
 The approximation's error is not diagnosed by this function; measure it against
 :func:`~pyro_invariance.diagnostics.annealed_evidence.annealed_readout_evidence` (issue 15's
@@ -175,7 +179,8 @@ def laplace_readout_evidence(model: Any, x: Tensor, y: Tensor, *, num_scales: in
                                scales, *prior)  # fmt: skip
 
 
-def _checked(model: Any, x: Tensor, y: Tensor, num_scales: int, scale_span: tuple[float, float]) -> tuple[Tensor, Tensor, Tensor, tuple[float, bool]]:
+def _checked(model: Any, x: Tensor, y: Tensor, num_scales: int,
+             scale_span: tuple[float, float]) -> tuple[Tensor, Tensor, Tensor, tuple[float, bool]]:  # fmt: skip
     """Flattened ``x``, checked ``y``, the grid of ``s = log σ_p`` and ``(loc, hierarchical)`` of σ_p's prior."""
     lo, hi = (float(v) for v in scale_span)
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
@@ -231,7 +236,8 @@ def laplace_symmetry_posterior(model: Any, x: Tensor, y: Tensor, grid: Sequence[
     else:
         values = torch.as_tensor(grid, dtype=torch.float64).detach().cpu()
         if values.ndim != 1 or values.numel() < 2 or not bool(torch.all(torch.diff(values) > 0)):
-            raise ValueError(f"grid must be 1-D and strictly increasing with at least 2 points, got shape {tuple(values.shape)}")
+            raise ValueError("grid must be 1-D and strictly increasing with at least 2 points, "
+                             f"got shape {tuple(values.shape)}")  # fmt: skip
         if not bool(torch.all((values > 0) & (values < upper))):
             raise ValueError(f"grid must lie strictly inside (0, η_max = {upper:.6g})")
     x, y, scales, prior = _checked(model, x, y, num_scales, scale_span)
@@ -274,9 +280,11 @@ def laplace_symmetry_predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor,
     """
     model = _latent_eta_mlp(model, "laplace_symmetry_predictive")
     if not isinstance(posterior, LaplaceSymmetryPosterior):
-        raise TypeError(f"posterior must be a LaplaceSymmetryPosterior (laplace_symmetry_posterior's result), got {type(posterior).__name__}")
+        raise TypeError("posterior must be a LaplaceSymmetryPosterior (laplace_symmetry_posterior's result), "
+                        f"got {type(posterior).__name__}")  # fmt: skip
     if isinstance(mass, bool) or not isinstance(mass, (int, float)) or not 0.0 <= mass <= 1.0:
         raise ValueError(f"mass must be a number in [0, 1], got {mass!r}")
+    args = _checked_predictive(model, x, y, x_new, draws, seed)
     w = posterior.weights()
     order = np.argsort(-w, kind="stable")
     keep = order[: int(np.searchsorted(np.cumsum(w[order]), mass * (1 - 1e-12))) + 1]
@@ -284,8 +292,7 @@ def laplace_symmetry_predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor,
     terms = []
     for j in keep.tolist():
         eta = torch.tensor([posterior.grid[j]], dtype=like.dtype, device=like.device)
-        logp = _predictive(model, x, y, x_new, float(posterior.sigma_modes[j]), draws, seed, eta)
-        terms.append(logp + math.log(w[j]))
+        terms.append(_predictive(model, *args, float(posterior.sigma_modes[j]), eta) + math.log(w[j]))
     return torch.logsumexp(torch.stack(terms), 0) - math.log(float(w[keep].sum()))
 
 
@@ -340,17 +347,22 @@ def laplace_readout_predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor, 
         draws: K posterior draws of W; seed: their random numbers and the transforms'.
     """
     model = _invariant_mlp(model)
-    return _predictive(model, x, y, x_new, _check_positive("sigma", sigma), draws, seed)
+    sigma = _check_positive("sigma", sigma)
+    return _predictive(model, *_checked_predictive(model, x, y, x_new, draws, seed), sigma)
 
 
-def _predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor, sigma: float, draws: int, seed: int,
-                eta: Tensor | None = None) -> Tensor:  # fmt: skip
-    """:func:`laplace_readout_predictive` at ``eta`` ``(k,)`` (the model's η if None)."""
-    draws, seed = check_positive_int("draws", draws), check_seed(seed)
+def _checked_predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor, draws: int,
+                        seed: int) -> tuple[Tensor, Tensor, Tensor, int, int]:  # fmt: skip
+    """Flattened ``x`` and ``x_new``, checked ``y``, ``draws`` and ``seed``."""
     x = model._flatten(torch.as_tensor(x))
-    x_new = model._flatten(torch.as_tensor(x_new))
     y = torch.as_tensor(y)
     check_labels(y, x.shape[0], model.num_classes)
+    return x, y, model._flatten(torch.as_tensor(x_new)), check_positive_int("draws", draws), check_seed(seed)
+
+
+def _predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor, draws: int, seed: int, sigma: float,
+                eta: Tensor | None = None) -> Tensor:  # fmt: skip
+    """:func:`laplace_readout_predictive` for checked arguments, at ``eta`` ``(k,)`` (the model's η if None)."""
     design = _design(model, torch.cat([x, x_new]), 1, seed, eta)[0]  # (N + M, P): one draw of the transforms for both
     train, new = design[: x.shape[0]], design[x.shape[0]:]
     _, sv, vt = torch.linalg.svd(train, full_matrices=False)
