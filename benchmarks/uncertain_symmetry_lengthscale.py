@@ -18,6 +18,9 @@ b. **Points.** η ∈ ``ETAS`` (every other point of the data-size grid, and its
    processes take alternate points of each ℓ (``--part``).
 c. **Measures** (``--render``), per ℓ: the evidence's top η and value, ℓ(top) − ℓ(0.1), the lowest held-out NLL and its η;
    at ℓ = 1 the largest difference from the data-size run's points (the same function on the same data: a check).
+d. **±90° digits** (added after (b)'s upright points had been rendered; the same settings otherwise): does a longer ℓ
+   move the ±90° evidence's top (2.85 rad at every N with ℓ = 1) toward π/2? ``DATASETS`` gains ``partially-rotated``,
+   run after upright (``--dataset``).
 
 Results: ``benchmarks/results/uncertain_symmetry_lengthscale.md``, ``.json``; unit files in ``--work-dir``.
 """
@@ -40,20 +43,22 @@ import numpy as np  # noqa: E402
 import uncertain_symmetry_datasize as usd  # noqa: E402
 
 STEM = "uncertain_symmetry_lengthscale"
-DATASET, SIZE, SEED = "upright", 1200, 0
+SIZE, SEED = 1200, 0
+#: (a) upright; (d) ±90°, added after (b)'s upright points were rendered
+DATASETS = ("upright", "partially-rotated")
 LENGTHSCALES = (1.0, 2.0, 4.0)
 ETAS = (0.1, 0.6, 1.1, 1.6, 2.1, 2.35, 2.6, math.pi)
 
 
-def unit_path(work: Path, lengthscale: float, k: int) -> Path:
-    return work / f"lengthscale{lengthscale:g}_part{k}.json"
+def unit_path(work: Path, dataset: str, lengthscale: float, k: int) -> Path:
+    return work / f"{dataset}_lengthscale{lengthscale:g}_part{k}.json"
 
 
-def run_unit(lengthscale: float, path: Path, k: int = 0, n: int = 1, data: Any = None) -> dict[str, Any]:
+def run_unit(dataset: str, lengthscale: float, path: Path, k: int = 0, n: int = 1, data: Any = None) -> dict[str, Any]:
     """Points k, k + n, … of ``ETAS`` at ℓ, resuming from ``path``; the file is replaced after each η."""
-    unit = json.loads(path.read_text()) if path.exists() else {"lengthscale": lengthscale, "points": []}
+    unit = json.loads(path.read_text()) if path.exists() else {"dataset": dataset, "lengthscale": lengthscale, "points": []}
     done = {p["eta"] for p in unit["points"]}
-    data = usd.load(DATASET, SIZE) if data is None else data
+    data = usd.load(dataset, SIZE) if data is None else data
     for eta in ETAS[k::n]:
         if eta in done:
             continue
@@ -66,33 +71,34 @@ def run_unit(lengthscale: float, path: Path, k: int = 0, n: int = 1, data: Any =
 
 def render(work: Path, datasize_work: Path, out_dir: Path | None) -> tuple[Path, Path] | None:
     rows = []
-    for ell in LENGTHSCALES:
-        pts = sorted((q for p in sorted(work.glob(f"lengthscale{ell:g}_part*.json")) for q in json.loads(p.read_text())["points"]),
+    for dataset, ell in ((d, e) for d in DATASETS for e in LENGTHSCALES):
+        pts = sorted((q for p in sorted(work.glob(f"{dataset}_lengthscale{ell:g}_part*.json")) for q in json.loads(p.read_text())["points"]),
                      key=lambda q: q["eta"])  # fmt: skip
         if len(pts) < len(ETAS):
             continue
         etas, lev, nll = (np.array([q[k] for q in pts]) for k in ("eta", "log_evidence", "nll"))
         top, best = int(np.argmax(lev)), int(np.argmin(nll))
-        rows.append({"lengthscale": ell, "etas": etas.tolist(), "log_evidence": lev.tolist(), "nll": nll.tolist(),
+        rows.append({"dataset": dataset, "lengthscale": ell, "etas": etas.tolist(), "log_evidence": lev.tolist(), "nll": nll.tolist(),
                      "top_eta": float(etas[top]), "top": float(lev[top]), "gain": float(lev[top] - lev[0]),
                      "best_eta": float(etas[best]), "best_nll": float(nll[best]), "best_accuracy": pts[best]["accuracy"]})  # fmt: skip
     if not rows:
         return None
-    theirs = {q["eta"]: q["log_evidence"] for q in (usd.unit_points(datasize_work, DATASET, SIZE, SEED) or [])}
-    default = next((r for r in rows if r["lengthscale"] == 1.0), None)
-    check = (max(abs(theirs[e] - v) for e, v in zip(default["etas"], default["log_evidence"]) if e in theirs)
-             if default and any(e in theirs for e in default["etas"]) else None)  # fmt: skip
-    table = ["| ℓ | evidence's top: η / log p(D \\| η) | ℓ(top) − ℓ(0.1) | log p(D \\| η) − the best ℓ's top, at η = "
-             + " / ".join(f"{e:.2f}" for e in ETAS) + " | lowest held-out NLL: η / NLL / accuracy |", "|---:|---:|---:|---:|---:|"]  # fmt: skip
-    best_top = max(r["top"] for r in rows)
+    diffs = []
+    for r in (r for r in rows if r["lengthscale"] == 1.0):
+        theirs = {q["eta"]: q["log_evidence"] for q in (usd.unit_points(datasize_work, r["dataset"], SIZE, SEED) or [])}
+        diffs += [abs(theirs[e] - v) for e, v in zip(r["etas"], r["log_evidence"]) if e in theirs]
+    check = max(diffs) if diffs else None
+    table = ["| data | ℓ | evidence's top: η / log p(D \\| η) | ℓ(top) − ℓ(0.1) | log p(D \\| η) − the best ℓ's top, at η = "
+             + " / ".join(f"{e:.2f}" for e in ETAS) + " | lowest held-out NLL: η / NLL / accuracy |", "|:---|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in rows:
-        table.append(f"| {r['lengthscale']:g} | {r['top_eta']:.2f} / {r['top']:.1f} | {r['gain']:.1f} | "
+        best_top = max(q["top"] for q in rows if q["dataset"] == r["dataset"])
+        table.append(f"| {r['dataset']} | {r['lengthscale']:g} | {r['top_eta']:.2f} / {r['top']:.1f} | {r['gain']:.1f} | "
                      + " / ".join(f"{v - best_top:.1f}" for v in r["log_evidence"])
                      + f" | {r['best_eta']:.2f} / {r['best_nll']:.4f} / {r['best_accuracy']:.3f} |")  # fmt: skip
-    settings = {"DATASET": DATASET, "SIZE": SIZE, "SEED": SEED, "LENGTHSCALES": list(LENGTHSCALES), "ETAS": list(ETAS),
+    settings = {"DATASETS": list(DATASETS), "SIZE": SIZE, "SEED": SEED, "LENGTHSCALES": list(LENGTHSCALES), "ETAS": list(ETAS),
                 "NUM_SCALES": usd.NUM_SCALES, "SCALE_SPAN": list(usd.SCALE_SPAN), "HELDOUT_DRAWS": usd.HELDOUT_DRAWS}  # fmt: skip
     info, command = common.machine_info(), common.command_line()
-    intro = ("Issue 15: the Laplace evidence and held-out NLL along η on 1200 upright digits for three RFF lengthscales. "
+    intro = ("Issue 15: the Laplace evidence and held-out NLL along η on 1200 upright and ±90° digits for three RFF lengthscales. "
              "Method: section *Method* (the module docstring of `benchmarks/uncertain_symmetry_lengthscale.py`).")  # fmt: skip
     md = "\n".join([common.header_markdown("Uncertain symmetry: η against the RFF lengthscale", info, settings, command, intro),
                     *table, "\nCheck at ℓ = 1 against `uncertain_symmetry_datasize.py`'s points: "
@@ -107,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--run", action="store_true", help="(b): every point of --part not yet in --work-dir")
     group.add_argument("--render", action="store_true", help="no runs: the table from the unit files (c)")
     parser.add_argument("--part", default="0/1", help="k/n: run points k, k + n, … of each ℓ")
+    parser.add_argument("--dataset", default=DATASETS[0], choices=DATASETS)
     parser.add_argument("--datasize-work-dir", type=Path, default=Path(f"benchmarks/results/{usd.STEM}_units"))
     parser.add_argument("--work-dir", type=Path, default=Path(f"benchmarks/results/{STEM}_units"))
     parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
@@ -122,9 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         parser.error(f"--part must be k/n with 0 ≤ k < n, got {args.part!r}")
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    data = usd.load(DATASET, SIZE)
+    data = usd.load(args.dataset, SIZE)
     for ell in LENGTHSCALES:
-        run_unit(ell, unit_path(args.work_dir, ell, k), k, n, data)
+        run_unit(args.dataset, ell, unit_path(args.work_dir, args.dataset, ell, k), k, n, data)
     return 0
 
 
