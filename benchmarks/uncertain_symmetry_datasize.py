@@ -155,8 +155,7 @@ def predictive_unit(dataset: str, size: int, seed: int, work: Path) -> dict[str,
         logp = laplace_symmetry_predictive(model, x, y, xt, post, mass=mass, draws=HELDOUT_DRAWS, seed=seed)
         unit[name] = {"nll": float(-logp.gather(1, yt.long().unsqueeze(1)).mean()),
                       "accuracy": float((logp.argmax(1) == yt).double().mean())}  # fmt: skip
-    w = post.weights()
-    unit["points_mixed"] = int(np.searchsorted(np.cumsum(np.sort(w)[::-1]), FULL_BAYES_MASS * (1 - 1e-12)) + 1)
+    unit["points_mixed"] = len(post.top_points(FULL_BAYES_MASS))
     unit["seconds"] = time.perf_counter() - start
     usl._write(path, unit)
     common.log(f"{path.stem}: full Bayes {unit['full_bayes']['nll']:.4f}, type-II {unit['type_ii']['nll']:.4f} "

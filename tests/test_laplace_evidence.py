@@ -202,7 +202,7 @@ def test_symmetry_posterior_default_grid_and_refusals() -> None:
     post = laplace_symmetry_posterior(model, x, y, num_points=3)
     upper = float(model.eta_upper[0])
     assert post.grid == pytest.approx([upper / 4, upper / 2, 3 * upper / 4])
-    assert post.density @ [1.0, 1.0, 1.0] > 0 and math.isfinite(post.log_marginal)
+    assert np.trapezoid(post.density, post.grid) == pytest.approx(1.0) and math.isfinite(post.log_marginal)
     with pytest.raises(ValueError, match="latent"):
         laplace_symmetry_posterior(_tiny("fixed"), x, y)
     with pytest.raises(ValueError, match="strictly inside"):
@@ -233,6 +233,9 @@ def test_symmetry_predictive_mixes_the_fixed_eta_predictives_by_the_grid_weights
     full = laplace_symmetry_predictive(model, x, y, x_new, post, mass=1.0, draws=16, seed=2)
     assert full.shape == (5, 3) and torch.allclose(full.exp().sum(-1), torch.ones(5, dtype=full.dtype))
     assert torch.allclose(full, torch.logsumexp(each + w.log()[:, None, None], 0), atol=1e-10)
+    w_sorted = np.sort(post.weights())[::-1]
+    assert list(post.top_points(0.0)) == [int(np.argmax(post.weights()))] and len(post.top_points(1.0)) == 3
+    assert len(post.top_points(float(w_sorted[:2].sum()) - 1e-9)) == 2
     mode = laplace_symmetry_predictive(model, x, y, x_new, post, mass=0.0, draws=16, seed=2)
     assert torch.allclose(mode, each[int(np.argmax(post.weights()))], atol=1e-10)
 

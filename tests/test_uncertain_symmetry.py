@@ -79,9 +79,9 @@ def test_evaluate_draws_eta_from_the_guide() -> None:
     seen: list[float] = []
     original = InvariantMLP.sample_transforms
 
-    def record(self, num_transforms=None):
-        seen.append(float(self.eta[0]))
-        return original(self, num_transforms)
+    def record(self, num_transforms=None, eta=None):
+        seen.append(float(self.eta[0] if eta is None else eta[0]))
+        return original(self, num_transforms, eta)
 
     narrow = pi.guides.get("mean-field", model, init_loc_fn=init_to_value(values={"eta": torch.tensor([2.0])}),
                            init_scale=1e-4)  # fmt: skip

@@ -103,6 +103,15 @@ class LaplaceSymmetryPosterior(GridPosterior):
         w = self.density * cell
         return w / w.sum()
 
+    def top_points(self, mass: float) -> np.ndarray:
+        """Indices of the fewest grid points whose :meth:`weights` sum to at least ``mass`` (largest first; ``mass=0``:
+        the mode alone)."""
+        if isinstance(mass, bool) or not isinstance(mass, (int, float)) or not 0.0 <= mass <= 1.0:
+            raise ValueError(f"mass must be a number in [0, 1], got {mass!r}")
+        w = self.weights()
+        order = np.argsort(-w, kind="stable")
+        return order[: int(np.searchsorted(np.cumsum(w[order]), mass * (1 - 1e-12))) + 1]
+
 
 def _softmax_hessian(basis: Tensor, probs: Tensor) -> Tensor:
     """``(mC, mC)`` Σ_n (B_n B_nᵀ) ⊗ (diag p_n − p_n p_nᵀ), index ``k C + c`` (the negative log-likelihood's Hessian)."""
@@ -269,8 +278,8 @@ def laplace_symmetry_predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor,
 
     ``w_j`` the grid points' probabilities (:meth:`LaplaceSymmetryPosterior.weights`) and ``p(y* | x*, D, η_j)`` the
     read-out's Laplace predictive at η_j and its σ_p (:func:`laplace_readout_predictive`). Only the fewest points that
-    hold ``mass`` of the posterior enter (largest weights first; their weights renormalised): ``mass=0`` keeps the
-    posterior's mode alone, the type-II (maximum a posteriori η on the grid) predictive of the same model.
+    hold ``mass`` of the posterior enter (:meth:`LaplaceSymmetryPosterior.top_points`; their weights renormalised):
+    ``mass=0`` keeps the posterior's mode alone, the type-II (maximum a posteriori η on the grid) predictive of the same model.
 
     Args:
         model: the ``InvariantMLP`` with a latent η that ``posterior`` was computed for (:func:`laplace_symmetry_posterior`).
@@ -282,12 +291,9 @@ def laplace_symmetry_predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor,
     if not isinstance(posterior, LaplaceSymmetryPosterior):
         raise TypeError("posterior must be a LaplaceSymmetryPosterior (laplace_symmetry_posterior's result), "
                         f"got {type(posterior).__name__}")  # fmt: skip
-    if isinstance(mass, bool) or not isinstance(mass, (int, float)) or not 0.0 <= mass <= 1.0:
-        raise ValueError(f"mass must be a number in [0, 1], got {mass!r}")
+    keep = posterior.top_points(mass)
     args = _checked_predictive(model, x, y, x_new, draws, seed)
     w = posterior.weights()
-    order = np.argsort(-w, kind="stable")
-    keep = order[: int(np.searchsorted(np.cumsum(w[order]), mass * (1 - 1e-12))) + 1]
     like = model.eta_upper
     terms = []
     for j in keep.tolist():
