@@ -142,6 +142,26 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def parse_part(parser: Any, value: str) -> tuple[int, int]:
+    """``--part k/n`` (this process runs items k, k + n, …) as ``(k, n)``; anything else ends with ``parser.error``."""
+    try:
+        k, n = (int(v) for v in value.split("/"))
+        if not 0 <= k < n:
+            raise ValueError
+    except ValueError:
+        parser.error(f"--part must be k/n with 0 ≤ k < n, got {value!r}")
+    return k, n
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Lay out ``fig``, save it to ``path`` (100 dpi) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def publish(stem: str, markdown: str, payload: dict[str, Any], out_dir: Path | str | None = None) -> tuple[Path, Path]:
     """:func:`write_results`, then print the table and log where it went (the end of every benchmark)."""
     md_path, json_path = write_results(stem, markdown, payload, Path(out_dir) if out_dir else None)

@@ -340,13 +340,9 @@ def plot(lean: list[dict[str, Any]], results: Path, path: Path) -> None:
 
 def finish_profiles(fig: Any, axes: Any, path: Path) -> None:
     """Label and legend a row of ``log p(D | η) − top`` panels, save the figure to ``path`` and close it."""
-    import matplotlib.pyplot as plt
-
     axes[0][0].set_ylabel("log p(D | η) − top (nats)")
     axes[0][0].legend(fontsize=6, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path] | None:

@@ -112,13 +112,19 @@ def evaluate_point(data: Any, seed: int, eta: float, **model_kw: Any) -> dict[st
 
 def run_unit(dataset: str, size: int, seed: int, path: Path, k: int = 0, n: int = 1) -> dict[str, Any]:
     """Points k, k + n, … of ``ETAS``, resuming from ``path``; the file is replaced after each η."""
-    unit = json.loads(path.read_text()) if path.exists() else {"dataset": dataset, "size": size, "seed": seed, "points": []}
+    header = {"dataset": dataset, "size": size, "seed": seed}
+    return run_points(path, header, load(dataset, size), seed, ETAS[k::n])
+
+
+def run_points(path: Path, header: dict[str, Any], data: Any, seed: int, etas: tuple[float, ...], **model_kw: Any) -> dict[str, Any]:
+    """:func:`evaluate_point` at each of ``etas`` not yet in ``path`` (a unit ``{**header, "points": [...]}``), the file
+    replaced after each η; ``model_kw`` as in :func:`evaluate_point`."""
+    unit = json.loads(path.read_text()) if path.exists() else {**header, "points": []}
     done = {p["eta"] for p in unit["points"]}
-    data = load(dataset, size)
-    for eta in ETAS[k::n]:
+    for eta in etas:
         if eta in done:
             continue
-        point = evaluate_point(data, seed, eta)
+        point = evaluate_point(data, seed, eta, **model_kw)
         unit["points"].append(point)
         usl._write(path, unit)
         common.log(f"{path.stem} η {eta:.2f}: {point['log_evidence']:.2f} (σ_p mode {point['sigma_mode']:.1f}), "
@@ -276,9 +282,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         axes[0][col].set(title=dataset, ylim=(-80, 5), ylabel="log p(D | η) − top (nats)")
         axes[1][col].set(xlabel="η (rad)", ylabel="held-out NLL (nats / digit)", xlim=(0, us.ETA_MAX))
         axes[0][col].legend(fontsize=6, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,13 +301,13 @@ def main(argv: list[str] | None = None) -> int:
     common.set_threads(args.threads)
     if args.render:
         return 0 if render(args.work_dir, args.laplace_work_dir, args.out_dir) else 1
+    k, n = common.parse_part(parser, args.part)
     try:
-        k, n = (int(v) for v in args.part.split("/"))
         seeds = tuple(int(s) for s in args.seeds.split(","))
-        if not 0 <= k < n or not set(seeds) <= set(SEEDS):
+        if not set(seeds) <= set(SEEDS):
             raise ValueError
     except ValueError:
-        parser.error(f"--part must be k/n with 0 ≤ k < n and --seeds from {SEEDS}, got {args.part!r}, {args.seeds!r}")
+        parser.error(f"--seeds must be comma-separated seeds from {SEEDS}, got {args.seeds!r}")
     args.work_dir.mkdir(parents=True, exist_ok=True)
     order = [u for u in sorted(UNITS, key=lambda u: seeds.index(u[0]) if u[0] in seeds else len(seeds)) if u[0] in seeds]
     for i, (seed, dataset, size) in enumerate(order):

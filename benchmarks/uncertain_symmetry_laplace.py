@@ -299,12 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     common.set_threads(args.threads)
     if args.render:
         return 0 if render(args.work_dir, args.ais_work_dir, args.results, args.out_dir) else 1
-    try:
-        k, n = (int(v) for v in args.part.split("/"))
-        if not 0 <= k < n:
-            raise ValueError
-    except ValueError:
-        parser.error(f"--part must be k/n with 0 ≤ k < n, got {args.part!r}")
+    k, n = common.parse_part(parser, args.part)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     for dataset, seed in UNITS:
         if args.heldout:

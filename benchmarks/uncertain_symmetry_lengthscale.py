@@ -56,17 +56,8 @@ def unit_path(work: Path, dataset: str, lengthscale: float, k: int) -> Path:
 
 def run_unit(dataset: str, lengthscale: float, path: Path, k: int = 0, n: int = 1, data: Any = None) -> dict[str, Any]:
     """Points k, k + n, … of ``ETAS`` at ℓ, resuming from ``path``; the file is replaced after each η."""
-    unit = json.loads(path.read_text()) if path.exists() else {"dataset": dataset, "lengthscale": lengthscale, "points": []}
-    done = {p["eta"] for p in unit["points"]}
     data = usd.load(dataset, SIZE) if data is None else data
-    for eta in ETAS[k::n]:
-        if eta in done:
-            continue
-        point = usd.evaluate_point(data, SEED, eta, lengthscale=lengthscale)
-        unit["points"].append(point)
-        usd.usl._write(path, unit)
-        common.log(f"{path.stem} η {eta:.2f}: {point['log_evidence']:.2f}, held-out NLL {point['nll']:.4f}, {point['seconds']:.0f} s")
-    return unit
+    return usd.run_points(path, {"dataset": dataset, "lengthscale": lengthscale}, data, SEED, ETAS[k::n], lengthscale=lengthscale)
 
 
 def render(work: Path, datasize_work: Path, out_dir: Path | None) -> tuple[Path, Path] | None:
@@ -122,12 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     common.set_threads(args.threads)
     if args.render:
         return 0 if render(args.work_dir, args.datasize_work_dir, args.out_dir) else 1
-    try:
-        k, n = (int(v) for v in args.part.split("/"))
-        if not 0 <= k < n:
-            raise ValueError
-    except ValueError:
-        parser.error(f"--part must be k/n with 0 ≤ k < n, got {args.part!r}")
+    k, n = common.parse_part(parser, args.part)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     data = usd.load(args.dataset, SIZE)
     for ell in LENGTHSCALES:
