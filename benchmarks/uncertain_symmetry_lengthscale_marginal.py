@@ -1,0 +1,199 @@
+r"""Issue 15: with the RFF lengthscale chosen or integrated out by the evidence, where is η?
+
+Why. The lengthscale probe (``uncertain_symmetry_lengthscale.py``, seed 0, exploratory) found that on 1200 upright digits
+the Laplace evidence prefers ℓ = 2 to the catalogue's default ℓ = 1 by 101 nats and to ℓ = 4 by 7 nats, and that a
+longer ℓ moves the evidence's top in η down (2.35 → 1.6 → 0.6 rad for ℓ = 1, 2, 4); on ±90° digits the top stayed at
+π for every ℓ. A researcher would not fix ℓ by hand: they would learn it by the evidence with η, as van der Wilk et al.
+(2018) learn kernel hyperparameters with the invariance. This benchmark asks whether the issue's upright criterion
+(mode below 1.0 rad or P(η < 1) > 0.5) and ±90° criterion (mode within 0.5 rad of π/2) hold once ℓ is (i) chosen by
+type-II maximum likelihood, with η integrated out, or (ii) integrated out with η. The seed-0 numbers at ℓ = 1, 2, 4
+were seen before this design; seeds 1 and 2 are fresh.
+
+Method (every setting fixed and committed before any new point of this script ran):
+
+a. **Model and data.** The data-size benchmark's model and data (``uncertain_symmetry_datasize.evaluate_point``:
+   Laplace evidence with ``NUM_SCALES`` σ_p scales, held-out NLL of the predictive at the σ_p mode on the 450 test
+   digits) at N = ``SIZE`` = 1200, on upright and ±90° digits (``DATASETS``), random features of seeds ``SEEDS`` = 0,
+   1, 2, η ∈ ``ETAS`` (the lengthscale probe's 8 points), RFF lengthscale ℓ ∈ ``LENGTHSCALES`` = 1, 2, 2√2, 4 (a
+   uniform prior on the grid, even in log ℓ except between 1 and 2: ℓ = √2 is not run).
+b. **Points reused** (the same deterministic function on the same data): ℓ = 1 from the data-size benchmark's units
+   (its 13-point grid holds ``ETAS``); seed 0 at ℓ = 2 and 4 from the lengthscale probe's units.
+   **Points run** (``--run``), in ``RUN_ORDER``: seeds 1, 2 at ℓ = 2, 4 (upright, then ±90°), then ℓ = 2√2 on seeds
+   0, 1, 2. Two processes take alternate η of every item (``--part 0/2`` and ``1/2``). ℓ = 2√2 runs last and may be
+   cut for CPU time (declared here if so); a (dataset, seed) is then rendered on the ℓ that are complete, named in
+   the table.
+c. **Measures** (``--render``), per (dataset, seed), on the complete ℓ:
+   - log p(D | ℓ) = log ∫ p(D | η, ℓ) p(η) dη with the U(0, π) prior on the η grid (trapezoid,
+     ``uncertain_symmetry_annealed.posterior``), and p(ℓ | D) on the ℓ grid;
+   - **type-II ℓ**: ℓ* = argmax log p(D | ℓ); the grid posterior p(η | D, ℓ*) and the issue's criterion on it;
+   - **ℓ integrated**: p(η | D) ∝ p(η) Σ_ℓ p(D | η, ℓ) / L, its mode / mean / sd and the issue's criterion;
+   - the lowest held-out NLL over (ℓ, η), and the NLL at the evidence's joint top less the lowest.
+   Per dataset: on how many seeds each criterion holds, and the mean ± sd of the ℓ-integrated posterior mean.
+   **Reading fixed in advance:** a criterion counts as reproduced with ℓ learned when it holds on the ℓ-integrated
+   posterior on at least 2 of the 3 seeds; the table also states the count on the fresh seeds 1 and 2 alone.
+   Check: each reused ℓ = 1 point is taken from the data-size units unchanged, and each seed-0 point at ℓ = 2, 4 from
+   the probe's; the table prints how many points came from each source.
+
+Results: ``benchmarks/results/uncertain_symmetry_lengthscale_marginal.md``, ``.json``; unit files in ``--work-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as common  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import uncertain_symmetry as us  # noqa: E402
+import uncertain_symmetry_annealed as usa  # noqa: E402
+import uncertain_symmetry_datasize as usd  # noqa: E402
+import uncertain_symmetry_lengthscale as usls  # noqa: E402
+
+STEM = "uncertain_symmetry_lengthscale_marginal"
+SIZE = 1200
+DATASETS = ("upright", "partially-rotated")
+SEEDS = (0, 1, 2)
+LENGTHSCALES = (1.0, 2.0, 2.0 * math.sqrt(2.0), 4.0)
+ETAS = usls.ETAS
+#: (seed, dataset, ℓ) items run by this script, in order (b)
+RUN_ORDER = tuple((s, d, e) for s in (1, 2) for d in DATASETS for e in (2.0, 4.0)) + tuple(
+    (s, d, LENGTHSCALES[2]) for s in SEEDS for d in DATASETS
+)
+PROBE_WORK = Path(f"benchmarks/results/{usls.STEM}_units")
+DATASIZE_WORK = Path(f"benchmarks/results/{usd.STEM}_units")
+
+
+def unit_path(work: Path, dataset: str, lengthscale: float, seed: int, k: int) -> Path:
+    return work / f"{dataset}_lengthscale{lengthscale:.4g}_seed{seed}_part{k}.json"
+
+
+def run_item(dataset: str, lengthscale: float, seed: int, path: Path, k: int = 0, n: int = 1, data: Any = None) -> dict[str, Any]:
+    """Points k, k + n, … of ``ETAS`` at (ℓ, seed), resuming from ``path``; the file is replaced after each η."""
+    data = usd.load(dataset, SIZE) if data is None else data
+    header = {"dataset": dataset, "lengthscale": lengthscale, "seed": seed}
+    return usd.run_points(path, header, data, seed, ETAS[k::n], lengthscale=lengthscale)
+
+
+def points(work: Path, probe_work: Path, datasize_work: Path, dataset: str, lengthscale: float, seed: int) -> tuple[list[dict[str, Any]], str] | None:
+    """The points of (dataset, ℓ, seed) at ``ETAS``, sorted, and their source (b); None while incomplete."""
+    if lengthscale == 1.0:
+        pts, source = usd.unit_points(datasize_work, dataset, SIZE, seed) or [], "data-size"
+    elif seed == 0 and lengthscale in usls.LENGTHSCALES:
+        files, source = sorted(probe_work.glob(f"{dataset}_lengthscale{lengthscale:g}_part*.json")), "probe"
+        pts = [q for p in files for q in json.loads(p.read_text())["points"]]
+    else:
+        files, source = sorted(work.glob(f"{dataset}_lengthscale{lengthscale:.4g}_seed{seed}_part*.json")), "this script"
+        pts = [q for p in files for q in json.loads(p.read_text())["points"]]
+    pts = sorted((q for q in pts if q["eta"] in ETAS), key=lambda q: q["eta"])
+    return (pts, source) if len(pts) == len(ETAS) else None
+
+
+def summarise(dataset: str, seed: int, units: dict[float, list[dict[str, Any]]]) -> dict[str, Any]:
+    """(c) for one (dataset, seed) from its complete ℓ (``units``: ℓ → points sorted by η)."""
+    ells = sorted(units)
+    etas = np.array(ETAS)
+    lev = np.array([[q["log_evidence"] for q in units[e]] for e in ells])
+    nll = np.array([[q["nll"] for q in units[e]] for e in ells])
+    log_ml = np.array([usa.posterior(etas, row).log_marginal for row in lev])
+    p_ell = np.exp(log_ml - log_ml.max())
+    p_ell /= p_ell.sum()
+    star = int(np.argmax(log_ml))
+    at_star = us.grid_summary(usa.posterior(etas, lev[star]))
+    mixed = np.logaddexp.reduce(lev, axis=0) - math.log(len(ells))
+    integrated = us.grid_summary(usa.posterior(etas, mixed))
+    top, best = np.unravel_index(np.argmax(lev), lev.shape), np.unravel_index(np.argmin(nll), nll.shape)
+    return {"dataset": dataset, "seed": seed, "lengthscales": ells, "log_evidence": lev.tolist(), "nll": nll.tolist(),
+            "log_p_data_given_ell": log_ml.tolist(), "p_ell": p_ell.tolist(), "ell_star": ells[star],
+            "at_ell_star": at_star, "at_ell_star_criterion": us.location_criterion(dataset, at_star),
+            "integrated": integrated, "integrated_criterion": us.location_criterion(dataset, integrated),
+            "joint_top": [ells[top[0]], float(etas[top[1]])], "best_nll": [ells[best[0]], float(etas[best[1]]), float(nll[best])],
+            "nll_at_top": float(nll[top] - nll[best])}  # fmt: skip
+
+
+def render(work: Path, probe_work: Path, datasize_work: Path, out_dir: Path | None) -> tuple[Path, Path] | None:
+    rows, sources = [], {"data-size": 0, "probe": 0, "this script": 0}
+    for dataset in DATASETS:
+        for seed in SEEDS:
+            got = {ell: g for ell in LENGTHSCALES if (g := points(work, probe_work, datasize_work, dataset, ell, seed)) is not None}
+            if len(got) < 2:
+                continue
+            rows.append(summarise(dataset, seed, {ell: pts for ell, (pts, _) in got.items()}))
+            for pts, source in got.values():
+                sources[source] += len(pts)
+    if not rows:
+        return None
+
+    def crit(c: tuple[bool, str]) -> str:
+        return f"{'holds' if c[0] else 'fails'}: {c[1]}".replace("|", "\\|")
+
+    table = ["| data | seed | ℓ grid | log p(D \\| ℓ) − the best, per ℓ | type-II ℓ* (p(ℓ* \\| D)) | η at ℓ*: mode / mean / sd — criterion "
+             "| ℓ integrated: mode / mean / sd / 90 % interval — criterion | lowest held-out NLL: ℓ, η / NLL | NLL at the evidence's (ℓ, η) top − lowest |",
+             "|:---|---:|:---|:---|---:|:---|:---|:---|---:|"]  # fmt: skip
+    for r in rows:
+        lm, s, t = np.array(r["log_p_data_given_ell"]), r["at_ell_star"], r["integrated"]
+        table.append(f"| {r['dataset']} | {r['seed']} | {', '.join(f'{e:.3g}' for e in r['lengthscales'])} | "
+                     + " / ".join(f"{v - lm.max():.1f}" for v in lm)
+                     + f" | {r['ell_star']:.3g} ({max(r['p_ell']):.2f}) | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} — {crit(r['at_ell_star_criterion'])}"
+                     f" | {t['mode']:.2f} / {t['mean']:.2f} / {t['sd']:.2f} / [{t['q05']:.2f}, {t['q95']:.2f}] — {crit(r['integrated_criterion'])}"
+                     f" | {r['best_nll'][0]:.3g}, {r['best_nll'][1]:.2f} / {r['best_nll'][2]:.4f} | {r['nll_at_top']:.4f} |")  # fmt: skip
+    summary = ["\n| data | seeds | type-II ℓ: criterion holds on | ℓ integrated: criterion holds on (fresh seeds 1, 2) | ℓ-integrated posterior mean, mean ± sd | reproduced with ℓ learned (≥ 2 of 3 seeds) |",
+               "|:---|:---|---:|---:|---:|:---|"]  # fmt: skip
+    for dataset in DATASETS:
+        rs = [r for r in rows if r["dataset"] == dataset]
+        if not rs:
+            continue
+        means = np.array([r["integrated"]["mean"] for r in rs])
+        fresh = [r for r in rs if r["seed"] != 0]
+        held = sum(r["integrated_criterion"][0] for r in rs)
+        verdict = "—" if len(rs) < len(SEEDS) else ("yes" if held >= 2 else "no")
+        summary.append(f"| {dataset} | {', '.join(str(r['seed']) for r in rs)} | {sum(r['at_ell_star_criterion'][0] for r in rs)} of {len(rs)} | "
+                       f"{held} of {len(rs)} ({sum(r['integrated_criterion'][0] for r in fresh)} of {len(fresh)}) | "
+                       + (f"{means.mean():.2f} ± {means.std(ddof=1):.2f}" if len(means) > 1 else f"{means[0]:.2f}") + f" | {verdict} |")  # fmt: skip
+    settings = {"SIZE": SIZE, "DATASETS": list(DATASETS), "SEEDS": list(SEEDS), "LENGTHSCALES": list(LENGTHSCALES), "ETAS": list(ETAS),
+                "RUN_ORDER": [list(i) for i in RUN_ORDER], "NUM_SCALES": usd.NUM_SCALES, "SCALE_SPAN": list(usd.SCALE_SPAN),
+                "HELDOUT_DRAWS": usd.HELDOUT_DRAWS}  # fmt: skip
+    info, command = common.machine_info(), common.command_line()
+    intro = ("Issue 15: the Laplace evidence over (η, RFF lengthscale ℓ) on 1200 upright and ±90° digits, three feature seeds; "
+             "η's posterior with ℓ chosen by type-II and with ℓ integrated out. "
+             "Method: section *Method* (the module docstring of `benchmarks/uncertain_symmetry_lengthscale_marginal.py`).")  # fmt: skip
+    md = "\n".join([common.header_markdown("Uncertain symmetry: η with the RFF lengthscale learned", info, settings, command, intro),
+                    *table, *summary, "\nPoints by source (b): " + ", ".join(f"{k}: {v}" for k, v in sources.items()) + ".\n",
+                    "\n## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
+    return common.write_results(STEM, md, {"info": info, "settings": settings, "command": command, "units": rows, "sources": sources}, out_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--run", action="store_true", help="(b): every point of --part not yet in --work-dir, in RUN_ORDER")
+    group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (c)")
+    parser.add_argument("--part", default="0/1", help="k/n: run points k, k + n, … of every item")
+    parser.add_argument("--probe-work-dir", type=Path, default=PROBE_WORK)
+    parser.add_argument("--datasize-work-dir", type=Path, default=DATASIZE_WORK)
+    parser.add_argument("--work-dir", type=Path, default=Path(f"benchmarks/results/{STEM}_units"))
+    parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    common.set_threads(args.threads)
+    if args.render:
+        return 0 if render(args.work_dir, args.probe_work_dir, args.datasize_work_dir, args.out_dir) else 1
+    k, n = common.parse_part(parser, args.part)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    data: dict[str, Any] = {}
+    for seed, dataset, ell in RUN_ORDER:
+        if dataset not in data:
+            data[dataset] = usd.load(dataset, SIZE)
+        run_item(dataset, ell, seed, unit_path(args.work_dir, dataset, ell, seed, k), k, n, data[dataset])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
