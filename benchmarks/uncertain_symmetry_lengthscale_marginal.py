@@ -34,6 +34,20 @@ c. **Measures** (``--render``), per (dataset, seed), on the complete ℓ:
    Check: each reused ℓ = 1 point is taken from the data-size units unchanged, and each seed-0 point at ℓ = 2, 4 from
    the probe's; the table prints how many points came from each source.
 
+d. **Is the Laplace evidence's ℓ ranking real? An AIS check** (added after (b) had started, before any of its new
+   points had been looked at). On seed 0's upright digits the Laplace evidence puts log p(D | ℓ = 2) 7.7 nats above
+   ℓ = 4, while the held-out NLL is lower at ℓ = 4 (0.413 against ≥ 0.554 at ℓ = 2); the Laplace evidence was 5–21
+   nats below AIS on 300 digits (``uncertain_symmetry_annealed.py``), so an error that differs between ℓ could flip the
+   ranking, and with it (c)'s upright posterior (ℓ = 4 alone puts the top at 0.6 rad). ``AIS_CHECK``: upright, seed 0,
+   N = 300 and 1200, ℓ = 2 and 4, η = 0.6 and 1.6; at each point AIS with the annealed benchmark's sampler
+   (``uncertain_symmetry_annealed.evaluate_point``: 32 chains, 1000 scales, the 16-point quadrature), two independent
+   runs (``--ais-check --part 0/2`` and ``1/2``: AIS seeds 0 and 1), N = 300 first; and the Laplace evidence at the
+   same points (N = 1200: the points of (b); N = 300: computed by part 0 after its AIS runs). Measures: the combined AIS
+   estimate (log mean of both runs' 64 weights) and its noise (half the runs' difference); AIS − Laplace per point;
+   at each (N, η) the ℓ = 4 − ℓ = 2 difference by AIS and by Laplace. **Reading fixed in advance:** the Laplace ranking
+   of ℓ is confirmed when, at N = 1200, AIS's ℓ = 4 − ℓ = 2 difference has Laplace's sign at both η; otherwise (c)'s
+   type-II ℓ and ℓ-integrated posteriors are not trusted, and the table says so.
+
 Results: ``benchmarks/results/uncertain_symmetry_lengthscale_marginal.md``, ``.json``; unit files in ``--work-dir``.
 """
 
@@ -55,6 +69,7 @@ import numpy as np  # noqa: E402
 import uncertain_symmetry as us  # noqa: E402
 import uncertain_symmetry_annealed as usa  # noqa: E402
 import uncertain_symmetry_datasize as usd  # noqa: E402
+import uncertain_symmetry_laplace as usl  # noqa: E402
 import uncertain_symmetry_lengthscale as usls  # noqa: E402
 
 STEM = "uncertain_symmetry_lengthscale_marginal"
@@ -67,6 +82,8 @@ ETAS = usls.ETAS
 RUN_ORDER = tuple((s, d, e) for s in (1, 2) for d in DATASETS for e in (2.0, 4.0)) + tuple(
     (s, d, LENGTHSCALES[2]) for s in SEEDS for d in DATASETS
 )
+#: (d): upright, seed 0; (N, ℓ, η) in run order
+AIS_CHECK = tuple((n, e, eta) for n in (300, 1200) for e in (2.0, 4.0) for eta in (0.6, 1.6))
 PROBE_WORK = Path(f"benchmarks/results/{usls.STEM}_units")
 DATASIZE_WORK = Path(f"benchmarks/results/{usd.STEM}_units")
 
@@ -94,6 +111,77 @@ def points(work: Path, probe_work: Path, datasize_work: Path, dataset: str, leng
         pts = [q for p in files for q in json.loads(p.read_text())["points"]]
     pts = sorted((q for q in pts if q["eta"] in ETAS), key=lambda q: q["eta"])
     return (pts, source) if len(pts) == len(ETAS) else None
+
+
+def run_ais_check(work: Path, half: int) -> dict[str, Any]:
+    """(d) for one AIS run (``half`` = its seed), resuming from its file; part 0 then adds the Laplace points at N = 300."""
+    path = work / f"ais_check_half{half}.json"
+    unit = json.loads(path.read_text()) if path.exists() else {"dataset": "upright", "seed": 0, "half": half, "points": []}
+    done = {(p["size"], p["lengthscale"], p["eta"]) for p in unit["points"]}
+    data: dict[int, Any] = {}
+    for size, ell, eta in AIS_CHECK:
+        if (size, ell, eta) in done:
+            continue
+        if size not in data:
+            data[size] = usd.load("upright", size)
+        point = {"size": size, "lengthscale": ell, **usa.evaluate_point(data[size], 0, eta, half, lengthscale=ell)}
+        unit["points"].append(point)
+        usl._write(path, unit)
+        common.log(f"AIS check half {half}, N {size}, ℓ {ell:g}, η {eta:.2f}: {point['log_evidence']:.2f} ({point['seconds']:.0f} s)")
+    if half == 0:
+        laplace = work / "ais_check_laplace.json"
+        lap = json.loads(laplace.read_text()) if laplace.exists() else {"dataset": "upright", "seed": 0, "points": []}
+        done = {(p["lengthscale"], p["eta"]) for p in lap["points"]}
+        for size, ell, eta in AIS_CHECK:
+            if size == SIZE or (ell, eta) in done:
+                continue
+            if size not in data:
+                data[size] = usd.load("upright", size)
+            lap["points"].append({"size": size, "lengthscale": ell, **usd.evaluate_point(data[size], 0, eta, lengthscale=ell)})
+            usl._write(laplace, lap)
+    return unit
+
+
+def ais_check(work: Path, probe_work: Path) -> list[dict[str, Any]] | None:
+    """(d)'s rows from both AIS runs and the Laplace points; None until every point of both runs is there."""
+    halves = [work / f"ais_check_half{h}.json" for h in (0, 1)]
+    if not all(p.exists() for p in halves):
+        return None
+    runs = [{(p["size"], p["lengthscale"], p["eta"]): p for p in json.loads(h.read_text())["points"]} for h in halves]
+    lap_path = work / "ais_check_laplace.json"
+    laplace = {(p["size"], p["lengthscale"], p["eta"]): p["log_evidence"] for p in (json.loads(lap_path.read_text())["points"] if lap_path.exists() else [])}
+    for ell in {e for _, e, _ in AIS_CHECK}:
+        got = points(work, probe_work, DATASIZE_WORK, "upright", ell, 0)
+        laplace.update({(SIZE, ell, q["eta"]): q["log_evidence"] for q in (got[0] if got else [])})
+    rows = []
+    for key in AIS_CHECK:
+        if not all(key in r for r in runs) or key not in laplace:
+            return None
+        weights = np.concatenate([np.array(r[key]["log_weights"]) for r in runs])
+        ais = float(np.logaddexp.reduce(weights) - math.log(len(weights)))
+        rows.append({"size": key[0], "lengthscale": key[1], "eta": key[2], "ais": ais, "noise": abs(runs[0][key]["log_evidence"] - runs[1][key]["log_evidence"]) / 2,
+                     "laplace": laplace[key], "weight_sd": float(np.mean([r[key]["weight_sd"] for r in runs]))})  # fmt: skip
+    return rows
+
+
+def ais_table(rows: list[dict[str, Any]]) -> list[str]:
+    """(d)'s two tables: the points, then the ℓ = 4 − ℓ = 2 differences and the reading."""
+    out = ["\n**(d) AIS check of the ℓ ranking** (upright, seed 0).\n",
+           "| N | ℓ | η | AIS ± noise | per-chain log-weight sd | Laplace | AIS − Laplace |", "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    out += [f"| {r['size']} | {r['lengthscale']:g} | {r['eta']:.2f} | {r['ais']:.1f} ± {r['noise']:.1f} | {r['weight_sd']:.1f} | {r['laplace']:.1f} | {r['ais'] - r['laplace']:.1f} |"
+            for r in rows]  # fmt: skip
+    out += ["", "| N | η | ℓ = 4 − ℓ = 2, AIS | ℓ = 4 − ℓ = 2, Laplace | same sign |", "|---:|---:|---:|---:|:---|"]
+    at = {(r["size"], r["lengthscale"], r["eta"]): r for r in rows}
+    agree = []
+    for size, eta in dict.fromkeys((n, eta) for n, _, eta in AIS_CHECK):
+        a = at[(size, 4.0, eta)]["ais"] - at[(size, 2.0, eta)]["ais"]
+        b = at[(size, 4.0, eta)]["laplace"] - at[(size, 2.0, eta)]["laplace"]
+        if size == SIZE:
+            agree.append(a * b > 0)
+        out.append(f"| {size} | {eta:.2f} | {a:.1f} | {b:.1f} | {'yes' if a * b > 0 else 'no'} |")
+    verdict = "confirmed" if all(agree) else "not confirmed: (c)'s type-II ℓ and ℓ-integrated posteriors are not trusted"
+    out.append(f"\nReading (fixed in advance): the Laplace ranking of ℓ at N = {SIZE} is **{verdict}**.")
+    return out
 
 
 def summarise(dataset: str, seed: int, units: dict[float, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -157,9 +245,12 @@ def render(work: Path, probe_work: Path, datasize_work: Path, out_dir: Path | No
         summary.append(f"| {dataset} | {', '.join(str(r['seed']) for r in rs)} | {sum(r['at_ell_star_criterion'][0] for r in rs)} of {len(rs)} | "
                        f"{held} of {len(rs)} ({sum(r['integrated_criterion'][0] for r in fresh)} of {len(fresh)}) | "
                        + (f"{means.mean():.2f} ± {means.std(ddof=1):.2f}" if len(means) > 1 else f"{means[0]:.2f}") + f" | {verdict} |")  # fmt: skip
+    ais_rows = ais_check(work, probe_work)
+    if ais_rows:
+        summary += ais_table(ais_rows)
     settings = {"SIZE": SIZE, "DATASETS": list(DATASETS), "SEEDS": list(SEEDS), "LENGTHSCALES": list(LENGTHSCALES), "ETAS": list(ETAS),
                 "RUN_ORDER": [list(i) for i in RUN_ORDER], "NUM_SCALES": usd.NUM_SCALES, "SCALE_SPAN": list(usd.SCALE_SPAN),
-                "HELDOUT_DRAWS": usd.HELDOUT_DRAWS}  # fmt: skip
+                "HELDOUT_DRAWS": usd.HELDOUT_DRAWS, "AIS_CHECK": [list(i) for i in AIS_CHECK]}  # fmt: skip
     info, command = common.machine_info(), common.command_line()
     intro = ("Issue 15: the Laplace evidence over (η, RFF lengthscale ℓ) on 1200 upright and ±90° digits, three feature seeds; "
              "η's posterior with ℓ chosen by type-II and with ℓ integrated out. "
@@ -167,14 +258,15 @@ def render(work: Path, probe_work: Path, datasize_work: Path, out_dir: Path | No
     md = "\n".join([common.header_markdown("Uncertain symmetry: η with the RFF lengthscale learned", info, settings, command, intro),
                     *table, *summary, "\nPoints by source (b): " + ", ".join(f"{k}: {v}" for k, v in sources.items()) + ".\n",
                     "\n## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
-    return common.write_results(STEM, md, {"info": info, "settings": settings, "command": command, "units": rows, "sources": sources}, out_dir)
+    return common.write_results(STEM, md, {"info": info, "settings": settings, "command": command, "units": rows, "sources": sources, "ais_check": ais_rows}, out_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--run", action="store_true", help="(b): every point of --part not yet in --work-dir, in RUN_ORDER")
-    group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (c)")
+    group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (c), (d)")
+    group.add_argument("--ais-check", action="store_true", help="(d): the AIS run of --part k/2 (its seed k)")
     parser.add_argument("--part", default="0/1", help="k/n: run points k, k + n, … of every item")
     parser.add_argument("--probe-work-dir", type=Path, default=PROBE_WORK)
     parser.add_argument("--datasize-work-dir", type=Path, default=DATASIZE_WORK)
@@ -187,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if render(args.work_dir, args.probe_work_dir, args.datasize_work_dir, args.out_dir) else 1
     k, n = common.parse_part(parser, args.part)
     args.work_dir.mkdir(parents=True, exist_ok=True)
+    if args.ais_check:
+        if n != 2:
+            parser.error("--ais-check takes --part 0/2 or 1/2 (one AIS run each)")
+        run_ais_check(args.work_dir, k)
+        return 0
     data: dict[str, Any] = {}
     for seed, dataset, ell in RUN_ORDER:
         if dataset not in data:
