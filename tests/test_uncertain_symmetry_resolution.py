@@ -1,0 +1,53 @@
+"""Issue 15's 28×28 benchmark (``benchmarks/uncertain_symmetry_resolution.py``): its settings, a tiny real run on
+Fashion-MNIST that resumes, and the tables from synthetic units."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from benchmark_scripts import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_benchmark("uncertain_symmetry_resolution")
+
+
+def test_settings(bench) -> None:
+    assert bench.DATASETS == {"upright": "fashion-mnist", "partially-rotated": "partially-rotated-fashion-mnist"}
+    assert bench.ETAS == bench.usls.ETAS and bench.SIZE == 1200 and bench.SEEDS == (0, 1, 2)
+
+
+def test_a_tiny_run_on_28x28_images_resumes(bench, tmp_path, monkeypatch) -> None:
+    # Debian's dataset-fashion-mnist, installed by ``make install``; without it the loader's error names the package
+    monkeypatch.setattr(bench, "ETAS", (0.6, 2.1))
+    monkeypatch.setattr(bench.usd, "NUM_SCALES", 3)
+    monkeypatch.setattr(bench.usd, "HELDOUT_DRAWS", 8)
+    data = bench.load("partially-rotated", 30)
+    assert data.image_shape == (1, 28, 28)
+    unit = bench.run_unit("partially-rotated", 1, bench.unit_path(tmp_path, "partially-rotated", 1, 1), 1, 2, data)
+    assert unit["images"] == "partially-rotated-fashion-mnist" and [p["eta"] for p in unit["points"]] == [2.1]
+    assert unit["points"][0]["log_evidence"] == pytest.approx(bench.usd.evaluate_point(data, 1, 2.1)["log_evidence"], abs=1e-9)
+    monkeypatch.setattr(bench.usd, "evaluate_point", lambda *a, **k: pytest.fail("a finished point ran again"))
+    assert bench.run_unit("partially-rotated", 1, bench.unit_path(tmp_path, "partially-rotated", 1, 1), 1, 2, data) == unit
+
+
+def test_render(bench, tmp_path) -> None:
+    def pts(top: float, etas: tuple[float, ...]) -> list[dict]:
+        return [{"eta": e, "log_evidence": -600.0 - 20 * (e - top) ** 2, "nll": 0.6 + 0.1 * abs(e - top), "accuracy": 0.8} for e in etas]
+
+    for seed, top in ((0, 0.6), (1, 2.35)):  # upright: the criterion holds on one of two seeds
+        bench.unit_path(tmp_path, "upright", seed, 0).write_text(json.dumps({"points": pts(top, bench.ETAS[::2])}))
+        bench.unit_path(tmp_path, "upright", seed, 1).write_text(json.dumps({"points": pts(top, bench.ETAS[1::2])}))
+    bench.unit_path(tmp_path, "partially-rotated", 0, 0).write_text(json.dumps({"points": pts(1.6, bench.ETAS)}))
+    bench.unit_path(tmp_path, "partially-rotated", 2, 0).write_text(json.dumps({"points": pts(1.6, bench.ETAS[:3])}))  # incomplete
+    md, js = bench.render(tmp_path, tmp_path)
+    out = json.loads(js.read_text())
+    assert [(u["dataset"], u["seed"], u["top_eta"], u["criterion"][0]) for u in out["units"]] == [
+        ("upright", 0, 0.6, True), ("upright", 1, 2.35, False), ("partially-rotated", 0, 1.6, True)]  # fmt: skip
+    text = md.read_text()
+    assert "| fashion-mnist | 0, 1 | 1 of 2 | mixed |" in text and "| partially-rotated-fashion-mnist | 0 | 1 of 1 | supports" in text
+    assert "(\\|Δ\\| 0.03)" in text and math.isclose(out["units"][2]["nll_at_top"], 0.0)
