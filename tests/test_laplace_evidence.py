@@ -112,6 +112,23 @@ def test_fixed_prior_is_one_laplace_evidence_and_hierarchical_integrates_the_pro
     assert hier.log_evidence == pytest.approx(math.log(float(torch.trapezoid(dens, s))), abs=1e-9)
 
 
+def test_edge_share_is_the_integral_in_the_grid_s_last_five_percent() -> None:
+    x, y = _data()
+    assert laplace_readout_evidence(_tiny("fixed"), x, y).edge_share == 0.0
+    model = _tiny("hierarchical")
+    loc = float(model.prior_scale_loc)
+    wide = laplace_readout_evidence(model, x, y, num_scales=41, scale_span=(-4.0, 6.0))
+    s = wide.log_scales
+    trap = torch.full_like(s, 0.25)  # the trapezoid rule's weights on the 0.25-spaced grid
+    trap[[0, -1]] = 0.125
+    mass = wide.scale_profile - 0.5 * (s - loc) ** 2 - 0.5 * math.log(2 * math.pi) + trap.log()
+    assert wide.edge_share == pytest.approx(float(torch.exp(torch.logsumexp(mass[39:], 0) - torch.logsumexp(mass, 0))), rel=1e-9)
+    assert wide.edge_share < 1e-3  # six prior sds above: nothing is cut off
+    # a grid that ends below σ_p's posterior mode carries much of the integral at its end, and a lower evidence
+    short = laplace_readout_evidence(model, x, y, num_scales=21, scale_span=(-4.0, math.log(wide.sigma_mode) - loc - 1.0))
+    assert short.edge_share > 0.1 and short.log_evidence < wide.log_evidence
+
+
 def test_deterministic_transforms_need_one_draw_and_random_ones_average() -> None:
     x, y = _data()
     one = laplace_readout_evidence(_tiny("fixed"), x, y, draws=1)

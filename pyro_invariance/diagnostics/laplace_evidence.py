@@ -62,6 +62,9 @@ class LaplaceEvidence:
         sigma_mode: σ_p at the grid's highest ``profile + log p(s)`` (the model's σ_p for a non-hierarchical prior).
         num_data: N.
         newton_steps: Newton steps taken over the whole grid and all draws.
+        edge_share: the share of the hierarchical σ_p integral in the grid's last 5 % (0 for a fixed σ_p), as
+            :class:`~pyro_invariance.diagnostics.annealed_evidence.AnnealedEvidence`'s: large means the grid
+            ends before σ_p's posterior does and ``log_evidence`` is too low (widen ``scale_span``).
     """
 
     log_evidence: float
@@ -70,6 +73,7 @@ class LaplaceEvidence:
     sigma_mode: float
     num_data: int
     newton_steps: int
+    edge_share: float = 0.0
 
     @property
     def per_datum(self) -> float:
@@ -329,12 +333,15 @@ def _evidence_of_design(design: Tensor, y: Tensor, num_classes: int, scales: Ten
         ds = torch.diff(scales)
         trap = torch.cat([ds[:1], ds[:-1] + ds[1:], ds[-1:]]) / 2
         terms = profile - 0.5 * (scales - loc) ** 2 - 0.5 * math.log(2 * math.pi)
-        log_evidence = float(torch.logsumexp(terms + trap.log(), 0))
+        mass = terms + trap.log()
+        log_evidence = float(torch.logsumexp(mass, 0))
+        edge = int(math.ceil(0.95 * len(scales)))
+        edge_share = float(torch.exp(torch.logsumexp(mass[edge:], 0) - log_evidence)) if edge < len(scales) else 0.0
         sigma_mode = math.exp(float(scales[int(torch.argmax(terms))]))
     else:
-        log_evidence, sigma_mode = float(profile[0]), math.exp(loc)
+        log_evidence, sigma_mode, edge_share = float(profile[0]), math.exp(loc), 0.0
     return LaplaceEvidence(log_evidence=log_evidence, log_scales=scales, scale_profile=profile, sigma_mode=sigma_mode,
-                           num_data=int(design.shape[1]), newton_steps=steps)  # fmt: skip
+                           num_data=int(design.shape[1]), newton_steps=steps, edge_share=edge_share)  # fmt: skip
 
 
 def laplace_readout_predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor, *, sigma: float, draws: int = 256,
