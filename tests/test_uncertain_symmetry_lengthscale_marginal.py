@@ -132,3 +132,4 @@ def test_the_ais_table_and_its_reading(bench, tmp_path) -> None:
     text = "\n".join(bench.ais_table(rows))
     assert "| 1200 | 0.60 | 10.0 | -8.0 | no |" in text and "| 300 | 1.60 | 5.0 | 2.0 | yes |" in text
     assert "**not confirmed" in text
+    assert "At N = 1200: AIS − Laplace from 10.1 to 28.1 nats, per-chain log-weight sd 2.0–2.0." in text  # AIS's own state
