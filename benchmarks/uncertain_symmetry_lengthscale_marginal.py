@@ -19,7 +19,8 @@ a. **Model and data.** The data-size benchmark's model and data (``uncertain_sym
 b. **Points reused** (the same deterministic function on the same data): ℓ = 1 from the data-size benchmark's units
    (its 13-point grid holds ``ETAS``); seed 0 at ℓ = 2 and 4 from the lengthscale probe's units.
    **Points run** (``--run``), in ``RUN_ORDER``: seeds 1, 2 at ℓ = 2, 4 (upright, then ±90°), then ℓ = 2√2 on seeds
-   0, 1, 2. Two processes take alternate η of every item (``--part 0/2`` and ``1/2``). ℓ = 2√2 runs last and may be
+   0, 1, 2. Two processes take alternate η of every item (``--part 0/2`` and ``1/2``). ℓ = 2√2 runs last (after the
+   28×28 benchmark's seeds 1 and 2, ``uncertain_symmetry_resolution.py``: ``--lengthscales`` picks items) and may be
    cut for CPU time (declared here if so); a (dataset, seed) is then rendered on the ℓ that are complete, named in
    the table.
 c. **Measures** (``--render``), per (dataset, seed), on the complete ℓ:
@@ -278,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (c), (d)")
     group.add_argument("--ais-check", action="store_true", help="(d): the AIS run of --part k/2 (its seed k)")
     parser.add_argument("--part", default="0/1", help="k/n: run points k, k + n, … of every item")
+    parser.add_argument("--lengthscales", default=None, help="comma-separated: run only RUN_ORDER's items at these ℓ (default all)")
     parser.add_argument("--probe-work-dir", type=Path, default=PROBE_WORK)
     parser.add_argument("--datasize-work-dir", type=Path, default=DATASIZE_WORK)
     parser.add_argument("--work-dir", type=Path, default=Path(f"benchmarks/results/{STEM}_units"))
@@ -294,8 +296,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--ais-check takes --part 0/2 or 1/2 (one AIS run each)")
         run_ais_check(args.work_dir, k)
         return 0
+    try:
+        only = None if args.lengthscales is None else [float(v) for v in args.lengthscales.split(",")]
+    except ValueError:
+        parser.error(f"--lengthscales must be comma-separated numbers, got {args.lengthscales!r}")
+    items = [i for i in RUN_ORDER if only is None or any(math.isclose(i[2], v, rel_tol=1e-3) for v in only)]
+    if not items:
+        parser.error(f"--lengthscales {args.lengthscales!r} selects no item of RUN_ORDER (ℓ run: 2, 4, 2.828)")
     data: dict[str, Any] = {}
-    for seed, dataset, ell in RUN_ORDER:
+    for seed, dataset, ell in items:
         if dataset not in data:
             data[dataset] = usd.load(dataset, SIZE)
         run_item(dataset, ell, seed, unit_path(args.work_dir, dataset, ell, seed, k), k, n, data[dataset])

@@ -18,7 +18,8 @@ b. **Model and points.** The data-size benchmark's model (``uncertain_symmetry_d
    the catalogue's default lengthscale √784 / 8 = 3.5), its Laplace evidence (29 σ_p scales) and the held-out NLL of
    the predictive at the σ_p mode, at η ∈ ``ETAS`` (the lengthscale probe's 8 points). Seeds ``SEEDS`` = 0, 1, 2 in
    that order, upright then ±90° for each; two processes take alternate η (``--part 0/2`` and ``1/2``). Seeds 1
-   and 2 run after the lengthscale-marginal benchmark and may be cut for CPU time (declared here if so).
+   and 2 run after the lengthscale-marginal benchmark's ℓ = 2 and 4 points (before its ℓ = 2√2) and may be cut for
+   CPU time (declared here if so).
 c. **Measures** (``--render``), per (dataset, seed): the grid posterior with the U(0, π) prior
    (``uncertain_symmetry_annealed.posterior``) — mode / mean / sd / 90 % interval — and the issue's criterion on it;
    the evidence's top and ℓ(top) − ℓ(0.1); the η of the lowest held-out NLL and the NLL at the evidence's top less
