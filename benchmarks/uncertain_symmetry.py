@@ -234,6 +234,11 @@ def location_criterion(dataset: str, s: dict[str, float]) -> tuple[bool, str]:
     return ok, f"mode {s['mode']:.2f}, P(η<1) = {s['p_below_1.0']:.2f}"
 
 
+def criterion_cell(c: tuple[bool, str]) -> str:
+    """A criterion ``(holds, statistic)`` of :func:`location_criterion` as a Markdown table cell: ``holds (…)``."""
+    return f"{'holds' if c[0] else 'fails'} ({c[1]})".replace("|", "\\|")
+
+
 def overlap_reason(q: dict[str, float], g: dict[str, float], ov: dict[str, float]) -> str:
     """Why an overlap check failed, from the numbers (widths: the central 90 % intervals)."""
     qi, gi = f"[{q['q05']:.2f}, {q['q95']:.2f}]", f"[{g['q05']:.2f}, {g['q95']:.2f}]"

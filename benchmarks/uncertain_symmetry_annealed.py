@@ -366,7 +366,7 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
         top_lo, top_hi = plateau(c["etas"], c["combined"])
         crit = us.location_criterion(dataset, us.grid_summary(gp))
         ref_rows.append(f"| {dataset} | {seed} | {gp.mode:.2f} / {gp.mean:.3f} / {gp.sd:.3f} {usf.interval(gp.quantile(0.05), gp.quantile(0.95))} | "
-                        f"{top_lo:.2f}–{top_hi:.2f} | {gp.cdf(us.UPRIGHT_THRESHOLD):.2f} | {'holds' if crit[0] else 'fails'} ({crit[1].replace('|', chr(92) + '|')}) | "
+                        f"{top_lo:.2f}–{top_hi:.2f} | {gp.cdf(us.UPRIGHT_THRESHOLD):.2f} | {us.criterion_cell(crit)} | "
                         f"{', '.join(f'{e.mode:.2f} / {e.sd:.3f}' for e in each)} | {width['sd']:.3f} {usf.interval(*width['sd_interval'])} | "
                         f"{ref['mode']:.2f} / {ref['mean']:.3f} / {ref['sd']:.3f} {usf.interval(ref['q05'], ref['q95'])} | "
                         f"{gap['gap_at_mode']:+.1f} ({gap['gap_min']:+.1f} to {gap['gap_max']:+.1f}) | {t2:.3f}, "

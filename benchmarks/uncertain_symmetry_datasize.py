@@ -211,16 +211,13 @@ def render(work: Path, laplace_work: Path, out_dir: Path | None) -> tuple[Path, 
     if not rows:
         return None
 
-    def crit(c: tuple[bool, str]) -> str:
-        return f"{'holds' if c[0] else 'fails'} ({c[1].replace('|', chr(92) + '|')})"
-
     table = ["| data | N | seed | posterior from the Laplace evidence: mode / mean / sd [90 %] | location criterion | "
              "ℓ(top) − ℓ(0.1): nats (per datum) | lowest held-out NLL: η / NLL / accuracy | NLL at the evidence's top − lowest | s per point |",
              "|:---|---:|---:|---:|:---|---:|---:|---:|---:|"]  # fmt: skip
     for r in rows:
         s = r["posterior"]
         table.append(f"| {r['dataset']} | {r['size']} | {r['seed']} | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} "
-                     f"[{s['q05']:.2f}, {s['q95']:.2f}] | {crit(r['location'])} | {r['gain']:.1f} ({r['gain'] / r['size']:.4f}) | "
+                     f"[{s['q05']:.2f}, {s['q95']:.2f}] | {us.criterion_cell(r['location'])} | {r['gain']:.1f} ({r['gain'] / r['size']:.4f}) | "
                      f"{r['best_eta']:.2f} / {r['best_nll']:.4f} / {r['best_accuracy']:.3f} | {r['nll_at_top']:+.4f} | {r['seconds']:.0f} |")  # fmt: skip
     summary = ["| data | N | seeds | posterior mean: mean ± sd over seeds | criterion holds | lowest-NLL η: mean ± sd |",
                "|:---|---:|---:|---:|---:|---:|"]  # fmt: skip

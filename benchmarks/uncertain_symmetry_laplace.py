@@ -223,9 +223,6 @@ def render(work: Path, ais_work: Path, results: Path, out_dir: Path | None) -> t
     def post(s: dict[str, float]) -> str:
         return f"{s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} {usf.interval(s['q05'], s['q95'])}"
 
-    def crit(c: tuple[bool, str]) -> str:
-        return f"{'holds' if c[0] else 'fails'} ({c[1].replace('|', chr(92) + '|')})"
-
     table = ["| data | seed | points | ℓ_Laplace − ℓ_AIS: mean [range] | its shape: sd / spread | ℓ_IWAE_100 − ℓ_AIS [range] | "
              "AIS posterior: mode / mean / sd [90 %] | Laplace posterior | overlap (Laplace in AIS 90 %, AIS in Laplace 90 %) | "
              "location criterion: AIS / Laplace | σ_p mode at the top: AIS / Laplace | s per point |",
@@ -234,7 +231,7 @@ def render(work: Path, ais_work: Path, results: Path, out_dir: Path | None) -> t
         table.append(f"| {r['dataset']} | {r['seed']} | {r['points']} | {r['error_mean']:+.1f} [{r['error_range'][0]:+.1f}, {r['error_range'][1]:+.1f}] | "
                      f"{r['error_shape_sd']:.2f} / {r['error_spread']:.1f} | [{r['iwae_minus_ais'][0]:+.0f}, {r['iwae_minus_ais'][1]:+.0f}] | "
                      f"{post(r['ais_posterior'])} | {post(r['laplace_posterior'])} | {r['overlap']['q_in_grid90']:.2f}, "
-                     f"{r['overlap']['grid_in_q90']:.2f} ({'holds' if r['holds'] else 'fails'}) | {crit(r['location_ais'])} / {crit(r['location'])} | "
+                     f"{r['overlap']['grid_in_q90']:.2f} ({'holds' if r['holds'] else 'fails'}) | {us.criterion_cell(r['location_ais'])} / {us.criterion_cell(r['location'])} | "
                      f"{r['sigma_mode_ais']:.1f} / {r['sigma_mode_laplace']:.1f} | {r['seconds']:.0f} |")  # fmt: skip
     def above(v: float | None) -> str:
         return "outside the scan" if v is None else f"{v:+.4f}"

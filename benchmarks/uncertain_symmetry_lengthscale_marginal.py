@@ -230,9 +230,6 @@ def render(work: Path, probe_work: Path, datasize_work: Path, out_dir: Path | No
     if not rows:
         return None
 
-    def crit(c: tuple[bool, str]) -> str:
-        return f"{'holds' if c[0] else 'fails'}: {c[1]}".replace("|", "\\|")
-
     table = ["| data | seed | ℓ grid | log p(D \\| ℓ) − the best, per ℓ | type-II ℓ* (p(ℓ* \\| D)) | η at ℓ*: mode / mean / sd — criterion "
              "| ℓ integrated: mode / mean / sd / 90 % interval — criterion | lowest held-out NLL: ℓ, η / NLL | NLL at the evidence's (ℓ, η) top − lowest |",
              "|:---|---:|:---|:---|---:|:---|:---|:---|---:|"]  # fmt: skip
@@ -240,8 +237,8 @@ def render(work: Path, probe_work: Path, datasize_work: Path, out_dir: Path | No
         lm, s, t = np.array(r["log_p_data_given_ell"]), r["at_ell_star"], r["integrated"]
         table.append(f"| {r['dataset']} | {r['seed']} | {', '.join(f'{e:.3g}' for e in r['lengthscales'])} | "
                      + " / ".join(f"{v - lm.max():.1f}" for v in lm)
-                     + f" | {r['ell_star']:.3g} ({max(r['p_ell']):.2f}) | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} — {crit(r['at_ell_star_criterion'])}"
-                     f" | {t['mode']:.2f} / {t['mean']:.2f} / {t['sd']:.2f} / [{t['q05']:.2f}, {t['q95']:.2f}] — {crit(r['integrated_criterion'])}"
+                     + f" | {r['ell_star']:.3g} ({max(r['p_ell']):.2f}) | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} — {us.criterion_cell(r['at_ell_star_criterion'])}"
+                     f" | {t['mode']:.2f} / {t['mean']:.2f} / {t['sd']:.2f} / [{t['q05']:.2f}, {t['q95']:.2f}] — {us.criterion_cell(r['integrated_criterion'])}"
                      f" | {r['best_nll'][0]:.3g}, {r['best_nll'][1]:.2f} / {r['best_nll'][2]:.4f} | {r['nll_at_top']:.4f} |")  # fmt: skip
     summary = ["\n| data | seeds | type-II ℓ: criterion holds on | ℓ integrated: criterion holds on (fresh seeds 1, 2) | ℓ-integrated posterior mean, mean ± sd | reproduced with ℓ learned (≥ 2 of 3 seeds) |",
                "|:---|:---|---:|---:|---:|:---|"]  # fmt: skip

@@ -116,8 +116,7 @@ def render(work: Path, out_dir: Path | None) -> tuple[Path, Path] | None:
              "|:---|---:|:---|:---|---:|:---|:---|---:|"]  # fmt: skip
     for r in rows:
         s, top = r["posterior"], max(r["log_evidence"])
-        crit = f"{'holds' if r['criterion'][0] else 'fails'}: {r['criterion'][1]}".replace("|", "\\|")
-        table.append(f"| {DATASETS[r['dataset']]} | {r['seed']} | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} / [{s['q05']:.2f}, {s['q95']:.2f}] | {crit} | "
+        table.append(f"| {DATASETS[r['dataset']]} | {r['seed']} | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} / [{s['q05']:.2f}, {s['q95']:.2f}] | {us.criterion_cell(r['criterion'])} | "
                      f"{r['top_eta']:.2f} / {r['gain']:.1f} | " + " / ".join(f"{v - top:.1f}" for v in r["log_evidence"])
                      + f" | {r['best_eta']:.2f} / {r['best_nll']:.4f} / {r['best_accuracy']:.3f} | {r['nll_at_top']:.4f} |")  # fmt: skip
     summary = ["\n| data (28×28) | seeds run | criterion holds on | reading (fixed in advance) |", "|:---|:---|---:|:---|"]
@@ -132,8 +131,7 @@ def render(work: Path, out_dir: Path | None) -> tuple[Path, Path] | None:
                     "| seed | posterior: mode / mean / sd / 90 % interval | the issue's criterion | lowest held-out NLL: η / NLL |", "|---:|:---|:---|:---|"]  # fmt: skip
         for r in refined:
             s = r["posterior"]
-            crit = f"{'holds' if r['criterion'][0] else 'fails'}: {r['criterion'][1]}".replace("|", "\\|")
-            summary.append(f"| {r['seed']} | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} / [{s['q05']:.2f}, {s['q95']:.2f}] | {crit} | {r['best_eta']:.2f} / {r['best_nll']:.4f} |")
+            summary.append(f"| {r['seed']} | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} / [{s['q05']:.2f}, {s['q95']:.2f}] | {us.criterion_cell(r['criterion'])} | {r['best_eta']:.2f} / {r['best_nll']:.4f} |")
         summary.append(f"\nCriterion holds on the finer grid on {sum(r['criterion'][0] for r in refined)} of {len(refined)} seeds.")
     settings = {"SIZE": SIZE, "DATASETS": DATASETS, "SEEDS": list(SEEDS), "ETAS": list(ETAS), "REFINE_ETAS": list(REFINE_ETAS), "NUM_SCALES": usd.NUM_SCALES,
                 "SCALE_SPAN": list(usd.SCALE_SPAN), "HELDOUT_DRAWS": usd.HELDOUT_DRAWS}  # fmt: skip
