@@ -153,6 +153,17 @@ def parse_part(parser: Any, value: str) -> tuple[int, int]:
     return k, n
 
 
+def parse_seeds(parser: Any, value: str, allowed: tuple[int, ...]) -> tuple[int, ...]:
+    """``--seeds a,b,…`` (in run order) as a tuple, each among ``allowed``; anything else ends with ``parser.error``."""
+    try:
+        seeds = tuple(int(s) for s in value.split(","))
+        if not set(seeds) <= set(allowed):
+            raise ValueError
+    except ValueError:
+        parser.error(f"--seeds must be comma-separated seeds from {allowed}, got {value!r}")
+    return seeds
+
+
 def save_figure(fig: Any, path: Path) -> None:
     """Lay out ``fig``, save it to ``path`` (100 dpi) and close it."""
     import matplotlib.pyplot as plt

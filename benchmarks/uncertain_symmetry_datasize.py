@@ -300,12 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         return 0 if render(args.work_dir, args.laplace_work_dir, args.out_dir) else 1
     k, n = common.parse_part(parser, args.part)
-    try:
-        seeds = tuple(int(s) for s in args.seeds.split(","))
-        if not set(seeds) <= set(SEEDS):
-            raise ValueError
-    except ValueError:
-        parser.error(f"--seeds must be comma-separated seeds from {SEEDS}, got {args.seeds!r}")
+    seeds = common.parse_seeds(parser, args.seeds, SEEDS)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     order = [u for u in sorted(UNITS, key=lambda u: seeds.index(u[0]) if u[0] in seeds else len(seeds)) if u[0] in seeds]
     for i, (seed, dataset, size) in enumerate(order):

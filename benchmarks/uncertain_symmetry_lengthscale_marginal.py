@@ -148,7 +148,7 @@ def run_ais_check(work: Path, half: int) -> dict[str, Any]:
     return unit
 
 
-def ais_check(work: Path, probe_work: Path) -> list[dict[str, Any]] | None:
+def ais_check(work: Path, probe_work: Path, datasize_work: Path = DATASIZE_WORK) -> list[dict[str, Any]] | None:
     """(d)'s rows from both AIS runs and the Laplace points; None until every point of both runs is there."""
     halves = [work / f"ais_check_half{h}.json" for h in (0, 1)]
     if not all(p.exists() for p in halves):
@@ -157,7 +157,7 @@ def ais_check(work: Path, probe_work: Path) -> list[dict[str, Any]] | None:
     lap_path = work / "ais_check_laplace.json"
     laplace = {(p["size"], p["lengthscale"], p["eta"]): p["log_evidence"] for p in (json.loads(lap_path.read_text())["points"] if lap_path.exists() else [])}
     for ell in {e for _, e, _ in AIS_CHECK}:
-        got = points(work, probe_work, DATASIZE_WORK, "upright", ell, 0)
+        got = points(work, probe_work, datasize_work, "upright", ell, 0)
         laplace.update({(SIZE, ell, q["eta"]): q["log_evidence"] for q in (got[0] if got else [])})
     rows = []
     for key in AIS_CHECK:
@@ -253,7 +253,7 @@ def render(work: Path, probe_work: Path, datasize_work: Path, out_dir: Path | No
         summary.append(f"| {dataset} | {', '.join(str(r['seed']) for r in rs)} | {sum(r['at_ell_star_criterion'][0] for r in rs)} of {len(rs)} | "
                        f"{held} of {len(rs)} ({sum(r['integrated_criterion'][0] for r in fresh)} of {len(fresh)}) | "
                        + (f"{means.mean():.2f} ± {means.std(ddof=1):.2f}" if len(means) > 1 else f"{means[0]:.2f}") + f" | {verdict} |")  # fmt: skip
-    ais_rows = ais_check(work, probe_work)
+    ais_rows = ais_check(work, probe_work, datasize_work)
     if ais_rows:
         summary += ais_table(ais_rows)
     settings = {"SIZE": SIZE, "DATASETS": list(DATASETS), "SEEDS": list(SEEDS), "LENGTHSCALES": list(LENGTHSCALES), "ETAS": list(ETAS),

@@ -159,12 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         return 0 if render(args.work_dir, args.out_dir) else 1
     k, n = common.parse_part(parser, args.part)
-    try:
-        seeds = [int(s) for s in args.seeds.split(",")]
-    except ValueError:
-        parser.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
-    if not set(seeds) <= set(SEEDS):
-        parser.error(f"--seeds must be among {SEEDS}, got {args.seeds!r}")
+    seeds = common.parse_seeds(parser, args.seeds, SEEDS)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     if args.refine:
         data = load("partially-rotated")

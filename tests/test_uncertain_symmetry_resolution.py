@@ -57,3 +57,11 @@ def test_render(bench, tmp_path) -> None:
     assert [u["etas"] for u in out["refined"]] == [sorted(bench.ETAS + bench.REFINE_ETAS)] and out["units"][2]["etas"] == list(bench.ETAS)
     assert "Criterion holds on the finer grid on 1 of 1 seeds." in text
     assert "(\\|Δ\\| 0.03)" in text and math.isclose(out["units"][2]["nll_at_top"], 0.0)
+
+
+@pytest.mark.parametrize("seeds", ["7", "0,x", ""])
+def test_bad_seeds_are_refused_in_one_line(bench, tmp_path, seeds: str, capsys) -> None:
+    with pytest.raises(SystemExit) as err:
+        bench.main(["--run", "--seeds", seeds, "--work-dir", str(tmp_path)])
+    assert err.value.code == 2 and "--seeds must be comma-separated seeds from (0, 1, 2)" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing was run or written
