@@ -54,6 +54,13 @@ d. **Is the Laplace evidence's ℓ ranking real? An AIS check** (added after (b)
    N = 1200 checks nothing; the check rests on N = 300, where AIS and Laplace both rank ℓ = 2 above ℓ = 4. The table
    prints each N's AIS − Laplace range and weight sd.
 
+e. **The σ_p grid's cut at ℓ = 4** (added after (c) and (d) had been rendered). At ℓ = 4 the σ_p mode sits at the
+   scale grid's next-to-last point and the grid's last 5 % holds up to 11 % of the σ_p integral (``edge_share``), so
+   ℓ = 4's evidence is cut short by an amount (c) did not measure. ``EDGE_CHECK``: per dataset the seed with the largest
+   ``edge_share`` at ℓ = 4 (upright 2, ±90° 1), every η of ``ETAS``, the Laplace evidence alone with the grid widened to
+   ``EDGE_SPAN`` = [−2, 7] (``EDGE_SCALES`` = 37 points, the same 0.25 spacing; ``--edge-check --part 0/2`` and
+   ``1/2``). Measures: per η the widened minus the stored evidence, and log p(D | ℓ = 4) − log p(D | ℓ*) before and after.
+
 Results: ``benchmarks/results/uncertain_symmetry_lengthscale_marginal.md``, ``.json``; unit files in ``--work-dir``.
 """
 
@@ -77,6 +84,8 @@ import uncertain_symmetry_annealed as usa  # noqa: E402
 import uncertain_symmetry_datasize as usd  # noqa: E402
 import uncertain_symmetry_laplace as usl  # noqa: E402
 import uncertain_symmetry_lengthscale as usls  # noqa: E402
+from pyro_invariance.data.arrays import train_arrays  # noqa: E402
+from pyro_invariance.diagnostics.laplace_evidence import laplace_readout_evidence  # noqa: E402
 
 STEM = "uncertain_symmetry_lengthscale_marginal"
 SIZE = 1200
@@ -90,6 +99,9 @@ RUN_ORDER = tuple((s, d, e) for s in (1, 2) for d in DATASETS for e in (2.0, 4.0
 )
 #: (d): upright, seed 0; (N, ℓ, η) in run order
 AIS_CHECK = tuple((n, e, eta) for n in (300, 1200) for e in (2.0, 4.0) for eta in (0.6, 1.6))
+#: (e): (dataset, seed) at ℓ = 4 with the σ_p grid widened
+EDGE_CHECK = (("upright", 2), ("partially-rotated", 1))
+EDGE_SPAN, EDGE_SCALES = (-2.0, 7.0), 37
 PROBE_WORK = Path(f"benchmarks/results/{usls.STEM}_units")
 DATASIZE_WORK = Path(f"benchmarks/results/{usd.STEM}_units")
 
@@ -146,6 +158,52 @@ def run_ais_check(work: Path, half: int) -> dict[str, Any]:
             lap["points"].append({"size": size, "lengthscale": ell, **usd.evaluate_point(data[size], 0, eta, lengthscale=ell)})
             usl._write(laplace, lap)
     return unit
+
+
+def run_edge_check(work: Path, k: int = 0, n: int = 1) -> dict[str, Any]:
+    """(e): points k, k + n, … of ``ETAS`` for every ``EDGE_CHECK`` item, resuming from its file."""
+    path = work / f"edge_check_part{k}.json"
+    unit = json.loads(path.read_text()) if path.exists() else {"lengthscale": 4.0, "scale_span": list(EDGE_SPAN), "points": []}
+    done = {(p["dataset"], p["seed"], p["eta"]) for p in unit["points"]}
+    for dataset, seed in EDGE_CHECK:
+        data = None
+        for eta in ETAS[k::n]:
+            if (dataset, seed, eta) in done:
+                continue
+            data = usd.load(dataset, SIZE) if data is None else data
+            model = usa.make_model(data, seed, eta, lengthscale=4.0)
+            x, y = train_arrays(data, model)
+            r = laplace_readout_evidence(model, x, y, num_scales=EDGE_SCALES, scale_span=EDGE_SPAN)
+            unit["points"].append({"dataset": dataset, "seed": seed, "eta": eta, "log_evidence": r.log_evidence,
+                                   "edge_share": r.edge_share, "sigma_mode": r.sigma_mode})  # fmt: skip
+            usl._write(path, unit)
+            common.log(f"edge check {dataset} seed {seed} η {eta:.2f}: {r.log_evidence:.2f} (edge share {r.edge_share:.2g})")
+    return unit
+
+
+def edge_table(work: Path, rows: list[dict[str, Any]]) -> list[str]:
+    """(e)'s table, for the items whose points are all there (none: no lines)."""
+    pts = [q for p in sorted(work.glob("edge_check_part*.json")) for q in json.loads(p.read_text())["points"]]
+    out = []
+    for dataset, seed in EDGE_CHECK:
+        wide = sorted((q for q in pts if (q["dataset"], q["seed"]) == (dataset, seed)), key=lambda q: q["eta"])
+        row = next((r for r in rows if (r["dataset"], r["seed"]) == (dataset, seed) and 4.0 in r["lengthscales"]), None)
+        if len(wide) < len(ETAS) or row is None:
+            continue
+        i = row["lengthscales"].index(4.0)
+        stored = np.array(row["log_evidence"][i])
+        lev = np.array([q["log_evidence"] for q in wide])
+        after = usa.posterior(np.array(ETAS), lev).log_marginal
+        best = max(row["log_p_data_given_ell"])
+        before = row["log_p_data_given_ell"][i]
+        if not out:
+            out = ["\n**(e) The σ_p grid's cut at ℓ = 4** (grid widened to [−2, 7]; post hoc).\n",
+                   "| data | seed | widened − stored, per η (nats) | edge share: stored max → widened max | log p(D \\| ℓ = 4) − the best ℓ: before → after |",
+                   "|:---|---:|:---|:---|:---|"]  # fmt: skip
+        share = row["edge_share"][i]
+        out.append(f"| {dataset} | {seed} | " + " / ".join(f"{v:.2f}" for v in lev - stored)
+                   + f" | {share:.3f} → {max(q['edge_share'] for q in wide):.1e} | {before - best:.1f} → {after - best:.1f} |")  # fmt: skip
+    return out
 
 
 def ais_check(work: Path, probe_work: Path, datasize_work: Path = DATASIZE_WORK) -> list[dict[str, Any]] | None:
@@ -213,6 +271,7 @@ def summarise(dataset: str, seed: int, units: dict[float, list[dict[str, Any]]])
             "log_p_data_given_ell": log_ml.tolist(), "p_ell": p_ell.tolist(), "ell_star": ells[star],
             "at_ell_star": at_star, "at_ell_star_criterion": us.location_criterion(dataset, at_star),
             "integrated": integrated, "integrated_criterion": us.location_criterion(dataset, integrated),
+            "edge_share": [max((q.get("edge_share", math.nan) for q in units[e]), default=math.nan) for e in ells],
             "joint_top": [ells[top[0]], float(etas[top[1]])], "best_nll": [ells[best[0]], float(etas[best[1]]), float(nll[best])],
             "nll_at_top": float(nll[top] - nll[best])}  # fmt: skip
 
@@ -256,9 +315,11 @@ def render(work: Path, probe_work: Path, datasize_work: Path, out_dir: Path | No
     ais_rows = ais_check(work, probe_work, datasize_work)
     if ais_rows:
         summary += ais_table(ais_rows)
+    summary += edge_table(work, rows)
     settings = {"SIZE": SIZE, "DATASETS": list(DATASETS), "SEEDS": list(SEEDS), "LENGTHSCALES": list(LENGTHSCALES), "ETAS": list(ETAS),
                 "RUN_ORDER": [list(i) for i in RUN_ORDER], "NUM_SCALES": usd.NUM_SCALES, "SCALE_SPAN": list(usd.SCALE_SPAN),
-                "HELDOUT_DRAWS": usd.HELDOUT_DRAWS, "AIS_CHECK": [list(i) for i in AIS_CHECK]}  # fmt: skip
+                "HELDOUT_DRAWS": usd.HELDOUT_DRAWS, "AIS_CHECK": [list(i) for i in AIS_CHECK],
+                "EDGE_CHECK": [list(i) for i in EDGE_CHECK], "EDGE_SPAN": list(EDGE_SPAN), "EDGE_SCALES": EDGE_SCALES}  # fmt: skip
     info, command = common.machine_info(), common.command_line()
     intro = ("Issue 15: the Laplace evidence over (η, RFF lengthscale ℓ) on 1200 upright and ±90° digits, three feature seeds; "
              "η's posterior with ℓ chosen by type-II and with ℓ integrated out. "
@@ -275,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--run", action="store_true", help="(b): every point of --part not yet in --work-dir, in RUN_ORDER")
     group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (c), (d)")
     group.add_argument("--ais-check", action="store_true", help="(d): the AIS run of --part k/2 (its seed k)")
+    group.add_argument("--edge-check", action="store_true", help="(e): the points of --part with the σ_p grid widened")
     parser.add_argument("--part", default="0/1", help="k/n: run points k, k + n, … of every item")
     parser.add_argument("--lengthscales", default=None, help="comma-separated: run only RUN_ORDER's items at these ℓ (default all)")
     parser.add_argument("--probe-work-dir", type=Path, default=PROBE_WORK)
@@ -288,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if render(args.work_dir, args.probe_work_dir, args.datasize_work_dir, args.out_dir) else 1
     k, n = common.parse_part(parser, args.part)
     args.work_dir.mkdir(parents=True, exist_ok=True)
+    if args.edge_check:
+        run_edge_check(args.work_dir, k, n)
+        return 0
     if args.ais_check:
         if n != 2:
             parser.error("--ais-check takes --part 0/2 or 1/2 (one AIS run each)")

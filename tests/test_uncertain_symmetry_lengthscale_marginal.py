@@ -133,3 +133,33 @@ def test_the_ais_table_and_its_reading(bench, tmp_path) -> None:
     assert "| 1200 | 0.60 | 10.0 | -8.0 | no |" in text and "| 300 | 1.60 | 5.0 | 2.0 | yes |" in text
     assert "**not confirmed" in text
     assert "At N = 1200: AIS − Laplace from 10.1 to 28.1 nats, per-chain log-weight sd 2.0–2.0." in text  # AIS's own state
+
+
+def test_the_edge_check_widens_the_scale_grid_and_its_table(bench, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(bench, "ETAS", (0.6, 1.6))
+    monkeypatch.setattr(bench, "SIZE", 40)
+    monkeypatch.setattr(bench, "EDGE_CHECK", (("upright", 1),))
+    monkeypatch.setattr(bench, "EDGE_SCALES", 5)
+    unit = bench.run_edge_check(tmp_path, 1, 2)
+    assert [(p["dataset"], p["seed"], p["eta"]) for p in unit["points"]] == [("upright", 1, 1.6)]
+    data = bench.usd.load("upright", 40)
+    model = bench.usa.make_model(data, 1, 1.6, lengthscale=4.0)
+    again = bench.laplace_readout_evidence(model, *bench.train_arrays(data, model), num_scales=5, scale_span=bench.EDGE_SPAN)
+    assert unit["points"][0]["log_evidence"] == pytest.approx(again.log_evidence, abs=1e-9)
+    monkeypatch.setattr(bench, "laplace_readout_evidence", lambda *a, **k: pytest.fail("a finished point ran again"))
+    assert bench.run_edge_check(tmp_path, 1, 2) == unit
+    # the table: stored ℓ = 4 curve vs a widened one 0.5 nats higher everywhere
+    units = {2.0: curve(bench, 1.6, -300.0), 4.0: curve(bench, 0.6, -303.0)}
+    for p in units[4.0]:
+        p["edge_share"] = 0.1
+    row = bench.summarise("upright", 1, units)
+    assert row["edge_share"][1] == 0.1 and math.isnan(row["edge_share"][0])
+    wide = [{"dataset": "upright", "seed": 1, "eta": p["eta"], "log_evidence": p["log_evidence"] + 0.5, "edge_share": 1e-9}
+            for p in units[4.0]]  # fmt: skip
+    table_dir = tmp_path / "table"
+    table_dir.mkdir()
+    (table_dir / "edge_check_part0.json").write_text(json.dumps({"points": wide}))
+    text = "\n".join(bench.edge_table(table_dir, [row]))
+    before = row["log_p_data_given_ell"][1] - max(row["log_p_data_given_ell"])
+    assert f"| upright | 1 | 0.50 / 0.50 | 0.100 → 1.0e-09 | {before:.1f} → {before + 0.5:.1f} |" in text
+    assert bench.edge_table(table_dir, [bench.summarise("upright", 1, {2.0: units[2.0], 1.0: units[2.0]})]) == []  # no ℓ = 4
