@@ -8,6 +8,7 @@ top of its markdown file, and writes ``benchmarks/results/<name>.md`` with a JSO
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import torch
 
@@ -142,6 +143,25 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def unit_script_parser(doc: str, stem: str) -> tuple[argparse.ArgumentParser, Any]:
+    """The command line that every benchmark writing unit files shares: its description (``doc``'s first paragraph),
+    a required group of mutually exclusive modes (returned empty, for the script's ``--run``, ``--render``, …), and
+    ``--work-dir`` (default ``benchmarks/results/<stem>_units``), ``--out-dir`` and ``--threads``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    group = parser.add_mutually_exclusive_group(required=True)
+    parser.add_argument("--work-dir", type=Path, default=Path(f"benchmarks/results/{stem}_units"))
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--threads", type=int, default=1)
+    return parser, group
+
+
+def parse_script_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser``'s arguments from ``argv``, with torch's thread count set from ``--threads``."""
+    args = parser.parse_args(argv)
+    set_threads(args.threads)
+    return args
+
+
 def parse_part(parser: Any, value: str) -> tuple[int, int]:
     """``--part k/n`` (this process runs items k, k + n, …) as ``(k, n)``; anything else ends with ``parser.error``."""
     try:
@@ -162,6 +182,33 @@ def parse_seeds(parser: Any, value: str, allowed: tuple[int, ...]) -> tuple[int,
     except ValueError:
         parser.error(f"--seeds must be comma-separated seeds from {allowed}, got {value!r}")
     return seeds
+
+
+def write_unit(path: Path, unit: dict[str, Any]) -> None:
+    """Replace ``path`` whole with ``unit`` as JSON (a run stopped mid-write leaves the last complete file)."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(unit) + "\n")
+    partial.replace(path)
+
+
+def fill_unit(path: Path, header: dict[str, Any], keys: Iterable[Hashable], key_of: Callable[[dict[str, Any]], Hashable],
+              evaluate: Callable[[Any], dict[str, Any]], describe: Callable[[Any, dict[str, Any]], str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The unit at ``path`` (``{**header, "points": [...]}``, new if absent) with a point for every one of ``keys``.
+
+    The keys whose point is missing (``key_of(point)`` names a stored point's key) are evaluated in order,
+    ``evaluate(key)``, and the file is replaced after each (:func:`write_unit`), so a stopped run resumes where it
+    stopped; ``describe(key, point)`` is logged for each new point."""
+    unit = json.loads(path.read_text()) if path.exists() else {**header, "points": []}
+    done = {key_of(p) for p in unit["points"]}
+    for key in keys:
+        if key in done:
+            continue
+        point = evaluate(key)
+        unit["points"].append(point)
+        write_unit(path, unit)
+        if describe is not None:
+            log(describe(key, point))
+    return unit
 
 
 def save_figure(fig: Any, path: Path) -> None:

@@ -89,7 +89,6 @@ Results: ``benchmarks/results/uncertain_symmetry_annealed.md``, ``.json``; unit 
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
@@ -187,19 +186,10 @@ def run_unit(data: Any, dataset: str, seed: int, half: int, path: Path, etas: tu
              **kw: Any) -> dict[str, Any]:  # fmt: skip
     """Every η of the dataset's scan for (seed, half), resuming from ``path``; the file is rewritten after each η."""
     etas = SCANS[dataset] if etas is None else etas
-    unit = json.loads(path.read_text()) if path.exists() else {"dataset": dataset, "seed": seed, "half": half, "points": []}
-    done = {p["eta"] for p in unit["points"]}
-    for eta in etas:
-        if eta in done:
-            continue
-        point = evaluate_point(data, seed, eta, half, **kw)
-        unit["points"].append(point)
-        partial = path.with_suffix(".partial")
-        partial.write_text(json.dumps(unit) + "\n")
-        partial.replace(path)  # a run stopped mid-write leaves the last complete file
-        common.log(f"{path.stem} η {eta:.2f}: {point['log_evidence']:.2f} (chains' sd {point['weight_sd']:.2f}, "
-                   f"σ_p mode {point['sigma_mode']:.1f}, {point['seconds']:.0f} s)")  # fmt: skip
-    return unit
+    return common.fill_unit(path, {"dataset": dataset, "seed": seed, "half": half}, etas, lambda p: p["eta"],
+                            lambda eta: evaluate_point(data, seed, eta, half, **kw),
+                            lambda eta, p: f"{path.stem} η {eta:.2f}: {p['log_evidence']:.2f} (chains' sd {p['weight_sd']:.2f}, "
+                                           f"σ_p mode {p['sigma_mode']:.1f}, {p['seconds']:.0f} s)")  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -436,8 +426,7 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    group = parser.add_mutually_exclusive_group(required=True)
+    parser, group = common.unit_script_parser(__doc__, STEM)
     group.add_argument("--run", action="store_true", help="the scan (b) for --halves, every point not yet in --work-dir")
     group.add_argument("--checks", action="store_true", help="the two checks of (c)")
     group.add_argument("--long-check", action="store_true", help="(i): LONG_ETAS with LONG_TEMPERATURES for --halves")
@@ -447,11 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated data seeds, in run order")
     parser.add_argument("--datasets", default=",".join(SCANS), help="comma-separated datasets, in run order")
     parser.add_argument("--results", type=Path, default=common.RESULTS_DIR, help="where the earlier runs' results are")
-    parser.add_argument("--work-dir", type=Path, default=Path(f"benchmarks/results/{STEM}_units"))
-    parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    common.set_threads(args.threads)
+    args = common.parse_script_args(parser, argv)
     if args.render:
         return 0 if render(args.work_dir, args.results, args.out_dir) else 1
     halves = [int(h) for h in args.halves.split(",")]

@@ -49,7 +49,6 @@ Results: ``benchmarks/results/uncertain_symmetry_datasize.md``, ``.json``, ``.pn
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -120,17 +119,9 @@ def run_unit(dataset: str, size: int, seed: int, path: Path, k: int = 0, n: int 
 def run_points(path: Path, header: dict[str, Any], data: Any, seed: int, etas: tuple[float, ...], **model_kw: Any) -> dict[str, Any]:
     """:func:`evaluate_point` at each of ``etas`` not yet in ``path`` (a unit ``{**header, "points": [...]}``), the file
     replaced after each η; ``model_kw`` as in :func:`evaluate_point`."""
-    unit = json.loads(path.read_text()) if path.exists() else {**header, "points": []}
-    done = {p["eta"] for p in unit["points"]}
-    for eta in etas:
-        if eta in done:
-            continue
-        point = evaluate_point(data, seed, eta, **model_kw)
-        unit["points"].append(point)
-        usl._write(path, unit)
-        common.log(f"{path.stem} η {eta:.2f}: {point['log_evidence']:.2f} (σ_p mode {point['sigma_mode']:.1f}), "
-                   f"held-out NLL {point['nll']:.4f}, {point['seconds']:.0f} s")  # fmt: skip
-    return unit
+    return common.fill_unit(path, header, etas, lambda p: p["eta"], lambda eta: evaluate_point(data, seed, eta, **model_kw),
+                            lambda eta, p: f"{path.stem} η {eta:.2f}: {p['log_evidence']:.2f} (σ_p mode {p['sigma_mode']:.1f}), "
+                                           f"held-out NLL {p['nll']:.4f}, {p['seconds']:.0f} s")  # fmt: skip
 
 
 def unit_points(work: Path, dataset: str, size: int, seed: int) -> list[dict[str, Any]] | None:
@@ -164,7 +155,7 @@ def predictive_unit(dataset: str, size: int, seed: int, work: Path) -> dict[str,
                       "accuracy": float((logp.argmax(1) == yt).double().mean())}  # fmt: skip
     unit["points_mixed"] = len(post.top_points(FULL_BAYES_MASS))
     unit["seconds"] = time.perf_counter() - start
-    usl._write(path, unit)
+    common.write_unit(path, unit)
     common.log(f"{path.stem}: full Bayes {unit['full_bayes']['nll']:.4f}, type-II {unit['type_ii']['nll']:.4f} "
                f"({unit['points_mixed']} points mixed, {unit['seconds']:.0f} s)")  # fmt: skip
     return unit
@@ -284,19 +275,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    group = parser.add_mutually_exclusive_group(required=True)
+    parser, group = common.unit_script_parser(__doc__, STEM)
     group.add_argument("--run", action="store_true", help="(b): the units, every point of --part not yet in --work-dir")
     group.add_argument("--predictive", action="store_true", help="(e): units k, k + n, … of --part that (b) completed")
     group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (c, e)")
     parser.add_argument("--part", default="0/1", help="k/n: run points k, k + n, … of every unit (two processes: 0/2 and 1/2)")
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds, in run order")
     parser.add_argument("--laplace-work-dir", type=Path, default=LAPLACE_WORK)
-    parser.add_argument("--work-dir", type=Path, default=Path(f"benchmarks/results/{STEM}_units"))
-    parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    common.set_threads(args.threads)
+    args = common.parse_script_args(parser, argv)
     if args.render:
         return 0 if render(args.work_dir, args.laplace_work_dir, args.out_dir) else 1
     k, n = common.parse_part(parser, args.part)

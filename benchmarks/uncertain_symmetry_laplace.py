@@ -49,7 +49,6 @@ Results: ``benchmarks/results/uncertain_symmetry_laplace.md``, ``.json``; unit f
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -102,48 +101,30 @@ def _load(dataset: str) -> Any:
                         test_size=us.SIZES["default"]["test_size"])  # fmt: skip
 
 
-def _write(path: Path, unit: dict[str, Any]) -> None:
-    """Replace ``path`` whole (a run stopped mid-write leaves the last complete file)."""
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(unit) + "\n")
-    partial.replace(path)
-
-
 def run_unit(dataset: str, seed: int, path: Path, k: int = 0, n: int = 1) -> dict[str, Any]:
     """Points k, k + n, … of the unit's η, resuming from ``path``; the file is replaced after each η."""
-    unit = json.loads(path.read_text()) if path.exists() else {"dataset": dataset, "seed": seed, "points": []}
-    done = {p["eta"] for p in unit["points"]}
     data = _load(dataset)
-    for eta in points(dataset)[k::n]:
-        if eta in done:
-            continue
-        point = evaluate_point(data, seed, eta)
-        unit["points"].append(point)
-        _write(path, unit)
-        common.log(f"{path.stem} η {eta:.2f}: {point['log_evidence']:.2f} (σ_p mode {point['sigma_mode']:.1f}, "
-                   f"{point['newton_steps']} Newton steps, {point['seconds']:.0f} s)")  # fmt: skip
-    return unit
+    return common.fill_unit(path, {"dataset": dataset, "seed": seed}, points(dataset)[k::n], lambda p: p["eta"],
+                            lambda eta: evaluate_point(data, seed, eta),
+                            lambda eta, p: f"{path.stem} η {eta:.2f}: {p['log_evidence']:.2f} (σ_p mode {p['sigma_mode']:.1f}, "
+                                           f"{p['newton_steps']} Newton steps, {p['seconds']:.0f} s)")  # fmt: skip
 
 
 def heldout_unit(dataset: str, seed: int, work: Path, k: int = 0, n: int = 1) -> dict[str, Any]:
     """(d) at the points of (b)'s part k, with σ_p from its unit file; resumes from its own file."""
     path = work / f"heldout_{dataset}_seed{seed}_part{k}.json"
-    unit = json.loads(path.read_text()) if path.exists() else {"dataset": dataset, "seed": seed, "points": []}
-    done = {p["eta"] for p in unit["points"]}
     sigmas = {p["eta"]: p["sigma_mode"] for p in json.loads(unit_path(work, dataset, seed, k).read_text())["points"]}
     data = _load(dataset)
-    for eta in points(dataset)[k::n]:
-        if eta in done or eta not in sigmas:
-            continue
+
+    def heldout(eta: float) -> dict[str, Any]:
         model = usa.make_model(data, seed, eta)
         (x, y), (xt, yt) = train_arrays(data, model), test_arrays(data, model)
         logp = laplace_readout_predictive(model, x, y, xt, sigma=sigmas[eta], draws=HELDOUT_DRAWS, seed=seed)
-        nll = float(-logp.gather(1, yt.long().unsqueeze(1)).mean())
-        unit["points"].append({"eta": eta, "nll": nll, "accuracy": float((logp.argmax(1) == yt).double().mean()),
-                               "sigma": sigmas[eta]})  # fmt: skip
-        _write(path, unit)
-        common.log(f"{path.stem} η {eta:.2f}: held-out NLL {nll:.4f}")
-    return unit
+        return {"eta": eta, "nll": float(-logp.gather(1, yt.long().unsqueeze(1)).mean()),
+                "accuracy": float((logp.argmax(1) == yt).double().mean()), "sigma": sigmas[eta]}  # fmt: skip
+
+    return common.fill_unit(path, {"dataset": dataset, "seed": seed}, [e for e in points(dataset)[k::n] if e in sigmas],
+                            lambda p: p["eta"], heldout, lambda eta, p: f"{path.stem} η {eta:.2f}: held-out NLL {p['nll']:.4f}")
 
 
 def heldout_summary(work: Path, r: dict[str, Any], results: Path) -> dict[str, Any] | None:
@@ -281,19 +262,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    group = parser.add_mutually_exclusive_group(required=True)
+    parser, group = common.unit_script_parser(__doc__, STEM)
     group.add_argument("--run", action="store_true", help="(b): the units of --part, every point not yet in --work-dir")
     group.add_argument("--heldout", action="store_true", help="(d): held-out NLL at the points of --part that (b) finished")
     group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (c, d)")
     parser.add_argument("--part", default="0/1", help="k/n: run points k, k + n, … of every unit (two processes: 0/2 and 1/2)")
     parser.add_argument("--results", type=Path, default=common.RESULTS_DIR, help="where the earlier runs' results are")
     parser.add_argument("--ais-work-dir", type=Path, default=AIS_WORK)
-    parser.add_argument("--work-dir", type=Path, default=Path(f"benchmarks/results/{STEM}_units"))
-    parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    common.set_threads(args.threads)
+    args = common.parse_script_args(parser, argv)
     if args.render:
         return 0 if render(args.work_dir, args.ais_work_dir, args.results, args.out_dir) else 1
     k, n = common.parse_part(parser, args.part)

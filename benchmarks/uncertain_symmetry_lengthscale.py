@@ -27,7 +27,6 @@ Results: ``benchmarks/results/uncertain_symmetry_lengthscale.md``, ``.json``; un
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -99,18 +98,13 @@ def render(work: Path, datasize_work: Path, out_dir: Path | None) -> tuple[Path,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    group = parser.add_mutually_exclusive_group(required=True)
+    parser, group = common.unit_script_parser(__doc__, STEM)
     group.add_argument("--run", action="store_true", help="(b): every point of --part not yet in --work-dir")
     group.add_argument("--render", action="store_true", help="no runs: the table from the unit files (c)")
     parser.add_argument("--part", default="0/1", help="k/n: run points k, k + n, … of each ℓ")
     parser.add_argument("--dataset", default=DATASETS[0], choices=DATASETS)
     parser.add_argument("--datasize-work-dir", type=Path, default=Path(f"benchmarks/results/{usd.STEM}_units"))
-    parser.add_argument("--work-dir", type=Path, default=Path(f"benchmarks/results/{STEM}_units"))
-    parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    common.set_threads(args.threads)
+    args = common.parse_script_args(parser, argv)
     if args.render:
         return 0 if render(args.work_dir, args.datasize_work_dir, args.out_dir) else 1
     k, n = common.parse_part(parser, args.part)

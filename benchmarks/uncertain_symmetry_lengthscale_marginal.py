@@ -66,7 +66,7 @@ Results: ``benchmarks/results/uncertain_symmetry_lengthscale_marginal.md``, ``.j
 
 from __future__ import annotations
 
-import argparse
+import functools
 import json
 import math
 import sys
@@ -82,7 +82,6 @@ import numpy as np  # noqa: E402
 import uncertain_symmetry as us  # noqa: E402
 import uncertain_symmetry_annealed as usa  # noqa: E402
 import uncertain_symmetry_datasize as usd  # noqa: E402
-import uncertain_symmetry_laplace as usl  # noqa: E402
 import uncertain_symmetry_lengthscale as usls  # noqa: E402
 from pyro_invariance.data.arrays import train_arrays  # noqa: E402
 from pyro_invariance.diagnostics.laplace_evidence import laplace_readout_evidence  # noqa: E402
@@ -121,64 +120,46 @@ def points(work: Path, probe_work: Path, datasize_work: Path, dataset: str, leng
     """The points of (dataset, ℓ, seed) at ``ETAS``, sorted, and their source (b); None while incomplete."""
     if lengthscale == 1.0:
         pts, source = usd.unit_points(datasize_work, dataset, SIZE, seed) or [], "data-size"
-    elif seed == 0 and lengthscale in usls.LENGTHSCALES:
-        files, source = sorted(probe_work.glob(f"{dataset}_lengthscale{lengthscale:g}_part*.json")), "probe"
-        pts = [q for p in files for q in json.loads(p.read_text())["points"]]
     else:
-        files, source = sorted(work.glob(f"{dataset}_lengthscale{lengthscale:.4g}_seed{seed}_part*.json")), "this script"
-        pts = [q for p in files for q in json.loads(p.read_text())["points"]]
+        files, source = ((probe_work.glob(f"{dataset}_lengthscale{lengthscale:g}_part*.json"), "probe")
+                         if seed == 0 and lengthscale in usls.LENGTHSCALES
+                         else (work.glob(f"{dataset}_lengthscale{lengthscale:.4g}_seed{seed}_part*.json"), "this script"))  # fmt: skip
+        pts = [q for p in sorted(files) for q in json.loads(p.read_text())["points"]]
     pts = sorted((q for q in pts if q["eta"] in ETAS), key=lambda q: q["eta"])
     return (pts, source) if len(pts) == len(ETAS) else None
 
 
 def run_ais_check(work: Path, half: int) -> dict[str, Any]:
     """(d) for one AIS run (``half`` = its seed), resuming from its file; part 0 then adds the Laplace points at N = 300."""
-    path = work / f"ais_check_half{half}.json"
-    unit = json.loads(path.read_text()) if path.exists() else {"dataset": "upright", "seed": 0, "half": half, "points": []}
-    done = {(p["size"], p["lengthscale"], p["eta"]) for p in unit["points"]}
-    data: dict[int, Any] = {}
-    for size, ell, eta in AIS_CHECK:
-        if (size, ell, eta) in done:
-            continue
-        if size not in data:
-            data[size] = usd.load("upright", size)
-        point = {"size": size, "lengthscale": ell, **usa.evaluate_point(data[size], 0, eta, half, lengthscale=ell)}
-        unit["points"].append(point)
-        usl._write(path, unit)
-        common.log(f"AIS check half {half}, N {size}, ℓ {ell:g}, η {eta:.2f}: {point['log_evidence']:.2f} ({point['seconds']:.0f} s)")
+    load = functools.cache(functools.partial(usd.load, "upright"))
+    unit = common.fill_unit(work / f"ais_check_half{half}.json", {"dataset": "upright", "seed": 0, "half": half}, AIS_CHECK, check_key,
+                            lambda key: {"size": key[0], "lengthscale": key[1], **usa.evaluate_point(load(key[0]), 0, key[2], half, lengthscale=key[1])},
+                            lambda key, p: f"AIS check half {half}, N {key[0]}, ℓ {key[1]:g}, η {key[2]:.2f}: {p['log_evidence']:.2f} ({p['seconds']:.0f} s)")  # fmt: skip
     if half == 0:
-        laplace = work / "ais_check_laplace.json"
-        lap = json.loads(laplace.read_text()) if laplace.exists() else {"dataset": "upright", "seed": 0, "points": []}
-        done = {(p["lengthscale"], p["eta"]) for p in lap["points"]}
-        for size, ell, eta in AIS_CHECK:
-            if size == SIZE or (ell, eta) in done:
-                continue
-            if size not in data:
-                data[size] = usd.load("upright", size)
-            lap["points"].append({"size": size, "lengthscale": ell, **usd.evaluate_point(data[size], 0, eta, lengthscale=ell)})
-            usl._write(laplace, lap)
+        common.fill_unit(work / "ais_check_laplace.json", {"dataset": "upright", "seed": 0}, [c for c in AIS_CHECK if c[0] != SIZE], check_key,
+                         lambda key: {"size": key[0], "lengthscale": key[1], **usd.evaluate_point(load(key[0]), 0, key[2], lengthscale=key[1])})  # fmt: skip
     return unit
+
+
+def check_key(point: dict[str, Any]) -> tuple[int, float, float]:
+    """(d)'s key of a stored point: (N, ℓ, η)."""
+    return point["size"], point["lengthscale"], point["eta"]
 
 
 def run_edge_check(work: Path, k: int = 0, n: int = 1) -> dict[str, Any]:
     """(e): points k, k + n, … of ``ETAS`` for every ``EDGE_CHECK`` item, resuming from its file."""
-    path = work / f"edge_check_part{k}.json"
-    unit = json.loads(path.read_text()) if path.exists() else {"lengthscale": 4.0, "scale_span": list(EDGE_SPAN), "points": []}
-    done = {(p["dataset"], p["seed"], p["eta"]) for p in unit["points"]}
-    for dataset, seed in EDGE_CHECK:
-        data = None
-        for eta in ETAS[k::n]:
-            if (dataset, seed, eta) in done:
-                continue
-            data = usd.load(dataset, SIZE) if data is None else data
-            model = usa.make_model(data, seed, eta, lengthscale=4.0)
-            x, y = train_arrays(data, model)
-            r = laplace_readout_evidence(model, x, y, num_scales=EDGE_SCALES, scale_span=EDGE_SPAN)
-            unit["points"].append({"dataset": dataset, "seed": seed, "eta": eta, "log_evidence": r.log_evidence,
-                                   "edge_share": r.edge_share, "sigma_mode": r.sigma_mode})  # fmt: skip
-            usl._write(path, unit)
-            common.log(f"edge check {dataset} seed {seed} η {eta:.2f}: {r.log_evidence:.2f} (edge share {r.edge_share:.2g})")
-    return unit
+    load = functools.cache(lambda dataset: usd.load(dataset, SIZE))
+
+    def widened(key: tuple[str, int, float]) -> dict[str, Any]:
+        dataset, seed, eta = key
+        model = usa.make_model(load(dataset), seed, eta, lengthscale=4.0)
+        r = laplace_readout_evidence(model, *train_arrays(load(dataset), model), num_scales=EDGE_SCALES, scale_span=EDGE_SPAN)
+        return {"dataset": dataset, "seed": seed, "eta": eta, "log_evidence": r.log_evidence, "edge_share": r.edge_share, "sigma_mode": r.sigma_mode}
+
+    keys = [(dataset, seed, eta) for dataset, seed in EDGE_CHECK for eta in ETAS[k::n]]
+    return common.fill_unit(work / f"edge_check_part{k}.json", {"lengthscale": 4.0, "scale_span": list(EDGE_SPAN)}, keys,
+                            lambda p: (p["dataset"], p["seed"], p["eta"]), widened,
+                            lambda key, p: f"edge check {key[0]} seed {key[1]} η {key[2]:.2f}: {p['log_evidence']:.2f} (edge share {p['edge_share']:.2g})")  # fmt: skip
 
 
 def edge_table(work: Path, rows: list[dict[str, Any]]) -> list[str]:
@@ -211,9 +192,9 @@ def ais_check(work: Path, probe_work: Path, datasize_work: Path = DATASIZE_WORK)
     halves = [work / f"ais_check_half{h}.json" for h in (0, 1)]
     if not all(p.exists() for p in halves):
         return None
-    runs = [{(p["size"], p["lengthscale"], p["eta"]): p for p in json.loads(h.read_text())["points"]} for h in halves]
+    runs = [{check_key(p): p for p in json.loads(h.read_text())["points"]} for h in halves]
     lap_path = work / "ais_check_laplace.json"
-    laplace = {(p["size"], p["lengthscale"], p["eta"]): p["log_evidence"] for p in (json.loads(lap_path.read_text())["points"] if lap_path.exists() else [])}
+    laplace = {check_key(p): p["log_evidence"] for p in (json.loads(lap_path.read_text())["points"] if lap_path.exists() else [])}
     for ell in {e for _, e, _ in AIS_CHECK}:
         got = points(work, probe_work, datasize_work, "upright", ell, 0)
         laplace.update({(SIZE, ell, q["eta"]): q["log_evidence"] for q in (got[0] if got else [])})
@@ -331,8 +312,7 @@ def render(work: Path, probe_work: Path, datasize_work: Path, out_dir: Path | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    group = parser.add_mutually_exclusive_group(required=True)
+    parser, group = common.unit_script_parser(__doc__, STEM)
     group.add_argument("--run", action="store_true", help="(b): every point of --part not yet in --work-dir, in RUN_ORDER")
     group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (c), (d)")
     group.add_argument("--ais-check", action="store_true", help="(d): the AIS run of --part k/2 (its seed k)")
@@ -341,11 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengthscales", default=None, help="comma-separated: run only RUN_ORDER's items at these ℓ (default all)")
     parser.add_argument("--probe-work-dir", type=Path, default=PROBE_WORK)
     parser.add_argument("--datasize-work-dir", type=Path, default=DATASIZE_WORK)
-    parser.add_argument("--work-dir", type=Path, default=Path(f"benchmarks/results/{STEM}_units"))
-    parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    common.set_threads(args.threads)
+    args = common.parse_script_args(parser, argv)
     if args.render:
         return 0 if render(args.work_dir, args.probe_work_dir, args.datasize_work_dir, args.out_dir) else 1
     k, n = common.parse_part(parser, args.part)

@@ -163,3 +163,22 @@ def test_the_edge_check_widens_the_scale_grid_and_its_table(bench, tmp_path, mon
     before = row["log_p_data_given_ell"][1] - max(row["log_p_data_given_ell"])
     assert f"| upright | 1 | 0.50 / 0.50 | 0.100 → 1.0e-09 | {before:.1f} → {before + 0.5:.1f} |" in text
     assert bench.edge_table(table_dir, [bench.summarise("upright", 1, {2.0: units[2.0], 1.0: units[2.0]})]) == []  # no ℓ = 4
+
+
+def test_fill_unit_evaluates_only_missing_keys_in_order_and_resumes(bench, tmp_path) -> None:
+    path, calls = tmp_path / "unit.json", []
+
+    def evaluate(key: int) -> dict:
+        calls.append(key)
+        if key == 3:
+            raise KeyboardInterrupt  # a run stopped mid-way keeps every point before it
+        return {"k": key, "v": key * key}
+
+    with pytest.raises(KeyboardInterrupt):
+        bench.common.fill_unit(path, {"name": "u"}, [1, 2, 3], lambda p: p["k"], evaluate)
+    assert json.loads(path.read_text()) == {"name": "u", "points": [{"k": 1, "v": 1}, {"k": 2, "v": 4}]}
+    assert not path.with_suffix(".partial").exists()
+    calls.clear()
+    unit = bench.common.fill_unit(path, {"name": "ignored"}, [2, 4, 1], lambda p: p["k"], lambda k: calls.append(k) or {"k": k, "v": -k})
+    assert unit == json.loads(path.read_text()) and unit["name"] == "u"  # the stored header is kept
+    assert [p["k"] for p in unit["points"]] == [1, 2, 4] and calls == [4]  # only 4 was missing
