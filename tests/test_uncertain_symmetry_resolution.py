@@ -9,6 +9,8 @@ import math
 import pytest
 
 from benchmark_scripts import load_benchmark
+from pyro_invariance.data.images import load_dataset
+from test_datasets import write_mnist_like
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +24,10 @@ def test_settings(bench) -> None:
 
 
 def test_a_tiny_run_on_28x28_images_resumes(bench, tmp_path, monkeypatch) -> None:
-    # Debian's dataset-fashion-mnist, installed by ``make install``; without it the loader's error names the package
+    # small 28×28 IDX files written here stand in for Debian's dataset-fashion-mnist, which a fresh machine lacks
+    write_mnist_like(tmp_path / "idx", n_train=30, n_test=12)
+    monkeypatch.setattr(bench, "load", lambda name, size: load_dataset(bench.DATASETS[name], data_dir=tmp_path / "idx",
+                                                                       train_size=size, test_size=12))  # fmt: skip
     monkeypatch.setattr(bench, "ETAS", (0.6, 2.1))
     monkeypatch.setattr(bench.usd, "NUM_SCALES", 3)
     monkeypatch.setattr(bench.usd, "HELDOUT_DRAWS", 8)
