@@ -17,6 +17,10 @@ Guarantees (tested in ``tests/test_run_safety.py``):
   to disk (``fsync``) and renamed over the old one (``os.replace``): a crash, a full disk or a
   concurrent writer never leaves a truncated file at ``path``, and the previous checkpoint is
   kept whenever a write fails.
+* **Reasons.** A file that cannot be read says why in one line: empty, truncated (its zip archive
+  has no end: an incomplete copy), not a torch file at all, refused by the safe unpickler, or
+  corrupt; a write that fails on a full disk says ``no space left on device`` even when the failure
+  surfaces as torch's own zip-writer error (tested in ``tests/test_checkpoint_io.py``).
 * **Format version.** :data:`FORMAT` names the layout; other versions are refused with the reason.
 
 On the CPU a resumed run is identical to an uninterrupted one. The CUDA RNG states are saved too;
@@ -133,11 +137,26 @@ def atomic_write_bytes(path: str | os.PathLike, write: Any) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-        if isinstance(exc, OSError):
-            reason = "no space left on device" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+        cause = _os_error(exc)
+        if cause is not None:
+            reason = "no space left on device" if cause.errno == errno.ENOSPC else (cause.strerror or str(cause))
             kept = "the previous file is kept" if path.exists() else "nothing was written"
             raise CheckpointError(f"could not write {str(path)!r}: {reason}; {kept}") from exc
         raise
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``exc``: ``exc`` itself or one in its chain. torch's zip writer reports
+    a failed write (a full disk) by raising its own ``RuntimeError`` ("enforce fail at
+    inline_container.cc ... unexpected pos") while closing the archive, with the ``OSError`` as context."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -149,6 +168,42 @@ def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> None:
     """Write ``payload`` with its format and checksum, atomically (see module docstring)."""
     record = {"format": FORMAT, "sha256": payload_digest(payload), **payload}
     atomic_write_bytes(path, lambda f: torch.save(record, f))
+
+
+#: the first bytes of every torch file since torch 1.6 (a zip archive) and of a zip archive's end record
+_ZIP_START, _ZIP_END = b"PK\x03\x04", b"PK\x05\x06"
+#: the first bytes of a torch file in the format before 1.6 (a pickled magic number, protocol 2)
+_LEGACY_START = b"\x80\x02\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
+_ZIP_END_SPAN = 22 + 65_535  # the end record and the longest archive comment it may carry
+
+
+def _damage(path: Path) -> str | None:
+    """Why the file at ``path`` cannot be a whole torch file, read from its first and last bytes;
+    ``None`` when it may be one. torch's own errors for these files are "Invalid argument",
+    "EOFError" or the safe unpickler's refusal, which reads like an attack."""
+    size = path.stat().st_size
+    if size == 0:
+        return "is empty (0 bytes): corrupt, an incomplete write or copy"
+    with open(path, "rb") as f:
+        head = f.read(len(_LEGACY_START))
+        if head == _LEGACY_START:
+            return None
+        if head[: len(_ZIP_START)] != _ZIP_START[: len(head)]:
+            return "is not a torch checkpoint file (corrupt, or another kind of file: torch files are zip archives)"
+        f.seek(max(0, size - _ZIP_END_SPAN))
+        tail = f.read()
+    end = tail.rfind(_ZIP_END)
+    if end < 0 or len(tail) - end < 22 + int.from_bytes(tail[end + 20 : end + 22], "little"):
+        return f"is truncated ({size} bytes, the end of its zip archive is missing): corrupt, an incomplete copy"
+    return None
+
+
+def _load_failure(exc: Exception) -> str:
+    """What made ``torch.load`` fail on a file that looks whole, as the end of a one-line sentence."""
+    if "weights_only" in str(exc) or "Unsupported global" in str(exc):
+        return "is unsafe: it holds objects that only a code-executing unpickler could build (refused)"
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"is corrupt or not a torch file: {reason}"
 
 
 def peek_step(path: str | os.PathLike) -> int | None:
@@ -172,12 +227,15 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} is not a file")
     try:
+        damage = _damage(path)  # before torch, whose errors (and warnings) for these files mislead
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint {str(path)!r} cannot be read: {exc.strerror or exc}") from exc
+    if damage is not None:
+        raise CheckpointError(f"checkpoint {str(path)!r} {damage}")
+    try:
         record = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises many types for damaged or unsafe files
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if "weights_only" in str(exc) or "Unsupported global" in str(exc):
-            reason = "it holds objects that only a code-executing unpickler could build (refused)"
-        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt, unsafe or not a torch file: {reason}") from exc
+        raise CheckpointError(f"checkpoint {str(path)!r} {_load_failure(exc)}") from exc
     if not isinstance(record, dict) or not str(record.get("format", "")).startswith("pyro_invariance.checkpoint/"):
         raise CheckpointError(f"{str(path)!r} is not a pyro_invariance checkpoint (format {FORMAT})")
     if record["format"] != FORMAT:

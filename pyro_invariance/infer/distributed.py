@@ -28,19 +28,26 @@ log weights (:meth:`Ranks.cat`) are reduced in the functions that compute them.
 
 Only the torch CPU/CUDA generators are swapped per shard: Pyro draws from them. Python's and
 NumPy's generators stay global (one per process, the same on every rank).
+
+**Endings under torchrun.** A worker that stops with an error writes its one-line reason to the
+file torchrun names in ``TORCHELASTIC_ERROR_FILE`` (:func:`record_failure`), which torchrun shows as
+the "Root Cause" of its failure summary.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 from torch import Tensor
 
-__all__ = ["Ranks", "ShardStreams", "STRATEGIES", "current_ranks", "setup_ranks"]
+__all__ = ["Ranks", "ShardStreams", "STRATEGIES", "current_ranks", "launch_rank", "record_failure", "setup_ranks",
+           "under_torchrun"]
 
 T = TypeVar("T")
 
@@ -170,6 +177,44 @@ def setup_ranks(strategy: str, device: str) -> tuple[Ranks, str]:
         device = f"cuda:{local}"
         torch.cuda.set_device(device)  # object collectives under NCCL use the current device
     return ranks, device
+
+
+#: where torchrun's elastic agent reads a failed worker's reason (one file per worker)
+ERROR_FILE_VARIABLE = "TORCHELASTIC_ERROR_FILE"
+
+
+def under_torchrun() -> bool:
+    """Whether this process is a worker started by ``torchrun`` (its agent names an error file)."""
+    return bool(os.environ.get(ERROR_FILE_VARIABLE))
+
+
+def launch_rank() -> int:
+    """This process's rank: in the active process group, else the ``RANK`` torchrun set (an error
+    before the group exists is still known to come from rank r), else 0."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    if not under_torchrun():  # a RANK left in the shell by something else does not make this a worker
+        return 0
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def record_failure(message: str) -> bool:
+    """Write ``message`` to the error file of a ``torchrun`` worker, in the layout of torch's
+    ``ErrorHandler`` without a traceback, so that torchrun's failure summary ("Root Cause") shows
+    the message itself. Returns whether it was written (``False`` outside torchrun)."""
+    path = os.environ.get(ERROR_FILE_VARIABLE)
+    if not path:
+        return False
+    data = {"message": {"message": message, "extraInfo": {"timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+    except OSError:
+        return False
+    return True
 
 
 def _shard_seed(seed: int, shard: int) -> int:

@@ -5,7 +5,10 @@ the CLI hold :class:`RunLock` for as long as they write a run; a second writer i
 with a one-line :class:`RunLockedError` that names the lock file and the holder's process id.
 
 The lock is ``fcntl.flock`` on ``<path>.lock`` (POSIX): the kernel releases it when the holder
-exits, however it exits (``SIGKILL`` included), so a crash never leaves a stale lock. Where
+exits, however it exits (``SIGKILL`` included), so a crash never leaves a stale lock. A run that
+ends (finished, failed, interrupted or refused) removes the file while it still holds the lock, so
+a run folder does not keep a file naming a process that is gone; a writer that locked a file just
+removed that way notices (the path no longer names its file) and locks the new one. Where
 ``fcntl`` is missing (Windows) the lock file is created exclusively and removed on release; a
 crash there leaves it behind, and the message says to delete it. Locks are re-entrant within one
 process (the CLI locks a run, then ``fit`` locks the same checkpoint).
@@ -56,16 +59,29 @@ class RunLock:
         )
 
     def _lock_posix(self) -> int:
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            os.close(fd)
-            raise self._refuse(f" (pid {holder})" if holder else "") from None
+        while True:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                os.close(fd)
+                raise self._refuse(f" (pid {holder})" if holder else "") from None
+            if self._names(fd):
+                break
+            os.close(fd)  # the previous holder removed this file between our open and flock: lock the new one
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         return fd
+
+    def _names(self, fd: int) -> bool:
+        """Whether :attr:`lock_path` is still the file open as ``fd``."""
+        try:
+            at_path = os.stat(self.lock_path)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(fd)
+        return (at_path.st_dev, at_path.st_ino) == (held.st_dev, held.st_ino)
 
     def _lock_exclusive_file(self) -> int:  # pragma: no cover - Windows
         try:
@@ -85,6 +101,11 @@ class RunLock:
             if fd < 0:
                 return
             if fcntl is not None:
+                try:  # removed while still locked, so no other writer can hold this file then
+                    if self._names(fd):
+                        self.lock_path.unlink()
+                except OSError:
+                    pass  # a folder gone or read-only: the file stays, and the kernel still frees the lock
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 os.close(fd)
             else:  # pragma: no cover - Windows
