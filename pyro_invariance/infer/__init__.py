@@ -12,9 +12,9 @@
 * :mod:`.fast_step` — the lean training step: ELBOs without host reads (and the IWAE bound), capture,
   compilation, CUDA graphs.
 * :mod:`.bounds` — evidence bounds: ELBO, IWAE_K, PSIS k̂.
-* :mod:`.checkpoint`, :mod:`.fingerprint`, :mod:`.runlock`, :mod:`.interrupts`, :mod:`.divergence` —
-  safe and verified checkpoints, what defines a run, one writer per run, clean stops on signals,
-  naming what diverged.
+* :mod:`.checkpoint`, :mod:`.fingerprint`, :mod:`.runlock`, :mod:`.interrupts`, :mod:`.divergence`,
+  :mod:`.rescue` — safe and verified checkpoints, what defines a run, one writer per run, clean stops
+  on signals, naming what diverged, and a checked checkpoint to continue a diverged run from.
 """
 
 from pyro_invariance.infer.laplace import fit_laplace

@@ -92,3 +92,14 @@ def first_invalid_state(model: Any, guide: Any, optimizer: torch.optim.Optimizer
             if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 return f"optimizer state '{key}'"
     return None
+
+
+def first_non_finite_gradient(model: Any, guide: Any) -> str | None:
+    """The first parameter of model or guide whose gradient (after a backward pass) is not finite."""
+    for owner, module in (("model", model), ("guide", guide)):
+        if not isinstance(module, nn.Module):
+            continue
+        for name, p in module.named_parameters():
+            if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+                return f"{owner} parameter '{name}' has a non-finite gradient"
+    return None
