@@ -43,6 +43,7 @@ from pyro.distributions import Distribution
 from pyro.nn import PyroModule
 from torch import Tensor, nn
 
+from pyro_invariance._pyro_scope import own_params_in_store, pyro_scope
 from pyro_invariance.validation import (
     as_real_tensor, check_trailing_shape, coerce_pair, model_dtype, num_classes_of,
 )  # fmt: skip
@@ -104,6 +105,13 @@ class CatalogueModel(PyroModule, metaclass=_CatalogueMeta):
     num_classes: int | None = None
 
     # -- the Pyro model -------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """``PyroModule.__call__`` that, in Pyro's global param mode (outside the package's calls), reads
+        and trains this model's own parameters, never another catalogue model's of the same name
+        (:func:`~pyro_invariance._pyro_scope.own_params_in_store`)."""
+        with own_params_in_store(self):
+            return super().__call__(*args, **kwargs)
+
     @abstractmethod
     def forward(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
         """Sample the latents, observe ``y`` (``None``: sample it) through :meth:`observe`; return the
@@ -271,8 +279,6 @@ def symmetry_summary(model: Any, guide: Any = None) -> dict[str, Tensor]:
         return dict(model.symmetry_summary())
     if guide is None or not hasattr(guide, "median"):
         return {}
-    from pyro_invariance._pyro_scope import pyro_scope
-
     with pyro_scope(), torch.no_grad():
         median = guide.median()
     return dict(model.symmetry_summary({s: median[s].detach() for s in sites}))

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from pyro_invariance.registry import MODELS
 from pyro_invariance.symmetry.priors import BOUNDED_PRIORS, bounded_prior
 from pyro_invariance.tasks import REGRESSION
+from pyro_invariance.validation import check_seed
 
 from .base import CatalogueModel
 
@@ -188,6 +189,7 @@ class BasisRegression(CatalogueModel):
         self.lengthscale = _check_positive("lengthscale", lengthscale)
         self.prior_scale = _check_positive("prior_scale", prior_scale)
         self.noise_scale = _check_positive("noise_scale", noise_scale)
+        check_seed(init_seed, "init_seed")
         lo, hi = float(lo), float(hi)
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             raise ValueError(f"need finite lo < hi, got lo={lo}, hi={hi}")

@@ -71,6 +71,8 @@ from torch import Tensor, nn
 from pyro_invariance.registry import MODELS
 from pyro_invariance.symmetry.priors import BOUNDED_PRIORS, bounded_prior
 from pyro_invariance.symmetry.affine import (
+    GENERATOR_NAMES,
+    SUBGROUPS,
     affine_det,
     affine_generators,
     eta_upper_bounds,
@@ -83,7 +85,7 @@ from pyro_invariance.symmetry.affine import (
     warp_stack,
 )
 from pyro_invariance.tasks import CLASSIFICATION
-from pyro_invariance.validation import check_label_shape, check_positive_int, check_trailing_shape
+from pyro_invariance.validation import check_label_shape, check_positive_int, check_seed, check_trailing_shape
 
 from ._particles import batched_normal_prior, drop_data_dim, num_particles, plate_particle_shape, site_particle_shape
 from .base import CatalogueModel
@@ -115,7 +117,9 @@ class InvariantMLP(CatalogueModel):
         eta_init: initial η, a float for all generators or a mapping generator -> value. Must be
             > 0 to learn: η = 0 is a stationary point of the expected gradient (docs/methods.md §1).
         eta_max: optional mapping generator -> upper bound (default
-            :data:`pyro_invariance.symmetry.affine.DEFAULT_ETA_MAX`; rotation capped at π).
+            :data:`pyro_invariance.symmetry.affine.DEFAULT_ETA_MAX`; rotation capped at π). In both
+            mappings every key must be a generator of ``symmetry`` (an unknown name is refused, not
+            ignored).
         num_transforms: S transform samples per forward pass.
         sampling: ``"stochastic"`` (ε ~ U) or ``"deterministic"`` (linspace grid; Section 3.4).
         transform_on: ``"weights"`` (default: warp W1's rows by T_s, paper 003 Eq. 6), ``"inputs"``
@@ -165,6 +169,8 @@ class InvariantMLP(CatalogueModel):
         check_positive_int("num_classes", num_classes, minimum=2)
         check_positive_int("hidden", hidden)
         check_positive_int("num_transforms", num_transforms)
+        check_seed(init_seed, "init_seed")
+        _check_symmetry_spec(symmetry)
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; use one of {ACTIVATIONS}")
         self.check_prior(prior)
@@ -196,11 +202,12 @@ class InvariantMLP(CatalogueModel):
         # Does T_s change areas (a generator with non-zero trace: sx, sy)? Then the inputs path
         # needs the Jacobian |det T_s|⁻¹.
         self._area_changing = bool((self.generators.diagonal(dim1=-2, dim2=-1).sum(-1) != 0).any())
-        upper = eta_upper_bounds(self.generator_names, dict(eta_max or {}))
+        upper = eta_upper_bounds(self.generator_names, _eta_max_overrides(eta_max, self.generator_names))
         self.register_buffer("eta_upper", upper)
         init = _eta_init_tensor(eta_init, self.generator_names)
         if torch.any(init < 0) or torch.any(init > upper):
-            raise ValueError(f"eta_init {init.tolist()} outside [0, {upper.tolist()}]")
+            raise ValueError(f"eta_init {_per_generator(init, self.generator_names)} outside [0, eta_max] with eta_max "
+                             f"{_per_generator(upper, self.generator_names)}")  # fmt: skip
         if self.symmetry_prior is not None and k > 0:
             self.eta = PyroSample(lambda m: bounded_prior(m.symmetry_prior, m.eta_upper))
         elif self.learn_symmetry and k > 0:
@@ -212,7 +219,7 @@ class InvariantMLP(CatalogueModel):
             self.register_buffer("eta_fixed", init)
 
         # --- first layer ---------------------------------------------------------------
-        gen = torch.Generator().manual_seed(int(init_seed))
+        gen = torch.Generator().manual_seed(int(init_seed))  # checked above (check_seed)
         if activation == "rff":
             self.register_buffer("w1", torch.randn(hidden, self.input_dim, generator=gen) / lengthscale)
             self.register_buffer("b1", 2 * math.pi * torch.rand(hidden, generator=gen))
@@ -471,15 +478,57 @@ class InvariantMLP(CatalogueModel):
         return self._phi(pre).mean(dim=2).transpose(0, 1)
 
 
+def _check_symmetry_spec(symmetry: Any) -> None:
+    """``symmetry`` must be a subgroup name or a sequence of names (``"none"``: no symmetry)."""
+    names_ok = isinstance(symmetry, (list, tuple)) and all(isinstance(s, str) for s in symmetry)
+    if not (isinstance(symmetry, str) or names_ok):
+        raise ValueError(f"symmetry must be a subgroup name such as 'rotation' or 'tx+rot', or a list of names "
+                         f"('none' for no symmetry; subgroups: {', '.join(SUBGROUPS)}), got {symmetry!r}")  # fmt: skip
+
+
+def _per_generator_mapping(arg: str, value: Any, names: Sequence[str]) -> dict[str, float]:
+    """A mapping generator -> number, every key one of ``names`` (the model's generators) and every
+    value a finite number; else a one-line ``ValueError`` naming ``arg``."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{arg} must be a mapping generator -> number, got {value!r}")
+    unknown = sorted(map(str, set(value) - set(names)))
+    if unknown:
+        raise ValueError(f"{arg} names {unknown}, which are not in the subgroup {list(names)} of the model's symmetry "
+                         f"(generators: {', '.join(GENERATOR_NAMES)})")  # fmt: skip
+    return {key: _finite_number(f"{arg}[{key!r}]", v) for key, v in value.items()}
+
+
+def _finite_number(arg: str, value: Any) -> float:
+    """``value`` as a finite float (numbers, numpy and 0-d torch scalars; not text or bools)."""
+    try:
+        v = None if isinstance(value, (bool, str, bytes)) else float(value)
+    except (TypeError, ValueError):
+        v = None
+    if v is None or not math.isfinite(v):
+        raise ValueError(f"{arg} must be a finite number, got {value!r}")
+    return v
+
+
+def _eta_max_overrides(eta_max: Mapping[str, float] | None, names: Sequence[str]) -> dict[str, float]:
+    """``eta_max`` checked: known generators, positive finite bounds."""
+    if eta_max is None:
+        return {}
+    caps = _per_generator_mapping("eta_max", eta_max, names)
+    for key, v in caps.items():
+        if v <= 0:
+            raise ValueError(f"eta_max[{key!r}] must be a positive number (the upper bound of η), "
+                             f"got {eta_max[key]!r}")  # fmt: skip
+    return caps
+
+
+def _per_generator(values: Tensor, names: Sequence[str]) -> dict[str, float]:
+    return {n: round(float(v), 6) for n, v in zip(names, values)}
+
+
 def _eta_init_tensor(eta_init: float | Mapping[str, float], names: Sequence[str]) -> Tensor:
     if isinstance(eta_init, Mapping):
-        unknown = set(eta_init) - set(names)
-        if unknown:
-            raise ValueError(f"eta_init names {sorted(unknown)} are not in the subgroup {list(names)}")
-        values = [float(eta_init.get(n, 0.1)) for n in names]
+        given = _per_generator_mapping("eta_init", eta_init, names)
+        values = [given.get(n, 0.1) for n in names]
     else:
-        values = [float(eta_init)] * len(names)
-    out = torch.tensor(values, dtype=torch.float32)
-    if not torch.isfinite(out).all():
-        raise ValueError(f"eta_init must be finite, got {values}")
-    return out
+        values = [_finite_number("eta_init", eta_init)] * len(names)
+    return torch.tensor(values, dtype=torch.float32)

@@ -83,6 +83,7 @@ trains them with ``eta_lr``.
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -96,7 +97,7 @@ from torch import Tensor, nn
 from pyro_invariance.symmetry import equivariant_layers as L
 from pyro_invariance.registry import MODELS
 from pyro_invariance.tasks import CLASSIFICATION
-from pyro_invariance.validation import check_label_shape, check_positive_int, check_trailing_shape
+from pyro_invariance.validation import check_label_shape, check_positive_int, check_seed, check_trailing_shape
 
 from .base import CatalogueModel
 
@@ -411,6 +412,7 @@ class LayerwiseNet(CatalogueModel):
         if start not in STARTS:
             raise ValueError(f"unknown start {start!r}; use one of {STARTS}")
         self.check_prior(prior)
+        check_seed(init_seed, "init_seed")
         for name, value in (("prior_scale", prior_scale), ("hyperprior_scale", hyperprior_scale)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive finite number, got {value!r}")
@@ -656,11 +658,23 @@ def _make_factory(variant: str) -> Any:
         return model
 
     factory.__name__ = factory.__qualname__ = "layerwise_" + variant.replace("+", "_").replace("-", "")
+    factory.__signature__ = _factory_signature(factory)  # type: ignore[attr-defined]
     factory.__doc__ = (
         f"{_SUMMARIES[variant]}.\n\n"
         f"Builds ``LayerwiseNet({variant!r}, ...)``; see :class:`LayerwiseNet` for the arguments."
     )
     return factory
+
+
+def _factory_signature(factory: Any) -> inspect.Signature:
+    """The factory's own parameters followed by :class:`LayerwiseNet`'s other keywords, without
+    ``**kwargs``: what the factory really takes, so that the registry can name a misspelt argument
+    and list the valid ones."""
+    own = [p for p in inspect.signature(factory).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    names = {p.name for p in own}
+    net = list(inspect.signature(LayerwiseNet.__init__).parameters.values())[2:]  # after self, variant
+    extra = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in net if p.name not in names]
+    return inspect.signature(factory).replace(parameters=[*own, *extra])
 
 
 for _variant in VARIANTS:

@@ -54,7 +54,7 @@ from pyro_invariance.symmetry.ode_flow import NeuralConserved, NeuralFlow
 from pyro_invariance.registry import MODELS
 from pyro_invariance.symmetry.priors import UNBOUNDED_PRIORS, unbounded_prior
 from pyro_invariance.tasks import DYNAMICS
-from pyro_invariance.validation import check_positive_float, check_positive_int, check_trailing_shape
+from pyro_invariance.validation import check_positive_float, check_positive_int, check_seed, check_trailing_shape
 
 from ._particles import batched_normal_prior, drop_data_dim, num_particles, plate_particle_shape, site_particle_shape
 from .base import CatalogueModel
@@ -163,7 +163,7 @@ class SymmetrisedHNN(CatalogueModel):
         self.learn_symmetry = bool(learn_symmetry)
         self.num_transforms, self.euler_steps, self.dt = int(num_transforms), int(euler_steps), float(dt)
         m = self.state_dim
-        gen = torch.Generator().manual_seed(int(init_seed))
+        gen = torch.Generator().manual_seed(check_seed(init_seed, "init_seed"))
 
         # --- symmetry --------------------------------------------------------------------
         if symmetry == "quadratic":

@@ -20,7 +20,7 @@ from pyro_invariance.data import toy2d  # noqa: F401  (registers the "rotation-t
 from pyro_invariance.registry import MODELS
 from pyro_invariance.symmetry.priors import BOUNDED_PRIORS, bounded_prior
 from pyro_invariance.tasks import CLASSIFICATION
-from pyro_invariance.validation import check_label_shape, check_positive_int, check_trailing_shape
+from pyro_invariance.validation import check_label_shape, check_positive_int, check_seed, check_trailing_shape
 
 from ._particles import drop_data_dim, num_particles, plate_particle_shape, site_particle_shape
 from .base import CatalogueModel
@@ -153,7 +153,7 @@ class RotationToy2D(CatalogueModel):
         else:
             self.register_buffer("eta_fixed", torch.tensor(eta0))
 
-        gen = torch.Generator().manual_seed(int(init_seed))
+        gen = torch.Generator().manual_seed(check_seed(init_seed, "init_seed"))
         self.register_buffer("w1", torch.randn(self.hidden, 2, generator=gen) / self.lengthscale)
         self.register_buffer("b1", 2 * math.pi * torch.rand(self.hidden, generator=gen))
         self.register_buffer("prior_scale", torch.tensor(float(prior_scale)))

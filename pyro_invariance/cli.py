@@ -31,16 +31,18 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from pyro_invariance.infer.checkpoint import atomic_write_text, peek_step
 from pyro_invariance.infer.config import config_overrides, config_parent
-from pyro_invariance.infer.distributed import Ranks, current_ranks, setup_ranks
+from pyro_invariance.infer.distributed import (Ranks, current_ranks, launch_rank, record_failure, setup_ranks,
+                                                under_torchrun)
+from pyro_invariance.infer.fast_step import torch_threads
 from pyro_invariance.infer.interrupts import FitInterrupted
 from pyro_invariance.registry import DATASETS, GUIDES, MODELS, UnknownNameError
 from pyro_invariance.tasks import get as get_task, task_for
 from pyro_invariance.infer.runlock import RunLock
-from pyro_invariance.validation import check_positive_int
+from pyro_invariance.validation import check_positive_int, check_seed
 from pyro_invariance._pyro_scope import pyro_scope
 
 #: a bare word (``rotation``, ``tx+rot``, ``layerwise-fc``) is a string; anything else must be JSON
@@ -125,13 +127,16 @@ def check_out_folder(out: Path) -> Path:
 
 
 def prepare_out(out: Path, *, resume: bool = False, overwrite: bool = False,
-                products: Sequence[str] = ("checkpoint.pt", "result.json")) -> Path:  # fmt: skip
+                products: Sequence[str] = ("checkpoint.pt", "result.json"),
+                can_resume: bool = True) -> Path:  # fmt: skip
     """Check an output folder before any compute: a writable folder (:func:`check_out_folder`) not
-    holding a run (any of ``products``) unless ``resume`` (which needs its checkpoint) or ``overwrite``."""
-    return _check_out_contents(check_out_folder(out), resume, overwrite, products)
+    holding a run (any of ``products``) unless ``resume`` (which needs its checkpoint) or ``overwrite``.
+    ``can_resume``: the command has ``--resume`` (the refusal suggests only options the command has)."""
+    return _check_out_contents(check_out_folder(out), resume, overwrite, products, can_resume)
 
 
-def _check_out_contents(out: Path, resume: bool, overwrite: bool, products: Sequence[str]) -> Path:
+def _check_out_contents(out: Path, resume: bool, overwrite: bool, products: Sequence[str],
+                        can_resume: bool = True) -> Path:  # fmt: skip
     """The part of :func:`prepare_out` after the folder check (what ``out`` already holds)."""
     existing = [name for name in products if (out / name).exists()]
     if resume:
@@ -140,8 +145,9 @@ def _check_out_contents(out: Path, resume: bool, overwrite: bool, products: Sequ
     elif existing and not overwrite:
         step = peek_step(out / "checkpoint.pt") if "checkpoint.pt" in existing else None
         held = f" (checkpoint at step {step})" if step is not None else ""
+        options = "use --resume to continue it, --overwrite" if can_resume else "use --overwrite"
         raise ValueError(f"--out {str(out)!r} already holds {', '.join(existing)}{held}: "
-                         "use --resume to continue it, --overwrite to replace it, or another --out")  # fmt: skip
+                         f"{options} to replace it, or another --out")  # fmt: skip
     elif existing:
         print(f"pyro-invariance: --overwrite: replacing {', '.join(existing)} in {str(out)!r}", file=sys.stderr)
     return out
@@ -256,8 +262,9 @@ def _run_fit_locked(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any],
     payload["summary"] = summary
     summary["plots"] = []
     if ranks.is_main:  # rank 0 writes (every rank holds the same model and guide)
-        atomic_write_text(out / "result.json", json.dumps(payload, indent=1))
+        atomic_write_text(out / "result.json", json.dumps(payload, indent=1))  # first: a failing plot loses no numbers
         summary["plots"] = _save_plots(result, out, data)
+        atomic_write_text(out / "result.json", json.dumps(payload, indent=1))  # again, listing the plots
     return summary
 
 
@@ -317,6 +324,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from pyro_invariance import guides  # noqa: F401
     from pyro_invariance.catalogue import load_run
 
+    check_seed(args.seed, "--seed")  # before the run is loaded
     run = Path(args.run)
     checkpoint = run / "checkpoint.pt" if run.is_dir() else run
     data = None
@@ -376,8 +384,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """Fit several guides with the same seeds and budget; print the bound/metric table."""
     from pyro_invariance.diagnostics.compare import compare_guides
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     guides = [g.strip() for g in args.guides.split(",") if g.strip()]
     if not guides:
         raise ValueError("--guides is empty")
@@ -387,7 +393,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         GUIDES.entry(name)
     Ks = _int_list(args.K, "--K")
     if args.out:  # checked before any compute, so the table cannot be lost at the end
-        prepare_out(Path(args.out), overwrite=args.overwrite, products=("table.md", "table.json", "bounds.png"))
+        prepare_out(Path(args.out), overwrite=args.overwrite, products=("table.md", "table.json", "bounds.png"),
+                    can_resume=False)  # fmt: skip
     log = None if args.no_progress else (lambda msg: print(msg, file=sys.stderr, flush=True))
     cmp = compare_guides(
         args.model, args.data, guides, K=Ks,
@@ -412,7 +419,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """The main job: learned rotation invariance vs no invariance on rotated digits."""
     from pyro_invariance.diagnostics.plots import plot_eta_history, save_figure
 
-    torch.set_num_threads(args.threads)
     out = Path(args.out)
     common = {"guide": "block-cholesky", "guide_kwargs": {}, "data": "rotated-digits", "data_kwargs": {}}
     runs = {
@@ -423,7 +429,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"pyro-invariance demo: InvariantMLP (RFF, H=256, S=16) on rotated digits, {args.steps} SVI steps each")
     if not args.overwrite:  # both runs' folders are checked before the first one trains
         for label in runs:
-            prepare_out(out / label.replace(" ", "-"))
+            prepare_out(out / label.replace(" ", "-"), can_resume=False)  # demo has no --resume
     summaries, histories = [], {}
     t0 = time.perf_counter()
     for label, spec in runs.items():
@@ -517,13 +523,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace a table that OUT already holds")
     p.add_argument("--guide-arg", action="append", metavar="[GUIDE:]KEY=VALUE",
                    help="guide keyword (JSON value) for every guide, or for GUIDE only")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("demo", help="the main job on embedded data (rotated digits)")
-    p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these small models)")
+    p = sub.add_parser("demo", help="the main job on embedded data (rotated digits)",
+                       parents=[config_parent(only=("steps", "seed", "threads"))])
+    p.set_defaults(steps=1000, seed=0, threads=1)  # the demo's own defaults: 1 thread is fastest here
     p.add_argument("--out", default="results/demo")
     p.add_argument("--overwrite", action="store_true", help="replace the runs an earlier demo left in OUT")
     p.add_argument("--no-progress", action="store_true")
@@ -536,25 +540,58 @@ def _one_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-@pyro_scope()
+def _resume_hint(args: argparse.Namespace) -> str:
+    """How to continue an interrupted ``fit``: a run of several shards needs them again, also in one process."""
+    shards = getattr(args, "shards", 1)
+    if shards == 1:
+        return "; continue with --resume"
+    if getattr(args, "strategy", "single") == "ddp":
+        return (f"; continue with the same command and --resume, or in one process with --resume --shards {shards} "
+                "(without --strategy ddp)")  # fmt: skip
+    return f"; continue with --resume --shards {shards}"
+
+
+def _end(message: str, every_rank: bool = False) -> None:
+    """Print ``pyro-invariance: <message>`` once per run and record it for torchrun's failure summary.
+
+    In a data-parallel run rank 0 prints it: the ranks stop together, and an error that stops them
+    together names the rank it came from. The other ranks print an error (``every_rank``) only
+    outside torchrun, where no failure summary would show it."""
+    line = f"pyro-invariance: {message}"
+    recorded = record_failure(line)
+    rank = launch_rank()
+    if rank == 0 or (every_rank and not recorded):
+        print(line if rank == 0 else f"{line} (rank {rank})", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (0 ok, 2 user error, 128 + signal when interrupted)."""
+    """Run the CLI; returns the exit code (0 ok, 2 user error, 128 + signal when interrupted).
+
+    Under ``torchrun`` it runs inside torch's ``record``, so an error it does not catch reaches
+    torchrun's failure summary with its traceback (the errors it catches are recorded with their one line)."""
+    if under_torchrun():
+        return record(_main)(argv)
+    return _main(argv)
+
+
+@pyro_scope()
+def _main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with torch_threads(getattr(args, "threads", None)):  # fit, compare, demo: the one FitConfig option
+            return int(args.func(args) or 0)
     except FitInterrupted as exc:
-        hint = "; continue with --resume" if exc.checkpoint is not None else ""
-        print(f"pyro-invariance: {exc}{hint}", file=sys.stderr)
+        _end(f"{exc}{_resume_hint(args) if exc.checkpoint is not None else ''}")
         return 128 + int(exc.signum)
     except KeyboardInterrupt:
-        print("pyro-invariance: interrupted", file=sys.stderr)
+        _end("interrupted")
         return 130
     except (UnknownNameError, ValueError, TypeError, OSError, FloatingPointError, RuntimeError) as exc:
         # user errors (bad names, values, files; CheckpointError, RunLockedError, device errors)
         if args.traceback:
             raise
-        print(f"pyro-invariance: error: {_one_line(exc)}", file=sys.stderr)
+        _end(f"error: {_one_line(exc)}", every_rank=True)
         return 2
 
 

@@ -15,6 +15,7 @@ package ``__init__``.
 from __future__ import annotations
 
 import difflib
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -69,8 +70,31 @@ class Registry:
         return self._entries[name]
 
     def get(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Build the entry ``name`` with the given arguments."""
+        """Build the entry ``name`` with the given arguments.
+
+        A keyword the entry's factory does not take raises ``TypeError`` in one line that names it,
+        suggests the closest valid one and lists them all (Python's own message lists none).
+        """
+        self.check_keywords(name, kwargs, positional=len(args))
         return self.entry(name).factory(*args, **kwargs)
+
+    def keywords(self, name: str, positional: int = 0) -> list[str] | None:
+        """The keyword arguments entry ``name`` takes after ``positional`` positional ones (a guide's
+        model), in signature order; ``None`` when its factory takes any (``**kwargs``)."""
+        return _keywords(self.entry(name).factory, positional)
+
+    def check_keywords(self, name: str, kwargs: dict[str, Any], positional: int = 0) -> None:
+        """Refuse keywords in ``kwargs`` that entry ``name`` does not take (after ``positional``
+        positional arguments): one-line ``TypeError`` naming them and listing the valid ones."""
+        entry = self.entry(name)
+        valid = _keywords(entry.factory, positional)
+        unknown = [k for k in kwargs if valid is not None and k not in valid]
+        if not unknown:
+            return
+        close = difflib.get_close_matches(unknown[0], valid or [], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise TypeError(f"{self.kind} {entry.name!r} takes no argument {', '.join(map(repr, unknown))}{hint}; its "
+                        f"arguments: {', '.join(valid or []) or 'none'}")  # fmt: skip
 
     def names(self) -> list[str]:
         return sorted(self._entries)
@@ -83,6 +107,19 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _keywords(factory: Callable[..., Any], positional: int) -> list[str] | None:
+    """Keyword names of ``factory`` after its first ``positional`` parameters; ``None`` if it takes
+    ``**kwargs`` or has no signature (then any keyword may be right)."""
+    try:
+        params = list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for i, p in enumerate(params) if p.kind in named and i >= positional]
 
 
 MODELS = Registry("model")

@@ -1,18 +1,23 @@
 """Input checks shared by models, training and the CLI (clear errors for bad input).
 
-Two kinds of checks live here:
+Three kinds of checks live here:
 
+* **argument checks**, one function per kind of argument, used by every entry point that takes it:
+  :func:`check_seed` (every seed lies in ``0 … 2**32 − 1``), :func:`check_device` (a device this
+  machine has), :func:`check_positive_int`, :func:`check_positive_float` (numbers, not text);
 * **boundary checks** (:func:`model_dtype`, :func:`as_real_tensor`, :func:`coerce_inputs`,
   :func:`coerce_labels`, :func:`coerce_targets`, used by every catalogue model's ``prepare_inputs``
   (:class:`pyro_invariance.models.base.CatalogueModel`)): run once per call of ``fit`` / ``evaluate`` on the whole
-  data set; they look at the values (non-finite inputs, labels outside ``[0, num_classes)``), which
-  costs one host synchronisation on a GPU;
+  data set; they look at the values (non-finite inputs, inputs whose squares overflow
+  (:func:`check_magnitude`), labels outside ``[0, num_classes)``), which costs one host
+  synchronisation on a GPU;
 * **per-forward checks** (:func:`check_label_shape`, shapes in the models' ``forward``): shapes
   and dtypes only, never a value, so that a training step never waits for the device.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from typing import Any, Protocol, Sequence, runtime_checkable
@@ -70,7 +75,13 @@ def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
 
 
 def check_positive_float(name: str, value: object) -> float:
-    """Return ``value`` as float if it is a finite positive number; else raise ``ValueError``."""
+    """Return ``value`` as float if it is a finite positive number; else raise ``ValueError``.
+
+    Text (``"0.1"``) and booleans are refused, not converted: a number typed as text is a mistake
+    somewhere upstream, and converting it here only would leave other places holding the text.
+    """
+    if isinstance(value, (str, bytes, bool)):
+        raise ValueError(f"{name} must be a positive number, got the {type(value).__name__} {value!r}")
     try:
         v = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -80,11 +91,58 @@ def check_positive_float(name: str, value: object) -> float:
     return v
 
 
+#: The largest seed: numpy's ``np.random.seed`` (which ``pyro.set_rng_seed`` calls) takes 0 … 2**32 − 1.
+SEED_MAX = 2**32 - 1
+
+
 def check_seed(value: object, name: str = "seed") -> int:
-    """Return ``value`` as int if it is an integer (not a bool); else raise ``ValueError``."""
+    """Return ``value`` as int if it is an integer in ``[0, SEED_MAX]`` (not a bool); else ``ValueError``.
+
+    One range for every seed of the package (training, evaluation, ArviZ export, the CLI): the
+    narrowest of the generators a seed reaches (numpy's), so no seed fails deep inside a run.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+        raise ValueError(f"{name} must be an integer in 0…{SEED_MAX} (2**32 - 1), got {value!r}")
+    if not 0 <= value <= SEED_MAX:
+        raise ValueError(f"{name} must be an integer in 0…{SEED_MAX} (2**32 - 1), got {value}")
     return int(value)
+
+
+def derived_seed(seed: int, offset: int) -> int:
+    """``seed + offset`` wrapped into ``[0, SEED_MAX]``: a second stream derived from a checked seed
+    stays a valid seed (``seed + 1`` of ``SEED_MAX`` would not)."""
+    return (int(seed) + int(offset)) % (SEED_MAX + 1)
+
+
+class DeviceError(ValueError, RuntimeError):
+    """A device that does not exist on this machine. A ``ValueError`` (a bad argument) that is also a
+    ``RuntimeError``, what ``fit`` raised for a missing GPU before devices were checked here."""
+
+
+def available_devices() -> list[str]:
+    """The device strings a run may use on this machine: ``"cpu"``; ``"cuda"`` and ``"cuda:0"`` …
+    ``"cuda:<n-1>"`` when CUDA is available; ``"mps"`` when Apple's MPS is."""
+    out = ["cpu"]
+    if torch.cuda.is_available():
+        out += ["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        out += ["mps", "mps:0"]
+    return out
+
+
+def check_device(value: object, name: str = "device") -> str:
+    """``value`` (a string or ``torch.device``) as a device string this machine has; else a one-line
+    :class:`DeviceError` naming ``name``, the value and the devices available here."""
+    text = str(value) if isinstance(value, torch.device) else value
+    if isinstance(text, str) and text.strip() in available_devices():
+        return text.strip()
+    allowed = available_devices()
+    why = ""
+    if isinstance(text, str) and text.strip().startswith("cuda"):
+        why = (" (torch.cuda.is_available() is False here)" if not torch.cuda.is_available()
+               else f" (this machine has {torch.cuda.device_count()} CUDA device(s))")  # fmt: skip
+    raise DeviceError(f"{name} must be one of {', '.join(map(repr, allowed))} on this machine, got {value!r}{why}")
 
 
 def check_subset_size(name: str, size: object, available: int) -> int:
@@ -145,10 +203,60 @@ def as_real_tensor(name: str, value: Any) -> Tensor:
 
 
 def coerce_inputs(name: str, x: Tensor, dtype: torch.dtype) -> Tensor:
-    """Inputs as floating ``dtype`` (integers converted as-is, no scaling), checked finite."""
+    """Inputs as floating ``dtype`` (integers converted as-is, no scaling), checked finite and not
+    too large to train on (:func:`check_magnitude`)."""
     x = as_real_tensor(name, x).to(dtype)
     check_finite(name, x)
+    check_magnitude(name, x)
     return x
+
+
+def check_magnitude(name: str, value: Tensor) -> None:
+    """Refuse floating values whose squares overflow their dtype (``|v| > sqrt(finfo.max)``, about
+    1.8e19 in float32), with the reason, in one line.
+
+    Such data are numerically hopeless rather than merely badly scaled: the first gradients grow
+    with the inputs, and Adam's second moment (the squared gradient) overflows to inf, which freezes
+    the parameters it belongs to at their start while the loss stays finite — a run that looks
+    trained and is not. Gradients that overflow for smaller inputs (large N/B, deep products) are
+    caught while training (:func:`first_overflowed_state`).
+    """
+    if not value.is_floating_point() or not value.numel():
+        return
+    limit = math.sqrt(torch.finfo(value.dtype).max)
+    largest = float(value.abs().max())
+    if largest > limit:
+        first = tuple(int(i) for i in (value.abs() > limit).nonzero()[0].tolist())
+        raise ValueError(
+            f"{name} holds values up to {largest:.3g} in magnitude (first at index {first}); above {limit:.3g} their "
+            f"squares overflow {value.dtype}, so the gradients and Adam's second moments overflow and the parameters "
+            f"stop learning: rescale {name} (e.g. standardise it)"
+        )
+
+
+def first_overflowed_state(optimizer: torch.optim.Optimizer, owners: dict[str, Any]) -> str | None:
+    """Which parameter's optimiser state (e.g. Adam's ``exp_avg_sq``) is no longer finite, as one
+    line with the reason; ``None`` when all of it is finite (one host synchronisation).
+
+    Adam divides by the square root of its second moment: once a squared gradient overflows to inf,
+    that parameter's updates are zero for good while the loss stays finite, so a run would go on
+    without learning it. ``owners`` (e.g. ``{"model": model, "guide": guide}``) name the parameters.
+    """
+    names = {id(p): f"{owner} parameter {n!r}" for owner, module in owners.items()
+             if isinstance(module, torch.nn.Module) for n, p in module.named_parameters()}  # fmt: skip
+    entries = [(p, key, t) for group in optimizer.param_groups for p in group["params"]
+               for key, t in optimizer.state.get(p, {}).items()
+               if isinstance(t, Tensor) and t.is_floating_point() and t.numel()]  # fmt: skip
+    if not entries:
+        return None
+    finite = torch.stack([torch.isfinite(t).all().to(entries[0][2].device) for _, _, t in entries])
+    if bool(finite.all()):
+        return None
+    p, key, t = entries[int((~finite).nonzero()[0, 0])]
+    limit = math.sqrt(torch.finfo(t.dtype).max)
+    return (f"the optimiser state {key!r} of {names.get(id(p), 'a parameter')} overflowed to inf (gradients above "
+            f"{limit:.3g}, whose squares {t.dtype} cannot hold): that parameter stops learning while the loss "
+            "stays finite; the data are likely too large for this model: rescale them (e.g. standardise x and y)")
 
 
 def coerce_targets(name: str, y: Tensor, dtype: torch.dtype) -> Tensor:
@@ -238,3 +346,30 @@ def coerce_pair(model: Any, x: Tensor, y: Tensor | None) -> tuple[Tensor, Tensor
         return x, coerce_labels(y, classes)
     y = as_real_tensor("y", y)
     return x, coerce_targets("y", y, dtype) if y.is_floating_point() else y
+
+
+# ------------------------------------------------------------------------------------------------
+# The model protocol: ``model(x, y=None)``, with ``num_data=N`` where the model takes it
+
+
+def takes_num_data(model: Any) -> bool:
+    """Whether ``model(x, y, num_data=N)`` is accepted: its ``forward`` (or the function itself) has a
+    ``num_data`` parameter or ``**kwargs``.
+
+    Pyro's convention is ``model(x, y=None)``; the catalogue's models also take ``num_data``, the size
+    of the data set a minibatch comes from, and scale their likelihood by ``N/B``
+    (``pyro.plate("data", num_data, subsample_size=B)``). A model without it is scored on the rows it
+    is given, so it is fitted full batch (:func:`pyro_invariance.infer.training.fit`).
+    """
+    target = getattr(model, "forward", model)
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: assume Pyro's plain convention
+        return False
+    return any(p.name == "num_data" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def num_data_kwargs(model: Any, num_data: int) -> dict[str, int]:
+    """``{"num_data": num_data}`` for a model that takes it (:func:`takes_num_data`), else ``{}``: the
+    keyword arguments with which the workbench calls ``model`` and its guide."""
+    return {"num_data": int(num_data)} if takes_num_data(model) else {}

@@ -11,13 +11,16 @@ converted and checked once, before any compute, so that no training step has to:
   its first floating parameter or buffer; ``torch.get_default_dtype()`` if none). Integer
   (e.g. uint8) ``x`` is converted **as-is, without scaling**, unless the dataset object has an
   attribute ``input_scale`` (a positive float, e.g. ``1/255``), which then multiplies integer ``x``
-  (float ``x`` is taken as already scaled and never multiplied). Complex or bool ``x`` and
-  non-finite values raise ``ValueError``.
+  (float ``x`` is taken as already scaled and never multiplied). Complex or bool ``x``,
+  non-finite values and values whose squares overflow the dtype (about 1.8e19 in float32: the
+  gradients and Adam's second moments would overflow, :func:`~pyro_invariance.validation.check_magnitude`)
+  raise ``ValueError``.
 * ``y`` for classification models (an integer ``num_classes`` attribute): integer dtypes → int64;
   float labels holding whole numbers → int64 (numpy's float labels); other floats raise; *every*
   label is checked against ``[0, num_classes)`` (the message gives the range found and the first
   bad row).
-* ``y`` for regression / dynamics models: the model's floating dtype, checked finite.
+* ``y`` for regression / dynamics models: the model's floating dtype, checked finite and not too large
+  (as ``x``).
 * shapes: checked against the model (``model.prepare_inputs(x, y)`` of every
   :class:`~pyro_invariance.models.base.CatalogueModel`); any other model gets the dtype rule above
   (integer ``y`` of a model without ``num_classes`` is left as it is).

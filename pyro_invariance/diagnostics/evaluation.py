@@ -23,8 +23,11 @@ from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from torch import Tensor
 
 from pyro_invariance.data.arrays import test_arrays, train_arrays
+from pyro_invariance.guides.base import check_guide_for
 from pyro_invariance.infer.modes import eval_mode
-from pyro_invariance.validation import check_positive_int, check_seed, coerce_labels, num_classes_of
+from pyro_invariance.validation import (
+    check_device, check_positive_int, check_seed, coerce_labels, num_classes_of, num_data_kwargs,
+)  # fmt: skip
 from pyro_invariance._pyro_scope import pyro_scope
 
 
@@ -48,6 +51,12 @@ def model_device(model: Any) -> torch.device:
     if not isinstance(model, torch.nn.Module):
         return torch.device("cpu")
     return next(iter(model.buffers()), next(iter(model.parameters()), torch.zeros(0))).device
+
+
+def evaluation_device(device: str | torch.device | None, model: Any) -> torch.device:
+    """``device`` checked (:func:`~pyro_invariance.validation.check_device`: it must exist here), or
+    the model's device when ``None``."""
+    return torch.device(check_device(device)) if device is not None else model_device(model)
 
 
 @pyro_scope()
@@ -88,10 +97,12 @@ def elbo_per_datum(
     check_positive_int("batch_size", batch_size)
     elbo = (TraceMeanField_ELBO if meanfield else Trace_ELBO)(num_particles=num_particles)
     n = x.shape[0]
+    kwargs = num_data_kwargs(model, n)
+    chunk = batch_size if kwargs else n  # a model without num_data scores the rows it gets as the data set
     total = 0.0
-    for i in range(0, n, batch_size):
-        xb, yb = x[i:i + batch_size], y[i:i + batch_size]
-        total += xb.shape[0] / n * float(elbo.loss(model, guide, xb, yb, num_data=n))
+    for i in range(0, n, chunk):
+        xb, yb = x[i:i + chunk], y[i:i + chunk]
+        total += xb.shape[0] / n * float(elbo.loss(model, guide, xb, yb, **kwargs))
     return -total / n
 
 
@@ -126,7 +137,12 @@ def evaluate(
     from pyro_invariance.infer.training import FitResult
     from pyro_invariance.tasks import task_for
 
+    check_positive_int("num_samples", num_samples)
+    check_seed(seed)
+    if device is not None:
+        device = check_device(device)
     model, guide = (result.model, result.guide) if isinstance(result, FitResult) else result
+    check_guide_for(model, guide)
     return task_for(model, data).metrics(model, guide, data, num_samples=num_samples, device=device, seed=seed,
                                          **options)  # fmt: skip
 
@@ -167,13 +183,14 @@ def classification_metrics(
 
     Raises:
         ValueError: ``num_samples``, ``num_particles`` or ``batch_size`` not a positive integer,
-            ``seed`` not an integer, or bad data (one line naming ``x`` or ``y``).
+            ``seed`` not an integer in ``0 … 2**32 − 1``, a ``device`` this machine does not have, or bad
+            data (one line naming ``x`` or ``y``).
     """
     check_positive_int("num_samples", num_samples)
     check_positive_int("num_particles", num_particles)
     check_positive_int("batch_size", batch_size)
     check_seed(seed)
-    dev = torch.device(device) if device is not None else model_device(model)
+    dev = evaluation_device(device, model)
     x_test, y_test = (t.to(dev) for t in test_arrays(data, model))
     x_train, y_train = (t.to(dev) for t in train_arrays(data, model))
     with eval_mode(model), seeded_rng(seed, dev):
@@ -205,7 +222,7 @@ def regression_metrics(model: Any, guide: Any, data: Any, *, num_samples: int = 
 
     check_positive_int("num_samples", num_samples)
     check_seed(seed)
-    dev = torch.device(device) if device is not None else model_device(model)
+    dev = evaluation_device(device, model)
     x, y = (t.to(dev) for t in test_arrays(data, model))
     log_probs, means = [], []
     with seeded_rng(seed, dev):

@@ -126,7 +126,7 @@ def evaluate_hnn(
     (:func:`~pyro_invariance.data.arrays.prepare_arrays`) and moved to the device. Predictions are
     :meth:`DYNAMICS.posterior_predictive <pyro_invariance.tasks.Task.posterior_predictive>` draws.
     """
-    from pyro_invariance.diagnostics.evaluation import model_device, seeded_rng
+    from pyro_invariance.diagnostics.evaluation import evaluation_device, seeded_rng
 
     check_positive_int("num_samples", num_samples)
     check_positive_int("num_particles", num_particles)
@@ -135,7 +135,7 @@ def evaluate_hnn(
     if max_test is not None:
         check_positive_int("max_test", max_test)
     check_seed(seed)
-    dev = torch.device(device) if device is not None else model_device(model)
+    dev = evaluation_device(device, model)
 
     def split_arrays(x: Any, y: Any) -> tuple[Tensor, Tensor]:
         return tuple(t.to(dev) for t in prepare_arrays(x, y, model))  # type: ignore[return-value]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from pyro_invariance.infer.distributed import STRATEGIES
-from pyro_invariance.validation import check_positive_float, check_positive_int
+from pyro_invariance.validation import check_device, check_positive_float, check_positive_int, check_seed
 
 ELBOS = ("meanfield", "trace", "iwae", "iwae-given-symmetry", "rws")
 SCHEDULES = ("cosine", "constant")
@@ -65,7 +65,9 @@ class FitConfig:
     :mod:`pyro_invariance.infer.fast_step`): ``validation``, ``compile`` (``"capture"`` gives the same
     numbers as ``"off"``; ``"inductor"`` other random draws), ``log_every`` and ``tf32`` (CUDA only).
     ``validation`` and ``log_every`` may differ between a run and its resumption (they are left out
-    of the run's fingerprint); ``compile="inductor"`` and ``tf32=True`` are part of it.
+    of the run's fingerprint); ``compile="inductor"`` and ``tf32=True`` are part of it. ``threads``
+    sets torch's thread count for the call (restored after it returns); a thread count given is part
+    of the fingerprint, since other counts may round sums differently.
     """
 
     steps: int = _opt(1000, "total SVI steps (the cosine schedule spans them)", type=int)
@@ -80,8 +82,9 @@ class FitConfig:
                     "draw of the symmetry latents shared by the particles (an ELBO in η, IWAE in θ given η; needs symmetry_prior); rws: reweighted wake-sleep, the IWAE bound for the model "
                     "and the inclusive KL(p || q) for the guide (mass-covering; Le et al. 2019)", choices=ELBOS)
     schedule: str = _opt("cosine", "learning-rate schedule: cosine (to 0) or constant", choices=SCHEDULES)
-    seed: int = _opt(0, "seeds Pyro/torch, the minibatch shuffler and hence the whole run", type=int)
-    device: str = _opt("cpu", "cpu or cuda: model, guide and data are moved there", type=str)
+    seed: int = _opt(0, "seeds Pyro/torch, the minibatch shuffler and hence the whole run (0 to 2**32-1)", type=int)
+    device: str = _opt("cpu", "cpu, or cuda / cuda:N / mps where this machine has them: model, guide and data are "
+                       "moved there", type=str)  # fmt: skip
     shards: int = _opt(1, "shards of each minibatch, each with its own weight draw and random stream; the loss is their "
                        "mean (pyro_invariance.infer.distributed). The processes of a DDP run split them", type=int)
     strategy: str = _opt("single", "single: one process; ddp: data-parallel ranks of a torch.distributed process group "
@@ -98,13 +101,21 @@ class FitConfig:
                           "snapshots of the state for locating a divergence)", type=int)  # fmt: skip
     tf32: bool = _opt(False, "TF32 float32 matmuls and convolutions on CUDA (ignored with a warning elsewhere)",
                       action=argparse.BooleanOptionalAction)  # fmt: skip
+    threads: int | None = _opt(None, "torch threads while the call runs (restored after; default: leave torch's count). "
+                               "One is usually fastest for these small models, above all on a shared machine",
+                               type=int)  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.compile is True or self.compile is False:  # compile=True: torch.compile (the issue's spelling)
             self.compile = "inductor" if self.compile else "off"
 
     def validate(self) -> FitConfig:
-        """Check every field; returns ``self`` (raises ``ValueError`` naming the field)."""
+        """Check every field; returns ``self`` (raises ``ValueError`` naming the field).
+
+        Numbers must be numbers (``lr="0.1"`` is refused, not converted), seeds lie in
+        ``0 … 2**32 − 1`` (:func:`~pyro_invariance.validation.check_seed`) and ``device`` must exist on
+        this machine (:func:`~pyro_invariance.validation.check_device`, a ``DeviceError``).
+        """
         check_positive_int("steps", self.steps)
         if self.batch_size is not None:
             check_positive_int("batch_size", self.batch_size)
@@ -118,10 +129,10 @@ class FitConfig:
             raise ValueError(f"unknown elbo {self.elbo!r}; use one of {list(ELBOS)}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; use one of {SCHEDULES}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        check_seed(self.seed)
         if not isinstance(self.device, str):
             raise ValueError(f"device must be a string such as 'cpu' or 'cuda', got {self.device!r}")
+        check_device(self.device)
         if self.validation not in VALIDATIONS:
             raise ValueError(f"unknown validation {self.validation!r}; use one of {list(VALIDATIONS)}")
         if self.compile not in COMPILE_MODES:
@@ -136,6 +147,8 @@ class FitConfig:
             raise ValueError(f"compile={self.compile!r} needs shards=1 and strategy='single': a captured graph replays "
                              "one stream on one process")  # fmt: skip
         check_positive_int("log_every", self.log_every)
+        if self.threads is not None:
+            check_positive_int("threads", self.threads)
         if not isinstance(self.tf32, bool):
             raise ValueError(f"tf32 must be True or False, got {self.tf32!r}")
         if self.compile != "off" and self.validation == "always":
@@ -200,8 +213,9 @@ def resolve_config(config: FitConfig | None, model: Any, guide: Any, overrides: 
 # ----------------------------------------------------------------------------------------------
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> argparse.ArgumentParser:
-    """Add ``--<field>`` for every :class:`FitConfig` field (not in ``skip``) to ``parser``.
+def add_config_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = (),
+                         only: tuple[str, ...] | None = None) -> argparse.ArgumentParser:  # fmt: skip
+    """Add ``--<field>`` for every :class:`FitConfig` field (not in ``skip``; in ``only`` when given) to ``parser``.
 
     An option the user does not give is absent from the parsed namespace (``argparse.SUPPRESS``),
     so the model's and the guide's recommended settings apply (:func:`config_overrides`).
@@ -209,7 +223,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] 
     group = parser.add_argument_group("training settings (FitConfig; default: the model's, then the guide's, "
                                       "then the library's)")  # fmt: skip
     for f in fields(FitConfig):
-        if f.name in skip:
+        if f.name in skip or (only is not None and f.name not in only):
             continue
         meta = dict(f.metadata)
         default = f.default if f.default is not None else "—"
@@ -221,9 +235,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] 
     return parser
 
 
-def config_parent(skip: tuple[str, ...] = ()) -> argparse.ArgumentParser:
-    """An argparse parent parser holding the :class:`FitConfig` options."""
-    return add_config_arguments(argparse.ArgumentParser(add_help=False), skip)
+def config_parent(skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None) -> argparse.ArgumentParser:
+    """An argparse parent parser holding the :class:`FitConfig` options (those in ``only`` when given)."""
+    return add_config_arguments(argparse.ArgumentParser(add_help=False), skip, only)
 
 
 def config_overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -71,9 +71,11 @@ from torch import Tensor, nn
 from torch.distributions import Distribution, Independent, kl_divergence
 
 from pyro_invariance.infer.checkpoint import rng_state, set_rng_state
+from pyro_invariance.validation import check_positive_int
 
 __all__ = ["CapturedLoss", "CaptureError", "LEAN_ELBOS", "graph_on_device", "host_traffic", "static_matrix_exp", "LeanIWAE_ELBO", "LeanIWAEGivenSymmetry_ELBO", "LeanRWS_ELBO", "LeanTraceMeanField_ELBO", "LeanTrace_ELBO",
-           "make_optimizer", "preserved_validation", "set_validation", "tf32_matmuls"]  # fmt: skip
+           "make_optimizer", "preserved_validation", "set_validation", "tf32_matmuls",
+           "torch_threads"]  # fmt: skip
 
 # ----------------------------------------------------------------------------------------------
 # ELBOs without host synchronisation
@@ -428,6 +430,25 @@ def make_optimizer(groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
         except (RuntimeError, ValueError, TypeError):  # an older torch or an unsupported dtype
             pass
     return torch.optim.Adam(groups)
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """``torch.set_num_threads(threads)`` while the block runs, torch's own count restored after.
+
+    ``None`` changes nothing. The package never changes torch's setting for good: a user's process
+    keeps the count it chose once a call returns.
+    """
+    if threads is None:
+        yield
+        return
+    threads = check_positive_int("threads", threads)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 @contextlib.contextmanager

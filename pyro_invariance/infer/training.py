@@ -39,7 +39,7 @@ import os
 import signal
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -55,16 +55,21 @@ from pyro_invariance.infer.checkpoint import (
 from pyro_invariance.data.arrays import train_arrays
 from pyro_invariance.infer.config import FitConfig, resolve_config
 from pyro_invariance.infer.distributed import Ranks, ShardStreams, setup_ranks
-from pyro_invariance.infer.divergence import first_invalid_state, locate_problem
+from pyro_invariance.infer.divergence import first_invalid_state, first_non_finite_gradient, locate_problem
 from pyro_invariance.infer.fast_step import (
     LEAN_ELBOS, CapturedLoss, CaptureError, LeanIWAEGivenSymmetry_ELBO, LeanRWS_ELBO, make_optimizer, preserved_validation, set_validation,
     tf32_matmuls,
+    torch_threads,
 )  # fmt: skip
 from pyro_invariance.infer.fingerprint import fingerprint_differences, run_fingerprint
 from pyro_invariance.infer.interrupts import FitInterrupted, StopSignals
+from pyro_invariance.infer.rescue import (
+    Diverged, Outcome, RescuePoints, describe_failures, one_line, rate_plans, resume_hint, search,
+)  # fmt: skip
 from pyro_invariance.infer.runlock import RunLock
+from pyro_invariance.guides.base import check_guide_for
 from pyro_invariance.models.base import symmetry_parameters, symmetry_summary, vectorizable_particles
-from pyro_invariance.validation import check_positive_int
+from pyro_invariance.validation import check_positive_int, first_overflowed_state, num_data_kwargs, takes_num_data
 from pyro_invariance._pyro_scope import pyro_scope
 
 #: settings that do not change a run's numbers: left out of its fingerprint, so a resumed run may change them
@@ -214,11 +219,34 @@ LR_SETTINGS = ("lr", "eta_lr", "model_lr", "factor_lr")
 
 
 def _divergence_message(what: str, last_good: tuple[Path, int] | None) -> str:
+    """The message of a divergence whose checkpoint was not checked (no checkpoint, or a data-parallel run)."""
     if last_good is None:
         return f"{what}; no checkpoint was written before it"
     path, step = last_good
-    return (f"{what}; the last finite checkpoint {str(path)!r} (step {step}) is kept: resume it with lower "
-            "learning rates (fit(..., resume=True, allow_changes=['lr']); CLI: --resume --allow-change lr)")  # fmt: skip
+    return (f"{what}; the last finite checkpoint {str(path)!r} (step {step}) is kept (a data-parallel run does not "
+            "check that it trains on): resume it with lower learning rates (fit(..., resume=True, "
+            "allow_changes=['lr']); CLI: --resume --allow-change lr)")  # fmt: skip
+
+
+def _rescue_message(what: str, path: Path, found: Outcome, written: int | None) -> str:
+    """The message of a divergence once the kept states were checked (:mod:`~pyro_invariance.infer.rescue`);
+    ``written``: the step of the newest checkpoint written before it."""
+    tried = f"from {describe_failures(found.failed)}" if found.failed else ""
+    if found.payload is not None and found.plan is not None:
+        step = int(found.payload["step"])
+        label = "step 0, the start of the run" if step == 0 else f"step {step}"
+        back = f" (rolled back from step {written}: {tried})" if written not in (None, step) and tried else ""
+        rates = ", ".join(f"{k}={v:g}" for k, v in found.plan.items())
+        kept = "is kept" if written is not None else "is written"
+        return (f"{what}; the last finite checkpoint that trains on, {str(path)!r} ({label}) {kept}{back}: from it, "
+                f"steps {step + 1}-{found.end} ran with finite losses, gradients and state at {rates} (10x lower); "
+                f"resume it so: {resume_hint(found.plan)}")  # fmt: skip
+    older = "; older ones were not checked (the check's budget of steps is spent)" if found.unchecked else ""
+    kept = (f"the last finite checkpoint {str(path)!r} (step {written}) is kept, but " if written is not None
+            else "no checkpoint is kept: ")  # fmt: skip
+    return (f"{what}; {kept}no kept state trains on with 10x lower learning rates through step {found.end}"
+            f"{f' ({tried})' if tried else ''}{older}: start again with lower learning rates (overwrite=True; "
+            "CLI: --overwrite)")  # fmt: skip
 
 
 def _check_run_args(cfg: FitConfig, checkpoint_path: Any, checkpoint_every: int | None, resume: bool,
@@ -262,21 +290,32 @@ def _restore(state: dict[str, Any], fingerprint: dict[str, Any], model: nn.Modul
                               "a run cannot go back; pick a later until_step")  # fmt: skip
     new_base = [g["lr"] for g in optim.param_groups]
     try:
-        model.load_state_dict(state["model"])
-        guide.load_state_dict(state["guide"])
-        optim.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
+        _load_state(state, model, guide, optim, sched, batches, streams)
     except (RuntimeError, KeyError, ValueError) as exc:
         raise CheckpointError(f"checkpoint does not match this model/guide: {exc}") from exc
-    if allow_changes:  # new base rates, same position in the schedule
-        for group, base_now, base_saved in zip(optim.param_groups, new_base, sched.base_lrs):
-            group["lr"] = base_now * (group["lr"] / base_saved if base_saved else 1.0)
-            group["initial_lr"] = base_now
-        sched.base_lrs = list(new_base)
+    if allow_changes:
+        _rebase_rates(optim, sched, new_base)
+
+
+def _load_state(state: dict[str, Any], model: nn.Module, guide: Any, optim: Any, sched: Any, batches: _Batches,
+                streams: ShardStreams | None) -> None:  # fmt: skip
+    """Load a checkpoint payload's state (model, guide, optimiser, schedule, every random stream)."""
+    model.load_state_dict(state["model"])
+    guide.load_state_dict(state["guide"])
+    optim.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
     batches.load(state["batches"])
     if streams is not None:  # the shards' streams, whichever processes advanced them
         streams.load(state["shard_rng"])
+
+
+def _rebase_rates(optim: Any, sched: Any, new_base: Sequence[float]) -> None:
+    """New base learning rates for the parameter groups, at the same position in the schedule."""
+    for group, base_now, base_saved in zip(optim.param_groups, new_base, sched.base_lrs):
+        group["lr"] = base_now * (group["lr"] / base_saved if base_saved else 1.0)
+        group["initial_lr"] = base_now
+    sched.base_lrs = list(new_base)
 
 
 @pyro_scope()
@@ -301,7 +340,11 @@ def fit(
     """Fit ``guide`` to ``model`` on ``data`` by SVI; returns a :class:`FitResult`.
 
     Args:
-        model: a catalogue model (``model(x, y=None, num_data=None)``).
+        model: a Pyro model ``model(x, y=None)``, e.g. a ``PyroModule``: a catalogue model, or one of
+            the user's own. A model that also takes ``num_data`` (the catalogue's) is fitted on
+            minibatches and scales its likelihood by ``N/B``; one that does not is fitted full batch
+            (a warning says so when ``batch_size`` came from the defaults; an explicit minibatch is
+            refused), since it scores the rows it is given as the whole data set.
         guide: a guide object, or a guide name for :func:`pyro_invariance.guides.get`.
         data: a dataset (its training split is used) or a pair ``(x, y)`` of tensors or arrays;
             checked and converted once, before any step (:func:`pyro_invariance.data.arrays.train_arrays`).
@@ -321,8 +364,8 @@ def fit(
             ``torch.compile`` of that graph, other random draws; ``"cudagraphs"``: that graph's forward
             and backward replayed as CUDA graphs, other random draws; each falls back with a warning
             where the loss cannot be captured, compiled or recorded, see
-            :mod:`pyro_invariance.infer.fast_step`) and
-            ``tf32`` (CUDA).
+            :mod:`pyro_invariance.infer.fast_step`),
+            ``tf32`` (CUDA) and ``threads`` (torch threads during the call, restored after).
         checkpoint_path: save a checkpoint there every ``checkpoint_every`` steps and at the end. While
             the run writes it, the checkpoint is locked against other processes
             (:class:`~pyro_invariance.infer.runlock.RunLock`); writes are atomic.
@@ -331,7 +374,7 @@ def fit(
         overwrite: replace an existing checkpoint at ``checkpoint_path`` (otherwise refused).
         allow_changes: with ``resume``, learning-rate settings (``"lr"``, ``"eta_lr"``,
             ``"model_lr"``, ``"factor_lr"``) that may differ from the saved run — to rescue a
-            diverged run from its last finite checkpoint. The schedule keeps its position.
+            diverged run from the checkpoint its error names. The schedule keeps its position.
         until_step: stop after this step (checkpointing it) — to split a long run into pieces.
         progress: show a tqdm bar with the ELBO and η.
         spec: optional description of how model/guide were built (saved with the result).
@@ -346,13 +389,25 @@ def fit(
     as a run checked after every step would (module docstring: "Divergence without a per-step
     check"); the model and guide are left in the state before that step.
 
+    **A checkpoint a diverged run can continue from.** With ``checkpoint_path`` (one process), the
+    state at the start of the call and the newest checkpoints' states (8 in all, thinning out with
+    age) are kept in host memory. On a divergence at step ``b`` they are re-run, newest first, with
+    ``lr`` 10× lower (then every rate 10× lower), through step ``b + 5``, each step's loss,
+    gradients and new state checked; the first that passes is written to ``checkpoint_path``
+    (replacing the newer, doomed checkpoint; no other file is written) and the error names it with
+    the resume that was checked, e.g. ``fit(..., resume=True, allow_changes=['lr'], lr=0.3)``; on
+    the CPU that resume repeats the checked steps bit-for-bit. If none passes, the error says so and
+    the file is left as it was. The check re-runs at most max(100, 4 × the steps since the newest
+    kept state) steps and calls ``callbacks`` as the steps do (:mod:`pyro_invariance.infer.rescue`);
+    a data-parallel run skips it and names its last finite checkpoint unchecked.
+
     SIGINT and SIGTERM stop the run after the current step, write the checkpoint and raise
     :class:`~pyro_invariance.infer.interrupts.FitInterrupted` (see :mod:`pyro_invariance.infer.interrupts`).
 
     Raises:
         FloatingPointError: the loss or the parameters became non-finite, or a distribution got
-            invalid parameters (names the step, the site and the last finite checkpoint, which is
-            kept: a non-finite state is never written).
+            invalid parameters (names the step, the site and the checked checkpoint to resume
+            with lower learning rates, see above: a non-finite state is never written).
         CheckpointError: a checkpoint to resume from is missing, corrupt or from another run; an
             existing checkpoint would be overwritten; a write failed (the previous file is kept).
         RunLockedError: another process is writing the same checkpoint.
@@ -362,14 +417,14 @@ def fit(
         from pyro_invariance import guides as guide_registry
 
         guide = guide_registry.get(guide, model)
+    check_guide_for(model, guide)  # a guide built for another model fails here, not at step 1
     cfg = resolve_config(config, model, guide, overrides)
     allow_changes = tuple(allow_changes)
     _check_run_args(cfg, checkpoint_path, checkpoint_every, resume, until_step, overwrite, allow_changes)
-    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' requested but torch.cuda.is_available() is False")
     ranks, device = setup_ranks(cfg.strategy, cfg.device)
     dev = torch.device(device)
     x_all, y_all = train_arrays(data, model)
+    cfg = _batch_for_model(cfg, model, x_all.shape[0], explicit="batch_size" in overrides or config is not None)
     path = Path(checkpoint_path) if checkpoint_path is not None else None
     with contextlib.ExitStack() as stack:
         if path is not None:  # rank 0 writes the checkpoints: it alone locks and checks the path
@@ -382,19 +437,36 @@ def fit(
             ranks.together(claim if ranks.is_main else lambda: None)
         stack.enter_context(preserved_validation())  # the loop switches Pyro's validation; restored here
         stack.enter_context(tf32_matmuls(dev, cfg.tf32))
+        stack.enter_context(torch_threads(cfg.threads))
         return _fit_locked(model, guide, x_all, y_all, cfg, dev, ranks, path, checkpoint_every, resume, allow_changes,
                            until_step, progress, spec, run_settings, callbacks)  # fmt: skip
+
+
+def _batch_for_model(cfg: FitConfig, model: Any, n: int, explicit: bool) -> FitConfig:
+    """The settings for a model that takes no ``num_data`` (Pyro's plain ``model(x, y=None)``): it scores
+    the rows it is given as the whole data set, so a minibatch would weigh the prior ``N/B`` times too
+    much. Full batch then; a minibatch asked for explicitly is refused in one line."""
+    if takes_num_data(model) or cfg.batch_size is None or cfg.batch_size >= n:
+        return cfg
+    needs = ("the model takes no num_data, so it would score a minibatch of rows as the whole data set; fit "
+             "full batch (batch_size=None; CLI --batch-size full), or let forward take num_data=None and use "
+             "pyro.plate('data', num_data, subsample_size=len(x))")  # fmt: skip
+    if explicit:
+        raise ValueError(f"batch_size={cfg.batch_size} of {n} rows: {needs}")
+    warnings.warn(f"fitting all {n} rows per step (not batch_size={cfg.batch_size}): {needs}", UserWarning, stacklevel=4)
+    return cfg.replace(batch_size=None)
 
 
 def set_up_guide(model: nn.Module, guide: Any, x: Tensor, y: Tensor, num_data: int) -> None:
     """Create a lazily initialised guide's parameters: one call on rows ``(x, y)`` of a data set of
     ``num_data`` rows, its sample sites blocked (it draws from the global random stream). Invalid
     values found there are named (``FloatingPointError``)."""
+    kwargs = num_data_kwargs(model, num_data)
     try:
         with poutine.block():
-            guide(x, y, num_data=num_data)
+            guide(x, y, **kwargs)
     except ValueError as exc:
-        where = locate_problem(model, guide, (x, y), {"num_data": num_data})
+        where = locate_problem(model, guide, (x, y), kwargs)
         if where:
             raise FloatingPointError(f"invalid values before step 1: {where}") from exc
         raise
@@ -414,6 +486,8 @@ def fingerprint_settings(cfg: FitConfig) -> dict[str, Any]:
         settings.pop("compile", None)
     if not settings.get("tf32"):
         settings.pop("tf32", None)
+    if settings.get("threads") is None:  # torch's own count: as runs before the setting existed
+        settings.pop("threads", None)
     return settings
 
 
@@ -468,7 +542,7 @@ def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg:
     streams = ShardStreams(cfg.shards, cfg.seed, dev) if cfg.shards > 1 else None
     first = batches.perm[: batches.batch]
     # Build lazily-initialised guide parameters once, on a first batch (does not advance the shuffler).
-    setup_args, setup_kwargs = (x_all[first].to(dev), y_all[first].to(dev)), {"num_data": n}
+    setup_args, setup_kwargs = (x_all[first].to(dev), y_all[first].to(dev)), num_data_kwargs(model, n)
     ranks.together(lambda: set_up_guide(model, guide, *setup_args, num_data=n))
     if isinstance(guide, nn.Module):
         guide.to(dev)
@@ -493,12 +567,11 @@ def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg:
     for name in symmetry_summary(model, guide):  # a latent η: the guide's median (guide set up above)
         history["eta"][name] = []
 
-    start, seconds, last_good = 0, 0.0, None
+    start, seconds = 0, 0.0
     if state is not None:
         ranks.together(lambda: _restore(state, fingerprint, model, guide, optim, sched, batches, streams, until_step,
                                           allow_changes))  # fmt: skip
         history, start, seconds = state["history"], int(state["step"]), float(state.get("seconds", 0.0))
-        last_good = (path, start)
         if allow_changes:
             changed = {k: [state["config"].get(k), settings[k]] for k in allow_changes
                        if state["config"].get(k) != settings[k]}  # fmt: skip
@@ -506,49 +579,84 @@ def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg:
                 history.setdefault("changes", []).append({"step": start, **changed})
 
     engine = _engine(loss_fn, model, guide, ranks, dev, (*setup_args, setup_kwargs))
-    loop = _Loop(model, guide, cfg, dev, x_all, y_all, optim, sched, batches, loss_fn, callbacks, history, last_good,
+    loop = _Loop(model, guide, cfg, dev, x_all, y_all, optim, sched, batches, loss_fn, callbacks, history,
                  ranks=ranks, streams=streams, engine=engine)  # fmt: skip
+    # states a diverged run can be rescued from (kept in host memory; one process only: the check re-runs steps)
+    points = RescuePoints(enabled=path is not None and not ranks.ddp)
+    points.written = start if state is not None else None
+
+    def payload(step: int, shard_rng: Any) -> dict[str, Any]:
+        return {
+            "step": step, "model": model.state_dict(), "guide": guide.state_dict(),  # type: ignore[union-attr]
+            "optimizer": optim.state_dict(), "scheduler": sched.state_dict(), "rng": rng_state(),
+            "batches": batches.state(), "config": asdict(cfg), "fingerprint": fingerprint, "history": history,
+            "seconds": seconds, "spec": spec, **({"shard_rng": shard_rng} if shard_rng is not None else {}),
+            "processes": ranks.world,
+        }  # fmt: skip
 
     def checkpoint(step: int) -> None:
         loop.flush()  # the history up to ``step``, its losses checked
         bad = first_invalid_state(model, guide, optim)
         if bad is not None:
-            raise FloatingPointError(_divergence_message(f"after step {step}: {bad}", loop.last_good))
+            raise Diverged(f"after step {step}: {bad}", step)
         shard_rng = streams.state(ranks) if streams is not None else None  # gathered from the ranks owning them
 
         def save() -> None:  # rank 0 writes; a failed write stops every rank
-            save_checkpoint(path, {  # type: ignore[arg-type]
-                "step": step, "model": model.state_dict(), "guide": guide.state_dict(),  # type: ignore[union-attr]
-                "optimizer": optim.state_dict(), "scheduler": sched.state_dict(), "rng": rng_state(),
-                "batches": batches.state(), "config": asdict(cfg), "fingerprint": fingerprint, "history": history,
-                "seconds": seconds, "spec": spec, **({"shard_rng": shard_rng} if shard_rng is not None else {}),
-                "processes": ranks.world,
-            })  # fmt: skip
+            record = payload(step, shard_rng)
+            save_checkpoint(path, record)  # type: ignore[arg-type]
+            points.add(record)
 
         ranks.together(save if ranks.is_main else lambda: None)
-        loop.last_good = (path, step)
+        points.written = step
 
+    if points.enabled:  # the start of this call: the rescue point of a run that is doomed from its first steps
+        points.add(payload(start, streams.state(ranks) if streams is not None else None))
     last = until_step or cfg.steps
     loop.bar = tqdm(total=cfg.steps, initial=start, disable=not (progress and ranks.is_main), desc="SVI", leave=False)
     t0 = time.perf_counter()
-    with StopSignals() as stop, contextlib.closing(loop.bar):
-        for step in range(start, last):
-            loop.step(step, checked=cfg.validation == "always" or step == start)
-            due = checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < last
-            stop_now = loop.stop_requested(stop.signum, step + 1)
-            if path is not None and (due or stop_now):
-                seconds, t0 = seconds + time.perf_counter() - t0, time.perf_counter()
-                checkpoint(step + 1)
-            if stop_now:
-                loop.flush()
-                raise FitInterrupted(step + 1, path, stop.signum or signal.SIGTERM)
-            if loop.flush_due(progress):
-                loop.flush()
-        loop.flush()
-    seconds += time.perf_counter() - t0
-    if path is not None:
-        checkpoint(last)
+    try:
+        with StopSignals() as stop, contextlib.closing(loop.bar):
+            for step in range(start, last):
+                loop.step(step, checked=cfg.validation == "always" or step == start)
+                if step == start and (overflow := first_overflowed_state(optim, {"model": model, "guide": guide})):
+                    raise FloatingPointError(f"at step {step + 1}, the first of this call: {overflow}")  # hopeless data
+                due = checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < last
+                stop_now = loop.stop_requested(stop.signum, step + 1)
+                if path is not None and (due or stop_now):
+                    seconds, t0 = seconds + time.perf_counter() - t0, time.perf_counter()
+                    checkpoint(step + 1)
+                if stop_now:
+                    loop.flush()
+                    raise FitInterrupted(step + 1, path, stop.signum or signal.SIGTERM)
+                if loop.flush_due(progress):
+                    loop.flush()
+            loop.flush()
+        seconds += time.perf_counter() - t0
+        if path is not None:
+            checkpoint(last)
+    except Diverged as exc:
+        raise FloatingPointError(_rescued(exc, loop, points, path)) from exc.__cause__
+    if overflow := first_overflowed_state(optim, {"model": model, "guide": guide}):  # finite losses, frozen parameter
+        warnings.warn(f"after step {last}: {overflow}", RuntimeWarning, stacklevel=3)
     return FitResult(model, guide, cfg, n, history, seconds, spec, loop.stats)
+
+
+def _rescued(exc: Diverged, loop: _Loop, points: RescuePoints, path: Path | None) -> str:
+    """The message of a divergence, after finding its rescue point and writing it to ``path`` (module
+    :mod:`~pyro_invariance.infer.rescue`). The model and guide are left in the state they diverged in."""
+    if path is None or not points.enabled:
+        return _divergence_message(exc.what, None if path is None or points.written is None else (path, points.written))
+    here = _Snapshot(exc.step, loop.model, loop.guide, loop.optim, loop.sched, loop.batches, loop.streams)
+    try:
+        found = search(points, rate_plans(loop.cfg), exc.step, loop.cfg.steps, loop.attempt)
+    finally:
+        here.restore(loop.model, loop.guide, loop.optim, loop.sched, loop.batches, loop.streams)
+    if found.payload is not None and int(found.payload["step"]) != points.written:
+        try:
+            save_checkpoint(path, found.payload)
+        except CheckpointError as err:
+            return f"{exc.what}; writing the checked rescue point (step {found.payload['step']}) failed: {err}"
+    return _rescue_message(exc.what, path, found, points.written)
 
 
 def _check_shards(cfg: FitConfig, batch: int, ranks: Ranks) -> None:
@@ -611,15 +719,16 @@ class _Loop:
 
     def __init__(self, model: nn.Module, guide: Any, cfg: FitConfig, dev: torch.device, x_all: Tensor, y_all: Tensor,
                  optim: Any, sched: Any, batches: _Batches, loss_fn: Any, callbacks: Sequence[Callable[..., None]],
-                 history: dict[str, Any], last_good: tuple[Path, int] | None, *, ranks: Ranks,
-                 streams: ShardStreams | None, engine: Callable[..., Tensor]) -> None:  # fmt: skip
+                 history: dict[str, Any], *, ranks: Ranks, streams: ShardStreams | None,
+                 engine: Callable[..., Tensor]) -> None:  # fmt: skip
         self.ranks, self.streams, self.engine = ranks, streams, engine
         # this process's shards (None: the whole minibatch on the global stream, as before shards existed)
         self.own: list[int | None] = list(ranks.own_shards(cfg.shards)) if streams is not None else [None]
         self.model, self.guide, self.cfg, self.dev = model, guide, cfg, dev
-        self.x_all, self.y_all, self.kwargs = x_all, y_all, {"num_data": x_all.shape[0]}
+        self.x_all, self.y_all, self.num_data = x_all, y_all, x_all.shape[0]
+        self.kwargs = num_data_kwargs(model, self.num_data)  # Pyro's plain model(x, y=None) takes none
         self.optim, self.sched, self.batches, self.loss_fn, self.callbacks = optim, sched, batches, loss_fn, callbacks
-        self.history, self.last_good = history, last_good
+        self.history = history
         self.eta_names = list(history["eta"])
         self.eta_group = next((g for g in optim.param_groups if g.get("name") == "eta"), None)
         self.pending: dict[str, list[Any]] = {"step": [], "lr": [], "eta_lr": [], "loss": [], "eta": []}
@@ -692,8 +801,7 @@ class _Loop:
         except ValueError as exc:  # distribution validation rejects invalid parameters before the loss exists
             if not self.ranks.ddp:
                 where = self._locate((x, y)) or f"{type(exc).__name__}: {exc}"
-                raise FloatingPointError(_divergence_message(f"invalid values at step {step + 1}: {where}",
-                                                             self.last_good)) from exc  # fmt: skip
+                raise Diverged(f"invalid values at step {step + 1}: {where}", step + 1) from exc
             error = f"invalid values at step {step + 1}: {type(exc).__name__}: {exc}"
         if checked and error is None and not bool(torch.isfinite(loss)):  # type: ignore[arg-type]
             where = self._locate((x, y)) or "the gradient step diverged"
@@ -701,7 +809,7 @@ class _Loop:
         if checked or error is not None:
             error = self.ranks.agree(error)
         if error is not None:
-            raise FloatingPointError(_divergence_message(error, self.last_good))
+            raise Diverged(error, step + 1)
         return loss  # type: ignore[return-value]
 
     def _loss(self, x: Tensor, y: Tensor, checked: bool, rerun: bool) -> Tensor:
@@ -768,7 +876,7 @@ class _Loop:
         if bad is not None:
             self._locate_divergence(p["step"][bad], losses[bad])
         etas = torch.stack(p["eta"]).tolist() if self.eta_names else []
-        n, h = self.kwargs["num_data"], self.history
+        n, h = self.num_data, self.history
         h["step"].extend(p["step"])
         h["elbo"].extend(-v / n for v in losses)
         h["lr"].extend(p["lr"])
@@ -800,4 +908,26 @@ class _Loop:
                     "make_deterministic)")  # fmt: skip
         else:  # pragma: no cover - every unchecked step follows a snapshot
             what = f"non-finite loss ({value}) at step {bad_step}, found by the bulk check"
-        raise FloatingPointError(_divergence_message(what, self.last_good))
+        raise Diverged(what, bad_step)
+
+    # -- rescue -----------------------------------------------------------------------------------
+    def attempt(self, payload: dict[str, Any], plan: dict[str, float], end: int) -> str | None:
+        """Load ``payload`` with the learning rates of ``plan`` (as a resume with ``allow_changes`` does) and
+        run the steps after it through ``end``, each checked: the first problem, or ``None``."""
+        _load_state(payload, self.model, self.guide, self.optim, self.sched, self.batches, self.streams)
+        new_base = [g["lr"] for g in _param_groups(self.model, self.guide, replace(self.cfg, **plan))]
+        _rebase_rates(self.optim, self.sched, new_base)
+        with warnings.catch_warnings():  # a trial's NaN warnings are its verdict, reported in one line, not the run's
+            warnings.simplefilter("ignore")
+            for step in range(int(payload["step"]), end):
+                try:
+                    self.step(step, checked=True, rerun=True)
+                except Diverged as exc:
+                    return exc.what
+                except (ValueError, RuntimeError) as exc:  # e.g. a factorisation of non-finite values
+                    return f"at step {step + 1}: {one_line(exc)}"
+                bad = first_non_finite_gradient(self.model, self.guide) or first_invalid_state(
+                    self.model, self.guide, self.optim)  # fmt: skip
+                if bad is not None:
+                    return f"after step {step + 1}: {bad}"
+        return None
