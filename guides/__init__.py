@@ -12,6 +12,10 @@ Site rules (all guides): observed and plate/subsample sites are skipped. The mat
 block-Cholesky guides structure each *weight-matrix site* -- a real ``(rows, cols)`` value with
 event dim 2 outside any plate (:func:`~.base.is_matrix_site`) -- and give every other latent site
 (biases, positive prior scales, sites inside plates) a mean-field Normal in unconstrained space.
+
+A guide is tied to the model it was built for: ``fit``, ``evaluate``, ``to_inference_data`` and the
+evidence bounds refuse it, before any step, with a model of another class or with other latent sites
+(names, shapes, dtypes); a copy of the same model is accepted (:func:`~.base.check_guide_for`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any, Callable
 from pyro_invariance.registry import GUIDES
 
 from . import autoguides, block_cholesky, matrix_normal, symmetry_conditional  # noqa: F401  (register the entries)
-from .base import MeanFieldNormal, StructuredGuide, is_matrix_site, num_guide_parameters
+from .base import MeanFieldNormal, StructuredGuide, check_guide_for, is_matrix_site, num_guide_parameters
 from .block_cholesky import BlockCholeskyGuide
 from .matrix_normal import MatrixNormalGuide
 
@@ -30,6 +34,7 @@ __all__ = [
     "MatrixNormalGuide",
     "MeanFieldNormal",
     "StructuredGuide",
+    "check_guide_for",
     "get",
     "is_matrix_site",
     "names",

@@ -17,18 +17,23 @@ symmetry between hidden units, which a point-estimate guide needs; zero means ar
 the Gaussian guides, whose noise breaks it.
 
 Under :class:`~pyro.infer.TraceMeanField_ELBO` the packed guides (full-rank, low-rank) give Monte
-Carlo KLs (docs/methods.md §5); their constrained sites are handled correctly only because
-:mod:`pyro_invariance.distributions` fixes Pyro 1.9's ``KL(Delta ‖ ·)`` -- inside the package's
-calls (``fit``, ``evaluate``, ...) or a ``with pyro_invariance.pyro_scope():`` block.
+Carlo KLs (docs/methods.md §5). They put the package's
+:class:`~pyro_invariance.distributions.DensityDelta` at each site where Pyro's put a ``Delta``: its KL
+keeps the log-Jacobian of a constrained site, which Pyro 1.9's ``KL(Delta ‖ ·)`` drops, so the bound
+is valid in a plain ``pyro.infer.SVI`` loop too, not only inside the package's calls.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import math
+
+from typing import Any, Callable, Optional
 
 from pyro.infer.autoguide import AutoDelta, AutoLowRankMultivariateNormal, AutoMultivariateNormal
 from pyro.infer.autoguide.initialization import init_to_feasible, init_to_median
+from torch import Tensor
 
+from pyro_invariance.distributions import DensityDeltaMessenger
 from pyro_invariance.registry import GUIDES
 
 from .base import CatalogueGuide, InitLocFn, MeanFieldNormal, check_init_scale
@@ -36,7 +41,34 @@ from .base import CatalogueGuide, InitLocFn, MeanFieldNormal, check_init_scale
 __all__ = ["FullRankNormal", "LowRankNormal", "PointMass", "mean_field", "full_rank", "low_rank", "map_guide"]
 
 
-class FullRankNormal(CatalogueGuide, AutoMultivariateNormal):
+class _DensityDeltaSites:
+    """Mixin for Pyro's packed autoguides: each site's ``Delta`` becomes a ``DensityDelta`` (module docstring)."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> dict[str, Tensor]:
+        with DensityDeltaMessenger():
+            return super().forward(*args, **kwargs)  # type: ignore[misc]
+
+
+#: The largest dense covariance factor the full-rank guide builds (float32 bytes): training holds
+#: it four times over (the factor, its gradient, Adam's two moments), so 1 GiB is 4 GiB in use.
+DENSE_FACTOR_BYTES = 2**30
+
+
+def _check_dense_factor(guide: Any) -> None:
+    """Refuse, before any allocation, a full-rank guide whose ``D×D`` factor exceeds
+    :data:`DENSE_FACTOR_BYTES` (D: the latent dimensions the guide recorded of its model)."""
+    built = guide.__dict__.get("_built_for")
+    if built is None:  # a model whose sites cannot be read without data: Pyro allocates as it goes
+        return
+    dims = sum(math.prod(shape) for shape, _ in built.sites.values())
+    need = dims * dims * 4
+    if need > DENSE_FACTOR_BYTES:
+        raise ValueError(f"full-rank needs a dense {dims}×{dims} covariance factor ({need / 2**30:.0f} GiB in float32, "
+                         f"four times that to train) for this model's {dims} latent dimensions, over the "
+                         f"{DENSE_FACTOR_BYTES // 2**30} GiB limit: use 'low-rank' or 'block-cholesky', or a smaller model")  # fmt: skip
+
+
+class FullRankNormal(_DensityDeltaSites, CatalogueGuide, AutoMultivariateNormal):
     """Pyro's ``AutoMultivariateNormal`` as a catalogue guide.
 
     Its covariance factor is the whole posterior correlation, so it trains at the means' rate
@@ -47,14 +79,23 @@ class FullRankNormal(CatalogueGuide, AutoMultivariateNormal):
     """
 
     fit_defaults = {"factor_lr": 0.05}
+    catalogue_name = "full-rank"
+
+    def __init__(self, model: Callable, *args: Any, **kwargs: Any) -> None:
+        super().__init__(model, *args, **kwargs)
+        _check_dense_factor(self)
 
 
-class LowRankNormal(CatalogueGuide, AutoLowRankMultivariateNormal):
+class LowRankNormal(_DensityDeltaSites, CatalogueGuide, AutoLowRankMultivariateNormal):
     """Pyro's ``AutoLowRankMultivariateNormal`` as a catalogue guide (library fit settings)."""
+
+    catalogue_name = "low-rank"
 
 
 class PointMass(CatalogueGuide, AutoDelta):
     """Pyro's ``AutoDelta`` (MAP) as a catalogue guide (library fit settings)."""
+
+    catalogue_name = "map"
 
 
 @GUIDES.register("mean-field", summary="independent Normal per latent coordinate (AutoNormal)")

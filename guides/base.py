@@ -26,7 +26,8 @@ finds an analytic KL wherever one exists:
 packed autoguides inside :func:`pyro_invariance.pyro_scope`, and this class avoids the
 indirection altogether.)
 
-:func:`num_guide_parameters` counts a guide's free parameters.
+:func:`num_guide_parameters` counts a guide's free parameters. :func:`check_guide_for` refuses a
+catalogue guide used with a model other than the one it was built for.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from __future__ import annotations
 import math
 import numbers
 from contextlib import ExitStack
+from dataclasses import dataclass
+from functools import partial
+from itertools import chain
 from operator import attrgetter
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional, Sequence, Union
 
@@ -43,15 +47,17 @@ import torch
 from pyro import poutine
 from pyro.distributions import constraints
 from pyro.infer.autoguide import AutoGuide, AutoNormal
-from pyro.infer.autoguide.initialization import init_to_feasible
+from pyro.infer.autoguide.initialization import InitMessenger, init_to_feasible
 from pyro.infer.autoguide.utils import deep_setattr, helpful_support_errors
 from pyro.nn import PyroModule, PyroParam
+from pyro.poutine.messenger import Messenger
 from pyro.ops.tensor_utils import periodic_repeat
 from torch import Tensor
 from torch.distributions import biject_to
 from torch.distributions.transforms import AffineTransform, ComposeTransform, IndependentTransform, Transform
 
 import pyro_invariance.distributions  # noqa: F401  (registers the analytic KLs)
+from pyro_invariance._pyro_scope import own_params_in_store, pyro_scope
 
 InitLocFn = Callable[[dict], Tensor]
 SiteSelector = Union[None, bool, int, Iterable[str], Callable[[str, str, int], bool]]
@@ -135,9 +141,29 @@ class CatalogueGuide:
     ``fit_defaults``: :class:`~pyro_invariance.infer.config.FitConfig` settings this family
     recommends; they rank below the model's ``fit_defaults`` and explicit settings
     (:mod:`pyro_invariance.infer.config`).
+
+    ``catalogue_name``: the family's registry name (:func:`pyro_invariance.guides.get`), for messages
+    and exports; ``None`` for a class that no entry builds.
+
+    A catalogue guide records the model it was built for (:class:`ModelSignature`):
+    :func:`check_guide_for` refuses it with any other model whose latent sites differ.
     """
 
     fit_defaults: ClassVar[Mapping[str, Any]] = {}
+    catalogue_name: ClassVar[Optional[str]] = None
+
+    def __init__(self, model: Callable, *args: Any, **kwargs: Any) -> None:
+        super().__init__(model, *args, **kwargs)  # type: ignore[call-arg]  (the autoguide's)
+        # private (not a fingerprinted setting); plain data, so it outlives Pyro's reference to the model
+        self._built_for = model_signature(model)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The autoguide's call that, in Pyro's global param mode (outside the package's calls), sets up,
+        reads and trains this guide's own parameters, never another catalogue guide's of the same name
+        (:func:`~pyro_invariance._pyro_scope.own_params_in_store`)."""
+        assert isinstance(self, torch.nn.Module)
+        with own_params_in_store(self):
+            return super().__call__(*args, **kwargs)  # type: ignore[misc]
 
     def symmetry_guide_parameters(self, sites: Sequence[str]) -> list[Tensor]:
         """q(η)'s own parameters for the symmetry ``sites`` (a set-up guide), e.g. to hold q(η) fixed
@@ -328,6 +354,8 @@ class MeanFieldNormal(StructuredGuide):
     with direct sampling so :class:`~pyro.infer.TraceMeanField_ELBO` uses analytic KLs (see
     :class:`StructuredGuide`). Parameters: ``locs.<site>``, ``scales.<site>``."""
 
+    catalogue_name = "mean-field"
+
 
 # --------------------------------------------------------------------------------------------
 def _constraint_free_count(constraint: constraints.Constraint, shape: torch.Size) -> int:
@@ -378,3 +406,132 @@ def num_guide_parameters(guide: torch.nn.Module, *args: Any, effective: bool = T
             else:
                 total += param.numel()
     return total
+
+
+# --------------------------------------------------------------------------------------------
+# the model a guide was built for
+
+#: a latent site's signature: value shape and dtype
+SiteSignature = tuple[tuple[int, ...], torch.dtype]
+
+
+@dataclass(frozen=True)
+class ModelSignature:
+    """What a guide remembers of the model it was built for: the class, its plain public settings
+    (for messages, e.g. ``hidden=16``) and its latent sites (:func:`latent_sites`). Plain data, so
+    it survives ``copy.deepcopy`` and pickling, which drop Pyro's own reference to the model."""
+
+    cls: type
+    settings: dict[str, Any]
+    sites: dict[str, SiteSignature]
+
+
+def _zero_point(site: dict) -> Tensor:
+    """The point at 0 in a site's unconstrained coordinates, without a random draw (Pyro's
+    ``init_to_feasible`` draws a sample for its shape, which advances the RNG and costs a full draw)."""
+    fn = site["fn"]
+    try:
+        like = fn.mean
+    except NotImplementedError:  # e.g. a logit-normal: one draw for shape, dtype and device (RNG forked)
+        like = fn.sample()
+    transform = biject_to(fn.support)
+    return transform(torch.zeros_like(transform.inv(like)))
+
+
+def latent_sites(model: PyroModule) -> dict[str, SiteSignature]:
+    """``{site: (shape, dtype)}`` of the latent sites a ``PyroModule`` declares (its ``PyroSample``
+    attributes and those of its submodules), without data: each prior is evaluated at a feasible
+    point (:func:`_zero_point`, no random numbers), so the RNG and the model's state are left as they were."""
+    cuda = sorted({t.device for t in chain(model.parameters(), model.buffers()) if t.device.type == "cuda"}, key=str)
+    context = model._pyro_context  # the cache of one model call: a prior read twice is one site
+    used = context.used  # (a module never called may still become another one's submodule: keep it so)
+    try:
+        with pyro_scope(), torch.no_grad(), torch.random.fork_rng(devices=cuda), poutine.block(), \
+                poutine.trace() as tracer, InitMessenger(_zero_point), context:  # fmt: skip
+            for module in model.modules():
+                if isinstance(module, PyroModule):
+                    for name in list(module.__dict__.get("_pyro_samples", {})):
+                        # PyroModule's own lookup: a class property of the same name may hide the site
+                        PyroModule.__getattr__(module, name)
+    finally:
+        context.used = used
+    return {name: (tuple(site["value"].shape), site["value"].dtype)
+            for name, site in tracer.trace.nodes.items()
+            if site["type"] == "sample" and not site["is_observed"]}  # fmt: skip
+
+
+def model_signature(model: Any) -> Optional[ModelSignature]:
+    """The :class:`ModelSignature` of a ``PyroModule``; ``None`` for anything else, or for a module whose
+    priors cannot be drawn without a model call (they read state that ``forward`` sets): no verdict."""
+    if not isinstance(model, PyroModule):
+        return None
+    try:
+        sites = latent_sites(model)
+    except Exception:  # noqa: BLE001  (a user's model: the guide then goes unchecked, as before)
+        return None
+    plain = (bool, int, float, str, type(None), tuple)
+    settings = {k: v for k, v in vars(model).items()
+                if not k.startswith("_") and k != "training" and isinstance(v, plain)}  # fmt: skip
+    return ModelSignature(type(model), settings, sites)
+
+
+def _site_difference(built: dict[str, SiteSignature], now: dict[str, SiteSignature]) -> Optional[tuple[str, str]]:
+    """The first latent site in which two models differ, as ``(built model's, this model's)`` words."""
+
+    def words(name: str, sig: Optional[SiteSignature], other: Optional[SiteSignature]) -> str:
+        if sig is None:
+            return f"no site {name!r}"
+        if other is not None and sig[0] == other[0]:
+            return f"site {name!r} dtype {str(sig[1]).replace('torch.', '')}"
+        return f"site {name!r} shape {sig[0]}"
+
+    for name in [*built, *(n for n in now if n not in built)]:
+        if built.get(name) != now.get(name):
+            return words(name, built.get(name), now.get(name)), words(name, now.get(name), built.get(name))
+    return None
+
+
+def _model_of(guide: Any) -> Any:
+    """The model a Pyro autoguide holds, unwrapped from the handlers the autoguide put around it
+    (``InitMessenger``); ``None`` once Pyro dropped it (a pickled or deep-copied guide)."""
+    held = guide.__dict__.get("_model")
+    fn = held[0] if isinstance(held, tuple) and held else None
+    while isinstance(fn, partial) and len(fn.args) == 2 and isinstance(fn.args[0], Messenger):
+        fn = fn.args[1]  # Messenger(fn) is partial(_context_wrap, messenger, fn)
+    return fn
+
+
+def check_guide_for(model: Any, guide: Any) -> None:
+    """Refuse, in one line, a catalogue guide used with a model other than the one it was built for.
+
+    A catalogue guide records the model it was built for (:class:`ModelSignature`). The same model
+    object always passes. A *different* object passes when it is of the same class and declares the
+    same latent sites with the same shapes and dtypes: a fresh copy of the model (``copy.deepcopy``, or
+    the model rebuilt with the same arguments) is a legitimate home for a guide fitted before. Another
+    class, or any latent site whose name, shape or dtype differs (a model built with other sizes), is
+    refused with a ``ValueError`` naming the first difference and how to build the guide for this model.
+
+    Not checked (their sites cannot be compared without running them): guides that are not catalogue
+    guides (Pyro's own autoguides, plain functions, wrappers such as
+    :class:`~pyro_invariance.infer.collapsed_symmetry.CollapsedSymmetryGuide`), and guides built for,
+    or used with, a model that is not a ``PyroModule``.
+    """
+    built = guide.__dict__.get("_built_for") if isinstance(guide, CatalogueGuide) else None
+    if built is None or _model_of(guide) is model or not isinstance(model, PyroModule):
+        return
+    name = guide.catalogue_name
+    label = name or type(guide).__name__
+    remedy = "build the guide for this model with " + (f"pi.guides.get({name!r}, model)" if name else f"{label}(model)")
+    if type(model) is not built.cls:
+        raise ValueError(f"guide {label!r} was built for another model ({built.cls.__name__}); this model is "
+                         f"a {type(model).__name__}: {remedy}")  # fmt: skip
+    now = model_signature(model)
+    difference = None if now is None else _site_difference(built.sites, now.sites)
+    if now is None or difference is None:
+        return
+    before, after = built.settings, now.settings
+    changed = [k for k in before if k in after and before[k] != after[k]][:3]  # e.g. hidden=16 vs hidden=32
+    was = " with " + ", ".join(f"{k}={before[k]!r}" for k in changed) if changed else ""
+    has = ", ".join(f"{k}={after[k]!r}" for k in changed) + " and " if changed else ""
+    raise ValueError(f"guide {label!r} was built for another model ({built.cls.__name__}{was}: {difference[0]}); "
+                     f"this model has {has}{difference[1]}: {remedy}")  # fmt: skip

@@ -79,6 +79,8 @@ class BlockCholeskyGuide(StructuredGuide):
         ValueError: ``init_scale <= 0``.
     """
 
+    catalogue_name = "block-cholesky"
+
     def __init__(
         self,
         model: Callable,

@@ -174,6 +174,8 @@ class MatrixNormalGuide(StructuredGuide):
             ``diagonal_factors`` naming a site that is not a weight-matrix site.
     """
 
+    catalogue_name = "matrix-normal"
+
     def __init__(
         self,
         model: Callable,
