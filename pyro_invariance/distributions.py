@@ -43,34 +43,53 @@ Analytic KL divergences (registered with :func:`torch.distributions.kl.register_
   grid and 0 outside it (a posterior over one symmetry parameter computed on a grid, e.g. the
   collapsed ``q(η)`` of :mod:`pyro_invariance.infer.collapsed_symmetry`), drawn by its exact inverse CDF.
 
-These four registrations are global (made when this module is imported) and harmless to other
+* :class:`DensityDelta` -- Pyro's ``Delta`` whose ``KL(DensityDelta ‖ ·)`` keeps its ``log_density``
+  (below); the catalogue's guides that draw a site through an auxiliary one put it at the site.
+
+These five registrations are global (made when this module is imported) and harmless to other
 code: each concerns one of *our* distribution types as its first argument, a pair no other code
 dispatches on.
 
-Pyro 1.9's ``KL(Delta ‖ ·)`` drops ``Delta.log_density`` and so biases
-:class:`~pyro.infer.TraceMeanField_ELBO` for Pyro's packed autoguides (``AutoMultivariateNormal``,
-``AutoLowRankMultivariateNormal``, ``AutoNormal``) on constrained sites such as a ``LogNormal``
-prior scale. Its correction (:func:`_kl_delta`) concerns Pyro's own ``Delta``, so it is *not*
-registered at import: :func:`corrected_delta_kl` installs it for the duration of a block, and the
-package's entry points run inside it (:func:`pyro_invariance.pyro_scope`).
+Pyro 1.9's ``KL(Delta ‖ ·)`` drops ``Delta.log_density``. A guide that draws a site through an
+auxiliary site and puts ``Delta(value, log_density)`` at it (Pyro's ``AutoStructured``: the
+``symmetry-conditional`` guide; ``AutoMultivariateNormal``, ``AutoLowRankMultivariateNormal``,
+``AutoNormal``: the log-Jacobian of a constrained site) keeps there part of log q; dropping it adds
+``E_q[log_density]`` to :class:`~pyro.infer.TraceMeanField_ELBO`'s estimate (``−Σ log scale`` for
+``AutoStructured``: positive once the scales are below 1), so that it is no bound. Two remedies:
+
+* the catalogue's guides put a :class:`DensityDelta` there instead (:class:`DensityDeltaMessenger`),
+  whose rule is registered at import like the other four: valid bounds under Pyro's defaults, with
+  no scope;
+* Pyro's own autoguides, passed to the package's calls: the correction (:func:`_kl_delta`) concerns
+  Pyro's own ``Delta``, so it is *not* registered at import; :func:`corrected_delta_kl` installs it
+  for the duration of a block, and the package's entry points run inside it
+  (:func:`pyro_invariance.pyro_scope`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from pyro.distributions import Delta
 from pyro.distributions.distribution import Distribution as PyroDistribution
 from pyro.distributions.torch_distribution import ExpandedDistribution, TorchDistribution
+from pyro.poutine.messenger import Messenger
 from torch import Tensor
 from torch.distributions import Independent, Normal, constraints
 from torch.distributions import kl as _torch_kl
 from torch.distributions.kl import register_kl
 
-__all__ = ["MatrixNormal", "PiecewiseLinear", "RowwiseMultivariateNormal", "corrected_delta_kl"]
+__all__ = [
+    "DensityDelta",
+    "DensityDeltaMessenger",
+    "MatrixNormal",
+    "PiecewiseLinear",
+    "RowwiseMultivariateNormal",
+    "corrected_delta_kl",
+]
 
 _LOG_2PI = math.log(2 * math.pi)
 
@@ -614,6 +633,40 @@ def _kl_delta(p: Delta, q: torch.distributions.Distribution) -> Tensor:
     (log_density = 0) nothing changes. NumPyro made the same fix (pyro-ppl/numpyro#1625).
     """
     return p.log_density - q.log_prob(p.v)
+
+
+class DensityDelta(Delta):
+    """Pyro's :class:`~pyro.distributions.Delta`, of the package's own type so that its KL keeps
+    ``log_density``: ``KL(DensityDelta(v, log_density) ‖ q) = log_density − log q(v)``.
+
+    A guide that draws a site through an auxiliary site and puts a ``Delta`` at the site holds part
+    of log q in ``Delta.log_density`` (``−Σ log scale`` and the log-Jacobian of the constraining
+    transform). With that rule :class:`~pyro.infer.TraceMeanField_ELBO` adds, on every draw, the
+    same ``log p − log q`` as :class:`~pyro.infer.Trace_ELBO` -- an unbiased ELBO estimate whatever
+    the guide's dependency structure -- under Pyro's own settings, inside or outside
+    :func:`pyro_invariance.pyro_scope`. Everything else (``log_prob``, sampling, ``expand``) is
+    ``Delta``'s, and it *is* a ``Delta`` for ``isinstance``.
+    """
+
+    @classmethod
+    def of(cls, delta: Delta) -> "DensityDelta":
+        """The same point mass, value, log-density and event dim as ``delta``."""
+        return cls(delta.v, delta.log_density, delta.event_dim)
+
+
+@register_kl(DensityDelta, PyroDistribution)
+def _kl_density_delta(p: DensityDelta, q: PyroDistribution) -> Tensor:
+    return p.log_density - q.log_prob(p.v)
+
+
+class DensityDeltaMessenger(Messenger):
+    """Within the block (e.g. around an autoguide's ``forward``), every sample site whose distribution
+    is exactly Pyro's ``Delta`` gets the equal :class:`DensityDelta` instead. Anything else, and a
+    ``Delta`` wrapped in another distribution, is left as it is."""
+
+    def _pyro_sample(self, msg: dict[str, Any]) -> None:
+        if type(msg["fn"]) is Delta:
+            msg["fn"] = DensityDelta.of(msg["fn"])
 
 
 _DELTA_KL_KEY = (Delta, PyroDistribution)
