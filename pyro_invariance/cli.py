@@ -254,6 +254,7 @@ def _run_fit_locked(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any],
         "eta": result.eta,
         "eta_readable": _format_eta(result.model, _image_size(data), result.guide),
         "metrics": metrics,
+        "eval_seed": seed,
         "final_elbo_per_datum_train_minibatch": result.final_elbo,
         "seconds": result.seconds,
         **extra,
@@ -269,7 +270,8 @@ def _run_fit_locked(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any],
 
 
 def _metrics(model: Any, guide: Any, data: Any, num_samples: int, device: Any = None, seed: int = 0) -> dict[str, float]:
-    """Held-out metrics as the model's task defines them (:meth:`pyro_invariance.tasks.Task.metrics`), seeded."""
+    """Held-out metrics as the model's task defines them (:meth:`pyro_invariance.tasks.Task.metrics`), seeded
+    by ``seed``: ``fit`` passes the run's seed, as ``compare_guides`` does, so both report the same numbers."""
     return task_for(model, data).metrics(model, guide, data, num_samples=num_samples, device=device, seed=seed)
 
 
@@ -513,7 +515,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--guides", default="mean-field,matrix-normal,block-cholesky",
                    help="comma-separated guide names (pyro-invariance list guides)")
     p.add_argument("--K", default="10,100,1000", help="importance sample sizes of the IWAE bounds, e.g. 10,100,1000")
-    p.add_argument("--bound-samples", type=int, default=None, help="guide draws for the bounds (default max K)")
+    p.add_argument("--bound-samples", type=int, default=None,
+                   help="guide draws for the bounds (default max(2 × max K, 46): every IWAE_K gets a standard error)")
     p.add_argument("--eval-subset", type=int, default=None,
                    help="bound the evidence of the first N training points only (default: all)")
     p.add_argument("--vectorize-bounds", action="store_true",

@@ -11,9 +11,13 @@ model initialisation (a fresh model per guide, built after seeding with ``seed``
 * the learned symmetry parameters η;
 * held-out metrics, as the model's task defines them (:mod:`pyro_invariance.tasks`: accuracy / NLL
   for classification, the talk's MSE columns for dynamics, RMSE / NLL for regression);
-* time per SVI step and the guide's number of parameters.
+* time per SVI step and the guide's number of parameters;
+* what the numbers are worth: the difference of each row's ELBO and largest-K IWAE to the best row's,
+  ± its standard error (:func:`difference_to_best`), and flags (:func:`row_flags`) on rows whose k̂ is
+  above 0.7 or whose fit had not converged (:data:`CONVERGENCE_RULE`, from the fit's ELBO trace).
 
-:class:`GuideComparison` renders the table as text, markdown, JSON and a bar chart::
+:class:`GuideComparison` renders the table as text, markdown, JSON and a bar chart, in one unit (nats
+per datum, said in the header) with ± one standard error on every bound in every format::
 
     import pyro_invariance as pi
     cmp = pi.compare_guides("invariant-mlp", "rotated-digits", guides=["mean-field", "matrix-normal", "block-cholesky"],
@@ -31,6 +35,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,21 +45,34 @@ import pyro
 import torch
 from torch import nn
 
-from pyro_invariance.infer.bounds import _validate_Ks, check_observed, evidence_bounds
+from pyro_invariance.catalogue import check_model_fits_data
+from pyro_invariance.infer.bounds import PSIS_MIN_DRAWS, _validate_Ks, check_observed, evidence_bounds
 from pyro_invariance.infer.config import FitConfig, resolve_config
 from pyro_invariance.data.arrays import train_arrays
 from pyro_invariance.diagnostics.evaluation import regression_metrics  # noqa: F401  (re-exported)
 from pyro_invariance.models.base import CatalogueModel, symmetry_summary
 from pyro_invariance.registry import DATASETS, GUIDES, MODELS
 from pyro_invariance.tasks import Column, get as get_task, task_for
-from pyro_invariance.validation import check_positive_int
+from pyro_invariance.validation import check_positive_int, derived_seed
 from pyro_invariance._pyro_scope import pyro_scope
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["GuideComparison", "compare_guides", "evaluation_metrics", "format_eta", "task_kind"]
+__all__ = [
+    "GuideComparison",
+    "compare_guides",
+    "convergence_of",
+    "default_bound_samples",
+    "difference_to_best",
+    "elbo_trace_change",
+    "evaluation_metrics",
+    "format_eta",
+    "is_converged",
+    "row_flags",
+    "task_kind",
+]
 
 DEFAULT_GUIDES = ("mean-field", "matrix-normal", "block-cholesky")
 
@@ -138,6 +156,15 @@ def _finite_or_none(v: Any) -> Any:
     return v
 
 
+def _plot_range(vals: list[list[float]], errs: list[list[float]], exact: list[float]) -> tuple[float, float]:
+    """The lowest and highest value the bar chart shows: bounds ± their errors and the exact values."""
+    ends = [(v - e, v + e) if math.isfinite(e) else (v, v) for rv, re in zip(vals, errs) for v, e in zip(rv, re)
+            if math.isfinite(v)]  # fmt: skip
+    if not ends:
+        return -1.0, 0.0
+    return min([a for a, _ in ends] + exact), max([b for _, b in ends] + exact)
+
+
 def _fmt(v: Any, spec: str) -> str:
     if v is None:
         return "-"
@@ -147,6 +174,143 @@ def _fmt(v: Any, spec: str) -> str:
     if math.isinf(v):
         return "inf" if v > 0 else "-inf"
     return format(v, spec)
+
+
+# ------------------------------------------------------------------------------------------------
+# what a row's numbers are worth: convergence, k̂ and the difference to the best row
+
+#: PSIS k̂ above this: the guide is a poor importance proposal, its IWAE estimates and their errors
+#: are unreliable (Yao et al. 2018).
+KHAT_LIMIT = 0.7
+#: The convergence windows: the last 10 % of a fit's learning-rate time and the 10 % before it.
+CONVERGENCE_WINDOW = 0.1
+#: A change of the training ELBO, or a difference between two rows, counts as real beyond this many of its
+#: standard errors.
+SIGNIFICANCE_Z = 2.0
+#: Fewer steps than this in either window: the run is too short to judge.
+MIN_WINDOW_STEPS = 5
+
+CONVERGENCE_RULE = (
+    "moving: the bound has not converged. The mean training ELBO/N (the fit's per-step estimates) over the "
+    "last 10 % of the run's learning-rate time (Σ lr: with a constant rate the last 10 % of the steps; the "
+    "default cosine schedule puts the last ≈ 40 % of the steps there) differs from its mean over the 10 % before "
+    "by more than 2 standard errors of that difference and by more than the ELBO's ±: more steps would move the "
+    "bound by more than its error bar"
+)
+
+
+def _window_indices(lrs: Sequence[float], n: int, window: float) -> tuple[list[int], list[int]]:
+    """The steps whose learning-rate time starts in the last ``window`` of the total, and those in
+    the ``window`` before (equal shares of the steps when the rates are missing or sum to 0)."""
+    rates = [float(v) for v in lrs[:n]] if len(lrs) >= n else []
+    if not rates or not all(math.isfinite(v) and v >= 0 for v in rates) or sum(rates) <= 0:
+        rates = [1.0] * n
+    total, start = sum(rates), 0.0
+    last: list[int] = []
+    previous: list[int] = []
+    for i, rate in enumerate(rates):
+        share = start / total
+        if share >= 1.0 - window - 1e-12:
+            last.append(i)
+        elif share >= 1.0 - 2 * window - 1e-12:
+            previous.append(i)
+        start += rate
+    return previous, last
+
+
+def elbo_trace_change(history: Mapping[str, Any], window: float = CONVERGENCE_WINDOW) -> dict[str, Any]:
+    """How much a fit's training ELBO/N still moved at its end, from ``history`` (``elbo``: the
+    per-step estimates, ``lr``: the guide's rate per step).
+
+    Returns ``change`` (mean over the last ``window`` of the learning-rate time minus the mean over
+    the ``window`` before it, nats per datum), ``change_se`` (``sqrt(s_a²/n_a + s_b²/n_b)`` from the
+    per-step spread) and the two windows' step counts; ``change`` and ``change_se`` are None when
+    either window has fewer than :data:`MIN_WINDOW_STEPS` finite values. Learning-rate time, not
+    steps: a schedule that anneals the rate to 0 freezes the last steps whether or not the fit had
+    converged, so equal shares of Σ lr compare like with like."""
+    values = [float(v) for v in history.get("elbo", [])]
+    previous, last = _window_indices(list(history.get("lr", [])), len(values), window)
+    a = [values[i] for i in previous if math.isfinite(values[i])]
+    b = [values[i] for i in last if math.isfinite(values[i])]
+    out: dict[str, Any] = {"change": None, "change_se": None, "previous_steps": len(previous), "last_steps": len(last)}
+    if min(len(a), len(b)) < MIN_WINDOW_STEPS:
+        return out
+    var = [statistics.variance(w) / len(w) for w in (a, b)]
+    out.update(change=statistics.fmean(b) - statistics.fmean(a), change_se=math.sqrt(sum(var)))
+    return out
+
+
+def is_converged(change: float | None, change_se: float | None, bound_se: float | None) -> bool | None:
+    """The convergence rule (:data:`CONVERGENCE_RULE`): False when ``|change|`` exceeds
+    :data:`SIGNIFICANCE_Z` × ``change_se`` and the bound's own standard error ``bound_se`` (per datum;
+    ignored when unknown), True otherwise, None when ``change`` is unknown (a run too short to judge)."""
+    if change is None or change_se is None or not math.isfinite(change):
+        return None
+    moved = abs(change) > SIGNIFICANCE_Z * change_se
+    if bound_se is not None and math.isfinite(float(bound_se)):
+        moved = moved and abs(change) > float(bound_se)
+    return not moved
+
+
+def convergence_of(history: Mapping[str, Any], bound_se: float | None) -> dict[str, Any]:
+    """:func:`elbo_trace_change` of a fit's ``history`` with its verdict under :func:`is_converged`."""
+    trace = elbo_trace_change(history)
+    return {**trace, "converged": is_converged(trace["change"], trace["change_se"], bound_se)}
+
+
+def row_flags(row: Mapping[str, Any]) -> list[str]:
+    """What makes a row's bounds untrustworthy: ``k̂>0.7`` (a poor importance proposal), ``k̂ n/a``
+    (too few draws to tell), ``moving`` (not converged, :data:`CONVERGENCE_RULE`), ``short`` (a run
+    too short to judge its convergence). Point estimates get no k̂ flag (they have no k̂)."""
+    flags = []
+    k = row.get("k_hat")
+    if row.get("is_bound", True) and k is not None:
+        k = float(k)
+        if math.isnan(k):
+            flags.append("k̂ n/a")
+        elif k > KHAT_LIMIT:
+            flags.append(f"k̂>{KHAT_LIMIT}")
+    convergence = row.get("convergence")
+    if isinstance(convergence, Mapping):
+        verdict = convergence.get("converged")
+        if verdict is False:
+            flags.append("moving")
+        elif verdict is None:
+            flags.append("short")
+    return flags
+
+
+def _finite(v: Any) -> bool:
+    return v is not None and math.isfinite(float(v))
+
+
+def difference_to_best(rows: Sequence[Mapping[str, Any]], key: str) -> list[tuple[float, float] | None]:
+    """Per row, ``(value − best, se)`` for the bound ``key`` (``"elbo"``, ``"iwae100"``, per datum):
+    best is the highest finite value among the rows that are bounds; the standard error of the
+    difference is ``sqrt(se² + se_best²)`` (the two estimates treated as independent; NaN when
+    either error is unknown), 0 for the best row itself. None for rows that are no bound (point
+    estimates) or whose value is not finite."""
+    candidates = [i for i, r in enumerate(rows) if r.get("is_bound", True) and _finite(r.get(key))]
+    if not candidates:
+        return [None] * len(rows)
+    best = max(candidates, key=lambda i: float(rows[i][key]))
+    top, top_se = float(rows[best][key]), rows[best].get(f"{key}_se")
+    out: list[tuple[float, float] | None] = []
+    for i, r in enumerate(rows):
+        if i not in candidates:
+            out.append(None)
+        elif i == best:
+            out.append((0.0, 0.0))
+        else:
+            se = r.get(f"{key}_se")
+            both = _finite(se) and _finite(top_se)
+            out.append((float(r[key]) - top, math.hypot(float(se), float(top_se)) if both else float("nan")))
+    return out
+
+
+def _resolved(diff: tuple[float, float] | None) -> bool:
+    """Whether a difference to the best row is larger than twice its standard error."""
+    return diff is not None and math.isfinite(diff[1]) and abs(diff[0]) > SIGNIFICANCE_Z * diff[1]
 
 
 @dataclass
@@ -177,53 +341,117 @@ class GuideComparison:
         return any(r.get("log_evidence") is not None for r in self.rows)
 
     def header(self) -> list[str]:
+        """The column titles; every bound and difference is per datum (``/N``)."""
         kmax = max(self.Ks)
         cols = ["guide", "params", "s/step", "ELBO/N"] + [f"IWAE{k}/N" for k in self.Ks]
         if self.has_exact_evidence():
             cols.append("log Z/N")
-        cols += [f"IWAE{kmax}−ELBO", "k̂", "η"] + [c.title for c in self._metric_columns()]
-        return cols
+        cols += ["ELBO/N − best", f"IWAE{kmax}/N − best", "k̂", "flags", "η"]
+        return cols + [c.title for c in self._metric_columns()]
 
-    def table_rows(self, with_stderr: bool = False) -> list[list[str]]:
-        """The table's cells (strings); ``with_stderr`` adds ``±se`` to the bounds."""
-        kmax = max(self.Ks)
+    def differences(self) -> dict[str, list[tuple[float, float] | None]]:
+        """:func:`difference_to_best` for the ELBO and for the largest K's IWAE, keyed by bound."""
+        return {key: difference_to_best(self.rows, key) for key in ("elbo", f"iwae{max(self.Ks)}")}
+
+    def table_rows(self, with_stderr: bool = True) -> list[list[str]]:
+        """The table's cells (strings); ``with_stderr`` (default) adds ``± se`` to the bounds and
+        the differences (``± n/a``: no usable error)."""
+        diffs = self.differences()
         out = []
-        for r in self.rows:
-            mark = "" if r["is_bound"] else "*"
+        for i, r in enumerate(self.rows):
+            mark = "" if r.get("is_bound", True) else "*"
 
-            def bound(v: float, se: float) -> str:
-                s = _fmt(v, ".4f") + mark
+            def pm(se: Any) -> str:
                 if not with_stderr:
-                    return s
-                return s + (" ± n/a" if se is None or math.isnan(float(se)) else f" ± {_fmt(se, '.4f')}")
+                    return ""
+                return " ± n/a" if se is None or math.isnan(float(se)) else f" ± {_fmt(se, '.4f')}"
 
-            cells = [r["guide"], str(r["params"]), _fmt(r["seconds_per_step"], ".4f"), bound(r["elbo"], r["elbo_se"])]
-            cells += [bound(r[f"iwae{k}"], r[f"iwae{k}_se"]) for k in self.Ks]
+            def bound(key: str) -> str:
+                return _fmt(r.get(key), ".4f") + mark + pm(r.get(f"{key}_se"))
+
+            def diff(d: tuple[float, float] | None) -> str:
+                if d is None:
+                    return "-"
+                return "best" if d == (0.0, 0.0) else _fmt(d[0], "+.4f") + pm(d[1])
+
+            cells = [r["guide"], str(r.get("params", "-")), _fmt(r.get("seconds_per_step"), ".4f"), bound("elbo")]
+            cells += [bound(f"iwae{k}") for k in self.Ks]
             if self.has_exact_evidence():
                 cells.append(_fmt(r.get("log_evidence"), ".4f"))
-            gain = (r[f"iwae{kmax}"] - r["elbo"]) * r["n_eval"]
-            cells += [_fmt(gain, ".2f"), _fmt(r["k_hat"], ".2f"), r["eta_readable"]]
+            cells += [diff(d[i]) for d in diffs.values()]
+            cells += [_fmt(r.get("k_hat"), ".2f"), ", ".join(row_flags(r)), r.get("eta_readable", "-")]
             cells += [_fmt(r["metrics"].get(c.key), c.format) for c in self._metric_columns()]
             out.append(cells)
         return out
 
-    def notes(self) -> list[str]:
+    def units(self) -> str:
+        """The one line that states the table's unit."""
+        return (f"All bounds and differences in nats per datum (÷ n = {self.settings['n_eval']}); "
+                "± one Monte-Carlo standard error.")
+
+    def _ranking_notes(self) -> list[str]:
+        """Which row is best on each bound, and which rows its difference does not separate from it
+        (within :data:`SIGNIFICANCE_Z` standard errors) or cannot (no usable error)."""
+        lines = []
+        for key, diffs in self.differences().items():
+            best = [self.rows[i]["guide"] for i, d in enumerate(diffs) if d == (0.0, 0.0)]
+            if not best:
+                continue
+            others = [(self.rows[i]["guide"], d) for i, d in enumerate(diffs) if d is not None and d != (0.0, 0.0)]
+            close = [g for g, d in others if math.isfinite(d[1]) and not _resolved(d)]
+            unknown = [g for g, d in others if not math.isfinite(d[1])]
+            parts = [f"within {SIGNIFICANCE_Z:g} se of it (not separated): {', '.join(close)}"] if close else []
+            parts += [f"no usable error to compare with: {', '.join(unknown)}"] if unknown else []
+            if not parts and others:
+                parts = [f"every other row is more than {SIGNIFICANCE_Z:g} se below it"]
+            name = "ELBO/N" if key == "elbo" else f"IWAE{max(self.Ks)}/N"
+            lines.append(f"Highest {name}: {'; '.join([best[0], *parts])}.")
+        return lines
+
+    def _flag_notes(self) -> list[str]:
+        flags = {f for r in self.rows for f in row_flags(r)}
+        lines = [f"flags: k̂>{KHAT_LIMIT}: the guide is a poor importance proposal, its IWAE estimates and errors "
+                 "are unreliable; " + CONVERGENCE_RULE + "."]
+        if "k̂ n/a" in flags:
+            lines.append(f"k̂ n/a: fewer than {PSIS_MIN_DRAWS} guide draws, too few for PSIS k̂ "
+                         "(raise bound_samples).")
+        if "short" in flags:
+            lines.append(f"short: fewer than {MIN_WINDOW_STEPS} steps in a convergence window, too short to judge.")
+        if flags & {f"k̂>{KHAT_LIMIT}", "moving"}:
+            flagged = [r["guide"] for r in self.rows if set(row_flags(r)) & {f"k̂>{KHAT_LIMIT}", "moving"}]
+            lines.append(f"Flagged rows ({', '.join(flagged)}): read their bounds and differences with care.")
+        return lines
+
+    def _bound_notes(self, with_units: bool) -> list[str]:
+        """What the bound, difference and k̂ columns are."""
         s = self.settings
-        n, n_train = s["n_eval"], s["n_train"]
+        n, n_train = s["n_eval"], s.get("n_train", s["n_eval"])
         which = "all" if n == n_train else f"the first {n} of the {n_train}"
-        lines = [
-            f"Bounds on log p(y | x, η) of {which} training points, per datum (n = {n}), from {s['bound_samples']} guide "
-            "draws per guide (IWAE_K: mean of " + ", ".join(f"{s['bound_samples'] // k} (K={k})" for k in self.Ks)
-            + " independent estimates; ELBO: Monte-Carlo, no analytic KL); ± (markdown; `*_se` in JSON): Monte-Carlo "
-            "standard error. "
-            f"IWAE{max(self.Ks)}−ELBO is in nats for all n points.",
-            "k̂: PSIS k̂ of the guide as an importance proposal (< 0.5 good, 0.5–0.7 usable, > 0.7 unreliable "
-            "IWAE estimates and errors; ± n/a: a single IWAE estimate from heavy-tailed weights has no usable error).",
+        draws = s.get("bound_samples")
+        groups = ", ".join(f"{draws // k} (K={k})" for k in self.Ks) if draws else "?"
+        kmax = max(self.Ks)
+        units = f"{self.units()} " if with_units else ""
+        return [
+            f"{units}Bounds on log p(y | x, η) of {which} training points (n = {n}), from {draws} guide draws per "
+            f"guide (IWAE_K: mean of {groups} independent estimates; ELBO: Monte-Carlo, no analytic KL); "
+            "`*_se` in JSON.",
+            f"ELBO/N − best, IWAE{kmax}/N − best: the row's bound minus the highest among the rows that are bounds, "
+            "± sqrt(se² + se_best²) (the two estimates treated as independent).",
+            f"k̂: PSIS k̂ of the guide as an importance proposal (< 0.5 good, 0.5–0.7 usable, > {KHAT_LIMIT} "
+            "unreliable IWAE estimates and errors; ± n/a: a single IWAE estimate from heavy-tailed weights has no "
+            "usable error).",
         ]
+
+    def notes(self, with_units: bool = True) -> list[str]:
+        """The lines below the table; ``with_units`` starts them with :meth:`units` (the text table
+        states it above instead)."""
+        s = self.settings
+        n, n_train = s["n_eval"], s.get("n_train", s["n_eval"])
+        lines = [*self._bound_notes(with_units), *self._ranking_notes(), *self._flag_notes()]
         if n != n_train:
             lines.append("With a subset the guide fitted to all training data is the proposal: a valid, looser bound "
                          "on the subset's evidence.")
-        if any(not r["is_bound"] for r in self.rows):
+        if any(not r.get("is_bound", True) for r in self.rows):
             lines.append("*: point-estimate guide; the number is log p(D, ẑ) at the point, not a bound on the evidence.")
         if any(r.get("symmetry_prior") is not None for r in self.rows):
             lines.append("η point (type-II): the bounds are on log p(D | η̂) at the learned η̂. η latent (a prior "
@@ -232,19 +460,22 @@ class GuideComparison:
         if self.has_exact_evidence():
             lines.append("log Z/N: exact log evidence per datum (at the guide's learned η; for a latent η, "
                          "log p(D) by quadrature over η).")
+        if s.get("eval_seed") is not None:
+            lines.append(f"Test metrics from {s.get('eval_samples', '?')} guide draws seeded by {s['eval_seed']}, "
+                         "the run's seed: the numbers `pyro-invariance fit` reports for the same run.")
         if s.get("test_on_train"):
             lines.append("Test metrics were computed on the training data (data given as a pair).")
         return lines
 
     def to_text(self) -> str:
-        """A plain-text table (as the CLI prints it) with the notes below."""
-        rows = [self.header()] + self.table_rows()
+        """A plain-text table (as the CLI prints it), bounds with ± standard errors, and the notes below."""
+        rows = [self.header()] + self.table_rows(with_stderr=True)
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         s = self.settings
         title = f"{s['model']} on {s['data']}: {s['steps']} SVI steps per guide, seed {s['seed']}"
-        return "\n".join([title, "", *lines, "", *self.notes()])
+        return "\n".join([title, self.units(), "", *lines, "", *self.notes(with_units=False)])
 
     def to_markdown(self, with_stderr: bool = True) -> str:
         """A GitHub markdown table (bounds with ± standard errors) and the notes."""
@@ -254,15 +485,28 @@ class GuideComparison:
         return "\n".join(lines + [""] + [f"- {n}" for n in self.notes()]) + "\n"
 
     def to_dict(self) -> dict[str, Any]:
-        return _finite_or_none({"settings": self.settings, "kind": self.kind, "Ks": list(self.Ks), "rows": self.rows})
+        """Settings, Ks and rows, each row with its ``flags`` (:func:`row_flags`) and the
+        differences to the best row (``elbo_minus_best`` / ``elbo_minus_best_se``,
+        ``iwae{K}_minus_best`` / ``..._se`` for the largest K; None for point estimates)."""
+        rows = []
+        diffs = self.differences()
+        for i, r in enumerate(self.rows):
+            extra: dict[str, Any] = {"flags": row_flags(r)}
+            for key, d in diffs.items():
+                extra[f"{key}_minus_best"], extra[f"{key}_minus_best_se"] = (None, None) if d[i] is None else d[i]
+            rows.append({**r, **extra})
+        return _finite_or_none({"settings": self.settings, "kind": self.kind, "Ks": list(self.Ks), "rows": rows})
 
     @classmethod
     def from_dict(cls, payload: Mapping[str, Any]) -> "GuideComparison":
         """Rebuild a comparison (without the fitted models) from :meth:`to_dict` / a saved JSON file."""
         rows = [dict(r) for r in payload["rows"]]
-        for r in rows:  # JSON null / "inf" back to floats
+        for r in rows:  # JSON null / "inf" back to floats; the derived columns are recomputed, not read
+            r.pop("flags", None)
             for key, value in list(r.items()):
-                if key == "k_hat" or key.startswith(("elbo", "iwae")):
+                if key.endswith(("_minus_best", "_minus_best_se")):
+                    del r[key]
+                elif key == "k_hat" or key.startswith(("elbo", "iwae")):
                     r[key] = float("nan") if value is None else float(value)
         return cls(rows, dict(payload["settings"]), payload["kind"], tuple(int(k) for k in payload["Ks"]))
 
@@ -287,57 +531,67 @@ class GuideComparison:
 
     # -- plot -------------------------------------------------------------------------------------
     def plot(self, *, title: str | None = None, ax: Axes | None = None) -> Figure:
-        """Bar chart of ELBO/N and IWAE_K/N per guide (± standard errors), k̂ above each group,
-        the exact log Z/N as a dashed mark where known (point estimates hatched: not bounds).
+        """Bar chart of ELBO/N and IWAE_K/N per guide with ± one standard error as error bars
+        (``±?`` where a bound has no usable error), k̂ and the row's flags (:func:`row_flags`, red)
+        above each group, the exact log Z/N as a dashed mark where known (point estimates hatched:
+        not bounds).
 
         Draws into ``ax`` (a matplotlib ``Axes``; default: a new figure) and returns its
         ``matplotlib.figure.Figure``; save it with ``fig.savefig(path)`` (:meth:`save` writes
         ``bounds.png``)."""
         import matplotlib.pyplot as plt
 
-        names = ["ELBO"] + [f"IWAE$_{{{k}}}$" for k in self.Ks]
         keys = ["elbo"] + [f"iwae{k}" for k in self.Ks]
-        n_guides, n_bars = len(self.rows), len(keys)
-        width = 0.8 / n_bars
-        vals = [[r[k] for k in keys] for r in self.rows]
-        errs = [[r[f"{k}_se"] for k in keys] for r in self.rows]
-        lows = [v - (e if math.isfinite(e) else 0.0) for rv, re in zip(vals, errs) for v, e in zip(rv, re) if math.isfinite(v)]
-        highs = [v + (e if math.isfinite(e) else 0.0) for rv, re in zip(vals, errs) for v, e in zip(rv, re) if math.isfinite(v)]
-        exact = [r["log_evidence"] for r in self.rows if r.get("log_evidence") is not None]
-        lo, hi = (min(lows + exact), max(highs + exact)) if lows else (-1.0, 0.0)
+        vals = [[float(r.get(k, float("nan"))) for k in keys] for r in self.rows]
+        errs = [[float(r.get(f"{k}_se", float("nan"))) for k in keys] for r in self.rows]
+        lo, hi = _plot_range(vals, errs, [r["log_evidence"] for r in self.rows if r.get("log_evidence") is not None])
         span = max(hi - lo, 1e-3)
         bottom = lo - 0.15 * span
         if ax is None:
-            fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * n_guides + 3), 3.8))
+            fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(self.rows) + 3), 3.8))
         else:
             fig = ax.figure
-        for j in range(n_bars):
-            xs = [i + (j - (n_bars - 1) / 2) * width for i in range(n_guides)]
-            heights = [vals[i][j] - bottom if math.isfinite(vals[i][j]) else 0.0 for i in range(n_guides)]
-            bars = ax.bar(xs, heights, width, bottom=bottom,
-                          yerr=[e if math.isfinite(e) else 0.0 for e in (row[j] for row in errs)],
-                          label=names[j], color=f"C{j}", capsize=2)
-            for patch, r in zip(bars.patches, self.rows):
-                if not r["is_bound"]:  # point estimates: log joint, not a bound
-                    patch.set_alpha(0.35)
-                    patch.set_hatch("//")
+        self._draw_bars(ax, vals, errs, bottom, span)
+        flagged = []
         for i, r in enumerate(self.rows):
             if r.get("log_evidence") is not None:
                 ax.hlines(r["log_evidence"], i - 0.45, i + 0.45, colors="k", linestyles="--", lw=1,
                           label="exact log Z/N" if i == 0 else None)
-            k = r["k_hat"]
-            text = "k̂ n/a (point est.)" if not r["is_bound"] else f"k̂={_fmt(k, '.2f')}"
-            ax.text(i, hi + 0.04 * span, text, ha="center", va="bottom", fontsize=8,
-                    color="C3" if (isinstance(k, float) and k > 0.7) else "k")
-        ax.set_ylim(bottom, hi + 0.2 * span)
-        ax.set_xticks(range(n_guides))
-        ax.set_xticklabels([r["guide"] + ("*" if not r["is_bound"] else "") for r in self.rows], fontsize=9)
-        ax.set_ylabel(f"bound / datum (n = {self.settings['n_eval']})")
+            flags = row_flags(r)
+            flagged.append(bool(flags))
+            text = "k̂ n/a (point est.)" if not r.get("is_bound", True) else f"k̂={_fmt(r.get('k_hat'), '.2f')}"
+            label = "\n".join([text, *flags]).replace("k̂", r"$\hat{k}$")  # the combining hat has no glyph
+            ax.text(i, hi + 0.04 * span, label, ha="center", va="bottom", fontsize=8, color="C3" if flags else "k")
+        ax.set_ylim(bottom, hi + 0.35 * span)
+        ax.set_xticks(range(len(self.rows)))
+        ax.set_xticklabels([r["guide"] + ("*" if not r.get("is_bound", True) else "") for r in self.rows], fontsize=9)
+        for label, bad in zip(ax.get_xticklabels(), flagged):
+            label.set_color("C3" if bad else "k")
+        ax.set_ylabel(f"nats per datum (n = {self.settings['n_eval']}), ± 1 se")
         s = self.settings
         ax.set_title(title or f"{s['model']} on {s['data']}: evidence bounds per guide", fontsize=10)
         ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
         fig.tight_layout()
         return fig
+
+    def _draw_bars(self, ax: Axes, vals: list[list[float]], errs: list[list[float]], bottom: float,
+                   span: float) -> None:  # fmt: skip
+        """One bar per bound and row, with its error bar; ``±?`` above a bound without a usable error."""
+        names = ["ELBO"] + [f"IWAE$_{{{k}}}$" for k in self.Ks]
+        n_rows, n_bars = len(self.rows), len(names)
+        width = 0.8 / n_bars
+        for j in range(n_bars):
+            xs = [i + (j - (n_bars - 1) / 2) * width for i in range(n_rows)]
+            heights = [vals[i][j] - bottom if math.isfinite(vals[i][j]) else 0.0 for i in range(n_rows)]
+            yerr = [errs[i][j] if math.isfinite(errs[i][j]) else 0.0 for i in range(n_rows)]
+            bars = ax.bar(xs, heights, width, bottom=bottom, yerr=yerr, label=names[j], color=f"C{j}", capsize=3,
+                          error_kw={"ecolor": "k", "elinewidth": 1})  # fmt: skip
+            for i, (patch, r) in enumerate(zip(bars.patches, self.rows)):
+                if not r.get("is_bound", True):  # point estimates: log joint, not a bound
+                    patch.set_alpha(0.35)
+                    patch.set_hatch("//")
+                elif math.isfinite(vals[i][j]) and not math.isfinite(errs[i][j]):
+                    ax.text(xs[i], vals[i][j] + 0.01 * span, "±?", ha="center", va="bottom", fontsize=7)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -384,6 +638,13 @@ def _model_factory(model: Any, data: Any, model_kwargs: Mapping[str, Any] | None
     raise TypeError(f"model must be a catalogue name, a model instance or a factory, got {type(model).__name__}")
 
 
+def default_bound_samples(Ks: Sequence[int]) -> int:
+    """Guide draws for the bounds when none are given: two independent IWAE estimates at the
+    largest K (so every IWAE_K has a standard error from their spread) and at least
+    :data:`~pyro_invariance.infer.bounds.PSIS_MIN_DRAWS` (so PSIS k̂ is defined)."""
+    return max(2 * max(Ks), PSIS_MIN_DRAWS)
+
+
 @pyro_scope()
 def compare_guides(
     model: Any,
@@ -419,7 +680,8 @@ def compare_guides(
             settings, then the model's and that guide's ``fit_defaults``, then the library's. The
             seed (and so the model's start and the minibatches) is the same for every guide.
         K: importance sample sizes of the IWAE bounds (ints ≥ 1).
-        bound_samples: guide draws for the bounds (default ``max(K)``).
+        bound_samples: guide draws for the bounds (default :func:`default_bound_samples`:
+            ``max(2 · max(K), 46)``, so that every IWAE_K has a standard error and PSIS k̂ is defined).
         eval_subset: bound the evidence of the first ``eval_subset`` training points only (speed);
             default all of them.
         eval_samples: guide draws in the predictive test metrics.
@@ -441,7 +703,12 @@ def compare_guides(
         ``seconds_per_step``, ``train_elbo_minibatch`` (smoothed end of training), ``n_eval``,
         ``elbo`` / ``elbo_se`` and ``iwae{K}`` / ``iwae{K}_se`` (per datum), ``k_hat``,
         ``is_bound``, ``note``, ``log_evidence`` (exact, per datum, or None), ``symmetry_prior``
-        (``None``: η point-estimated), ``eta``, ``eta_readable``, ``metrics`` and ``bounds`` (totals in nats, :class:`~.bounds.EvidenceBounds`).
+        (``None``: η point-estimated), ``eta``, ``eta_readable``, ``metrics`` (held-out, seeded by the
+        run's seed: what ``pyro-invariance fit`` reports for the same run), ``convergence``
+        (:func:`convergence_of` the fit's ELBO trace: ``change``, ``change_se``, ``converged``) and
+        ``bounds`` (totals in nats, :class:`~.bounds.EvidenceBounds`). :meth:`GuideComparison.to_dict`
+        adds ``flags`` (:func:`row_flags`) and the differences to the best row
+        (:func:`difference_to_best`).
 
     Raises:
         UnknownNameError: a guide, model or dataset name is not registered.
@@ -460,7 +727,8 @@ def compare_guides(
     if len(set(guides)) != len(guides):
         raise ValueError(f"guide names repeat: {guides}")
     Ks = _validate_Ks(K)
-    num_draws = max(Ks) if bound_samples is None else check_positive_int("bound_samples", bound_samples)
+    num_draws = (default_bound_samples(Ks) if bound_samples is None
+                 else check_positive_int("bound_samples", bound_samples))  # fmt: skip
     if num_draws < max(Ks):
         raise ValueError(f"bound_samples={num_draws} is smaller than the largest K={max(Ks)}")
     check_positive_int("eval_samples", eval_samples)
@@ -468,6 +736,10 @@ def compare_guides(
     unknown = set(guide_kwargs) - set(guides)
     if unknown:
         raise ValueError(f"guide_kwargs for guides not compared: {sorted(unknown)}")
+    for name, kwargs in guide_kwargs.items():  # a misspelt keyword fails now, not after the first guides
+        if not isinstance(kwargs, Mapping):
+            raise ValueError(f"guide_kwargs[{name!r}] must be a mapping of keyword arguments, got {kwargs!r}")
+        GUIDES.check_keywords(name, dict(kwargs), positional=1)
     FitConfig.check_names(overrides)
     shared = resolve_config(config, None, None, overrides)  # the settings common to every guide
     seed, device = shared.seed, shared.device
@@ -485,6 +757,7 @@ def compare_guides(
         builders[prior] = _model_factory(model, dataset, {**(model_kwargs or {}), **extra} or None, seed)
     build, model_label, built_kwargs = builders[symmetry_priors[0]]
     probe = build()
+    check_model_fits_data(model_label, probe, data_label, dataset)  # names the datasets that fit
     x_train, y_train = train_arrays(dataset, probe)  # converted and checked once, for the model
     n_train = x_train.shape[0]
     n_eval = n_train if eval_subset is None else check_positive_int("eval_subset", eval_subset)
@@ -507,12 +780,12 @@ def compare_guides(
         dev = torch.device(device)
         xe, ye = x_train[:n_eval].to(dev), y_train[:n_eval].to(dev)
         t0 = time.perf_counter()
-        pyro.set_rng_seed(seed + 1)
+        pyro.set_rng_seed(derived_seed(seed, 1))
         bounds = evidence_bounds(m, g, xe, ye, Ks, num_samples=num_draws, batch_size=bound_batch_size,
                                  vectorize=bound_vectorize)
         bound_seconds = time.perf_counter() - t0
-        pyro.set_rng_seed(seed + 2)
-        metrics = evaluation_metrics(m, g, dataset, eval_samples, device, seed=seed + 2)
+        # the run's own seed, as `pyro-invariance fit` evaluates a run: the same run gives the same numbers
+        metrics = evaluation_metrics(m, g, dataset, eval_samples, device, seed=result.config.seed)
         log_z = exact_log_evidence(m, xe, ye)
         log_z = None if log_z is None else log_z / n_eval
         from pyro_invariance.guides import num_guide_parameters
@@ -540,12 +813,14 @@ def compare_guides(
             eta=_eta_values(m, g),
             eta_readable=format_eta(m, _image_size(dataset), g),
             metrics=metrics,
+            convergence=convergence_of(result.history, row["elbo_se"]),
             bounds=bounds.to_dict(),
         )
         rows.append(row)
         results[label] = result
+        flags = ", ".join(row_flags(row))
         say(f"{label}: ELBO/N {row['elbo']:.4f}, IWAE{max(Ks)}/N {row[f'iwae{max(Ks)}']:.4f}, k̂ {_fmt(row['k_hat'], '.2f')}, "
-            f"{row['seconds_per_step']:.4f} s/step, bounds {bound_seconds:.1f}s")
+            f"{row['seconds_per_step']:.4f} s/step, bounds {bound_seconds:.1f}s{f'; flags: {flags}' if flags else ''}")
 
     settings = {
         "model": model_label,
@@ -566,6 +841,8 @@ def compare_guides(
         "n_train": n_train,
         "n_eval": n_eval,
         "eval_samples": eval_samples,
+        "eval_seed": seed,
+        "units": "per datum (nats / n_eval)",
         "device": str(device),
         "test_on_train": not hasattr(dataset, "x_test"),
         "torch_threads": torch.get_num_threads(),

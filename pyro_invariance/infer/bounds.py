@@ -50,9 +50,10 @@ from pyro.distributions.util import scale_and_mask
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
+from pyro_invariance.guides.base import check_guide_for
 from pyro_invariance.infer.distributed import Ranks
 from pyro_invariance.infer.modes import eval_mode
-from pyro_invariance.validation import check_positive_int
+from pyro_invariance.validation import check_positive_int, num_data_kwargs
 from pyro_invariance._pyro_scope import pyro_scope
 
 __all__ = [
@@ -174,7 +175,7 @@ def check_observed(model: Any, x: Tensor, y: Tensor, num_data: int | None = None
     """
     x, y = _check_xy(x, y)
     with torch.no_grad(), poutine.block():
-        trace = poutine.trace(model).get_trace(x[:2], y[:2], num_data=num_data or x.shape[0])
+        trace = poutine.trace(model).get_trace(x[:2], y[:2], **num_data_kwargs(model, num_data or x.shape[0]))
     names = _observed_sites(trace)
     if not names:
         raise ValueError(
@@ -233,7 +234,8 @@ def _log_weight(
     """``log p(D, z) − log q(z)`` for one guide draw ``z`` (float64 scalar), or for ``particles``
     draws at once in a vectorised plate at ``dim`` (shape ``(particles,)``); and whether q is a point mass."""
     n = x.shape[0]
-    b = min(batch_size, n)
+    kwargs = num_data_kwargs(model, n)
+    b = min(batch_size, n) if kwargs else n  # a model without num_data scores the rows it gets as the data set
     reduce = _reducer(particles, dim)
 
     def run(fn: Any, *args: Any, **kwargs: Any) -> poutine.Trace:
@@ -242,7 +244,7 @@ def _log_weight(
         with pyro.plate("_iw_particles", particles, dim=dim):
             return poutine.trace(fn).get_trace(*args, **kwargs)
 
-    guide_tr = run(guide, x[:b], y[:b], num_data=n)
+    guide_tr = run(guide, x[:b], y[:b], **kwargs)
     log_q: Tensor | float = 0.0
     for name, site in guide_tr.nodes.items():
         if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site):
@@ -252,7 +254,7 @@ def _log_weight(
     log_p: Tensor | float = 0.0
     for start in range(0, n, b):
         xs, ys = x[start:start + b], y[start:start + b]
-        model_tr = run(poutine.replay(model, trace=guide_tr), xs, ys, num_data=n)
+        model_tr = run(poutine.replay(model, trace=guide_tr), xs, ys, **kwargs)
         observed = False
         for name, site in model_tr.nodes.items():
             if site["type"] != "sample" or site_is_subsample(site):
@@ -288,7 +290,7 @@ def _log_weight(
 
 def _max_plate_nesting(model: Any, x: Tensor, y: Tensor, n: int) -> int:
     with poutine.block():
-        tr = poutine.trace(model).get_trace(x[:2], y[:2], num_data=n)
+        tr = poutine.trace(model).get_trace(x[:2], y[:2], **num_data_kwargs(model, n))
     dims = [-f.dim for s in tr.nodes.values() if s["type"] == "sample" for f in s["cond_indep_stack"] if f.vectorized]
     return max(dims, default=0)
 
@@ -330,6 +332,7 @@ def log_weights(
     check_positive_int("num_samples", num_samples)
     check_positive_int("batch_size", batch_size)
     check_positive_int("particle_chunk", particle_chunk)
+    check_guide_for(model, guide)
     x, y = _check_xy(x, y)
     if ranks is not None and ranks.ddp:
         if num_samples < ranks.world:
@@ -392,8 +395,19 @@ def ranked_log_weights(model: Any, guide: Any, x: Tensor, y: Tensor, num_samples
 # estimators from log weights
 
 
-#: Fewer log weights than this give k̂ = NaN: the Pareto tail would hold fewer than 10 draws.
-PSIS_MIN_DRAWS = 50
+#: The fewest weights a generalised-Pareto fit of the tail is made to.
+PSIS_MIN_TAIL = 10
+
+
+def psis_tail_size(num_weights: int) -> int:
+    """How many of the largest of ``num_weights`` weights PSIS fits its Pareto tail to:
+    ``ceil(min(S/5, 3√S))`` (ArviZ's rule with r_eff = 1)."""
+    return int(math.ceil(min(0.2 * num_weights, 3.0 * math.sqrt(num_weights))))
+
+
+#: Fewer log weights than this give k̂ = NaN: their Pareto tail (:func:`psis_tail_size`) would hold
+#: fewer than :data:`PSIS_MIN_TAIL` draws (46: ``ceil(46 / 5) = 10``).
+PSIS_MIN_DRAWS = next(s for s in range(1, 10_000) if psis_tail_size(s) >= PSIS_MIN_TAIL)
 
 
 def _psis_degenerate(lw: np.ndarray) -> tuple[float, str] | None:
@@ -411,11 +425,12 @@ def _psis_degenerate(lw: np.ndarray) -> tuple[float, str] | None:
     if top - float(finite.min()) <= tol:
         return float("-inf"), ""  # constant weights (zero weights aside): q ∝ posterior, no tail at all
     if s < PSIS_MIN_DRAWS:
-        return float("nan"), f"{s} log weights are too few for PSIS k̂ (the tail needs ≥ 10; use ≥ {PSIS_MIN_DRAWS} draws)"
+        return float("nan"), (f"{s} log weights are too few for PSIS k̂: their Pareto tail would be the largest "
+                              f"{psis_tail_size(s)}, and a fit needs ≥ {PSIS_MIN_TAIL} (draw ≥ {PSIS_MIN_DRAWS})")
     rel = np.sort(lw)[::-1] - top  # descending, 0 first (−inf last)
     if int((rel > math.log(1e-15)).sum()) < 10:
         return float("inf"), ""  # fewer than 10 weights within 1e-15 of the largest: a few draws carry all the mass
-    m = int(math.ceil(min(0.2 * s, 3.0 * math.sqrt(s))))
+    m = psis_tail_size(s)
     if rel[m] >= -tol:
         return float("-inf"), ""  # the largest m + 1 weights tie: bounded weights, no tail to fit
     above = rel[rel > rel[m]]
@@ -443,7 +458,7 @@ def psis_khat(log_weights: Tensor) -> float:
     all −inf                                        NaN     every draw has p = 0; warns
     some −inf (others finite)                       --      zero weights: kept, k̂ as usual
     finite ones equal (to ``1e-9·max(1, |max|)``)   −inf    q ∝ posterior (or a point mass)
-    S < 50 (:data:`PSIS_MIN_DRAWS`)                 NaN     too few for a tail of ≥ 10; warns
+    S < 46 (:data:`PSIS_MIN_DRAWS`)                 NaN     a tail of < 10 draws; warns
     < 10 weights within a factor 1e-15 of the max   inf     a few draws carry all the mass
     the largest ``ceil(min(S/5, 3√S)) + 1`` tie     −inf    bounded weights: no tail to fit
     the weights above that cutoff tie               inf     a few tied draws carry the mass
