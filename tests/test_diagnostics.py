@@ -48,13 +48,13 @@ def build_invariant_mlp():
         "out_bias": (("class",), (10,)),
         "prior_scale": ((), ()),
     }
-    return model, digits(), sites, ("obs_dim_0",)
+    return model, digits(), sites, ("data",)
 
 
 def build_basis_regression():
     model = BasisRegression(out_features=2, num_features=12)
     data = make_symmetric_toy(60, num_outputs=2)
-    return model, data, {"weight": (("output", "feature"), (2, 12))}, ("obs_dim_0", "output")
+    return model, data, {"weight": (("output", "feature"), (2, 12))}, ("data", "output")
 
 
 def build_symmetrised_hnn():
@@ -64,7 +64,8 @@ def build_symmetrised_hnn():
     x = torch.randn(40, 2, generator=gen)
     data = (x, x + 0.1 * torch.randn(40, 2, generator=gen))
     shapes = {"weight_0": (8, 2), "weight_1": (8, 8), "weight_2": (1, 8)}
-    return model, data, {k: (model_dims(model, k, len(v)), v) for k, v in shapes.items()}, model_dims(model, "obs", 2)
+    obs_dims = ("data", *model_dims(model, "obs", 2)[1:])  # the data dim is named after the data plate
+    return model, data, {k: (model_dims(model, k, len(v)), v) for k, v in shapes.items()}, obs_dims
 
 
 def build_layerwise(variant: str):
@@ -73,7 +74,7 @@ def build_layerwise(variant: str):
     def build():
         model = pyro_invariance.models.get(f"layerwise-{variant}", image_shape=(1, 8, 8), num_classes=10, alpha=1)
         shapes = model.site_shapes()
-        return model, digits(), {k: (model_dims(model, k, len(v)), v) for k, v in shapes.items()}, ("obs_dim_0",)
+        return model, digits(), {k: (model_dims(model, k, len(v)), v) for k, v in shapes.items()}, ("data",)
 
     return build
 
@@ -87,7 +88,7 @@ def model_dims(model, site, ndim):
 def build_rotation_toy_2d():
     model = pyro_invariance.models.get("rotation-toy-2d", hidden=8, num_transforms=4)
     data = pyro_invariance.DATASETS.get("rotation-toy-2d", train_size=30, test_size=20)
-    return model, data, {"out_weight": (("logit", "hidden"), (1, 8)), "out_bias": (("logit",), (1,))}, ("obs_dim_0",)
+    return model, data, {"out_weight": (("logit", "hidden"), (1, 8)), "out_bias": (("logit",), (1,))}, ("data",)
 
 
 #: One builder per registered model. A new catalogue model needs an entry here.
@@ -139,7 +140,7 @@ def test_round_trip_every_registered_model(name):
         assert np.isfinite(post[site].values).all()
 
     ll = idata.log_likelihood["obs"]
-    assert ll.dims == ("chain", "draw", "obs_dim_0")
+    assert ll.dims == ("chain", "draw", "data")
     assert ll.shape == (1, DRAWS, n)
     assert np.isfinite(ll.values).all()
     obs = idata.observed_data["obs"]
@@ -198,7 +199,7 @@ def test_arviz_functions_every_registered_model(name):
     assert np.isfinite(table["mean"]).all()
 
     loo = az.loo(idata, pointwise=True)
-    assert loo.pareto_k.shape == (n,) and loo.pareto_k.dims == ("obs_dim_0",)
+    assert loo.pareto_k.shape == (n,) and loo.pareto_k.dims == ("data",)
     assert np.isfinite(loo["elpd_loo"])
     approx = arviz_compat.loo_values(diagnostics.loo_approximate_posterior(idata))
     assert approx.approx_posterior and approx.pareto_k.shape == (n,) and approx.n_samples == DRAWS
@@ -236,7 +237,7 @@ def test_summary_and_loo():
 
     loo = az.loo(idata, pointwise=True)
     assert loo.pareto_k.shape == (rows(data),)
-    assert loo.pareto_k.dims == ("obs_dim_0",)
+    assert loo.pareto_k.dims == ("data",)
     assert np.isfinite(loo["elpd_loo"])
 
 
@@ -321,7 +322,7 @@ def test_generic_dims_and_single_observed_site():
     model = _Plain()
     idata = to_inference_data((model, guides.get("mean-field", model)), _plain_data(), num_samples=3)
     assert idata.posterior["w"].dims == ("chain", "draw", "w_dim_0", "w_dim_1")
-    assert idata.log_likelihood["y"].dims == ("chain", "draw", "y_dim_0")
+    assert idata.log_likelihood["y"].dims == ("chain", "draw", "data")
     assert idata.observed_data["y"].shape == (20, 2)
     assert "constant_data" not in idata.groups()
 
@@ -380,7 +381,7 @@ def test_datatree_container_when_on_arviz_1(monkeypatch):
     }  # fmt: skip
     assert tree["posterior"]["weight"].dims == ("chain", "draw", "output", "feature")
     assert tree["posterior"]["weight"].shape == (1, 3, 2, 12)
-    assert tree["log_likelihood"]["obs"].dims == ("chain", "draw", "obs_dim_0")
+    assert tree["log_likelihood"]["obs"].dims == ("chain", "draw", "data")
     assert list(tree["constant_data"]["generator"].values) == ["lambda"]
     assert tree.attrs["guide"] == "mean-field" and tree["posterior"].attrs["model"] == "basis-regression"
 

@@ -14,7 +14,9 @@ function                            what
 :func:`from_arrays`                 ``{group: {var: ndarray}}`` -> ``InferenceData`` / ``DataTree``
 :func:`group_names`,                the groups of either container, and one group as an
 :func:`get_group`                   ``xarray.Dataset``
-:func:`summary`                     ``az.summary`` (0.23: 94% HDI columns; 1.x: 89% ETI columns)
+:func:`summary`                     ``az.summary`` (0.23: 94% HDI columns; 1.x: 89% ETI columns);
+                                    statistics only for independent draws
+:func:`independent_draws`           whether the posterior says its draws are independent (a guide's)
 :func:`loo`                         ``az.loo`` (PSIS-LOO with Pareto k̂ per datum)
 :func:`loo_approximate_posterior`   PSIS-LOO for draws from an approximation q of the posterior
 :func:`loo_values`                  the numbers of a LOO result, the same fields on both lines
@@ -26,6 +28,14 @@ function                            what
 
 Groups without sample dims (``chain``, ``draw``) are :data:`DATA_GROUPS`; every other group's
 arrays start with ``(chain, draw)``.
+
+Independent draws (a variational guide's) are laid out as chains like MCMC draws and marked with the
+attribute ``draws = "independent"`` (:data:`DRAWS_ATTR`); :func:`summary` then shows the statistics
+alone, as ``az.summary(data, kind="stats")`` does, since R-hat and ESS of independent draws hold by
+construction. A name asked of the posterior that only a data group holds (e.g. a point estimate kept
+in ``constant_data``) is refused by :func:`summary`, :func:`plot_posterior` and :func:`plot_forest`
+in one line that says where it is (with the variable's ``hint`` attribute); ArviZ's own functions
+answer with a bare ``KeyError``.
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ __all__ = [
     "from_arrays",
     "get_group",
     "group_names",
+    "independent_draws",
     "is_legacy",
     "loo",
     "loo_approximate_posterior",
@@ -59,6 +70,9 @@ __all__ = [
 SAMPLE_DIMS = ("chain", "draw")
 #: Groups whose arrays have no sample dims (ArviZ's convention: "data" in the group name).
 DATA_GROUPS = ("observed_data", "constant_data", "predictions_constant_data")
+#: The attribute that says how the draws were made: :data:`INDEPENDENT` or ``"mcmc"``.
+DRAWS_ATTR = "draws"
+INDEPENDENT = "independent"
 
 
 def arviz_version() -> str:
@@ -84,6 +98,7 @@ def from_arrays(
     coords: Mapping[str, Sequence[Any]] | None = None,
     attrs: Mapping[str, Any] | None = None,
     group_dims: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
+    var_attrs: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
 ) -> Any:
     """ArviZ data from plain numpy arrays, identical in content on ArviZ 0.23 and 1.x.
 
@@ -100,6 +115,8 @@ def from_arrays(
         attrs: attributes put on the root and on every group (JSON-friendly scalars and
             strings); ``created_at`` and ``arviz_version`` are added.
         group_dims: ``{group: {variable: dims}}`` overriding ``dims`` in one group.
+        var_attrs: ``{group: {variable: {name: value}}}``: attributes of single variables (strings
+            and scalars), e.g. a ``hint`` that says what a value is.
 
     Returns:
         ``arviz.InferenceData`` on ArviZ 0.x, ``xarray.DataTree`` on 1.x, one child per group.
@@ -118,10 +135,16 @@ def from_arrays(
         "arviz_version": arviz_version(),
         **dict(attrs or {}),
     }
+    var_attrs = {g: {v: dict(a) for v, a in vs.items()} for g, vs in (var_attrs or {}).items()}
     datasets = {
         name: _dataset(name, variables, {**dims, **group_dims.get(name, {})}, coords, attrs)
         for name, variables in groups.items()
     }
+    for group, variables in var_attrs.items():
+        for var, values in variables.items():
+            if group not in datasets or var not in datasets[group]:
+                raise ValueError(f"var_attrs names {group}/{var}, which is not among the groups' variables")
+            datasets[group][var].attrs.update(values)
     if is_legacy():
         return az.InferenceData(attrs=dict(attrs), **datasets)
     return xr.DataTree.from_dict({"/": xr.Dataset(attrs=dict(attrs)), **datasets})
@@ -184,11 +207,47 @@ def get_group(data: Any, name: str) -> xr.Dataset:
 # statistics
 
 
+def independent_draws(data: Any) -> bool:
+    """True when the posterior group's ``draws`` attribute says its draws are independent (a guide's,
+    laid out as chains): their R-hat and ESS hold by construction and diagnose nothing."""
+    if "posterior" not in group_names(data):
+        return False
+    return get_group(data, "posterior").attrs.get(DRAWS_ATTR) == INDEPENDENT
+
+
 def summary(data: Any, var_names: Sequence[str] | None = None, **kwargs: Any) -> Any:
     """``az.summary`` (a pandas ``DataFrame``). Both lines give ``mean``, ``sd``, ``mcse_mean``,
     ``mcse_sd``, ``ess_bulk``, ``ess_tail``, ``r_hat``; the interval columns differ (0.23:
-    ``hdi_3%``/``hdi_97%``; 1.x: ``eti89_lb``/``eti89_ub``)."""
-    return az.summary(data, var_names=list(var_names) if var_names is not None else None, **kwargs)
+    ``hdi_3%``/``hdi_97%``; 1.x: ``eti89_lb``/``eti89_ub``). For :func:`independent_draws` the
+    default ``kind`` is ``"stats"`` (mean, sd and the interval); ``kind="all"`` asks for the rest.
+
+    Raises:
+        ValueError: a name in ``var_names`` that the posterior lacks and a data group holds.
+    """
+    names = list(var_names) if var_names is not None else None
+    _refuse_data_names(data, names, kwargs.get("group"))
+    if "kind" not in kwargs and kwargs.get("group") in (None, "posterior") and independent_draws(data):
+        kwargs["kind"] = "stats"
+    return az.summary(data, var_names=names, **kwargs)
+
+
+def _refuse_data_names(data: Any, var_names: Sequence[str] | None, group: str | None) -> None:
+    """One line for a name asked of the posterior that only a data group holds (a value, not draws):
+    ArviZ itself raises a bare ``KeyError`` that does not say where the variable is."""
+    if var_names is None or group not in (None, "posterior") or "posterior" not in group_names(data):
+        return
+    posterior = get_group(data, "posterior")
+    for name in var_names:
+        if name in posterior.data_vars or name.startswith("~"):
+            continue
+        for holder in (g for g in DATA_GROUPS if g in group_names(data)):
+            dataset = get_group(data, holder)
+            if name in dataset.data_vars:
+                hint = dataset[name].attrs.get("hint")
+                raise ValueError(
+                    f"{name!r} is not in the posterior group but in {holder} (a value, not draws)"
+                    + (f": {hint}" if hint else "")
+                )
 
 
 def loo(data: Any, *, var_name: str | None = None, pointwise: bool = True, reff: float | None = None) -> Any:
@@ -371,8 +430,10 @@ def loo_values(result: Any) -> LooValues:
 
 def plot_posterior(data: Any, var_names: Sequence[str] | None = None, **kwargs: Any) -> Any:
     """Marginal posteriors: 0.23 ``az.plot_posterior``, 1.x ``az.plot_dist``. Returns the
-    matplotlib ``Figure`` (close it with ``plt.close(fig)``)."""
+    matplotlib ``Figure`` (close it with ``plt.close(fig)``). A name that only a data group holds is
+    refused in one line (see :func:`summary`)."""
     names = list(var_names) if var_names is not None else None
+    _refuse_data_names(data, names, kwargs.get("group"))
     if is_legacy():
         return _figure_of(az.plot_posterior(data, var_names=names, **kwargs))
     _refuse_ax(kwargs)
@@ -382,6 +443,7 @@ def plot_posterior(data: Any, var_names: Sequence[str] | None = None, **kwargs: 
 def plot_forest(data: Any, var_names: Sequence[str] | None = None, **kwargs: Any) -> Any:
     """Forest plot of credible intervals (0.23: chains combined); returns the ``Figure``."""
     names = list(var_names) if var_names is not None else None
+    _refuse_data_names(data, names, kwargs.get("group"))
     if is_legacy():
         kwargs.setdefault("combined", True)
         return _figure_of(az.plot_forest(data, var_names=names, **kwargs))

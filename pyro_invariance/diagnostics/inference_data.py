@@ -23,26 +23,50 @@ q with ``sample_stats`` ``lp`` = log p(θ_s, D) and ``log_q`` = log q(θ_s) (Mag
 scaling; ``log_q`` is 0 for a MAP (``Delta``) guide; for a model with sampled transforms
 (InvariantMLP) the likelihood terms are single-sample estimates.
 
-Groups (C chains, D draws -- one chain of ``num_samples`` draws for a guide -- N rows of the split)::
+Groups (C chains, D draws, N rows of the split)::
 
     posterior            every latent sample site of the model, (C, D, *site_shape) -- with η
-                         when it is latent (``symmetry_prior``; e.g. "eta", dims ("generator",))
-    log_likelihood       "obs": log p(y_n | x_n, θ), (C, D, N), dims (chain, draw, obs_dim_0)
+                         when it is latent (``symmetry_prior``; e.g. "eta", dims ("generator",)), and
+                         with a point-estimate η as a constant when ``eta_in_posterior=True``
+    log_likelihood       "obs": log p(y_n | x_n, θ), (C, D, N), dims (chain, draw, data)
     posterior_predictive "obs": y_n ~ p(y | x_n, θ), (C, D, N, *event_shape)
     observed_data        "obs": y as the model saw it, (N, *event_shape)
     sample_stats         "lp" (log joint on this split), (C, D); guides: "log_q" (guide log-density);
                          MCMC: "diverging" (bool), when the sampler reports divergences
     constant_data        "eta": symmetry parameters η / λ when they are point estimates (not draws),
-                         dims ("generator",) with their names as coords
-    attrs                model, guide / sampler, split, num_samples, seed, inference, eta_<generator>;
-                         MCMC: num_chains, num_warmup, step_size, acceptance_rate (mean over chains)
+                         dims ("generator",) with their names as coords; its ``hint`` attribute says
+                         how to plot it or draw it
+    attrs                model, guide / sampler, split, num_samples, num_chains, seed, inference,
+                         draws ("independent" for a guide, "mcmc"), eta_<generator>; guides:
+                         summary_hint; MCMC: num_warmup, step_size, acceptance_rate (mean over chains)
+
+**Guide draws as chains.** The S guide draws are independent; ArviZ's R-hat and ESS (and so
+``az.summary``'s default columns) need at least 2 chains of 4 draws and log a "Shape validation
+failed" warning otherwise. So S draws are laid out as 2 chains of S/2 when S is even and at least 8
+(``chains=`` chooses another split, e.g. ``chains=1``), and ``az.summary(idata)`` runs without
+warnings; its R-hat (≈ 1) and ESS (≈ S) then hold by construction and say nothing about the fit.
+``az.summary(idata, kind="stats")`` shows the statistics alone (the ``summary_hint`` attribute says
+so), as the re-exported :func:`summary` does by default for guide draws.
+
+**A point-estimate η** (type-II maximum likelihood, or fixed) is a value, not a draw: it is kept in
+``constant_data`` and the ``eta_<generator>`` attributes, out of the posterior, whose every variable
+then has a finite R-hat (a constant's R-hat is undefined: ``az.summary`` warns and prints NaN, which
+breaks the usual ``(summary.r_hat < 1.01).all()`` check of MCMC draws). ``eta_in_posterior=True``
+also puts it in the posterior as the same value in every draw (attribute ``estimate = "point"``), so
+that ``az.plot_posterior(idata, var_names=["eta"])`` finds it; a model's ``symmetry_prior=`` makes η
+a latent with draws. The re-exported :func:`summary`, :func:`plot_posterior` and :func:`plot_forest`
+refuse ``var_names=["eta"]`` for a point η kept out of the posterior in one line that says so.
+
+**Observation dims** are named after the data: the first dim of the observed site is the name of its
+data plate (``pyro.plate("data", ...)``: ``data``), unless a catalogue model's ``arviz_dims()`` names
+it otherwise than the generic ``<site>_dim_0``.
 
 Dimension names come from a catalogue model's ``arviz_dims()``
 (:class:`~pyro_invariance.models.base.CatalogueModel`; site name -> list of names for the site's own
 dims, e.g. ``{"out_weight": ["class", "hidden"]}``); sites it leaves out, and every site of any other
-model, get ``<site>_dim_<i>``. Coordinates come from a catalogue model's ``arviz_coords()`` (dim ->
-values), else a ``class`` dim is labelled with the dataset's class names (``data.info["classes"]``)
-when their number matches, else ``0, 1, ...``.
+model, get ``<site>_dim_<i>`` (the observed site's data dim excepted, above). Coordinates come from a
+catalogue model's ``arviz_coords()`` (dim -> values), else a ``class`` dim is labelled with the
+dataset's class names (``data.info["classes"]``) when their number matches, else ``0, 1, ...``.
 """
 
 from __future__ import annotations
@@ -59,6 +83,7 @@ from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
 from pyro_invariance.diagnostics import arviz_compat
+from pyro_invariance.diagnostics.arviz_compat import DRAWS_ATTR, INDEPENDENT
 from pyro_invariance.diagnostics.arviz_compat import (  # noqa: F401  (re-exported)
     loo,
     loo_approximate_posterior,
@@ -68,9 +93,10 @@ from pyro_invariance.diagnostics.arviz_compat import (  # noqa: F401  (re-export
     summary,
 )
 from pyro_invariance.data.arrays import test_arrays, train_arrays
+from pyro_invariance.guides.base import check_guide_for
 from pyro_invariance.models.base import CatalogueModel, symmetry_summary
 from pyro_invariance.infer.modes import eval_mode
-from pyro_invariance.validation import check_positive_int, num_classes_of
+from pyro_invariance.validation import check_positive_int, check_seed, num_classes_of, num_data_kwargs
 from pyro_invariance._pyro_scope import pyro_scope
 
 __all__ = [
@@ -86,6 +112,14 @@ __all__ = [
 SPLITS = ("train", "test")
 #: ``num_samples`` of guide draws when not given.
 DEFAULT_GUIDE_SAMPLES = 100
+#: ArviZ's smallest sample for R-hat and ESS without its shape warning: 2 chains of 4 draws.
+MIN_CHAINS, MIN_DRAWS = 2, 4
+#: What a point-estimate η is and how to get it where ArviZ's plots read (the ``hint`` attribute).
+ETA_HINT = (
+    "η as fitted (a point estimate) or fixed, one value for every draw; to_inference_data(..., "
+    "eta_in_posterior=True) also puts it in the posterior group for ArviZ's plots, and a model's "
+    "symmetry_prior=... makes η a latent with draws"
+)
 
 
 @pyro_scope()
@@ -97,6 +131,8 @@ def to_inference_data(
     split: str = "train",
     seed: int = 0,
     batch_size: int = 1024,
+    chains: int | None = None,
+    eta_in_posterior: bool = False,
 ) -> Any:
     """ArviZ data of posterior draws, with the pointwise log-likelihood of ``data``.
 
@@ -105,18 +141,28 @@ def to_inference_data(
             a :class:`~pyro_invariance.infer.training.FitResult` or a pair ``(model, guide)`` (guide
             draws); a ``pyro.infer.MCMC`` after ``run`` (its kernel's model is used); or a pair
             ``(model, draws)`` with ``draws`` a mapping ``site -> (chain, draw, *site_shape)``
-            array of every latent site. ``model(x, y=None, num_data=None)`` must have one
-            observed sample site (named ``"obs"`` in the catalogue's models).
+            array of every latent site. ``model(x, y=None)`` (Pyro's convention; ``num_data=`` is
+            passed when the model takes it) must have one observed sample site (named ``"obs"`` in
+            the catalogue's models).
         data: a dataset with ``x_train``/``y_train``/``x_test``/``y_test`` or a pair ``(x, y)``
-            (used whatever ``split`` says).
+            (used whatever ``split`` says); converted and checked once for the model, as ``fit`` and
+            ``evaluate`` do (:func:`~pyro_invariance.data.arrays.train_arrays`: any real dtype, numpy
+            arrays, labels checked against ``[0, num_classes)``).
         num_samples: guide draws S (default 100); for MCMC, the first ``num_samples`` draws of
             each chain (default all).
         split: ``"train"`` or ``"test"``: which rows of a dataset to score.
-        seed: seeds the draws (and the model's own randomness, e.g. sampled transforms); the
-            global RNG state is restored afterwards.
+        seed: seeds the draws (and the model's own randomness, e.g. sampled transforms), an integer
+            in ``0 … 2**32 − 1``; the global RNG state is restored afterwards.
         batch_size: rows per model evaluation; each draw is replayed on chunks of this size with
             the same model randomness in every chunk (the same sampled transforms ε for all N
             rows), so the result does not depend on ``batch_size``.
+        chains: guide draws only: the S independent draws are laid out as ``chains`` chains of
+            S / ``chains`` draws (S must be a multiple). Default: 2 when S is even and at least 8
+            (ArviZ's minimum for R-hat and ESS, so ``az.summary`` does not warn), else 1. MCMC draws
+            keep their own chains.
+        eta_in_posterior: also put a point-estimate (or fixed) η in the posterior group, the same
+            value in every draw, so that ArviZ's plots find it by ``var_names=["eta"]`` (its R-hat is
+            then undefined: ``az.summary`` warns on that row). Default: ``constant_data`` only.
 
     Returns:
         ``arviz.InferenceData`` (ArviZ 0.x; an ``xarray.DataTree`` with the same groups on
@@ -126,22 +172,28 @@ def to_inference_data(
         ``observed_data["obs"]`` ``(N, *event_shape)``.
 
     Raises:
-        ValueError: ``num_samples`` or ``batch_size`` not a positive int, an unknown ``split``,
-            a model without an observed site (or with several and none named ``"obs"``), an
-            ``arviz_dims()`` entry that does not match its site's shape, MCMC draws that miss a
-            latent site or disagree in their (chain, draw) shape.
+        ValueError: ``num_samples``, ``batch_size`` or ``chains`` not a positive int, an unknown
+            ``split``, a ``seed`` outside ``0 … 2**32 − 1``, ``eta_in_posterior`` not a bool, bad data
+            (one line naming ``x`` or ``y``), a guide's ``num_samples`` not a multiple of ``chains``,
+            ``chains`` given with MCMC draws, a model without an observed site (or with several and
+            none named ``"obs"``), an ``arviz_dims()`` entry that does not match its site's shape,
+            MCMC draws that miss a latent site or disagree in their (chain, draw) shape.
         TypeError: an unrecognised ``source``.
     """
     if num_samples is not None:
         check_positive_int("num_samples", num_samples)
     check_positive_int("batch_size", batch_size)
+    if chains is not None:
+        check_positive_int("chains", chains)
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
-    src = _source(source, num_samples)
+    if not isinstance(eta_in_posterior, bool):
+        raise ValueError(f"eta_in_posterior must be True or False, got {eta_in_posterior!r}")
+    seed = check_seed(seed)
+    src = _source(source, num_samples, chains)
     model = src.model
-    x, y = (train_arrays if split == "train" else test_arrays)(data)
+    # the data boundary of fit / evaluate: the model's dtype, labels range-checked, shapes checked
+    x, y = (train_arrays if split == "train" else test_arrays)(data, model)
     device = _device(model)
     x, y = x.to(device), y.to(device)
     n = x.shape[0]
@@ -153,7 +205,27 @@ def to_inference_data(
             _one_draw(model, trace, log_q, chunks, device, seed, s, strict=src.kind == "mcmc")
             for s, (trace, log_q) in enumerate(src.traces(chunks[0], n, device))
         ]
+    groups, dims = _groups(src, draws)
+    coords = _coords(model, data, dims)
+    symmetry = {k: float(v) for k, v in symmetry_summary(model).items()}
+    var_attrs = _add_point_symmetry(groups, dims, coords, symmetry, src.shape, eta_in_posterior)
+    attrs: dict[str, Any] = {
+        "model": _registered_name(model, src.spec, "model"),
+        **src.attrs,
+        "split": split,
+        "num_samples": int(src.shape[0] * src.shape[1]),
+        "num_chains": int(src.shape[0]),
+        "seed": int(seed),
+        "num_data": int(n),
+    }
+    attrs.update({f"eta_{k}": v for k, v in symmetry.items()})
+    return arviz_compat.from_arrays(groups, dims=dims, coords=coords, attrs=attrs, var_attrs=var_attrs)
 
+
+def _groups(
+    src: _Source, draws: list[dict[str, Any]]
+) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, list[str]]]:
+    """The sampled and observed groups of the draws, and every variable's dims."""
     chains, per_chain = src.shape
     obs_name = draws[0]["obs_name"]
 
@@ -168,32 +240,35 @@ def to_inference_data(
     if src.kind == "guide":
         sample_stats["log_q"] = stack("log_q")
     sample_stats.update(src.sample_stats)
-
-    dims = _dims(model, {k: v.shape[2:] for k, v in posterior.items()}, obs_name, observed.shape)
-    symmetry = {k: float(v) for k, v in symmetry_summary(model).items()}
-    coords = _coords(model, data, dims)
-    groups: dict[str, dict[str, np.ndarray]] = {
+    shapes = {k: v.shape[2:] for k, v in posterior.items()}
+    dims = _dims(src.model, shapes, obs_name, observed.shape, draws[0]["data_plate"])
+    groups = {
         "posterior": posterior,
         "log_likelihood": {obs_name: stack("log_lik")},  # (C, D, N)
         "posterior_predictive": {obs_name: stack("predictive")},  # (C, D, N, *event)
         "observed_data": {obs_name: observed},
         "sample_stats": sample_stats,
     }
-    if symmetry:
-        groups["constant_data"] = {"eta": np.array(list(symmetry.values()))}
-        dims["eta"] = ["generator"]
-        coords["generator"] = list(symmetry)
+    return groups, dims
 
-    attrs: dict[str, Any] = {
-        "model": _registered_name(model, src.spec, "model"),
-        **src.attrs,
-        "split": split,
-        "num_samples": int(chains * per_chain),
-        "seed": int(seed),
-        "num_data": int(n),
-    }
-    attrs.update({f"eta_{k}": v for k, v in symmetry.items()})
-    return arviz_compat.from_arrays(groups, dims=dims, coords=coords, attrs=attrs)
+
+def _add_point_symmetry(
+    groups: dict[str, dict[str, np.ndarray]], dims: dict[str, list[str]], coords: dict[str, list[Any]],
+    symmetry: dict[str, float], shape: tuple[int, int], in_posterior: bool,
+) -> dict[str, dict[str, dict[str, str]]]:
+    """A point-estimate η (``symmetry`` non-empty) into ``constant_data`` -- and, asked, into the posterior
+    as the same value in every draw -- in place; returns the variables' attributes."""
+    if not symmetry:
+        return {}
+    values = np.array(list(symmetry.values()))
+    groups["constant_data"] = {"eta": values}
+    dims["eta"] = ["generator"]
+    coords["generator"] = list(symmetry)
+    var_attrs = {"constant_data": {"eta": {"estimate": "point", "hint": ETA_HINT}}}
+    if in_posterior and "eta" not in groups["posterior"]:
+        groups["posterior"]["eta"] = np.broadcast_to(values, (*shape, values.size)).copy()
+        var_attrs["posterior"] = {"eta": {"estimate": "point", "hint": ETA_HINT}}
+    return var_attrs
 
 
 # ------------------------------------------------------------------------------------------------
@@ -214,7 +289,9 @@ class _Source:
     sample_stats: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def _source(source: Any, num_samples: int | None) -> _Source:
+def _source(source: Any, num_samples: int | None, chains: int | None) -> _Source:
+    if chains is not None and (_is_mcmc(source) or _is_draws_pair(source)):
+        raise ValueError(f"chains={chains} lays out guide draws; MCMC draws keep their own chains: leave chains unset")
     if _is_mcmc(source):
         model = getattr(source.kernel, "model", None)
         if model is None:
@@ -223,18 +300,21 @@ def _source(source: Any, num_samples: int | None) -> _Source:
         shape = next(iter(draws.values())).shape[:2]
         sampler = type(source.kernel).__name__
         stats, extra = _mcmc_stats(source, shape)
-        attrs = {"sampler": sampler, "inference": f"MCMC ({sampler})", **extra}
+        attrs = {"sampler": sampler, "inference": f"MCMC ({sampler})", DRAWS_ATTR: "mcmc", **extra}
         return _Source("mcmc", model, shape, _replay_draws(draws), attrs, sample_stats=stats)
-    if isinstance(source, (tuple, list)) and len(source) == 2 and isinstance(source[1], Mapping):
+    if _is_draws_pair(source):
         draws = _check_draws(source[1], num_samples)
         shape = next(iter(draws.values())).shape[:2]
-        return _Source("mcmc", source[0], shape, _replay_draws(draws), {"inference": "MCMC (draws given as arrays)"})
+        attrs = {"inference": "MCMC (draws given as arrays)", DRAWS_ATTR: "mcmc"}
+        return _Source("mcmc", source[0], shape, _replay_draws(draws), attrs)
     model, guide, spec = _unpack(source)
+    check_guide_for(model, guide)
     s = DEFAULT_GUIDE_SAMPLES if num_samples is None else num_samples
+    shape = _guide_layout(s, chains)
 
     def guide_traces(first: tuple[Tensor, Tensor], n: int, device: torch.device) -> Iterator[tuple[Trace, float]]:
         for _ in range(s):
-            trace = poutine.trace(guide).get_trace(first[0], first[1], num_data=n)
+            trace = poutine.trace(guide).get_trace(first[0], first[1], **num_data_kwargs(model, n))
             log_q = sum(
                 float(site["fn"].log_prob(site["value"]).sum())
                 for site in trace.nodes.values()
@@ -246,8 +326,36 @@ def _source(source: Any, num_samples: int | None) -> _Source:
         "guide": _registered_name(guide, spec, "guide"),
         "guide_class": type(guide).__name__,
         "inference": "variational (draws from the guide q, not MCMC)",
+        DRAWS_ATTR: INDEPENDENT,
+        "summary_hint": (
+            f"{s} independent draws from the guide q, laid out as {_chains_text(*shape)}: their R-hat and ESS "
+            "hold by construction and do not check the fit; az.summary(idata, kind=\"stats\") shows the statistics "
+            "alone"
+        ),
     }
-    return _Source("guide", model, (1, s), guide_traces, attrs, spec=spec)
+    return _Source("guide", model, shape, guide_traces, attrs, spec=spec)
+
+
+def _guide_layout(num_draws: int, chains: int | None) -> tuple[int, int]:
+    """``(chains, draws per chain)`` of ``num_draws`` independent guide draws (any split is as good as
+    another); default: 2 chains when each gets ArviZ's minimum of 4 draws, else 1."""
+    if chains is None:
+        even = num_draws % MIN_CHAINS == 0 and num_draws >= MIN_CHAINS * MIN_DRAWS
+        chains = MIN_CHAINS if even else 1
+    elif num_draws % chains:
+        raise ValueError(
+            f"num_samples={num_draws} is not a multiple of chains={chains}: the guide's independent draws are "
+            "laid out as chains of equal length"
+        )
+    return chains, num_draws // chains
+
+
+def _chains_text(chains: int, per_chain: int) -> str:
+    return f"{chains} chain{'s' if chains > 1 else ''} of {per_chain}"
+
+
+def _is_draws_pair(source: Any) -> bool:
+    return isinstance(source, (tuple, list)) and len(source) == 2 and isinstance(source[1], Mapping)
 
 
 def _replay_draws(draws: dict[str, Tensor]) -> Callable[..., Iterator[tuple[Trace, None]]]:
@@ -331,12 +439,13 @@ def _one_draw(
     ``strict``: every latent site of the model must have a value in ``latent_trace`` (MCMC)."""
     replayed = poutine.replay(model, trace=latent_trace)
     rng = _rng_state(device)
-    log_liks, fns, observed, latents, obs_name, lp = [], [], [], {}, None, 0.0
+    log_liks, fns, observed, latents, obs_name, lp, plate = [], [], [], {}, None, 0.0, None
     for i, (xc, yc) in enumerate(chunks):
         _set_rng_state(rng, device)  # the same model randomness (sampled transforms) in every chunk
         trace = poutine.trace(replayed).get_trace(xc, yc)
         obs_name, obs_site = _observed_site(trace)
-        log_liks.append(_pointwise_log_prob(obs_site, xc.shape[0]))
+        log_lik, plate = _pointwise_log_prob(obs_site, xc.shape[0])
+        log_liks.append(log_lik)
         fns.append(obs_site["fn"])
         observed.append(obs_site["value"])
         if i == 0:
@@ -359,6 +468,7 @@ def _one_draw(
         predictive = torch.cat([fn.sample() for fn in fns])
     return {
         "obs_name": obs_name,
+        "data_plate": plate,
         "latents": latents,
         "log_lik": log_lik.detach().to(torch.float64).cpu().numpy(),
         "predictive": predictive.detach().cpu().numpy(),
@@ -386,8 +496,9 @@ def _observed_site(trace: Any) -> tuple[str, dict]:
     return next(iter(observed.items()))
 
 
-def _pointwise_log_prob(site: dict, batch: int) -> Tensor:
-    """``log p(y_n | ·)`` per datum, shape ``(batch,)``.
+def _pointwise_log_prob(site: dict, batch: int) -> tuple[Tensor, str | None]:
+    """``log p(y_n | ·)`` per datum, shape ``(batch,)``, and the name of the data plate (``None``
+    when the data dim is found without one).
 
     The observed site's ``fn.log_prob(value)`` -- unscaled, i.e. without the plate's N/B factor --
     is already summed over event dims; batch dims to the right of the data plate's dim (plates
@@ -398,8 +509,9 @@ def _pointwise_log_prob(site: dict, batch: int) -> Tensor:
     frames = [f for f in site["cond_indep_stack"] if f.vectorized and f.dim is not None]
     by_name = [f for f in frames if f.name == "data"]
     by_size = [f for f in frames if f.size == batch]
+    plate = None
     if by_name or len(by_size) == 1:
-        data_dim = (by_name or by_size)[0].dim
+        data_dim, plate = (by_name or by_size)[0].dim, (by_name or by_size)[0].name
     elif lp.dim() >= 1 and lp.shape[0] == batch:
         data_dim = -lp.dim()
     else:
@@ -417,7 +529,7 @@ def _pointwise_log_prob(site: dict, batch: int) -> Tensor:
         lp = lp.reshape(lp.shape[0], -1).sum(-1)
     if lp.shape != (batch,):
         raise ValueError(f"pointwise log-likelihood has shape {tuple(lp.shape)}, expected ({batch},)")
-    return lp
+    return lp, plate
 
 
 def _device(model: Any) -> torch.device:
@@ -448,8 +560,11 @@ def _set_rng_state(state: tuple[Tensor, Tensor | None], device: torch.device) ->
 # names
 
 
-def _dims(model: Any, shapes: dict[str, tuple], obs_name: str, observed_shape: tuple) -> dict[str, list[str]]:
-    """Dims per variable (sample dims chain/draw excluded) from ``model.arviz_dims()`` or generic."""
+def _dims(
+    model: Any, shapes: dict[str, tuple], obs_name: str, observed_shape: tuple, data_plate: str | None
+) -> dict[str, list[str]]:
+    """Dims per variable (sample dims chain/draw excluded) from ``model.arviz_dims()`` or generic; the
+    observed site's data dim is named after its plate (``data_plate``) unless given another name."""
     given = dict(model.arviz_dims()) if isinstance(model, CatalogueModel) else {}
     dims: dict[str, list[str]] = {}
     all_shapes = {**shapes, obs_name: tuple(observed_shape)}
@@ -460,6 +575,10 @@ def _dims(model: Any, shapes: dict[str, tuple], obs_name: str, observed_shape: t
                 f"{type(model).__name__}.arviz_dims() gives {len(names)} dims {names} for site {name!r}, "
                 f"whose value has shape {tuple(shape)}"
             )
+        if name == obs_name and names and names[0] == f"{obs_name}_dim_0":
+            # a plate named like the site or like another of its dims would clash in xarray
+            if data_plate and data_plate != obs_name and data_plate not in names:
+                names[0] = data_plate
         if names:
             dims[name] = names
     return dims
