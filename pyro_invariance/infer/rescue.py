@@ -39,15 +39,21 @@ class Diverged(FloatingPointError):
         self.what, self.step = what, step
 
 
+def copied_state(obj: Any, device: str | torch.device | None = None) -> Any:
+    """A copy of a (nested) state: tensors copied to ``device`` (``None``: where they are), containers
+    rebuilt, the rest deep-copied."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone() if device is None else obj.detach().to(device, copy=True)
+    if isinstance(obj, dict):
+        return {k: copied_state(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(copied_state(v, device) for v in obj)
+    return copy.deepcopy(obj)
+
+
 def host_copy(obj: Any) -> Any:
     """A copy of a (nested) checkpoint payload with every tensor on the CPU (as a resume loads it)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: host_copy(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(host_copy(v) for v in obj)
-    return copy.deepcopy(obj)
+    return copied_state(obj, "cpu")
 
 
 class RescuePoints:

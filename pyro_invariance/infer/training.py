@@ -32,7 +32,6 @@ makes none).
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import math
 import os
@@ -64,7 +63,7 @@ from pyro_invariance.infer.fast_step import (
 from pyro_invariance.infer.fingerprint import fingerprint_differences, run_fingerprint
 from pyro_invariance.infer.interrupts import FitInterrupted, StopSignals
 from pyro_invariance.infer.rescue import (
-    Diverged, Outcome, RescuePoints, describe_failures, one_line, rate_plans, resume_hint, search,
+    Diverged, Outcome, RescuePoints, copied_state, describe_failures, one_line, rate_plans, resume_hint, search,
 )  # fmt: skip
 from pyro_invariance.infer.runlock import RunLock
 from pyro_invariance.guides.base import check_guide_for
@@ -492,14 +491,8 @@ def fingerprint_settings(cfg: FitConfig) -> dict[str, Any]:
 
 
 def _cloned(obj: Any) -> Any:
-    """A copy of a (nested) state: tensors cloned on their device, containers rebuilt, the rest deep-copied."""
-    if isinstance(obj, Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: _cloned(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_cloned(v) for v in obj)
-    return copy.deepcopy(obj)
+    """A copy of a (nested) state, tensors cloned on their device."""
+    return copied_state(obj)
 
 
 class _Snapshot:
