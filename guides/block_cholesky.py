@@ -7,8 +7,9 @@ For every weight-matrix site ``W`` of shape ``(C, H)`` (rows = output classes; s
 
 with ``s_c > 0`` (softplus) and ``T_c`` unit lower triangular: a Gaussian over ``vec_r(W)`` with
 block-diagonal covariance, one ``H×H`` Cholesky block per class (docs/methods.md §1, "Guide").
-Initialisation as in the paper: ``μ = 0`` (``init_loc_fn=init_to_feasible``) and
-``L_c = init_scale·I``. Every other latent site gets a mean-field Normal.
+Initialisation: ``μ = 0`` (``init_loc_fn=init_to_feasible``) and ``L_c = init_scale·I`` (paper 003
+starts at ``L = I``; the default ``init_scale`` is Pyro's 0.1, :data:`~.base.DEFAULT_INIT_SCALE`).
+Every other latent site gets a mean-field Normal.
 
 ``log q`` of the guide's own sample is computed from the noise, ``−½‖ε‖² − Σ log s − const``
 (:class:`~pyro_invariance.distributions.RowwiseMultivariateNormal`), not by re-solving
@@ -29,7 +30,7 @@ from torch import Tensor
 from pyro_invariance.distributions import RowwiseMultivariateNormal
 from pyro_invariance.registry import GUIDES
 
-from .base import InitLocFn, StructuredGuide, is_matrix_site
+from .base import DEFAULT_INIT_SCALE, InitLocFn, StructuredGuide, is_matrix_site
 
 __all__ = ["BlockCholeskyGuide", "BlockCholeskySite"]
 
@@ -71,8 +72,8 @@ class BlockCholeskyGuide(StructuredGuide):
     Args:
         model: a Pyro model.
         init_loc_fn: initialisation of the means (default ``init_to_feasible``: ``μ = 0``).
-        init_scale: initial ``L_c = init_scale·I`` (default 1.0, matching a unit prior; paper 003
-            uses ``L = I``), also the initial scale of the mean-field sites.
+        init_scale: initial ``L_c = init_scale·I`` (default :data:`~.base.DEFAULT_INIT_SCALE`, 0.1;
+            paper 003 uses ``L = I``), also the initial scale of the mean-field sites.
         create_plates: as in Pyro's autoguides.
 
     Raises:
@@ -86,7 +87,7 @@ class BlockCholeskyGuide(StructuredGuide):
         model: Callable,
         *,
         init_loc_fn: InitLocFn = init_to_feasible,
-        init_scale: float = 1.0,
+        init_scale: float = DEFAULT_INIT_SCALE,
         create_plates: Optional[Callable] = None,
     ) -> None:
         super().__init__(model, init_loc_fn=init_loc_fn, init_scale=init_scale, create_plates=create_plates)

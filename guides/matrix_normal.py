@@ -37,7 +37,7 @@ from torch import Tensor
 from pyro_invariance.distributions import MatrixNormal
 from pyro_invariance.registry import GUIDES
 
-from .base import InitLocFn, SiteSelector, StructuredGuide, is_matrix_site
+from .base import DEFAULT_INIT_SCALE, InitLocFn, SiteSelector, StructuredGuide, is_matrix_site
 
 __all__ = ["DiagonalFactors", "MatrixNormalGuide", "MatrixNormalSite"]
 
@@ -159,8 +159,8 @@ class MatrixNormalGuide(StructuredGuide):
     Args:
         model: a Pyro model.
         init_loc_fn: initialisation of the means (default ``init_to_feasible``: ``M = 0``).
-        init_scale: initial standard deviation (default 1.0, matching a unit prior; the row
-            factor starts at ``init_scale·I``, the column factor at ``I``).
+        init_scale: initial standard deviation (default :data:`~.base.DEFAULT_INIT_SCALE`, 0.1; the
+            row factor starts at ``init_scale·I``, the column factor at ``I``).
         diagonal_factors: which Kronecker factors are diagonal instead of full lower-triangular:
             ``None``/``False`` (none), ``True`` (all), an ``int`` threshold (a factor of size
             ``n > threshold`` is diagonal -- keeps wide/conv layers affordable), an iterable of
@@ -181,7 +181,7 @@ class MatrixNormalGuide(StructuredGuide):
         model: Callable,
         *,
         init_loc_fn: InitLocFn = init_to_feasible,
-        init_scale: float = 1.0,
+        init_scale: float = DEFAULT_INIT_SCALE,
         diagonal_factors: SiteSelector = None,
         freeze_row_factor: bool = False,
         create_plates: Optional[Callable] = None,

@@ -99,7 +99,7 @@ RBF_CENTRES, RBF_WIDTH = tuple(float(c) for c in range(-4, 5)), 1.0
 #: Monte-Carlo draws for the marginal quantiles of a nonlinear q(θ | η)
 QUANTILE_DRAWS = 8192
 
-from .base import CatalogueGuide, InitLocFn, check_init_scale
+from .base import DEFAULT_INIT_SCALE, CatalogueGuide, InitLocFn, check_init_scale
 
 __all__ = ["SymmetryConditional", "symmetry_conditional"]
 
@@ -178,8 +178,8 @@ class SymmetryConditional(CatalogueGuide, AutoStructured):
     fit_defaults = {"elbo": "trace"}
     catalogue_name = "symmetry-conditional"
 
-    def __init__(self, model: Callable, *, init_loc_fn: InitLocFn = init_to_feasible, init_scale: float = 1.0,
-                 symmetry_density: str = "normal", weight_covariance: str = "normal",
+    def __init__(self, model: Callable, *, init_loc_fn: InitLocFn = init_to_feasible,
+                 init_scale: float = DEFAULT_INIT_SCALE, symmetry_density: str = "normal", weight_covariance: str = "normal",
                  symmetry_dependence: str = "linear", symmetry_init_scale: float | None = None) -> None:  # fmt: skip
         from pyro_invariance.models.base import CatalogueModel
 
@@ -337,7 +337,7 @@ class SymmetryConditional(CatalogueGuide, AutoStructured):
 @GUIDES.register("symmetry-conditional",
                  summary="q(η) q(θ | η): weights linear-Gaussian in a latent η (AutoStructured); mean-field without one")
 def symmetry_conditional(
-    model: Callable, *, init_loc_fn: InitLocFn = init_to_feasible, init_scale: float = 1.0,
+    model: Callable, *, init_loc_fn: InitLocFn = init_to_feasible, init_scale: float = DEFAULT_INIT_SCALE,
     symmetry_density: str = "normal", weight_covariance: str = "normal", symmetry_dependence: str = "linear",
     symmetry_init_scale: float | None = None,
 ) -> SymmetryConditional:

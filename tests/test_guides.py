@@ -242,7 +242,7 @@ def _randomise(guide, seed: int = 0):
 
 def test_block_cholesky_log_q_matches_dense():
     model = TinyLogistic()
-    guide = guides.get("block-cholesky", model)
+    guide = guides.get("block-cholesky", model, init_scale=1.0)
     x, y = data()
     guide(x, y)
     site = guide.structured.linear.weight
@@ -367,15 +367,15 @@ def test_invalid_kwargs():
         guides.get("block-cholesky", model, rank=3)
 
 
-def test_init_scale_default_is_one():
+def test_init_scale_default_is_pyros():
     model = TinyLogistic()
     x, y = data()
     for name in ("mean-field", "block-cholesky", "matrix-normal"):
         guide = guides.get(name, model)
         guide(x, y)
         with torch.no_grad():
-            torch.testing.assert_close(guide.get_distribution("linear.weight").variance, torch.ones(C, H))
-            torch.testing.assert_close(guide.get_distribution("linear.bias").variance, torch.ones(C))
+            torch.testing.assert_close(guide.get_distribution("linear.weight").variance, torch.full((C, H), 0.01))
+            torch.testing.assert_close(guide.get_distribution("linear.bias").variance, torch.full((C,), 0.01))
 
 
 @pytest.mark.parametrize("name", ["matrix-normal", "block-cholesky", "mean-field"])

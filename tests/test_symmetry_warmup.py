@@ -49,7 +49,7 @@ def test_warm_up_holds_q_lambda_trains_the_rest_and_restores_gradients() -> None
 def test_symmetry_init_scale_sets_q_lambda_only() -> None:
     _, guide, _, _ = _basis(symmetry_init_scale=WIDE)
     assert torch.allclose(guide.scales.lam, torch.tensor([WIDE]))
-    assert torch.allclose(guide.scales.weight, torch.ones(8))  # init_scale (1.0) elsewhere
+    assert torch.allclose(guide.scales.weight, torch.full((8,), 0.1))  # init_scale (default 0.1) elsewhere
     _, spline, _, _ = _basis(symmetry_density="spline", symmetry_init_scale=WIDE)
     assert torch.allclose(spline.conds.lam.scale, torch.tensor([WIDE]))
     with pytest.raises(ValueError, match="symmetry_dependence"):
