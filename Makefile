@@ -80,6 +80,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/kepler_noether.py --recipe warm
 	$(BIN)/python benchmarks/guide_cost.py
 	$(BIN)/python benchmarks/full_rank_defaults.py
+	$(BIN)/python benchmarks/guide_convergence.py
 	$(BIN)/python benchmarks/guide_comparison.py --model basis-regression
 	$(BIN)/python benchmarks/guide_comparison.py --model invariant-mlp
 	$(BIN)/python benchmarks/guide_comparison.py --model symmetrised-hnn
