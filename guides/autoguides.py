@@ -81,8 +81,9 @@ class FullRankNormal(_DensityDeltaSites, CatalogueGuide, AutoMultivariateNormal)
     fit_defaults = {"factor_lr": 0.05}
     catalogue_name = "full-rank"
 
-    def __init__(self, model: Callable, *args: Any, **kwargs: Any) -> None:
-        super().__init__(model, *args, **kwargs)
+    def __init__(self, model: Callable, *, init_loc_fn: InitLocFn = init_to_median,
+                 init_scale: float = DEFAULT_INIT_SCALE) -> None:  # fmt: skip
+        super().__init__(model, init_loc_fn=init_loc_fn, init_scale=init_scale)
         _check_dense_factor(self)
 
 
