@@ -42,7 +42,7 @@ with the same zero-padded support on both sides (p and T p both inside the image
   (B < H), ``"weights"`` otherwise, decided at every call from the shapes.
 
 The two paths use the same draws ε_s and agree transform by transform up to interpolation error
-(not only in distribution: before issue 14 the inputs path warped by T_s, pairing ε_s with −ε_s,
+(not only in distribution: an earlier inputs path warped by T_s, pairing ε_s with −ε_s,
 and had no Jacobian, a different model for ``sx``/``sy``). The interpolation error is O(h²) for
 smooth images (smooth x and W1; tests/test_invariant_mlp.py), but bilinear warping low-passes the
 white-noise rows of the RFF W1 while the smooth inputs are warped almost exactly, so for RFF models

@@ -1,6 +1,6 @@
-"""``log p(D | η)`` of an invariant MLP at a fixed η by annealed importance sampling (issue 15).
+"""``log p(D | η)`` of an invariant MLP at a fixed η by annealed importance sampling.
 
-The fixed-η IWAE_K bounds that the grid references of issue 15 are built from use a mean-field
+The fixed-η IWAE_K bounds that the grid references are built from use a mean-field
 ``q(θ)`` as the proposal; their PSIS k̂ is 3–10, so one weight decides the estimate and the bound can
 lie far below ``log p(D | η)``. Given η and the transforms' noise ε, an :class:`InvariantMLP`'s read-out
 is a Bayesian multinomial logistic regression on fixed features, whose evidence annealed importance

@@ -1,4 +1,4 @@
-"""Which known conserved quantities did a model learn? Gradient spans on held-out states (issue 13, part 4).
+"""Which known conserved quantities did a model learn? Gradient spans on held-out states.
 
 A learned conserved quantity ``C_k`` (``symmetry="neural"``: :class:`~pyro_invariance.symmetry.ode_flow.NeuralConserved`)
 is a function, not a generator matrix, so it is compared with the known quantities ``Q_j`` (Kepler:

@@ -1,4 +1,4 @@
-"""``log p(D | η)`` of an invariant MLP at a fixed η by a Laplace approximation of its read-out (issue 15).
+"""``log p(D | η)`` of an invariant MLP at a fixed η by a Laplace approximation of its read-out.
 
 Given η and the transforms, an :class:`InvariantMLP`'s read-out is a Bayesian multinomial logistic
 regression on fixed features (see :mod:`~pyro_invariance.diagnostics.annealed_evidence`):
@@ -29,7 +29,7 @@ with η integrated out over that grid (or at its mode: the type-II predictive).
 
 Cost per σ_p: a few Newton steps, each one ``(mC) × (mC)`` Cholesky factorisation (``m ≤ min(N, H + 1)``).
 The approximation's error is not diagnosed by this function; measure it against
-:func:`~pyro_invariance.diagnostics.annealed_evidence.annealed_readout_evidence` (issue 15's
+:func:`~pyro_invariance.diagnostics.annealed_evidence.annealed_readout_evidence` (as
 ``benchmarks/uncertain_symmetry_laplace.py`` does, at every point of the AIS scan).
 """
 

@@ -1,4 +1,4 @@
-"""Posteriors over symmetry parameters: the guide's ``q(η)`` and grid references for it (issue 15).
+"""Posteriors over symmetry parameters: the guide's ``q(η)`` and grid references for it.
 
 A model built with ``symmetry_prior`` (:mod:`pyro_invariance.symmetry.priors`) has η as latent
 sample sites (``model.symmetry_sites()``); after ``fit`` the guide carries ``q(η)``.

@@ -4,10 +4,10 @@
   checkpoints that resume bit-for-bit.
 * :mod:`.laplace` — :func:`fit_laplace`: MAP weights with Laplace-evidence prior precisions (paper 004).
 * :mod:`.kfac` — Kronecker-factored GGN of FC layers and the KFAC-Laplace log marginal likelihood
-  (issue 12's core; the layer-wise factors are still to come).
+  (the core; layer-wise factors in :mod:`.kfac_layers`).
 * :mod:`.prior_update` — closed-form prior-variance updates (Noether's razor), also as a ``fit`` callback.
 * :mod:`.warm_start` — start a fit from a finished run's guide means (the 3-body recipe's warm-up HNN).
-* :mod:`.symmetry_warmup` — train q(θ | η) across a wide, held q(η) before the joint fit (issue 15).
+* :mod:`.symmetry_warmup` — train q(θ | η) across a wide, held q(η) before the joint fit.
 * :mod:`.collapsed_symmetry` — the optimal q(η) for a fitted q(θ | η), by quadrature over one scalar η.
 * :mod:`.fast_step` — the lean training step: ELBOs without host reads (and the IWAE bound), capture,
   compilation, CUDA graphs.

@@ -1,4 +1,4 @@
-"""The optimal q(η) for a fitted q(θ | η), by quadrature over one scalar symmetry parameter (issue 15).
+"""The optimal q(η) for a fitted q(θ | η), by quadrature over one scalar symmetry parameter.
 
 A guide ``q(η) q(θ | η)`` bounds the evidence by (paper 003's ELBO with η latent; any per-η bound
 ``L(η) ≤ log p(D | η)`` in expectation may stand in for the inner ELBO)::
@@ -24,7 +24,7 @@ Its precision is the profile's: q* ∝ exp(L), so Monte-Carlo noise in the *shap
 after the common random numbers) moves and narrows q* as much as the evidence does. ``streams=R``
 averages R streams and reports that noise (``profile_noise``, nats); compare it with the ½ nat by which
 a profile falls within one sd of its posterior. Measured: on basis regression (8 weights, 60 points,
-K = 100) one stream's shape noise is 0.4–0.9 nats and q*(λ) meets issue 15's criterion against the
+K = 100) one stream's shape noise is 0.4–0.9 nats and q*(λ) meets the criterion against the
 exact posterior on seeds 0–2; on the invariant MLP (300 digits, K = 100) it is 0.7–11.6 nats and q*'s
 width and place are noise (``benchmarks/results/uncertain_symmetry_collapsed_steps4000.md``). The ELBO
 (``K=1`` with many ``streams``: a mean of log-weights, smooth in η) is far less noisy there: 128 streams

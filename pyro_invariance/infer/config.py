@@ -61,8 +61,8 @@ class FitConfig:
     ``shards``, up to float rounding; left out of the fingerprint). See
     :mod:`pyro_invariance.infer.distributed`.
 
-    The last four fields set how fast a step runs, not what it computes (issue 14;
-    :mod:`pyro_invariance.infer.fast_step`): ``validation``, ``compile`` (``"capture"`` gives the same
+    The last four fields set how fast a step runs, not what it computes
+    (:mod:`pyro_invariance.infer.fast_step`): ``validation``, ``compile`` (``"capture"`` gives the same
     numbers as ``"off"``; ``"inductor"`` other random draws), ``log_every`` and ``tf32`` (CUDA only).
     ``validation`` and ``log_every`` may differ between a run and its resumption (they are left out
     of the run's fingerprint); ``compile="inductor"`` and ``tf32=True`` are part of it. ``threads``

@@ -1,4 +1,4 @@
-"""Data-parallel SVI across processes and GPUs (issue 16): shards, ranks, and one RNG stream per shard.
+"""Data-parallel SVI across processes and GPUs: shards, ranks, and one RNG stream per shard.
 
 **Shards.** With ``FitConfig.shards = W`` a step of :func:`~pyro_invariance.infer.training.fit` splits
 its global minibatch of B rows (drawn by the same seeded shuffler in every process) into W

@@ -1,4 +1,4 @@
-"""The pieces of ``fit``'s lean training step (issue 14): an ELBO without host synchronisation,
+"""The pieces of ``fit``'s lean training step: an ELBO without host synchronisation,
 Pyro's validation switched per step and restored afterwards, a fused optimiser, TF32 on request,
 and the ``compile`` option, which captures the loss as one graph of tensor operations.
 

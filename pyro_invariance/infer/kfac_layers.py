@@ -1,4 +1,4 @@
-"""KFAC curvature of a whole layer-wise network at its MAP point, for the Laplace evidence (issue 12).
+"""KFAC curvature of a whole layer-wise network at its MAP point, for the Laplace evidence.
 
 :func:`kfac_curvature` runs the network on minibatches with forward hooks on the modules that have a
 KFAC rule (the relaxed blocks and the dense head layers), backpropagates the columns of the

@@ -480,7 +480,7 @@ def fit_laplace(
     final point. By default the paper's method: ``curvature="kfac"`` (KFAC GGN; ``labels``: exact
     expectation or one sampled label) and ``delta_update="gradient"`` (``delta_steps`` Adam steps of
     rate ``delta_lr`` on log δ); ``curvature="diagonal"``, ``delta_update="mackay"`` is the diagonal
-    GGN with MacKay's fixed point (the method of the tables made before issue 12); see
+    GGN with MacKay's fixed point (the method of the earlier tables); see
     :class:`LaplaceEvidenceUpdate`. The returned ``laplace`` posterior's marginals are
     the diagonal of the chosen curvature's posterior covariance.
     """

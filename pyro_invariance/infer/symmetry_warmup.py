@@ -1,4 +1,4 @@
-"""Train q(θ | η) across a wide q(η) before the joint fit (issue 15).
+"""Train q(θ | η) across a wide q(η) before the joint fit.
 
 The ELBO trains a guide's q(θ | η) only at the η that q(η) draws. Started from scratch, q(η)
 narrows within a few hundred steps, and from then on the conditional learns about that neighbourhood

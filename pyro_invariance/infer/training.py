@@ -10,14 +10,14 @@ with Adam and a cosine learning-rate schedule (to 0, as paper 003), a learning r
 around Pyro's ``ELBO.differentiable_loss`` so that the optimiser, scheduler and every RNG can be
 checkpointed and a resumed run reproduces an uninterrupted one bit-for-bit.
 
-**The lean step** (issue 14). A step does no host synchronisation: the ELBO is Pyro's computed
+**The lean step**. A step does no host synchronisation: the ELBO is Pyro's computed
 without reading the loss back (:mod:`pyro_invariance.infer.fast_step`), the losses and η values of
 each step stay on the device and are read in bulk every ``log_every`` steps (and for the progress
 bar at most once a second, at checkpoints, interrupts and the end) into the same per-step history as
 before. The data are checked once at the API boundary; Pyro's validation runs on the first step of
 each call (the model/guide pair is checked once, with an immediate check of the loss) and is then
-switched off (``validation="always"`` keeps it on, with the loss checked after every step, as before
-issue 14); Pyro's and torch's validation flags are restored when ``fit`` returns. Adam is fused.
+switched off (``validation="always"`` keeps it on, with the loss checked after every step, the slower
+path); Pyro's and torch's validation flags are restored when ``fit`` returns. Adam is fused.
 
 **Divergence without a per-step check.** Every ``log_every`` steps, before a step, the state (model,
 guide, optimiser, schedule, RNGs, shuffler) is copied on the device. When a bulk read finds a
@@ -745,7 +745,7 @@ class _Loop:
 
     def step(self, step: int, checked: bool, rerun: bool = False) -> None:
         """Step ``step + 1``. ``checked``: Pyro's validation on (for the eager ELBO) and the loss read
-        and checked before the update, as every step before issue 14. ``rerun``: re-running it to
+        and checked before the update, as the eager step does. ``rerun``: re-running it to
         locate a divergence (nothing is recorded)."""
         if not checked and not rerun and (self.snapshot is None or step - self.snapshot.step >= self.cfg.log_every):
             if self.cfg.validation == "first-step" and not self.ranks.ddp:

@@ -1,5 +1,5 @@
 """Start a fit where another one ended: the reference's 3-body recipe trains a plain HNN first and
-starts every row (HNN, learned symmetry, oracle) from it (issue 13; docs/methods.md §4).
+starts every row (HNN, learned symmetry, oracle) from it (docs/methods.md §4).
 
 :func:`warm_start` copies, from a finished run (a :class:`~pyro_invariance.infer.training.FitResult`
 or a checkpoint file, read with ``weights_only=True``):

@@ -4,7 +4,7 @@ Every catalogue model with symmetry parameters η takes ``symmetry_prior`` (READ
 arguments"). ``None`` (default) keeps η a point estimate chosen by the bound — type-II maximum
 likelihood, ``η* = argmax_η log p(D | η)`` (paper 003, Sec. 3; paper 004, Eq. 9). A prior name makes
 η a latent *sample site* instead, so that the guide carries ``q(η)`` and the bound is an ELBO on the
-evidence of the whole hierarchy (issue 15)::
+evidence of the whole hierarchy::
 
     log p(D) = log ∫ p(D | θ, η) p(θ) p(η) dθ dη  ≥  E_q[log p(D | θ, η)] − KL(q(θ, η) ‖ p(θ) p(η)).
 
