@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session for issue 14's device criteria (benchmarks/gpu_step_time.py), sized to ~9 minutes.
+# One GPU session of the timing benchmarks (benchmarks/timing.py --section gpu, ddp), sized to ~9 minutes.
 #
 # Runs on a bare GPU machine with its own Python (torch, JAX, numpy, scipy, matplotlib, tqdm, xarray)
 # but without pyro-ppl / arviz: their wheels come along in .gpu/whl (see ../shared/notes/gpu.md), and
@@ -30,7 +30,7 @@ export PYTHONPATH="$SITE:$SRC"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, pyro, jax; print('torch', torch.__version__, 'pyro', pyro.__version__, 'jax', jax.__version__, jax.devices())" >> "$OUT/gpu.txt" 2>&1
 export TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)  # cold compile times, reported as such
-B="python3 benchmarks/gpu_step_time.py --device cuda --out-dir $WORK"
+B="python3 benchmarks/timing.py --section gpu --device cuda --out-dir $WORK"
 REF="--reference-dir $ROOT/.gpu/noethers-razor"
 part() {  # part <seconds> <stem> <args...>
   local secs=$1 stem=$2; shift 2
@@ -41,11 +41,11 @@ part() {  # part <seconds> <stem> <args...>
   echo "$stem rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/parts.txt"
   tar czf "$OUT/all.tgz" -C "$WORK" .
 }
-# issue 16: 1 process vs 2 ranks sharing the GPU (gloo; a simulated 2-rank run: same numbers, its overhead)
+# 1 process vs 2 ranks sharing the GPU (gloo; a simulated 2-rank run: same numbers, its overhead)
 case " ${PARTS:-ddp} " in *" ddp "*)
   t0=$(date +%s)
-  timeout 120 python3 benchmarks/ddp_throughput.py --device cuda --backend gloo --reps 1 \
-    --out "$WORK/ddp_throughput_cuda" > "$WORK/ddp.log" 2>&1
+  timeout 120 python3 benchmarks/timing.py --section ddp --quick --device cuda --backend gloo \
+    --out-dir "$WORK" --stem ddp_throughput_cuda > "$WORK/ddp.log" 2>&1
   echo "ddp rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/parts.txt"
   tar czf "$OUT/all.tgz" -C "$WORK" . ;;
 esac
@@ -54,8 +54,8 @@ esac
 REF_PID=
 if [[ ${REF_BACKGROUND:-0} == 1 ]] && [[ " ${PARTS:-reference_sho} " == *" reference_sho "* ]]; then
   echo "reference_sho started at $SECONDS s (background)" | tee -a "$OUT/parts.txt"
-  timeout ${REF_SECONDS:-420} $B --stem gpu_step_time_cuda_reference_sho --sections reference --reference-systems hnn-sho \
-    $REF --hnn-warmup 1 --hnn-steps 4 > "$WORK/reference_sho.log" 2>&1 &
+  timeout ${REF_SECONDS:-420} $B --stem gpu_step_time_cuda_reference_sho --parts reference --reference-systems hnn-sho \
+    $REF --warmup 1 --steps 4 > "$WORK/reference_sho.log" 2>&1 &
   REF_PID=$!
 fi
 wait_reference() {
@@ -64,21 +64,20 @@ wait_reference() {
   tar czf "$OUT/all.tgz" -C "$WORK" .
 }
 # the parts whose verdicts are open come first; the ones already met on 2026-11-26 (layer-wise) last
-part 45 paper --sections mlp-paper --paper-warmup 5 --paper-steps 30 --compile-modes capture,cudagraphs
-part 45 3body --sections hnn-3body --hnn-warmup 2 --hnn-steps 8 --hnn-compile-modes capture,cudagraphs
-part 60 sho --sections hnn-sho --sho-particles 20,1 --hnn-warmup 1 --hnn-steps 3 --hnn-compile-modes cudagraphs
+part 45 paper --parts mlp-paper --warmup 5 --steps 30 --compile-modes capture,cudagraphs
+part 45 3body --parts hnn-3body --warmup 2 --steps 8 --compile-modes capture,cudagraphs
+part 60 sho --parts hnn-sho --sho-particles 20,1 --warmup 1 --steps 3 --compile-modes cudagraphs
 # the JAX reference compiled for longer than 120 s and 200 s before its first epoch on 2026-11-26. With
 # REF_BACKGROUND=1 it starts first and compiles on the host CPUs while the torch parts run, its epochs
 # timed after them (we wait for it), then 'sho_alone' measures ours again with the machine to itself.
 if [[ ${REF_BACKGROUND:-0} == 1 ]]; then
-  wait_reference; part 60 sho_alone --sections hnn-sho --sho-particles 20,1 --hnn-warmup 1 --hnn-steps 3 --hnn-compile-modes cudagraphs
+  wait_reference; part 60 sho_alone --parts hnn-sho --sho-particles 20,1 --warmup 1 --steps 3 --compile-modes cudagraphs
 else
-  part ${REF_SECONDS:-200} reference_sho --sections reference --reference-systems hnn-sho $REF --hnn-warmup 1 --hnn-steps 4
+  part ${REF_SECONDS:-200} reference_sho --parts reference --reference-systems hnn-sho $REF --warmup 1 --steps 4
 fi
-part 35 paper_tf32 --sections mlp-paper --tf32 --paper-warmup 5 --paper-steps 30 --compile-modes capture,cudagraphs
-part 45 layerwise --sections layerwise --layerwise-warmup 10 --layerwise-steps 20 \
-  --layerwise-variants pyro-map,fit-lean,fit-cudagraphs,twin
-# issue 12: one paper-size (α = 10) epoch of F-FC+CONV with its KFAC-Laplace update, both tasks (the
+part 35 paper_tf32 --parts mlp-paper --tf32 --warmup 5 --steps 30 --compile-modes capture,cudagraphs
+part 45 layerwise --parts layerwise --warmup 10 --steps 20 --layerwise-variants fit,fit-cudagraphs
+# one paper-size (α = 10) epoch of F-FC+CONV with its KFAC-Laplace update, both tasks (the
 # Fashion-MNIST .gz files travel in .gpu/fashion-mnist; results land in benchmarks/results, copied to $WORK)
 case " ${PARTS:-layerwise_paper} " in *" layerwise_paper "*)
   if (( BUDGET - SECONDS < 60 )); then echo "layerwise_paper skipped: $(( BUDGET - SECONDS )) s left" | tee -a "$OUT/parts.txt"; else

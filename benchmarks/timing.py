@@ -1,0 +1,1446 @@
+"""How fast training runs: one script, one section per question (``--section NAME``; several: ``a,b``; ``all``).
+
+Sections, and the result file each writes (``benchmarks/results/<stem>.md`` and ``.json``):
+
+- ``step`` (``step_time``): the invariant MLP at paper 003 size on CPU: ``fit``'s step vs a hand-written PyTorch twin
+  of the same ELBO and a plain Pyro step; GFLOP/s against the machine's matmul rate.
+- ``gpu`` (``gpu_step_time_<device>``): the same on ``--device`` (CUDA by default) at two sizes and with ``compile``
+  modes, the symmetrised HNN (SHO, 3-body), the layer-wise networks and the JAX reference (``--parts``);
+  ``--rerender`` redraws a GPU session's tables (``benchmarks/gpu_session.sh``) from its JSON.
+- ``layerwise`` (``layerwise_step_time``): the layer-wise networks of paper 004, ``fit`` / ``fit_laplace`` vs a
+  torch twin.
+- ``noether-flow`` (``noether_flow_step_time``): the symmetrised HNN, ODE-flow vs matrix-exponential symmetry samples.
+- ``transform-path`` (``transform_path``): ``InvariantMLP.features`` warping the weight rows or the inputs.
+- ``kfac`` (``kfac_update_cost``): one Laplace curvature + δ update, KFAC vs the diagonal GGN, time and memory.
+- ``guides`` (``guide_cost``): each guide's ``fit`` step as the invariant MLP grows.
+- ``ddp`` (``ddp_throughput``): ``fit`` on 1 process vs 2 data-parallel ranks, the same shards.
+- ``particles`` (``hnn_particles``): ELBO particles one after another vs vectorised (Pyro's two estimators).
+- ``determinism`` (``gpu_determinism``): do layer-wise MAP / Laplace fits repeat and resume bit for bit (CUDA)?
+- ``import`` (``import_time``): ``import pyro_invariance`` in fresh processes vs ``import torch, pyro``.
+
+Our side is always ``pyro_invariance.fit`` (or ``fit_laplace``), timed between its callbacks: step k is the wall time
+from the end of callback k−1 to the start of callback k (the whole loop), for the steps after the first (validated)
+step and ``--warmup`` more. Other variants (the twins, the plain Pyro step) run one step each inside those callbacks,
+in an order that rotates, so load from other jobs on a shared machine hits them alike; on CUDA every interval ends in
+a synchronisation. Compare ratios within one run, not absolute times across runs. Each result file's header names its
+path, the mode (full, ``--quick`` or ``--smoke``: toy sizes, seconds on CPU, for the tests), the steps, the device,
+the machine and the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as common  # noqa: E402
+
+import pyro  # noqa: E402
+import torch  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from pyro import poutine  # noqa: E402
+from pyro.infer import TraceMeanField_ELBO  # noqa: E402
+from torch import Tensor, nn  # noqa: E402
+
+import pyro_invariance as pi  # noqa: E402
+from pyro_invariance import guides  # noqa: E402
+from pyro_invariance.data.arrays import train_arrays  # noqa: E402
+from pyro_invariance.data.quadrant import build_quadrant_dataset  # noqa: E402
+from pyro_invariance.infer.kfac_layers import kfac_curvature  # noqa: E402
+from pyro_invariance.infer.laplace import diagonal_ggn, gradient_update, mackay_update  # noqa: E402
+from pyro_invariance.infer.training import is_factor_parameter, is_symmetry_parameter, make_deterministic  # noqa: E402
+from pyro_invariance.models import InvariantMLP  # noqa: E402
+from pyro_invariance.models.layerwise import LayerwiseNet, make_init_loc_fn  # noqa: E402
+from pyro_invariance.models.symmetrised_hnn import SymmetrisedHNN  # noqa: E402
+from pyro_invariance.symmetry.affine import affine_det, invert_affine, lie_exp, sample_epsilon  # noqa: E402
+from pyro_invariance.symmetry.affine import transform_weight_rows, warp_stack  # noqa: E402
+
+# ------------------------------------------------------------------------------------------------
+# Shared machinery: statistics, minibatches, the plain Pyro step, fit timed between its callbacks
+# ------------------------------------------------------------------------------------------------
+def summary(ts: Sequence[float]) -> dict[str, float]:
+    """Median, mean, min, quartiles and count of ``ts`` (``{}`` when empty)."""
+    ts = list(ts)
+    if not ts:
+        return {}
+    q = statistics.quantiles(ts, n=4, method="inclusive") if len(ts) >= 2 else [ts[0]] * 3
+    return {"median": statistics.median(ts), "mean": statistics.fmean(ts), "min": min(ts), "q1": q[0], "q3": q[2],
+            "n": len(ts)}  # fmt: skip
+
+
+def rotated(names: Sequence[str], k: int) -> list[str]:
+    names = list(names)
+    return names[k % len(names):] + names[: k % len(names)] if names else []
+
+
+def interleaved(steppers: dict[str, Callable[[], Any]], warmup: int, reps: int,
+                sync: Callable[[], None] = lambda: None) -> dict[str, list[float]]:  # fmt: skip
+    """Wall time of each call over ``warmup + reps`` rounds (the first ``warmup`` untimed), the order rotating."""
+    times: dict[str, list[float]] = {n: [] for n in steppers}
+    for rep in range(warmup + reps):
+        for name in rotated(list(steppers), rep):
+            t0 = time.perf_counter()
+            steppers[name]()
+            sync()
+            if rep >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def sync_of(device: torch.device) -> Callable[[], None]:
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+class Shuffler:
+    """Minibatch row indices as ``fit`` draws them: a seeded permutation, reshuffled after each pass."""
+
+    def __init__(self, n: int, batch: int | None, seed: int, device: torch.device) -> None:
+        self.n, self.batch, self.device = n, min(batch or n, n), device
+        self.gen = torch.Generator().manual_seed(seed)
+        self.perm, self.pos = torch.randperm(n, generator=self.gen), 0
+
+    def next(self) -> Tensor:
+        if self.pos + self.batch > self.n:
+            self.perm, self.pos = torch.randperm(self.n, generator=self.gen), 0
+        self.pos += self.batch
+        return self.perm[self.pos - self.batch : self.pos].to(self.device)
+
+
+def adam(groups: list[dict[str, Any]], fused: bool = True) -> torch.optim.Optimizer:
+    """Adam over ``groups``: fused (as ``fit``'s) where torch allows it, else per tensor."""
+    with contextlib.suppress(RuntimeError, ValueError, TypeError):
+        if fused:
+            return torch.optim.Adam(groups, fused=True)
+    return torch.optim.Adam(groups)
+
+
+def fit_groups(model: nn.Module, guide: nn.Module, cfg: pi.FitConfig) -> list[dict[str, Any]]:
+    """``fit``'s Adam groups and rates, rebuilt from the public predicates ``is_symmetry_parameter`` and
+    ``is_factor_parameter``: guide means and scales (``lr``), guide covariance factors (``factor_lr``), the model's
+    point estimates (``model_lr``), symmetry parameters η (``eta_lr``)."""
+    eta = [p for p in model.parameters() if is_symmetry_parameter(model, p)]
+    other = [p for p in model.parameters() if not any(p is e for e in eta)]
+    taken = {id(p) for p in eta + other}
+    named = [(n, p) for n, p in guide.named_parameters() if id(p) not in taken]
+    groups = [{"params": [p for n, p in named if not is_factor_parameter(n)], "lr": cfg.lr},
+              {"params": [p for n, p in named if is_factor_parameter(n)], "lr": cfg.factor_lr},
+              {"params": other, "lr": cfg.model_lr or cfg.lr}, {"params": eta, "lr": cfg.eta_lr}]  # fmt: skip
+    return [g for g in groups if g["params"]]
+
+
+def torch_step(loss: Callable[[Tensor, Tensor, int], Tensor], groups: list[dict[str, Any]], case: dict[str, Any],
+               total: int, seed: int, device: torch.device) -> Callable[[], None]:  # fmt: skip
+    """One step of a hand-written twin per call: fit's minibatches, fused Adam, cosine schedule, no host reads."""
+    optim = adam(groups)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(optim, T_max=total, eta_min=0.0)
+    x_all, y_all = case["x"].to(device), case["y"].to(device)
+    rows, n = Shuffler(x_all.shape[0], case["batch"], seed, device), x_all.shape[0]
+
+    def step() -> None:
+        idx = rows.next()
+        optim.zero_grad(set_to_none=True)
+        loss(x_all[idx], y_all[idx], n).backward()
+        optim.step()
+        sched.step()
+
+    return step
+
+
+def pyro_step(case: dict[str, Any], total: int, seed: int, device: torch.device, *, particles: int = 1,
+              vectorise: bool = False, validation: bool = True) -> Callable[[], float]:  # fmt: skip
+    """One plain Pyro SVI step per call, as a Pyro user writes it: ``TraceMeanField_ELBO.differentiable_loss`` +
+    ``backward`` + per-tensor Adam over fit's groups + cosine schedule, with Pyro's validation on, a finiteness check
+    and ``loss.item()`` per step (``fit``'s loop before it was made lean)."""
+    model, guide = case["model"].to(device), case["guide"].to(device)
+    optim = torch.optim.Adam(fit_groups(model, guide, pi.FitConfig.recommended(model, guide)))
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(optim, T_max=total, eta_min=0.0)
+    kw = {"vectorize_particles": True, "max_plate_nesting": 1} if vectorise else {}
+    elbo = TraceMeanField_ELBO(num_particles=particles, **kw)
+    x_all, y_all = case["x"].to(device), case["y"].to(device)
+    rows, n = Shuffler(x_all.shape[0], case["batch"], seed, device), x_all.shape[0]
+
+    def step() -> float:
+        with pyro.validation_enabled(validation):
+            idx = rows.next()
+            optim.zero_grad(set_to_none=True)
+            loss = elbo.differentiable_loss(model, guide, x_all[idx], y_all[idx], num_data=n)
+            if not torch.isfinite(loss):
+                raise FloatingPointError("non-finite loss")
+            loss.backward()
+            optim.step()
+            sched.step()
+            return loss.item()
+
+    return step
+
+
+def time_fit(case: dict[str, Any], others: dict[str, Callable[[], Any]], warmup: int, steps: int, seed: int,
+             device: torch.device, fit_fn: Callable[..., Any] = pi.fit, **fit_kw: Any) -> dict[str, Any]:  # fmt: skip
+    """``fit_fn`` for 1 + warmup + steps (+ 1 on CUDA, for the allocator's peak) steps timed between its callbacks,
+    one step of each of ``others`` inside each callback. Returns times, their statistics, the paired ratio of each
+    to ``twin`` (median over callbacks of its step over the twin's step of the same callback), CUDA peak MiB of the
+    last step, and fit's ``step_stats``."""
+    times: dict[str, list[float]] = {"fit": [], **{k: [] for k in others}}
+    peaks: dict[str, float] = {}
+    first, last = warmup + 2, warmup + steps + 1
+    cuda = device.type == "cuda"
+    end_step, sync, clock = last + 1 if cuda else last, sync_of(device), {"end": None, "base": 0}
+
+    def peak_start() -> None:
+        sync()
+        torch.cuda.reset_peak_memory_stats(device)
+        clock["base"] = torch.cuda.memory_allocated(device)
+
+    def peak() -> float:
+        sync()
+        return (torch.cuda.max_memory_allocated(device) - clock["base"]) / 2**20
+
+    def callback(step: int, model: Any, guide: Any) -> None:
+        sync()
+        now = time.perf_counter()
+        measure = cuda and step == end_step
+        if measure:
+            peaks["fit"] = peak()
+        if clock["end"] is not None and first <= step <= last:
+            times["fit"].append(now - clock["end"])
+        for name in rotated(list(others), step):
+            if measure:
+                peak_start()
+            t0 = time.perf_counter()
+            others[name]()
+            sync()
+            if first <= step <= last:
+                times[name].append(time.perf_counter() - t0)
+            if measure:
+                peaks[name] = peak()
+        if cuda and step == end_step - 1:
+            peak_start()
+        sync()
+        clock["end"] = time.perf_counter()
+
+    t0 = time.perf_counter()
+    result = fit_fn(case["model"], case["guide"], (case["x"], case["y"]), steps=end_step, progress=False, seed=seed,
+                    callbacks=[callback], device=str(device), **case.get("fit", {}), **fit_kw)  # fmt: skip
+    wall = time.perf_counter() - t0
+    paired = {k: summary([a / b for a, b in zip(times[k], times["twin"])]) for k in times} if "twin" in times else {}
+    stats = {k: summary(v) for k, v in times.items()}
+    return {"times": times, "stats": stats, "paired_to_twin": paired, "peak_mib": peaks, "wall_s": wall,
+            "step_stats": result.step_stats, "warmup": warmup, "steps": steps}  # fmt: skip
+
+
+def steps_of(args: argparse.Namespace, full: tuple[int, int], quick: tuple[int, int] | None = None) -> tuple[int, int]:
+    """(warm-up, timed) steps: ``--warmup`` / ``--steps`` where given, else the mode's."""
+    w, s = {"full": full, "quick": quick or full, "smoke": (1, 2)}[args.mode]
+    return (w if args.warmup is None else args.warmup), (s if args.steps is None else args.steps)
+
+
+def _brief(entry: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v['median'] * 1e3:.1f} ms" for k, v in entry["stats"].items() if v)
+
+
+def _ms(s: dict[str, float] | None, key: str = "median") -> str:
+    return f"{s[key] * 1e3:.1f}" if s else "–"
+
+
+def _mib(v: float | None) -> str:
+    return "–" if v is None else f"{v:.0f}"
+
+
+def machine(args: argparse.Namespace) -> dict[str, Any]:
+    info = common.machine_info()
+    dev = torch.device(args.device)
+    info["device"] = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU ({info['cpu']})"
+    return info
+
+
+def verdict(lines: Sequence[str] = ()) -> str:
+    """The "Verdict" section every result file ends with: these are timings of this library, no paper's claim."""
+    return common.verdict_section("no claim", "a timing of this library; compare ratios within one run", lines)
+
+
+def publish(args: argparse.Namespace, base: str, title: str, intro: str, settings: dict[str, Any], body: str,
+            payload: dict[str, Any], lines: Sequence[str] = ()) -> Path:  # fmt: skip
+    """Write ``<out-dir>/<stem>.md`` (header: path, mode, device, steps and settings, machine, command; ``body``; the
+    verdict with ``lines``) and ``.json``."""
+    stem = args.stem or base + {"full": "", "quick": "_quick", "smoke": "_smoke"}[args.mode]
+    path = Path(args.out_dir) / f"{stem}.md"
+    with contextlib.suppress(ValueError):
+        path = path.resolve().relative_to(common.REPO_ROOT)
+    settings = {"result file": str(path), "mode": args.mode, "device": args.device, "threads": args.threads,
+                **settings}  # fmt: skip
+    info, command = machine(args), common.command_line()
+    md = common.header_markdown(title, info, settings, command, intro) + "\n" + body.rstrip() + "\n\n" + verdict(lines)
+    payload = {"machine": info, "settings": settings, "command": command, **payload}
+    md_path, _ = common.write_results(stem, md, payload, Path(args.out_dir))
+    common.log(f"wrote {md_path}")
+    return md_path
+
+
+# ------------------------------------------------------------------------------------------------
+# The invariant MLP: its hand-written twin, cases, and fit timed against the twin (sections step, gpu)
+# ------------------------------------------------------------------------------------------------
+MLP_SIZES = {
+    "paper": {"batch": 128, "samples": 32, "hidden": 1024, "side": 28, "classes": 10, "num_data": 60000},
+    "overhead": {"batch": 32, "samples": 4, "hidden": 64, "side": 28, "classes": 10, "num_data": 60000},
+    "quick": {"batch": 32, "samples": 4, "hidden": 128, "side": 28, "classes": 10, "num_data": 60000},
+    "smoke": {"batch": 8, "samples": 2, "hidden": 16, "side": 8, "classes": 10, "num_data": 64},
+}
+
+
+class InvariantMLPTwin(nn.Module):
+    """The invariant MLP + block-Cholesky guide as plain tensors, started from a Pyro pair's parameters.
+
+    Unconstrained parameters mirror the Pyro ones (η = η_max·sigmoid(u); guide scales softplus; unit lower-triangular
+    factor tril(U, −1) + I). :meth:`loss` is one reparameterised draw of the negative ELBO in the Pyro guide's and
+    model's random-number order: σ_p, W2 (block-Cholesky), b2, then the S transforms; analytic KLs; the categorical
+    log-likelihood scaled by N/B; the same transform path (weights or inputs) as the model for the batch size."""
+
+    def __init__(self, model: InvariantMLP, guide: Any) -> None:
+        super().__init__()
+
+        def p(t: Tensor) -> nn.Parameter:
+            return nn.Parameter(t.detach().clone())
+
+        self.image_shape, self.num_samples, self.activation = model.image_shape, model.num_transforms, model.activation
+        self.hidden, self.k, self.sampling = model.hidden, len(model.generator_names), model.sampling
+        self.transform_path = model.transform_path
+        self.area_changing = bool((model.generators.diagonal(dim1=-2, dim2=-1).sum(-1) != 0).any())
+        for name in ("generators", "eta_upper", "prior_scale_loc"):
+            self.register_buffer(name, getattr(model, name).clone())
+        self.eta_u = p(model.symmetry_parameters()[0])
+        if model.activation == "relu":
+            self.w1, self.b1 = p(model.w1), p(model.b1)
+        else:
+            self.register_buffer("w1", model.w1.clone())
+            self.register_buffer("b1", model.b1.clone())
+        w2 = guide.structured.out_weight
+        self.w2_loc, self.w2_scale_u, self.w2_tril = p(w2.loc_unconstrained), p(w2.scale_unconstrained), p(
+            w2.scale_tril_unconstrained)  # fmt: skip
+        self.b2_loc, self.b2_scale_u = p(guide.locs.out_bias_unconstrained), p(guide.scales.out_bias_unconstrained)
+        self.sp_loc = p(guide.locs.prior_scale_unconstrained)
+        self.sp_scale_u = p(guide.scales.prior_scale_unconstrained)
+
+    def param_groups(self, cfg: pi.FitConfig) -> list[dict[str, Any]]:
+        """The same Adam groups and rates as ``fit``."""
+        guide = [self.w2_loc, self.w2_scale_u, self.b2_loc, self.b2_scale_u, self.sp_loc, self.sp_scale_u]
+        groups = [{"params": guide, "lr": cfg.lr}, {"params": [self.w2_tril], "lr": cfg.factor_lr}]
+        if self.activation == "relu":
+            groups.append({"params": [self.w1, self.b1], "lr": cfg.model_lr or cfg.lr})
+        return groups + [{"params": [self.eta_u], "lr": cfg.eta_lr}]
+
+    def _phi(self, pre: Tensor) -> Tensor:
+        return math.sqrt(2.0 / self.hidden) * torch.cos(pre) if self.activation == "rff" else F.relu(pre)
+
+    def loss(self, x: Tensor, y: Tensor, num_data: int) -> Tensor:
+        """−ELBO estimate on a minibatch ``x`` (B, 1, h, w), ``y`` (B,): one draw."""
+        std = {"dtype": x.dtype, "device": x.device}
+        sp_scale = F.softplus(self.sp_scale_u)
+        sigma = (self.sp_loc + sp_scale * torch.empty((), **std).normal_()).exp()
+        C, H = self.w2_loc.shape
+        s = F.softplus(self.w2_scale_u)
+        chol = s.unsqueeze(-1) * (self.w2_tril.tril(-1) + torch.eye(H, **std))
+        w2 = self.w2_loc + (chol @ torch.randn(C, H, **std).unsqueeze(-1)).squeeze(-1)
+        b2_scale = F.softplus(self.b2_scale_u)
+        b2 = self.b2_loc + b2_scale * torch.empty((C,), **std).normal_()
+        x = x.reshape(x.shape[0], -1)
+        b, d = x.shape
+        eta = self.eta_upper * torch.sigmoid(self.eta_u)
+        transforms = lie_exp(eta, sample_epsilon(self.num_samples, self.k, self.sampling, **std), self.generators)
+        if self.transform_path(b) == "weights":  # warp the S·H rows of W1 (paper 003, Eq. 6)
+            rows = transform_weight_rows(self.w1, transforms, self.image_shape, layout="hsd")  # (H, S, D)
+            pre = F.linear(x, rows.reshape(-1, d)).view(b, self.hidden, -1) + self.b1.unsqueeze(-1)  # (B, H, S)
+            features = self._phi(pre).mean(-1)
+        else:  # warp the S·B inputs by T_s⁻¹ (times |det T_s|⁻¹)
+            inverse = invert_affine(transforms)
+            warped = warp_stack(x.reshape(b, *self.image_shape), inverse).reshape(b, -1, d)  # (B, S, D)
+            if self.area_changing:
+                warped = warped * affine_det(inverse).unsqueeze(-1)
+            features = self._phi(F.linear(warped, self.w1, self.b1)).mean(1)
+        nll = F.cross_entropy(features @ w2.T + b2, y, reduction="sum") * (num_data / b)
+        kl_sigma = -torch.log(sp_scale) + 0.5 * (sp_scale**2 + (self.sp_loc - self.prior_scale_loc) ** 2) - 0.5
+        kl_w2 = 0.5 * (((chol.pow(2).sum(-1) + self.w2_loc**2) / sigma**2).sum() - C * H
+                       + C * H * torch.log(sigma**2) - 2.0 * torch.log(s).sum())  # fmt: skip
+        kl_b2 = (torch.log(sigma / b2_scale) + (b2_scale**2 + self.b2_loc**2) / (2 * sigma**2) - 0.5).sum()
+        return nll + kl_sigma + kl_w2 + kl_b2
+
+
+def mlp_case(cfg: dict[str, int], activation: str, seed: int) -> dict[str, Any]:
+    """Model (rotation learned), block-Cholesky guide set up on one minibatch, which is tiled to N rows."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(cfg["batch"], 1, cfg["side"], cfg["side"], generator=gen)
+    y = torch.randint(0, cfg["classes"], (cfg["batch"],), generator=gen)
+    pyro.set_rng_seed(seed)
+    model = InvariantMLP(image_shape=(1, cfg["side"], cfg["side"]), num_classes=cfg["classes"], hidden=cfg["hidden"],
+                         activation=activation, symmetry="rotation", learn_symmetry=True, num_transforms=cfg["samples"])
+    guide = guides.get("block-cholesky", model)
+    with poutine.block():
+        guide(x, y, num_data=cfg["num_data"])
+    n, b = cfg["num_data"], cfg["batch"]
+    x, y = x.repeat(-(-n // b), 1, 1, 1)[:n], y.repeat(-(-n // b))[:n]
+    return {"model": model, "guide": guide, "x": x, "y": y, "batch": b, "fit": {"batch_size": b}}
+
+
+def check_same_elbo(case: dict[str, Any], twin: InvariantMLPTwin, seed: int) -> dict[str, float]:
+    """Same parameters, same seed: Pyro's loss and gradients vs the twin's (relative differences)."""
+    model, guide, n = case["model"], case["guide"], case["x"].shape[0]
+    x, y = case["x"][: case["batch"]], case["y"][: case["batch"]]
+    with pyro.validation_enabled(True):
+        pyro.set_rng_seed(seed)
+        loss_p = TraceMeanField_ELBO().differentiable_loss(model, guide, x, y, num_data=n)
+    loss_p.backward()
+    pyro.set_rng_seed(seed)
+    loss_h = twin.loss(x, y, n)
+    loss_h.backward()
+    pairs = {"eta": (model.symmetry_parameters()[0], twin.eta_u),
+             "W2 loc": (guide.structured.out_weight.loc_unconstrained, twin.w2_loc),
+             "sigma_p loc": (guide.locs.prior_scale_unconstrained, twin.sp_loc)}  # fmt: skip
+    lp, lh = loss_p.item(), loss_h.item()
+    out = {"loss_pyro": lp, "loss_hand": lh, "loss_rel_diff": abs(1 - lh / lp)}
+    for name, (a, b) in pairs.items():
+        out[f"grad_rel_diff[{name}]"] = float((a.grad - b.grad).norm() / a.grad.norm().clamp_min(1e-30))
+    for module in (model, guide, twin):
+        module.zero_grad(set_to_none=True)
+    return out
+
+
+def run_mlp(args: argparse.Namespace, cfg: dict[str, int], warmup: int, steps: int, check: bool) -> dict[str, Any]:
+    """Per activation: ``fit`` with the twin and the plain Pyro step interleaved, then one ``fit`` run per compile
+    mode with its own twin (so that each ratio is from its own run)."""
+    device, total, seed = torch.device(args.device), warmup + steps + 3, args.seed
+    out: dict[str, Any] = {"sizes": cfg, "activations": {}}
+    for act in args.activations:
+        runs: dict[str, Any] = {}
+        for mode in ["off", *args.compile_modes]:
+            case = mlp_case(cfg, act, seed)
+            twin = InvariantMLPTwin(case["model"], case["guide"]).to(device)
+            others = {"twin": torch_step(twin.loss, twin.param_groups(pi.FitConfig()), case, total, seed, device)}
+            if mode == "off":
+                others["pyro"] = pyro_step(mlp_case(cfg, act, seed), total, seed, device)
+            entry = time_fit(case, others, warmup, steps, seed, device, compile=mode, **_tf32(args))
+            if check and mode == "off":
+                fresh = mlp_case(cfg, act, seed)
+                entry["check"] = check_same_elbo(fresh, InvariantMLPTwin(fresh["model"], fresh["guide"]), seed)
+            runs["fit" if mode == "off" else f"fit-{mode}"] = entry
+            common.log(f"[mlp {act}, compile {mode}] {_brief(entry)}")
+        out["activations"][act] = runs
+    return out
+
+
+def _tf32(args: argparse.Namespace) -> dict[str, Any]:
+    return {"tf32": True} if args.tf32 and torch.device(args.device).type == "cuda" else {}
+
+
+def render_mlp(res: dict[str, Any], flops: float = 0, matmul: float = 1) -> tuple[list[str], list[str]]:
+    """Tables of an invariant-MLP result (per activation: every run's variants) and verdict lines."""
+    out, found = [], []
+    for act, runs in res["activations"].items():
+        rows = []
+        for run_name, entry in runs.items():
+            twin = entry["stats"].get("twin")
+            for name, st in entry["stats"].items():
+                pr = entry["paired_to_twin"].get(name)
+                row = [act.upper(), f"`{run_name if name == 'fit' else f'{name} (in {run_name})'}`", _ms(st),
+                       _ms(st, "mean"), f"{_ms(st, 'q1')}–{_ms(st, 'q3')}",
+                       f"{st['median'] / twin['median']:.2f}×" if twin and st else "–",
+                       f"{pr['median']:.2f}× ({pr['q1']:.2f}–{pr['q3']:.2f})" if pr else "–",
+                       _mib(entry["peak_mib"].get(name))]  # fmt: skip
+                if flops:
+                    row.append(f"{flops / st['median'] / 1e9:.1f} ({100 * flops / st['median'] / 1e9 / matmul:.0f}%)")
+                rows.append(row)
+            ss = entry.get("step_stats", {})
+            if run_name != "fit" and ss:
+                rows.append([act.upper(), f"`{run_name}` first lean step", "", "", "", "", "",
+                             f"capture {ss.get('capture_seconds', float('nan')):.1f} s"
+                             + (f", compile {ss['compile_seconds']:.1f} s" if ss.get("compile_seconds") else "")
+                             + (f", fell back: {ss['fallback']}" if ss.get("fallback") else "")]
+                            + [""] * bool(flops))  # fmt: skip
+            fit = entry["stats"]["fit"]
+            if twin and fit:
+                line = (f"- {act.upper()}, `{run_name}`: fit / twin = {fit['median'] / twin['median']:.2f}× "
+                        f"(ratio of medians), {entry['paired_to_twin']['fit']['median']:.2f}× paired")  # fmt: skip
+                for slow in ("pyro", "before"):
+                    if entry["stats"].get(slow):
+                        line += f"; the plain Pyro step / fit = {entry['stats'][slow]['median'] / fit['median']:.2f}×"
+                found.append(line + _fell_back(entry) + ".")
+        header = ["act.", "variant", "median ms", "mean ms", "IQR ms", "ratio of medians to twin",
+                  "paired ratio to twin (IQR)", "peak MiB", *["GFLOP/s (of matmul rate)"] * bool(flops)]  # fmt: skip
+        out += [common.md_table(header, rows), ""]
+        checks = {k: v for k, v in runs.get("fit", {}).get("check", {}).items()}
+        if checks:
+            out += ["Same ELBO (same parameters and seed, relative differences): "
+                    + ", ".join(f"{k} {v:.3g}" for k, v in checks.items()), ""]  # fmt: skip
+    return out, found
+
+
+def _fell_back(entry: dict[str, Any]) -> str:
+    why = entry.get("step_stats", {}).get("fallback")
+    return f" (fell back to `{entry['step_stats'].get('compile')}`: {why}; not a compiled number)" if why else ""
+
+
+def section_step(args: argparse.Namespace) -> Path:
+    cfg = MLP_SIZES[{"full": "paper", "quick": "quick", "smoke": "smoke"}[args.mode]]
+    warmup, steps = steps_of(args, (3, 25), (2, 10))
+    B, S, H, D = cfg["batch"], cfg["samples"], cfg["hidden"], cfg["side"] ** 2
+    flops = 4 * B * S * H * D  # x·W1^(s)ᵀ forward 2·B·S·H·D and its backward to the warped rows 2·B·S·H·D
+    matmul = common.matmul_gflops(256 if args.mode == "smoke" else 2048)
+    res = run_mlp(args, cfg, warmup, steps, check=True)
+    tables, lines = render_mlp(res, flops, matmul)
+    body = "\n".join([f"Measured float32 matmul rate ({args.threads} thread(s)): **{matmul:.1f} GFLOP/s**.", "",
+                      "## Time per step", "", *tables])  # fmt: skip
+    settings = {"sizes": cfg, "warm-up / timed steps": f"{warmup} / {steps}", "activations": args.activations,
+                "compile modes": args.compile_modes or "off",
+                "dominant FLOPs per step (4·B·S·H·D)": flops}  # fmt: skip
+    intro = ("The invariant MLP of paper 003 (rotation learned, block-Cholesky guide): `fit`'s own loop, with a "
+             "hand-written PyTorch twin of the same ELBO (`twin`: same transforms, one reparameterised draw, analytic "
+             "KLs, fit's Adam groups, fused) and a plain Pyro step (`pyro`: validation on, per-tensor Adam, a host "
+             "read per step) interleaved in its callbacks. GFLOP/s counts only 4·B·S·H·D.")  # fmt: skip
+    return publish(args, "step_time", "SVI step time of InvariantMLP: fit vs hand-written PyTorch", intro, settings,
+                   body, {"matmul_gflops": matmul, "flops_per_step": flops, "results": res}, lines)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------
+# The symmetrised HNN, the JAX reference and the GPU report (section gpu)
+# ------------------------------------------------------------------------------------------------
+HNN = {
+    "hnn-sho": {"state_dim": 2, "hidden": (200, 200), "num_generators": 1, "num_transforms": 200, "euler_steps": 20,
+                "dt": 0.2, "sampling": "cube", "batch": 28, "particles": (1, 20)},
+    "hnn-3body": {"state_dim": 12, "hidden": (250, 250, 250), "num_generators": 10, "num_transforms": 100,
+                  "euler_steps": 10, "dt": 1.0, "sampling": "ball", "batch": 20, "particles": (2,)},
+    "smoke": {"state_dim": 2, "hidden": (8, 8), "num_generators": 1, "num_transforms": 3, "euler_steps": 2, "dt": 0.2,
+              "sampling": "cube", "batch": 6, "particles": (1, 2)},
+}  # fmt: skip
+#: the JAX reference's command-line settings for the same two systems (scripts/*/table*.sh of the reference)
+REFERENCE_ARGS = {
+    "hnn-sho": ["--group", "quadratic_learn1", "--train_size", "7", "--train_steps", "4", "--steps", "20",
+                "--stepsize", "0.20", "--sym_steps", "50", "--vi", "--dynamics", "harmonic-oscillator", "--act_fun",
+                "elu2", "--n_layers", "3", "--n_hidden", "200", "--sym_samples", "200", "--sym_over_path",
+                "--mc_samples", "20"],
+    "hnn-3body": ["--group", "quadratic_learn10", "--batch_size", "20", "--vi", "--dynamics", "nbody_2d_3b",
+                  "--train_size", "200", "--train_steps", "50", "--stepsize", "1.0", "--act_fun", "elu", "--n_hidden",
+                  "250", "--n_layers", "4", "--sym_samples", "100", "--sym_over_path", "--mc_samples", "2",
+                  "--measure_dist", "ball"],
+}  # fmt: skip
+GPU_PARTS = ("mlp-overhead", "mlp-paper", "hnn-sho", "hnn-3body", "layerwise", "reference")
+
+
+def hnn_case(h: dict[str, Any], seed: int, particles: int) -> dict[str, Any]:
+    """The symmetrised HNN (quadratic symmetry) with its matrix-normal guide set up; full batch."""
+    pyro.set_rng_seed(seed)
+    model = SymmetrisedHNN(h["state_dim"], h["hidden"], symmetry="quadratic", num_generators=h["num_generators"],
+                           num_transforms=h["num_transforms"], euler_steps=h["euler_steps"], dt=h["dt"],
+                           sampling=h["sampling"])  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    x, y = (torch.randn(h["batch"], h["state_dim"], generator=gen) for _ in range(2))
+    guide = guides.get("matrix-normal", model, init_scale=0.01)
+    with poutine.block():
+        guide(x, y, num_data=h["batch"])
+    return {"model": model, "guide": guide, "x": x, "y": y, "batch": None,
+            "fit": {"batch_size": None, "num_particles": particles}}  # fmt: skip
+
+
+def run_hnn(args: argparse.Namespace, part: str) -> dict[str, Any]:
+    """Per number of weight samples: ``fit`` with the plain Pyro step (particles one after another) interleaved
+    (at 20 SHO samples only with ``--hnn-pyro-20``: on a 2-core CPU it was killed for memory), then compile modes."""
+    h = HNN["smoke" if args.mode == "smoke" else part]
+    device, seed = torch.device(args.device), args.seed
+    warmup, steps = steps_of(args, (1, 3))
+    out: dict[str, Any] = {"settings": h, "particles": {}}
+    for p in args.sho_particles if part == "hnn-sho" and args.sho_particles else h["particles"]:
+        others = {}
+        if p == 1 or args.hnn_pyro_20 or part != "hnn-sho":
+            others["pyro"] = pyro_step(hnn_case(h, seed, p), warmup + steps + 3, seed, device, particles=p)
+        for mode in ["off", *args.compile_modes]:
+            entry = time_fit(hnn_case(h, seed, p), others if mode == "off" else {}, warmup, steps, seed, device,
+                             compile=mode, **_tf32(args))  # fmt: skip
+            out["particles"][str(p) if mode == "off" else f"{p} ({mode})"] = entry
+            common.log(f"[{part}] P={p} compile {mode}: {_brief(entry)}")
+    return out
+
+
+WANDB_STUB = '''"""Stand-in for wandb (benchmarks/timing.py): records the time of each epoch's first log call."""
+import atexit, json, os, time
+_first = {}
+class _Run:
+    name = "timing"
+run = _Run()
+config = {}
+def init(*args, **kwargs):
+    return run
+def log(data=None, step=None, *args, **kwargs):
+    _first.setdefault(step, time.perf_counter())
+def Image(*args, **kwargs):
+    return None
+def _write():
+    marks = sorted((k, v) for k, v in _first.items() if k is not None)
+    open(os.environ["TIMING_WANDB_OUT"], "w").write(json.dumps(marks))
+atexit.register(_write)
+'''
+
+
+def run_reference(args: argparse.Namespace) -> dict[str, Any]:
+    """The JAX reference (tychovdo/noethers-razor) at the HNN parts' settings: its ``main.py`` with a stand-in
+    ``wandb`` module that records each epoch's first ``log`` call; seconds per step from the epoch intervals."""
+    ref = Path(args.reference_dir) if args.reference_dir else None
+    if ref is None or not (ref / "main.py").exists():
+        return {"skipped": "no --reference-dir with the reference's main.py (a checkout of tychovdo/noethers-razor)"}
+    warmup, steps = steps_of(args, (1, 3))
+    out: dict[str, Any] = {}
+    for part in args.reference_systems or [p for p in args.parts if p in REFERENCE_ARGS]:
+        with tempfile.TemporaryDirectory() as tmp:
+            Path(tmp, "wandb.py").write_text(WANDB_STUB)
+            log_path = Path(tmp, "epochs.json")
+            env = {**os.environ, "PYTHONPATH": tmp + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   "TIMING_WANDB_OUT": str(log_path)}  # fmt: skip
+            if args.device == "cpu":
+                env["JAX_PLATFORMS"] = "cpu"
+            else:  # this process's torch holds GPU memory: JAX must not claim 75 % of it up front
+                env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+                torch.cuda.empty_cache()
+            cmd = [sys.executable, "main.py", *REFERENCE_ARGS[part], "--n_epochs", str(warmup + steps + 1),
+                   "--seed", str(args.seed)]  # fmt: skip
+            proc = subprocess.run(cmd, cwd=ref, env=env, capture_output=True, text=True, check=False)
+            if proc.returncode != 0 or not log_path.exists():
+                out[part] = {"error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
+                continue
+            marks = json.loads(log_path.read_text())
+            gaps = [b[1] - a[1] for a, b in zip(marks, marks[1:]) if a[0] >= 1 + warmup]
+            per_epoch = 1 if part == "hnn-sho" else 10  # 7 trajectories full batch; 200 / batch 20
+            out[part] = {"epoch_seconds": gaps, "s_per_step": statistics.median(gaps) / per_epoch if gaps else None,
+                         "steps_per_epoch": per_epoch, "command": cmd}  # fmt: skip
+    return out
+
+
+def render_hnn(part: str, res: dict[str, Any], reference: dict[str, Any], cuda: bool) -> tuple[list[str], list[str]]:
+    h, rows, found = res["settings"], [], []
+    for p, entry in res["particles"].items():
+        for name, st in entry["stats"].items():
+            if st:
+                rows.append([p, f"`{name}`", _ms(st), _ms(st, "mean"), f"{_ms(st, 'q1')}–{_ms(st, 'q3')}", st["n"],
+                             _mib(entry["peak_mib"].get(name))])  # fmt: skip
+        fit, slow = entry["stats"]["fit"], entry["stats"].get("pyro") or entry["stats"].get("before")
+        if slow:
+            found.append(f"- {part}, {p} weight sample(s): the plain Pyro step / fit = "
+                         f"{slow['median'] / fit['median']:.2f}× (ratio of medians).")  # fmt: skip
+        if cuda and part == "hnn-3body":
+            met = "met" if fit["median"] <= 0.05 and not _fell_back(entry) else "not met"
+            found.append(f"- hnn-3body, {p} weight samples: fit {fit['median'] * 1e3:.1f} ms/step — GPU criterion "
+                         f"≤ 50 ms: {met}{_fell_back(entry)}.")  # fmt: skip
+        ref = reference.get(part, {})
+        if ref.get("s_per_step"):
+            ratio = fit["median"] / ref["s_per_step"]
+            crit = (f" — criterion ≤ 0.5× at 20 samples: {'met' if ratio <= 0.5 else 'not met'}"
+                    if part == "hnn-sho" and p.split()[0] == "20" else "")  # fmt: skip
+            found.append(f"- {part}, {p} weight sample(s): fit / JAX reference ({ref['s_per_step'] * 1e3:.1f} ms, "
+                           f"its own weight samples) = {ratio:.2f}×{crit}.")  # fmt: skip
+    title = (f"## Symmetrised HNN, {part.split('-')[1]} (hidden {h['hidden']}, S = {h['num_transforms']}, "
+             f"E = {h['euler_steps']}, K = {h['num_generators']}, B = {h['batch']})")  # fmt: skip
+    table = common.md_table(["weight samples", "variant", "median ms", "mean ms", "IQR ms", "steps", "peak MiB"], rows)
+    return [title, "", table, ""], found
+
+
+def render_gpu(results: dict[str, Any], device: str) -> tuple[str, list[str]]:
+    """The tables of a ``gpu`` result, and its verdict lines."""
+    cuda, out, lines = device.startswith("cuda"), [], []
+    for part in ("mlp-overhead", "mlp-paper"):
+        if part in results:
+            c = results[part]["sizes"]
+            out += [(f"## Invariant MLP, {part.split('-')[1]} size (B = {c['batch']}, S = {c['samples']}, "
+                     f"H = {c['hidden']}, {c['side']}×{c['side']}, N = {c['num_data']})"), ""]  # fmt: skip
+            tables, found = render_mlp(results[part])
+            out += tables
+            lines += [f"- {part.split('-')[1]} size," + v[1:] for v in found]
+    for part in ("hnn-sho", "hnn-3body"):
+        if part in results:
+            tables, found = render_hnn(part, results[part], results.get("reference", {}), cuda)
+            out, lines = out + tables, lines + found
+    if "layerwise" in results:
+        out += [render_layerwise(results["layerwise"].get("rows", [])), ""]
+    if "reference" in results:
+        ref = results["reference"]
+        rows = [[s, f"{e['s_per_step'] * 1e3:.1f}" if e.get("s_per_step") else e.get("error", "–")]
+                for s, e in ref.items() if isinstance(e, dict)]  # fmt: skip
+        out += ["## JAX reference (tychovdo/noethers-razor)", "",
+                f"Not run: {ref['skipped']}." if "skipped" in ref else common.md_table(["system", "ms/step"], rows), ""]
+    return "\n".join(out), lines
+
+
+GPU_TITLE = "Training step time on {}: fit's loop vs a hand-written twin, compiled"
+GPU_INTRO = ("Every `fit` row is `pyro_invariance.fit`'s own loop, timed between its callbacks; the other variants "
+             "run one step each inside those callbacks, interleaved: `twin` (a hand-written PyTorch twin of the same "
+             "ELBO), `pyro` (a plain Pyro step). `fit-<mode>` rows are separate runs with `compile=<mode>`, each with "
+             "its own twin. Compare ratios within a run, not absolute times across runs.")  # fmt: skip
+
+
+def section_gpu(args: argparse.Namespace) -> Path:
+    if args.rerender:
+        return rerender_gpu(args)
+    results: dict[str, Any] = {}
+    for part in args.parts:
+        t0 = time.perf_counter()
+        if part.startswith("mlp-"):
+            cfg = MLP_SIZES["smoke" if args.mode == "smoke" else part.split("-")[1]]
+            results[part] = run_mlp(args, cfg, *steps_of(args, (20, 200) if part == "mlp-overhead" else (2, 20)), False)
+        elif part.startswith("hnn-"):
+            results[part] = run_hnn(args, part)
+        elif part == "layerwise":
+            results[part] = {"alpha": layerwise_size(args)["alpha"], "rows": measure_layerwise(args)}
+        elif part == "reference":
+            results[part] = run_reference(args)
+        common.log(f"[{part}] done in {time.perf_counter() - t0:.0f} s")
+    settings = {"parts": ",".join(args.parts), "activations": ",".join(args.activations),
+                "compile modes": ",".join(args.compile_modes) or "none", "warm-up / timed steps":
+                f"{args.warmup} / {args.steps} (None: each part's default)", "seed": args.seed,
+                "TF32 (CUDA)": bool(_tf32(args)), "fit settings": "library defaults, progress off"}  # fmt: skip
+    body, lines = render_gpu(results, args.device)
+    kind = torch.device(args.device).type
+    return publish(args, f"gpu_step_time_{kind}", GPU_TITLE.format(kind.upper()), GPU_INTRO, settings, body,
+                   {"results": results}, lines)  # fmt: skip
+
+
+def rerender_gpu(args: argparse.Namespace) -> Path:
+    """Redraw the tables of results JSON files written by this section (e.g. on a GPU machine by
+    ``benchmarks/gpu_session.sh``) into ``--out-dir``; ``--with-reference`` joins the JAX reference's timings from
+    another JSON of the same session (the JSON files themselves are written unchanged)."""
+    md_path = Path()
+    for path in map(Path, args.rerender):
+        payload = json.loads(path.read_text())
+        device, command, results = payload["settings"]["device"], payload["command"], payload["results"]
+        if device.startswith("cuda"):  # run by gpu_session.sh into a temporary folder on the GPU machine
+            part = path.stem.removeprefix("gpu_step_time_cuda_")
+            tail = command.split("--stem", 1)[-1].split(" ", 2)[-1]
+            command = f"OUT=<folder> bash benchmarks/gpu_session.sh   # part '{part}': {tail}"
+        if args.with_reference is not None:
+            reference = json.loads(Path(args.with_reference).read_text())["results"]["reference"]
+            results = {**results, "reference": reference}
+            command += f"\n# the JAX reference: {Path(args.with_reference).name}, the same session (--with-reference)"
+        title = GPU_TITLE.format(torch.device(device).type.upper())
+        md = common.header_markdown(title, payload["machine"], payload["settings"], command, GPU_INTRO)
+        body, lines = render_gpu(results, device)
+        md_path, _ = common.write_results(path.stem, f"{md}\n{body}\n\n{verdict(lines)}", payload, Path(args.out_dir))
+        common.log(f"re-rendered {md_path}")
+    return md_path
+
+
+# ------------------------------------------------------------------------------------------------
+# Layer-wise networks (paper 004) vs a plain torch twin (sections layerwise, gpu), and the cost per layer type
+# ------------------------------------------------------------------------------------------------
+LAYERWISE_MODELS = ("layerwise-conv", "layerwise-f-fc+conv")
+LAPLACE_EVERY = 10  # steps between two Laplace updates (fit_laplace's curvature on minibatches of 32)
+
+
+def polyphase_select_plain(y: Tensor) -> Tensor:
+    """Per-example adaptive polyphase selection of ``(B, C, H, W)``: the 2×2 phase of largest norm, in plain torch."""
+    b, c, h, w = y.shape
+    y6 = y.reshape(b, c, h // 2, 2, w // 2, 2)
+    with torch.no_grad():
+        index = y6.permute(0, 3, 5, 1, 2, 4).reshape(b, 4, -1).square().sum(-1).argmax(1)
+    return y6[torch.arange(b, device=y.device), :, :, index // 2, :, index % 2]
+
+
+class TwinBlock(nn.Module):
+    """``ReLU((Σ pathways)/√K + b)`` with CONV (circular padding, stride 1 + polyphase selection), F-FC and FC."""
+
+    def __init__(self, spec: Any, kinds: Sequence[str]) -> None:
+        super().__init__()
+        if spec.g_in != 1 or spec.g_out != 1 or not set(kinds) <= {"conv", "ffc", "fc"}:
+            raise ValueError(f"the twin has CONV, F-FC and FC pathways on plain maps only, got {kinds}")
+        self.spec, self.kinds, self.coef = spec, tuple(kinds), {"bias": 1.0}  # parameter -> prior precision (δ = 1)
+        if "conv" in kinds:
+            self.conv = nn.Conv2d(spec.c_in, spec.c_out, 3, padding=1, padding_mode="circular", bias=False)
+            self.coef["conv.weight"] = spec.c_in * 9 / 2.0  # w = θ·√(2/fan_in)
+        if "ffc" in kinds:
+            k, c, p, q = spec.c_out, spec.c_in, spec.h_in * spec.w_in, spec.h_out * spec.w_out
+            self.ffc_out = nn.Parameter(torch.randn(k, c, q) * math.sqrt(2.0 / c))
+            self.ffc_in = nn.Parameter(torch.randn(k, c, p) / math.sqrt(p))
+            self.coef["ffc_out"], self.coef["ffc_in"] = c / 2.0, float(p)
+        if "fc" in kinds:
+            self.fc = nn.Linear(spec.in_size, spec.out_size)
+            self.coef["fc.weight"], self.coef["fc.bias"] = spec.in_size / 2.0, 1.0
+        self.bias = nn.Parameter(torch.zeros(spec.c_out))
+
+    def forward(self, x: Tensor) -> Tensor:
+        s, parts = self.spec, []
+        if "conv" in self.kinds:
+            parts.append(polyphase_select_plain(self.conv(x)) if s.stride == 2 else self.conv(x))
+        if "ffc" in self.kinds:
+            z = torch.einsum("bcp,kcp->bkc", x.flatten(2), self.ffc_in)
+            parts.append(torch.einsum("bkc,kcq->bkq", z, self.ffc_out).reshape(x.shape[0], s.c_out, s.h_out, s.w_out))
+        if "fc" in self.kinds:
+            parts.append(self.fc(x.flatten(1)).reshape(x.shape[0], s.c_out, s.h_out, s.w_out))
+        total = sum(parts[1:], parts[0])
+        return F.relu((total / math.sqrt(len(parts)) if len(parts) > 1 else total) + self.bias[:, None, None])
+
+
+class TwinNet(nn.Module):
+    """A plain torch twin of a layer-wise network with CONV / F-FC / FC pathways: the same blocks, strides,
+    polyphase selection and head, raw (He-scaled) weights; :meth:`loss` = (N/B)·cross-entropy + ½ Σ δ‖θ‖²
+    (δ = 1, θ = w/gain)."""
+
+    def __init__(self, arch: Any) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([TwinBlock(spec, arch.kinds) for spec in arch.blocks])
+        self.head0 = nn.Linear(arch.head_in, arch.head_hidden)
+        self.head1 = nn.Linear(arch.head_hidden, arch.num_classes)
+        self.coef = {f"blocks.{i}.{k}": v for i, b in enumerate(self.blocks) for k, v in b.coef.items()}
+        self.coef.update({"head0.weight": arch.head_in / 2.0, "head0.bias": 1.0, "head1.weight": arch.head_hidden / 1.0,
+                          "head1.bias": 1.0})  # fmt: skip
+
+    def loss(self, x: Tensor, y: Tensor, num_data: int) -> Tensor:
+        h = x
+        for block in self.blocks:
+            h = block(h)
+        logits = self.head1(F.relu(self.head0(h.flatten(1))))
+        nll = F.cross_entropy(logits, y, reduction="sum") * (num_data / x.shape[0])
+        return nll + sum(0.5 * self.coef[n] * p.square().sum() for n, p in self.named_parameters())
+
+    def gains(self) -> dict[str, float]:
+        """``raw parameter = θ·gain`` for every parameter (θ the Pyro site's value)."""
+        weights = ("weight", "ffc_out", "ffc_in")
+        return {n: 1.0 / math.sqrt(c) if n.endswith(weights) else 1.0 for n, c in self.coef.items()}
+
+    @staticmethod
+    def pyro_site(name: str) -> str:
+        return (name.replace("ffc_out", "ffc.weight_out").replace("ffc_in", "ffc.weight_in")
+                .replace("head0", "head.0").replace("head1", "head.1"))  # fmt: skip
+
+    @torch.no_grad()
+    def load_sites(self, values: dict[str, Tensor]) -> TwinNet:
+        gains = self.gains()
+        for n, p in self.named_parameters():
+            p.copy_(values[self.pyro_site(n)].reshape(p.shape) * gains[n])
+        return self
+
+
+def check_twin(case: dict[str, Any], twin: TwinNet) -> dict[str, Any]:
+    """Pyro's MAP loss and site gradients vs the twin's at the same point: Pyro's loss carries the prior's
+    normalisers Σ ½ log(2π/δ), added to the twin's; gradients compared per site as ∂/∂θ = gain·∂/∂w."""
+    model, guide, n, b = case["model"], case["guide"], case["x"].shape[0], case["batch"]
+    values = {k: v.detach() for k, v in guide.median().items()}
+    with pyro.validation_enabled(True):
+        loss_p = TraceMeanField_ELBO().differentiable_loss(model, guide, case["x"][:b], case["y"][:b], num_data=n)
+    loss_p.backward()
+    loss_t = twin.loss(case["x"][:b], case["y"][:b], n)
+    loss_t.backward()
+    grads = {k.removesuffix("_unconstrained"): p.grad for k, p in guide.named_parameters()}
+    gains, worst = twin.gains(), (0.0, "")
+    for k, p in twin.named_parameters():
+        gp = grads[twin.pyro_site(k)].reshape(p.shape)
+        worst = max(worst, (float((gp - p.grad * gains[k]).norm() / gp.norm().clamp_min(1e-30)), twin.pyro_site(k)))
+    lp = float(loss_p.detach())
+    lt = float(loss_t.detach()) + sum(v.numel() for v in values.values()) * 0.5 * math.log(2 * math.pi)
+    guide.zero_grad(set_to_none=True)
+    twin.zero_grad(set_to_none=True)
+    return {"loss_pyro": lp, "loss_twin_plus_const": lt, "loss_rel_diff": abs(lp - lt) / abs(lp),
+            "max_grad_rel_diff": worst[0], "max_grad_rel_diff_site": worst[1]}  # fmt: skip
+
+
+def layerwise_size(args: argparse.Namespace) -> dict[str, Any]:
+    return {"full": {"alpha": args.alpha, "batch": 128, "image": (3, 32, 32)},
+            "quick": {"alpha": 2, "batch": 32, "image": (3, 32, 32)},
+            "smoke": {"alpha": 1, "batch": 8, "image": (3, 8, 8)}}[args.mode]  # fmt: skip
+
+
+def measure_layerwise(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Per model and variant (``fit``: the ``map`` guide with ``prior="fixed"``; ``fit-laplace``: ``fit_laplace``
+    with diagonal-GGN MacKay updates every 10 steps; ``fit-<mode>``: ``fit(compile=<mode>)``), one run with the twin
+    (loaded with the MAP point) interleaved in its callbacks. The training set is 2·batch random images."""
+    size, device, seed = layerwise_size(args), torch.device(args.device), args.seed
+    warmup, steps = steps_of(args, (10, 20))
+    gen = torch.Generator().manual_seed(seed)
+    n = 2 * size["batch"]
+    x, y = torch.randn(n, *size["image"], generator=gen), torch.randint(0, 10, (n,), generator=gen)
+    rows = []
+    for name in args.models:
+        for variant in args.layerwise_variants:
+            pyro.set_rng_seed(seed)
+            model = pi.MODELS.get(name, image_shape=size["image"], num_classes=10, alpha=size["alpha"], prior="fixed")
+            guide = guides.get("map", model)
+            with poutine.block():
+                guide(x[: size["batch"]], y[: size["batch"]], num_data=n)
+            case = {"model": model, "guide": guide, "x": x, "y": y, "batch": size["batch"],
+                    "fit": {"batch_size": size["batch"]}}  # fmt: skip
+            twin = TwinNet(model.arch).load_sites({k: v.detach() for k, v in guide.median().items()})
+            check = check_twin(case, twin)
+            twin.to(device)
+            others = {"twin": torch_step(twin.loss, [{"params": list(twin.parameters()), "lr": 1e-2}], case,
+                                         warmup + steps + 3, seed, device)}  # fmt: skip
+            fit_fn = functools.partial(pi.fit_laplace, every=LAPLACE_EVERY, warmup=0, curvature="diagonal",
+                                       delta_update="mackay") if variant == "fit-laplace" else pi.fit  # fmt: skip
+            mode = variant.removeprefix("fit-") if variant not in ("fit", "fit-laplace") else "off"
+            e = time_fit(case, others, warmup, steps, seed, device, fit_fn=fit_fn, compile=mode)
+            fit, tw = e["stats"]["fit"], e["stats"]["twin"]
+            rows.append({"model": name, "variant": variant, "device": str(device), "alpha": size["alpha"],
+                         "batch": size["batch"], "train_size": n, "params": model.num_parameters(),
+                         "ms_per_step": fit["mean"] * 1e3, "step_ms_median": fit["median"] * 1e3,
+                         "ms_q1": fit["q1"] * 1e3, "ms_q3": fit["q3"] * 1e3, "twin_ms": tw["median"] * 1e3,
+                         "ratio_to_twin": fit["median"] / tw["median"],
+                         "paired_ratio_to_twin": e["paired_to_twin"]["fit"]["median"],
+                         "peak_mem_mib": e["peak_mib"].get("fit"), "steps": fit["n"], "check": check,
+                         "step_stats": e["step_stats"]})  # fmt: skip
+            common.log(f"[layerwise {name} {variant}] {_brief(e)}")
+    return rows
+
+
+def render_layerwise(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "No layer-wise rows."
+    table = [[f"α={r['alpha']}, B={r['batch']}", f"`{r['model']}`", f"`{r['variant']}`", f"{r['params']:,}",
+              f"{r['ms_per_step']:.1f}", f"{r.get('step_ms_median', float('nan')):.1f}",
+              f"{r.get('twin_ms', float('nan')):.1f}", f"{r.get('ratio_to_twin', float('nan')):.2f}×",
+              f"{r.get('paired_ratio_to_twin', float('nan')):.2f}×", _mib(r.get("peak_mem_mib"))]
+             for r in rows]  # fmt: skip
+    checks = [[f"`{r['model']}`", f"{c['loss_pyro']:.6g}", f"{c['loss_twin_plus_const']:.6g}",
+               f"{c['loss_rel_diff']:.1e}", f"{c['max_grad_rel_diff']:.1e} ({c['max_grad_rel_diff_site']})"]
+              for r in rows if (c := r.get("check")) and r["variant"] == rows[0]["variant"]]  # fmt: skip
+    return "\n".join([
+        f"## Layer-wise networks, α = {rows[0]['alpha']}", "",
+        common.md_table(["size", "model", "variant", "params", "ms/step (mean: amortised)", "median ms", "twin ms",
+                         "× twin (medians)", "paired × twin", "peak MiB"], table), "",
+        "Twin check (the twin loaded with the MAP point, one minibatch, before timing):", "",
+        common.md_table(["model", "Pyro loss", "twin loss + normaliser", "rel. diff", "max rel. grad diff (site)"],
+                        checks), ""])  # fmt: skip
+
+
+def section_layerwise(args: argparse.Namespace) -> Path:
+    rows = measure_layerwise(args)
+    lines = [f"- α = {r['alpha']}, `{r['model']}`, `{r['variant']}`: fit / twin = {r['paired_ratio_to_twin']:.2f}× "
+               f"(paired), {r['ratio_to_twin']:.2f}× (ratio of medians)." for r in rows]  # fmt: skip
+    size = layerwise_size(args)
+    settings = {"size": size, "models": args.models, "variants": args.layerwise_variants,
+                "warm-up / timed steps": "{} / {}".format(*steps_of(args, (10, 20))), "train_size N": "2·batch",
+                "twin": "one Adam group (lr 0.01, fused), cosine, no host reads"}  # fmt: skip
+    intro = ("`fit` (the `map` guide, `prior=\"fixed\"`: δ = 1) or `fit_laplace` (diagonal GGN, MacKay's update "
+             f"every {LAPLACE_EVERY} steps) timed between its callbacks; a plain torch twin (`nn.Conv2d` with "
+             "circular padding at stride 1 + the same polyphase selection, the same F-FC einsums and head; loss "
+             "(N/B)·CE + ½ Σ δ‖θ‖²) steps inside them. The mean over the timed steps is the amortised time "
+             "(Laplace updates included).")  # fmt: skip
+    return publish(args, "layerwise_step_time", "Layer-wise networks: time per training step vs a plain torch twin",
+                   intro, settings, render_layerwise(rows), {"rows": rows}, lines)
+
+
+def in_child(args: argparse.Namespace, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """``CHILDREN[kind](spec)`` in a fresh process (its own peak memory); in-process with ``--smoke``."""
+    if args.mode == "smoke":
+        return CHILDREN[kind](spec)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, json.dumps(spec), "--threads", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------------------------------------
+# Smaller sections
+# ------------------------------------------------------------------------------------------------
+def section_noether_flow(args: argparse.Namespace) -> Path:
+    """The symmetrised HNN on Kepler-sized states (M = 4, batch 100, K = 3, ball sampling, matrix-normal guide) at
+    S symmetry samples: the quadratic symmetry (matrix exponentials) vs the learned non-quadratic C (32 hidden units
+    + a quadratic form; RK4 flows of n steps), and the plain HNN."""
+    smoke = args.mode == "smoke"
+    base = {"hidden": (8, 8) if smoke else (64, 64), "euler_steps": 2 if smoke else 5, "num_generators": 3,
+            "sampling": "ball"}  # fmt: skip
+    warmup, steps = steps_of(args, (2, 10))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(100, 4, generator=gen)
+    y = x + 0.05 * torch.randn(100, 4, generator=gen)
+    variants = [("HNN", 8, {"symmetry": "none"})]
+    for s in (2,) if smoke else (8, 32):
+        variants.append((f"quadratic (expm), S = {s}", s, {"symmetry": "quadratic"}))
+        for k in (2,) if smoke else (4, 8):
+            variants.append((f"non-quadratic (RK4 × {k}), S = {s}", s,
+                             {"symmetry": "neural", "flow_steps": k, "conserved_hidden": (32,)}))  # fmt: skip
+    rows = []
+    for label, s, extra in variants:
+        pyro.set_rng_seed(0)
+        kw = {**base, **extra}
+        if kw["symmetry"] == "none":
+            kw.pop("num_generators"), kw.pop("sampling")
+        model = SymmetrisedHNN(4, num_transforms=s, dt=0.5, **kw)
+        case = {"model": model, "guide": guides.get("matrix-normal", model, init_scale=0.01), "x": x, "y": y,
+                "fit": {"batch_size": None}}  # fmt: skip
+        e = time_fit(case, {}, warmup, steps, 0, torch.device(args.device))
+        st = e["stats"]["fit"]
+        rows.append({"variant": label, "S": s, "s_per_step": st["mean"], "median_s": st["median"]})
+        common.log(f"{label}: {rows[-1]['s_per_step'] * 1e3:.0f} ms/step")
+    quad = {r["S"]: r["s_per_step"] for r in rows if r["variant"].startswith("quadratic")}
+    table = [[r["variant"], f"{r['s_per_step'] * 1e3:.0f}",
+              f"{r['s_per_step'] / quad[r['S']]:.1f}×" if r["S"] in quad and r["variant"] != "HNN" else "–"]
+             for r in rows]  # fmt: skip
+    settings = {**base, "state_dim": 4, "batch": 100, "timed_steps": steps, "warmup": warmup}
+    return publish(args, "noether_flow_step_time", "Symmetrised HNN: ODE-flow vs matrix-exponential symmetry samples, "
+                   "time per step", section_noether_flow.__doc__ or "", settings,
+                   common.md_table(["variant", "ms/step (mean)", "vs quadratic at the same S"], table) + "\n",
+                   {"rows": rows})  # fmt: skip
+
+
+TRANSFORM_SIZES = {"paper": {"batch": 128, "samples": 32, "hidden": 1024, "side": 28},
+                   "small": {"batch": 32, "samples": 4, "hidden": 64, "side": 28},
+                   "smoke": {"batch": 8, "samples": 2, "hidden": 16, "side": 8}}  # fmt: skip
+
+
+def _features_steps(cfg: dict[str, int], activation: str, seed: int) -> dict[str, Callable[[], Any]]:
+    """Per path: ``features(x)`` forward + ``autograd.grad`` of ⟨features(x), g⟩ (train) and the forward under
+    ``no_grad`` (eval), for a model with rotation learned at η = 0.5."""
+    model = InvariantMLP(image_shape=(1, cfg["side"], cfg["side"]), hidden=cfg["hidden"], activation=activation,
+                         symmetry="rotation", eta_init=0.5, num_transforms=cfg["samples"], init_seed=seed)  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(cfg["batch"], cfg["side"] ** 2, generator=gen)
+    g = torch.randn(cfg["batch"], cfg["hidden"], generator=gen)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def features(path: str) -> Tensor:
+        model.transform_on = path
+        return model.features(x)
+
+    def train(path: str) -> Callable[[], Any]:
+        return lambda: torch.autograd.grad((features(path) * g).sum(), params)
+
+    def evaluate(path: str) -> Callable[[], Any]:
+        return lambda: torch.no_grad()(features)(path)
+
+    paths = ("weights", "inputs")
+    return {**{f"train {p}": train(p) for p in paths}, **{f"eval {p}": evaluate(p) for p in paths}}
+
+
+def section_transform_path(args: argparse.Namespace) -> Path:
+    """``InvariantMLP.features`` warps the S·H rows of W1 by T_s (``transform_on="weights"``, ~S·H·D
+    interpolations) or the S·B inputs by T_s⁻¹ (``"inputs"``, ~S·B·D, with |det T_s|⁻¹); the matmul FLOPs
+    2·S·B·H·D are the same.
+    ``"auto"`` takes ``"inputs"`` when B < H. Timed: both paths interleaved (median and IQR), and a sweep over B at
+    S = 8 locating the crossover (train: forward + backward, η learned; eval: forward under ``no_grad``)."""
+    smoke, results, sweep = args.mode == "smoke", {}, []
+    reps = {"paper": 15, "small": 200, "smoke": 2}
+    for size in ("smoke",) if smoke else ("paper", "small"):
+        for act in args.activations:
+            times = interleaved(_features_steps(TRANSFORM_SIZES[size], act, args.seed),
+                                1 if smoke else 2, args.steps or reps[size])  # fmt: skip
+            results[f"{size}/{act}"] = {"stats": {k: summary(v) for k, v in times.items()}}
+    grid = {16: [4, 32]} if smoke else {256: [32, 64, 128, 256, 512, 1024], 1024: [256, 512, 1024, 2048]}
+    for act in args.activations:
+        for hidden, batches in grid.items():
+            for b in batches:
+                cfg = {"batch": b, "samples": 2 if smoke else 8, "hidden": hidden, "side": 8 if smoke else 28}
+                times = interleaved(_features_steps(cfg, act, args.seed), 1, 1 if smoke else 7)
+                sweep.append({"batch": b, "hidden": hidden, "activation": act,
+                              "median_s": {k: statistics.median(v) for k, v in times.items()}})  # fmt: skip
+    parts = ["## features: median ms (IQR)", ""]
+    rows = [[key, *(f"{v['median'] * 1e3:.2f} ({v['q1'] * 1e3:.2f}–{v['q3'] * 1e3:.2f})"
+                    for v in e["stats"].values()),
+             f"{e['stats']['train weights']['median'] / e['stats']['train inputs']['median']:.2f}"]
+            for key, e in results.items()]  # fmt: skip
+    parts += [common.md_table(["size/activation", "train weights", "train inputs", "eval weights", "eval inputs",
+                               "train w/i"], rows), "",
+              "## Crossover over B (median ms; w/i > 1: inputs faster)", ""]  # fmt: skip
+    rows = [[r["activation"], r["hidden"], r["batch"], f"{r['batch'] / r['hidden']:.3g}",
+             *(f"{r['median_s'][f'{m} {p}'] * 1e3:.2f}" for m in ("train", "eval") for p in ("weights", "inputs")),
+             f"{r['median_s']['train weights'] / r['median_s']['train inputs']:.2f}",
+             f"{r['median_s']['eval weights'] / r['median_s']['eval inputs']:.2f}"] for r in sweep]  # fmt: skip
+    parts += [common.md_table(["activation", "H", "B", "B/H", "train weights", "train inputs", "eval weights",
+                               "eval inputs", "train w/i", "eval w/i"], rows), ""]  # fmt: skip
+    settings = {"sizes": TRANSFORM_SIZES, "repetitions": args.steps or reps, "sweep": f"S = 8, B per H: {grid}",
+                "symmetry": "rotation, η learned (init 0.5)"}  # fmt: skip
+    return publish(args, "transform_path", "Transform path of InvariantMLP: warp weights or inputs",
+                   section_transform_path.__doc__ or "", settings, "\n".join(parts),
+                   {"results": {"features": results, "sweep": sweep}})  # fmt: skip
+
+
+KFAC_VARIANTS = ("fc", "conv", "fc+conv", "f-fc+conv", "s-fc+s-conv", "fc+conv+gconv")
+KFAC_METHODS = ("diagonal", "kfac-sampled", "kfac-exact")
+
+
+def child_kfac(spec: dict[str, Any]) -> dict[str, Any]:
+    """One curvature pass over the data + δ update, ``repeats`` times (median seconds), and the peak RSS."""
+    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    pyro.set_rng_seed(0)
+    size, n = spec["size"], spec["num_data"]
+    model = LayerwiseNet(spec["variant"], (1, size, size), 10, alpha=spec["alpha"], prior="fixed")
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.rand(n, 1, size, size, generator=gen), torch.randint(0, 10, (n,), generator=gen)
+    guide = guides.get("map", model, init_loc_fn=make_init_loc_fn(model.arch, "prior"))
+    with poutine.block():
+        guide(x[:2], y[:2])
+    values = {k: v.detach() for k, v in guide.median().items()}
+    sites = [s for g in model.precision_groups() for s in g.sites]
+    loaded, times = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, []
+    for r in range(spec["repeats"]):
+        t0, rng = time.perf_counter(), torch.Generator().manual_seed(r)
+        if spec["method"] == "diagonal":
+            mackay_update(model, values, diagonal_ggn(model, values, x, sites, batch_size=32, generator=rng))
+        else:
+            curv = kfac_curvature(model, values, x, batch_size=32, labels=spec["method"].split("-")[1], generator=rng)
+            gradient_update(model, values, curv, steps=100, lr=0.1)
+        times.append(time.perf_counter() - t0)
+    return {"variant": spec["variant"], "method": spec["method"], "params": model.num_parameters(),
+            "seconds": sorted(times)[len(times) // 2], "model_loaded_rss_mb": loaded / 1024,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "baseline_rss_mb": baseline / 1024}  # fmt: skip
+
+
+def section_kfac(args: argparse.Namespace) -> Path:
+    """For every layer-wise variant at α = 2 on 16-px inputs: seconds for one curvature pass over the data
+    (``kfac_curvature`` with exact labels, C backward passes per minibatch of 32; sampled labels, one; the diagonal
+    GGN with one label draw) plus the δ update that follows (KFAC: 100 Adam steps on log δ; diagonal: MacKay's
+    update), and the peak resident memory of a fresh process doing it."""
+    sizes = {"full": (512, 3, 2, 16), "quick": (128, 1, 2, 16), "smoke": (16, 1, 1, 8)}
+    num_data, repeats, alpha, size = sizes[args.mode]
+    variants = ("fc", "conv") if args.mode == "smoke" else KFAC_VARIANTS
+    rows = [in_child(args, "kfac", {"variant": v, "method": m, "num_data": num_data, "repeats": repeats, "alpha": alpha,
+                                    "size": size}) for v in variants for m in KFAC_METHODS]  # fmt: skip
+    body = []
+    for r in rows:
+        diag = next(d for d in rows if d["variant"] == r["variant"] and d["method"] == "diagonal")
+        body.append([r["variant"], f"{r['params']:,}", r["method"], f"{r['seconds']:.2f}",
+                     f"{r['seconds'] / diag['seconds']:.1f}×", f"{r['peak_rss_mb']:.0f}",
+                     f"{r['peak_rss_mb'] - r['model_loaded_rss_mb']:+.0f}"])  # fmt: skip
+    settings = {"alpha": alpha, "input": f"1×{size}×{size}", "classes": 10, "num_data": num_data, "minibatch": 32,
+                "repeats (median)": repeats,
+                "delta update": "KFAC: 100 Adam steps on log δ; diagonal: MacKay"}  # fmt: skip
+    table = common.md_table(["variant", "params", "curvature", "seconds / update", "vs diagonal", "peak RSS (MB)",
+                             "peak above the loaded model (MB)"], body)  # fmt: skip
+    return publish(args, "kfac_update_cost", "Layer-wise Laplace: cost of one curvature + δ update, KFAC vs diagonal",
+                   section_kfac.__doc__ or "", settings, table + "\n", {"rows": rows})  # fmt: skip
+
+
+GUIDE_NAMES = ("map", "mean-field", "matrix-normal", "block-cholesky", "full-rank")
+
+
+def section_guides(args: argparse.Namespace) -> Path:
+    """For every hidden width H (latents: W2 (10 × H), b2 and σ_p), the invariant MLP (RFF, learned rotation, S = 16,
+    8×8 rotated digits) from the same seed with each guide: ``fit``'s step (batch 128), several short fits per guide
+    in rotated order. ``map`` (no sampling, no log q) gives the model's own cost: t(guide) − t(map) is the guide's."""
+    widths = {"full": (32, 64, 128, 256, 512), "quick": (32, 64), "smoke": (8,)}[args.mode]
+    rounds, (warmup, steps) = (1 if args.mode == "smoke" else 3), steps_of(args, (1, 5), (1, 2))
+    x, y = digits(args.mode, 128 if args.mode == "smoke" else None)
+    samples = 2 if args.mode == "smoke" else 16
+    rows = []
+    for h in widths:
+        cases = {}
+        for g in GUIDE_NAMES:
+            pyro.set_rng_seed(args.seed)
+            model = InvariantMLP(image_shape=(1, 8, 8), num_classes=10, hidden=h, num_transforms=samples,
+                                 symmetry="rotation")  # fmt: skip
+            cases[g] = {"model": model, "guide": guides.get(g, model), "x": x, "y": y,
+                        "fit": {"batch_size": 128}}  # fmt: skip
+        times: dict[str, list[float]] = {g: [] for g in GUIDE_NAMES}
+        for r in range(rounds):
+            for g in rotated(GUIDE_NAMES, r):
+                times[g] += time_fit(cases[g], {}, warmup, steps, args.seed, torch.device(args.device))["times"]["fit"]
+        base = statistics.median(times["map"])
+        for g in GUIDE_NAMES:
+            st = summary(times[g])
+            rows.append({"hidden": h, "latents": 10 * h + 11, "guide": g, "median_s": st["median"],
+                         "params": guides.num_guide_parameters(cases[g]["guide"]), "iqr_s": st["q3"] - st["q1"],
+                         "overhead_s": st["median"] - base})  # fmt: skip
+            common.log(f"H={h} {g}: {st['median'] * 1e3:.1f} ms/step")
+    by = {(r["hidden"], r["guide"]): r for r in rows}
+    parts = ["## Median time per step (ms)", "", common.md_table(["H", "latents D", *GUIDE_NAMES], [
+        [h, 10 * h + 11, *(f"{by[h, g]['median_s'] * 1e3:.1f}" for g in GUIDE_NAMES)] for h in widths]), "",
+        "## Guide overhead per step, t(guide) − t(map) (ms)", "", common.md_table(["H", *GUIDE_NAMES[1:]], [
+            [h, *(f"{by[h, g]['overhead_s'] * 1e3:.1f}" for g in GUIDE_NAMES[1:])] for h in widths]), "",
+        "## Guide parameters (effective free coordinates)", "", common.md_table(["H", *GUIDE_NAMES], [
+            [h, *(f"{by[h, g]['params']:,}" for g in GUIDE_NAMES)] for h in widths]), ""]  # fmt: skip
+    settings = {"model": "invariant-mlp (RFF, rotation learned, hierarchical prior)", "data": "rotated-digits",
+                "widths H": widths, "batch B": 128, "transform samples S": samples,
+                "rounds × (warm-up / timed steps)": f"{rounds} × ({warmup} / {steps})"}  # fmt: skip
+    return publish(args, "guide_cost", "Guide cost per SVI step as the model grows (InvariantMLP, rotated digits)",
+                   section_guides.__doc__ or "", settings, "\n".join(parts), {"rows": rows})  # fmt: skip
+
+
+def digits(mode: str, n: int | None = None) -> tuple[Tensor, Tensor]:
+    """The 8×8 rotated digits (``n`` training images; all with ``None``), or random images of that shape in a smoke
+    run (the data set's first load imports scikit-learn)."""
+    if mode == "smoke":
+        gen = torch.Generator().manual_seed(0)
+        return torch.rand(n or 128, 1, 8, 8, generator=gen), torch.randint(0, 10, (n or 128,), generator=gen)
+    data = pi.load_dataset("rotated-digits", **({"train_size": n, "test_size": 16} if n else {}))
+    return data.x_train, data.y_train
+
+
+def ddp_fit(spec: dict[str, Any], **kw: Any) -> tuple[list[float], list[float]]:
+    """A fit of the invariant MLP (block-Cholesky): its per-step ELBO history and the step intervals after warm-up."""
+    data = digits(spec["mode"], spec["train_size"])
+    model = pi.MODELS.get("invariant-mlp", image_shape=(1, 8, 8), hidden=spec["hidden"],
+                          num_transforms=spec["transforms"])  # fmt: skip
+    stamps: list[float] = []
+    sync = sync_of(torch.device(spec["device"]))
+
+    def clock(step: int, model: Any, guide: Any) -> None:
+        sync()
+        stamps.append(time.perf_counter())
+
+    res = pi.fit(model, "block-cholesky", data, steps=spec["steps"], batch_size=spec["batch"], seed=0, progress=False,
+                 device=spec["device"], log_every=spec["steps"], callbacks=[clock], **kw)  # fmt: skip
+    w = spec["warmup"]
+    return res.history["elbo"], [b - a for a, b in zip(stamps[w:], stamps[w + 1:])]
+
+
+def ddp_rank(rank: int, world: int, spec: dict[str, Any], rendezvous: str, out: str) -> None:
+    torch.set_num_threads(1)
+    init = f"file://{rendezvous}"
+    torch.distributed.init_process_group(spec["backend"], init_method=init, rank=rank, world_size=world)
+    try:
+        elbo, gaps = ddp_fit(spec, strategy="ddp", shards=2)
+        if rank == 0:
+            torch.save({"elbo": elbo, "gaps": gaps}, out)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def section_ddp(args: argparse.Namespace) -> Path:
+    """Three runs of ``fit`` with the same global minibatch, interleaved: 1 process on the whole minibatch; 1 process,
+    2 shards one after another; ``strategy="ddp"`` on 2 ranks (``torch.multiprocessing.spawn``, ``gloo`` or ``nccl``),
+    one shard each. A step is the median interval between callbacks after the warm-up. On one GPU both ranks share the
+    card: a simulated 2-rank run (its overhead, not a speed-up)."""
+    smoke = args.mode == "smoke"
+    spec = {"train_size": 64 if smoke else 1024, "hidden": 8 if smoke else 256, "transforms": 2 if smoke else 8,
+            "batch": 16 if smoke else 256, "steps": 4 if smoke else 40, "warmup": 1 if smoke else 5,
+            "device": args.device, "backend": args.backend, "mode": args.mode}  # fmt: skip
+    runs: dict[str, list[float]] = {"1 process, 1 shard": [], "1 process, 2 shards": [], "2 ranks, 2 shards": []}
+    max_diff = 0.0
+    for rep in range(3 if args.mode == "full" else 1):
+        histories = {}
+        for name in rotated(list(runs), rep):
+            if name.startswith("2 ranks"):
+                with tempfile.TemporaryDirectory() as tmp:
+                    mp.spawn(ddp_rank, args=(2, spec, os.path.join(tmp, "rdv"), os.path.join(tmp, "r0.pt")), nprocs=2)
+                    record = torch.load(os.path.join(tmp, "r0.pt"), weights_only=True)
+                histories[name], gaps = record["elbo"], record["gaps"]
+            else:
+                histories[name], gaps = ddp_fit(spec, shards=1 if name.endswith("1 shard") else 2)
+            runs[name].append(statistics.median(gaps))
+            common.log(f"rep {rep} {name}: {1e3 * runs[name][-1]:.1f} ms/step")
+        a, b = histories["1 process, 2 shards"], histories["2 ranks, 2 shards"]
+        max_diff = max(max_diff, max(abs(u - v) for u, v in zip(a, b)))
+    base = statistics.median(runs["1 process, 1 shard"])
+    rows = [[name, f"{1e3 * statistics.median(t):.1f}", " / ".join(f"{1e3 * v:.1f}" for v in t),
+             f"{statistics.median(t) / base:.2f}×"] for name, t in runs.items()]  # fmt: skip
+    body = (common.md_table(["run", "ms/step (median)", "per repetition", "vs 1 shard"], rows) + "\n\nLargest "
+            "difference between the per-step ELBO/N of the 1-process 2-shard run and the 2-rank run: "
+            f"{max_diff:.2e}.\n")
+    return publish(args, "ddp_throughput", "Data-parallel SVI: time per step, 1 process vs 2 ranks",
+                   section_ddp.__doc__ or "", spec, body,
+                   {"ms_per_step": {k: [1e3 * v for v in t] for k, t in runs.items()}, "max_elbo_difference": max_diff})
+
+
+def section_particles(args: argparse.Namespace) -> Path:
+    """P ELBO particles of the symmetrised HNN (SHO, full batch, matrix-normal guide): one after another
+    (``TraceMeanField_ELBO(num_particles=P)``) or vectorised (``vectorize_particles=True``: one pass, every Euler
+    sub-step one ``autograd.grad`` over particles, symmetry samples and rows): the same estimator. The step is the
+    plain Pyro step (Pyro's ELBO is what differs here); the two interleaved."""
+    smoke = args.mode == "smoke"
+    settings = {"SHO (8,8) S=2 E=2": {"hidden": (8, 8), "num_transforms": 2, "euler_steps": 2}} if smoke else {
+        "SHO (32,32) S=8 E=4": {"hidden": (32, 32), "num_transforms": 8, "euler_steps": 4},
+        "SHO (64,64) S=16 E=5": {"hidden": (64, 64), "num_transforms": 16, "euler_steps": 5}}  # fmt: skip
+    particles = (1, 2) if smoke else (1, 20)
+    warmup, reps = steps_of(args, (3, 30))
+    x, y = train_arrays(pi.DATASETS.get("sho", cache_dir=False))
+    if smoke:
+        x, y = x[:6], y[:6]
+    rows = []
+    for label, setting in settings.items():
+        for p in particles:
+            steppers = {}
+            for v in ("sequential", "vectorised"):
+                pyro.set_rng_seed(args.seed)
+                model = pi.MODELS.get("symmetrised-hnn", symmetry="quadratic", num_generators=1, sampling="cube",
+                                      **setting)  # fmt: skip
+                guide = guides.get("matrix-normal", model, init_scale=0.01)
+                guide(x, y, num_data=x.shape[0])
+                case = {"model": model, "guide": guide, "x": x, "y": y, "batch": None}
+                steppers[v] = pyro_step(case, warmup + reps + 3, args.seed, torch.device("cpu"), particles=p,
+                                        vectorise=v == "vectorised")  # fmt: skip
+            times = interleaved(steppers, warmup, reps)
+            row: dict[str, Any] = {"setting": label, "particles": p}
+            for v, ts in times.items():
+                st = summary(ts)
+                row[v] = {"median_s": st["median"], "iqr_s": [st["q1"], st["q3"]], "times_s": ts}
+            row["speedup"] = row["sequential"]["median_s"] / row["vectorised"]["median_s"]
+            rows.append(row)
+    cell = "{:.1f} ({:.1f}–{:.1f})"
+    table = [[r["setting"], r["particles"], *(cell.format(*(1e3 * t for t in (r[v]["median_s"], *r[v]["iqr_s"])))
+                                              for v in ("sequential", "vectorised")), f"×{r['speedup']:.2f}"]
+             for r in rows]  # fmt: skip
+    header = ["setting", "particles", "sequential ms/step (IQR)", "vectorised ms/step (IQR)", "speed-up"]
+    return publish(args, "hnn_particles", "symmetrised-hnn: time per step, sequential vs vectorised particles",
+                   section_particles.__doc__ or "", {"settings": settings, "particles": particles, "warmup": warmup,
+                                                     "reps": reps}, common.md_table(header, table),
+                   {"rows": rows, "train_pairs": int(x.shape[0])})  # fmt: skip
+
+
+def section_determinism(args: argparse.Namespace) -> Path:
+    """Fits ``layerwise-fc+conv`` (α = 2, 256 quadrant digits, 30 MAP steps with diagonal Laplace-evidence updates
+    every 10) twice, and once more split at step 15 and resumed from its checkpoint: do δ, the weights and the log
+    evidence agree exactly? With ``--deterministic`` (``make_deterministic()``), also the CLI twice. Measured on an
+    NVIDIA H200 (torch 2.11): default kernels differ between two identical runs; deterministic ones repeat and resume
+    bit for bit."""
+    if args.deterministic:
+        make_deterministic()
+    smoke = args.mode == "smoke"
+    steps, every = (4, 2) if smoke else (30, 10)
+    data = build_quadrant_dataset("digits", 10)
+    x, y = data.x_train[: 32 if smoke else 256], data.y_train[: 32 if smoke else 256]
+    tmp = Path(tempfile.mkdtemp())
+
+    def run(**kw: Any) -> tuple[Any, Any]:
+        pyro.set_rng_seed(0)
+        model = LayerwiseNet("fc+conv", (1, 16, 16), 10, alpha=1 if smoke else 2, prior="fixed")
+        return model, pi.fit_laplace(model, "map", (x, y), steps=steps, every=every, warmup=every, progress=False,
+                                     batch_size=16 if smoke else 64, lr=1e-2, device=args.device,
+                                     curvature="diagonal", delta_update="mackay", **kw)  # fmt: skip
+
+    def same(a: tuple[Any, Any], b: tuple[Any, Any]) -> bool:
+        (ma, ra), (mb, rb) = a, b
+        ga, gb = ra.guide.median(), rb.guide.median()
+        deltas = zip(ma.symmetry_summary().values(), mb.symmetry_summary().values())
+        return all(torch.equal(u, v) for u, v in deltas) and all(torch.equal(ga[k], gb[k]) for k in ga) and (
+            ra.log_evidence == rb.log_evidence)  # fmt: skip
+
+    first, second = run(), run()
+    run(checkpoint_path=tmp / "ck.pt", until_step=steps // 2)
+    resumed = run(checkpoint_path=tmp / "ck.pt", resume=True)
+    found = {"repeat identical": same(first, second), "resumed identical": same(first, resumed)}
+    if args.deterministic and not smoke:
+        histories = []
+        for name in ("r1", "r2"):
+            cli = ["fit", "--model", "layerwise-fc+conv", "--objective", "laplace", "--data", "quadrant-digits",
+                   "--device", args.device, "--deterministic", "--steps", "30", "--laplace-every", "10",
+                   "--laplace-warmup", "10", "--model-arg", "alpha=2", "--train-size", "300", "--no-progress",
+                   "--eval-samples", "1", "--out", str(tmp / name)]  # fmt: skip
+            code = f"import sys; from pyro_invariance.cli import main; sys.exit(main({cli!r}))"
+            subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+            histories.append(json.loads((tmp / name / "result.json").read_text())["history"])
+        found["CLI histories identical"] = histories[0] == histories[1]
+    common.log(str(found))
+    body = common.md_table(["check", "result"], [[k, str(v)] for k, v in found.items()]) + "\n"
+    return publish(args, "gpu_determinism", "Do layer-wise MAP / Laplace fits repeat and resume bit for bit?",
+                   section_determinism.__doc__ or "", {"deterministic kernels": args.deterministic, "steps": steps,
+                                                      "Laplace every": every}, body, {"found": found})  # fmt: skip
+
+
+IMPORT_CODE = "import time; t = time.perf_counter(); import {}; print(time.perf_counter() - t)"
+
+
+def section_import(args: argparse.Namespace) -> Path:
+    """Wall time of ``import pyro_invariance`` in fresh processes (median over repetitions; the import alone, and the
+    whole process), beside ``import torch, pyro`` alone, and the slowest top-level packages (first import, with what
+    they import) of one ``python -X importtime`` run."""
+    reps = 1 if args.mode == "smoke" else max(5, args.steps or 7)
+    rows, found = [], {}
+    modules = (("torch + pyro", "torch, pyro"), ("pyro_invariance", "pyro_invariance"))
+    for label, module in (("json", "json"), ("statistics", "statistics")) if args.mode == "smoke" else modules:
+        inner, outer = [], []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            out = subprocess.run([sys.executable, "-c", IMPORT_CODE.format(module)], capture_output=True, text=True,
+                                 check=True)  # fmt: skip
+            outer.append(time.perf_counter() - t0)
+            inner.append(float(out.stdout.strip().splitlines()[-1]))
+        found[label] = {"import_s": inner, "process_s": outer}
+        rows.append([f"`import {module}`", f"{statistics.median(inner):.2f}", f"{statistics.median(outer):.2f}",
+                     " / ".join(f"{v:.2f}" for v in inner)])  # fmt: skip
+    trace = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {module}"], capture_output=True,
+                           text=True, check=True).stderr  # fmt: skip
+    top = []
+    for line in trace.splitlines():
+        cells = line.removeprefix("import time:").split("|")
+        if len(cells) == 3 and cells[1].strip().isdigit() and "." not in cells[2].strip():
+            top.append((int(cells[1]) / 1e6, cells[2].strip()))
+    top = sorted(top, reverse=True)[:12]
+    body = "\n".join([common.md_table(["what", "import s (median)", "process s (median)", "each import s"], rows), "",
+                      "Slowest top-level packages in the import (`python -X importtime`, cumulative seconds):", "",
+                      common.md_table(["module", "s"], [[f"`{m}`", f"{s:.2f}"] for s, m in top]), ""])  # fmt: skip
+    return publish(args, "import_time", "Import time of the package", section_import.__doc__ or "",
+                   {"repetitions": reps}, body, {"found": found, "top_level": top})  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------
+# Command line
+# ------------------------------------------------------------------------------------------------
+SECTIONS: dict[str, Callable[[argparse.Namespace], Path]] = {
+    "step": section_step, "gpu": section_gpu, "layerwise": section_layerwise,
+    "noether-flow": section_noether_flow, "transform-path": section_transform_path, "kfac": section_kfac,
+    "guides": section_guides, "ddp": section_ddp, "particles": section_particles, "determinism": section_determinism,
+    "import": section_import,
+}  # fmt: skip
+CHILDREN: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"kfac": child_kfac}
+
+
+def _list(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip() and v.strip() != "none"]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--section", default=None, help=f"comma-separated, of {', '.join(SECTIONS)}; or all")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", dest="mode", action="store_const", const="quick", help="reduced sizes")
+    mode.add_argument("--smoke", dest="mode", action="store_const", const="smoke", help="toy sizes: seconds on CPU")
+    p.set_defaults(mode="full")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda where available for gpu, else cpu)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=None, help="timed steps (or repetitions) instead of the section's")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps after the first instead of the section's")
+    p.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
+    p.add_argument("--stem", default=None, help="result file stem instead of the section's")
+    p.add_argument("--activations", default="rff", help="invariant MLP: comma-separated rff, relu")
+    p.add_argument("--compile-modes", default="", help="step, gpu, layerwise: extra fit runs with compile= capture, "
+                   "inductor, cudagraphs")  # fmt: skip
+    p.add_argument("--tf32", action="store_true", help="CUDA: fit(tf32=True)")
+    p.add_argument("--parts", default="mlp-overhead,mlp-paper,hnn-sho,hnn-3body,layerwise",
+                   help=f"gpu: comma-separated, of {', '.join(GPU_PARTS)}")  # fmt: skip
+    p.add_argument("--sho-particles", default="", help="gpu: SHO weight samples (default 1,20)")
+    p.add_argument("--hnn-pyro-20", action="store_true", help="gpu: also the plain Pyro step at 20 SHO samples (slow)")
+    p.add_argument("--alpha", type=int, default=10, help="layerwise: width α")
+    p.add_argument("--models", default=",".join(LAYERWISE_MODELS), help="layerwise: catalogue names")
+    p.add_argument("--layerwise-variants", default="fit,fit-laplace", help="layerwise: fit, fit-laplace, fit-<mode>")
+    p.add_argument("--reference-dir", type=Path, default=None, help="gpu: a checkout of tychovdo/noethers-razor")
+    p.add_argument("--reference-systems", default="", help="gpu: hnn-sho, hnn-3body (default: the HNN parts)")
+    p.add_argument("--rerender", type=Path, nargs="+", default=None, help="gpu: redraw these results JSON files")
+    p.add_argument("--with-reference", type=Path, default=None, help="gpu --rerender: the JAX reference's JSON")
+    p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"), help="ddp: the process-group backend")
+    p.add_argument("--deterministic", action="store_true", help="determinism: make_deterministic() first")
+    p.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
+    args = ap.parse_args(argv)
+    common.set_threads(args.threads)
+    if args.child:
+        print(json.dumps(CHILDREN[args.child[0]](json.loads(args.child[1]))), flush=True)
+        return 0
+    if not args.section:
+        ap.error("--section is required")
+    names = list(SECTIONS) if args.section == "all" else _list(args.section)
+    if unknown := sorted(set(names) - set(SECTIONS)):
+        ap.error(f"unknown sections {unknown}; use {list(SECTIONS)} or all")
+    if args.device is None:
+        args.device = "cuda" if names == ["gpu"] and args.mode != "smoke" and torch.cuda.is_available() else "cpu"
+    for key in ("activations", "compile_modes", "parts", "models", "layerwise_variants", "reference_systems"):
+        setattr(args, key, _list(getattr(args, key)))
+    args.sho_particles = tuple(int(p) for p in _list(args.sho_particles))
+    for name in names:
+        t0 = time.perf_counter()
+        with pi.pyro_scope():
+            SECTIONS[name](args)
+        common.log(f"[{name}] {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        raise SystemExit(main())
