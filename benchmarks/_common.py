@@ -8,7 +8,6 @@ top of its markdown file, and writes ``benchmarks/results/<name>.md`` with a JSO
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -23,6 +22,8 @@ from typing import Any, Callable, Hashable, Iterable, Sequence
 import torch
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+#: The words of every result file's "Verdict" section and of the results index (benchmarks/README.md).
+VERDICTS = ("reproduced", "partly reproduced", "not reproduced", "not run")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -143,25 +144,6 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def unit_script_parser(doc: str, stem: str) -> tuple[argparse.ArgumentParser, Any]:
-    """The command line that every benchmark writing unit files shares: its description (``doc``'s first paragraph),
-    a required group of mutually exclusive modes (returned empty, for the script's ``--run``, ``--render``, …), and
-    ``--work-dir`` (default ``benchmarks/results/<stem>_units``), ``--out-dir`` and ``--threads``."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    group = parser.add_mutually_exclusive_group(required=True)
-    parser.add_argument("--work-dir", type=Path, default=Path(f"benchmarks/results/{stem}_units"))
-    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--threads", type=int, default=1)
-    return parser, group
-
-
-def parse_script_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """``parser``'s arguments from ``argv``, with torch's thread count set from ``--threads``."""
-    args = parser.parse_args(argv)
-    set_threads(args.threads)
-    return args
-
-
 def parse_part(parser: Any, value: str) -> tuple[int, int]:
     """``--part k/n`` (this process runs items k, k + n, …) as ``(k, n)``; anything else ends with ``parser.error``."""
     try:
@@ -171,17 +153,6 @@ def parse_part(parser: Any, value: str) -> tuple[int, int]:
     except ValueError:
         parser.error(f"--part must be k/n with 0 ≤ k < n, got {value!r}")
     return k, n
-
-
-def parse_seeds(parser: Any, value: str, allowed: tuple[int, ...]) -> tuple[int, ...]:
-    """``--seeds a,b,…`` (in run order) as a tuple, each among ``allowed``; anything else ends with ``parser.error``."""
-    try:
-        seeds = tuple(int(s) for s in value.split(","))
-        if not set(seeds) <= set(allowed):
-            raise ValueError
-    except ValueError:
-        parser.error(f"--seeds must be comma-separated seeds from {allowed}, got {value!r}")
-    return seeds
 
 
 def write_unit(path: Path, unit: dict[str, Any]) -> None:
@@ -195,9 +166,11 @@ def fill_unit(path: Path, header: dict[str, Any], keys: Iterable[Hashable], key_
               evaluate: Callable[[Any], dict[str, Any]], describe: Callable[[Any, dict[str, Any]], str] | None = None) -> dict[str, Any]:  # fmt: skip
     """The unit at ``path`` (``{**header, "points": [...]}``, new if absent) with a point for every one of ``keys``.
 
-    The keys whose point is missing (``key_of(point)`` names a stored point's key) are evaluated in order,
-    ``evaluate(key)``, and the file is replaced after each (:func:`write_unit`), so a stopped run resumes where it
-    stopped; ``describe(key, point)`` is logged for each new point."""
+    The benchmarks' one resumable runner. The keys whose point is missing (``key_of(point)`` names a stored
+    point's key) are evaluated in order, ``evaluate(key)``, and the file is replaced after each
+    (:func:`write_unit`), so a stopped run resumes where it stopped; ``describe(key, point)`` is logged for each
+    new point. Each evaluation must seed itself, so that ``--part k/n`` processes (each filling its own unit with
+    ``keys[k::n]``) give the serial run's numbers; :func:`unit_points` gathers the parts."""
     unit = json.loads(path.read_text()) if path.exists() else {**header, "points": []}
     done = {key_of(p) for p in unit["points"]}
     for key in keys:
@@ -211,13 +184,33 @@ def fill_unit(path: Path, header: dict[str, Any], keys: Iterable[Hashable], key_
     return unit
 
 
-def save_figure(fig: Any, path: Path) -> None:
-    """Lay out ``fig``, save it to ``path`` (100 dpi) and close it."""
-    import matplotlib.pyplot as plt
+def unit_points(paths: Iterable[Path], keys: Sequence[Hashable], key_of: Callable[[dict[str, Any]], Hashable],
+                partial: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+    """The points of ``keys``, in that order, gathered from the unit files ``paths`` (e.g. the files of the
+    ``--part`` processes). Raises ``ValueError`` naming the missing keys unless ``partial`` (then they are left out)."""
+    found: dict[Hashable, dict[str, Any]] = {}
+    for path in paths:
+        for point in json.loads(Path(path).read_text())["points"]:
+            found.setdefault(key_of(point), point)
+    missing = [k for k in keys if k not in found]
+    if missing and not partial:
+        raise ValueError(f"{len(missing)} of {len(keys)} units have no result yet (first: {missing[0]!r})")
+    return [found[k] for k in keys if k in found]
 
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+
+def verdict_section(verdict: str, seeds: str, lines: Sequence[str] = ()) -> str:
+    """The "Verdict" section every result file ends with: ``verdict`` is one of :data:`VERDICTS`, ``seeds``
+    says on how many seeds (e.g. "3 of 3 seeds", "seed 0 only"), ``lines`` the criteria it was read from."""
+    if verdict == "no claim":  # a measurement of this library (cost, defaults), not a paper's claim
+        return "\n".join(["## Verdict", "", f"**No paper claim** ({seeds}).", "", *lines, ""])
+    if verdict not in VERDICTS:
+        raise ValueError(f"verdict {verdict!r} is not one of {VERDICTS}")
+    return "\n".join(["## Verdict", "", f"**{verdict[0].upper() + verdict[1:]}** ({seeds}).", "", *lines, ""])
+
+
+def verdict_of(checks: Sequence[bool]) -> str:
+    """"reproduced" when every check holds, "partly reproduced" when some do, else "not reproduced"."""
+    return "reproduced" if all(checks) else "partly reproduced" if any(checks) else "not reproduced"
 
 
 def publish(stem: str, markdown: str, payload: dict[str, Any], out_dir: Path | str | None = None) -> tuple[Path, Path]:
@@ -226,18 +219,3 @@ def publish(stem: str, markdown: str, payload: dict[str, Any], out_dir: Path | s
     print(markdown)
     log(f"wrote {md_path} and {json_path}")
     return md_path, json_path
-
-
-def legacy_svi_step(loss_fn: Any, model: Any, guide: Any, optim: Any, sched: Any, x: torch.Tensor, y: torch.Tensor,
-                    num_data: int) -> torch.Tensor:  # fmt: skip
-    """``fit``'s loop body before issue 14, for "before" rows: one SVI step with a finiteness check
-    (a host read) per step. Returns the loss."""
-    optim.zero_grad(set_to_none=True)
-    loss = loss_fn.differentiable_loss(model, guide, x, y, num_data=num_data)
-    if not torch.isfinite(loss):
-        raise FloatingPointError("non-finite loss")
-    loss.backward()
-    optim.step()
-    sched.step()
-    return loss
-

@@ -1,4 +1,4 @@
-"""Guide-comparison tables: every guide on each model family's benchmark data (issue 5).
+"""Guide-comparison tables: every guide on each model family's benchmark data.
 
 For one model family at a time (``--model``), :func:`pyro_invariance.compare_guides` fits each guide
 with the same seed, budget and model initialisation, then reports ELBO/N and the importance-weighted
@@ -12,8 +12,8 @@ parameter count. Families and their benchmark data (reduced settings in :data:`S
 * ``symmetrised-hnn`` — the simple harmonic oscillator of Noether's razor (``sho``), learned
   conserved quantity (``benchmarks/noether_tables.py`` settings, reduced).
 
-Any other registered model (e.g. the ``layerwise-*`` family) runs with ``--model NAME --data DATA``
-and the generic defaults of :data:`GENERIC`; ``--model-arg/--data-arg/--guide-arg`` override.
+``layerwise-fc+conv`` (paper 004's learned network on the quadrant task) is a fourth family; other
+models are compared by the command line, ``pyro-invariance compare``.
 
 Each run writes ``results/guide_comparison_<model>.json`` and ``.png`` (bar chart, k̂ annotated);
 ``results/guide_comparison.md`` is rebuilt from every JSON present, so families run one at a time::
@@ -36,6 +36,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as common  # noqa: E402
+
+import pyro_invariance as pi  # noqa: E402
+from pyro_invariance.diagnostics.plots import save_figure  # noqa: E402
+from pyro_invariance.models.basis_regression import make_symmetric_toy  # noqa: E402
 
 ALL_GUIDES = ["mean-field", "low-rank", "matrix-normal", "block-cholesky", "full-rank", "map"]
 GAUSSIAN = ["mean-field", "low-rank", "matrix-normal", "block-cholesky", "full-rank"]
@@ -85,15 +89,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
         fit=dict(lr=1e-2, eta_lr=1e-3), K=[10, 100], bound_samples=200, eval_subset=500, vectorize=False,
     ),
 }
-GENERIC: dict[str, Any] = dict(data=None, data_kwargs={}, model_kwargs={}, guides=ALL_GUIDES, guide_kwargs={},
-                               steps=500, batch_size=128, fit={}, K=[10, 100, 1000], bound_samples=1000,
-                               eval_subset=None, vectorize=False)
-
-
 def symmetric_toy(n_train: int, n_test: int, noise: float, even: bool, seed: int) -> SimpleNamespace:
     """The talk's symmetric-basis toy with independent train / test draws."""
-    from pyro_invariance.models.basis_regression import make_symmetric_toy
-
     x, y = make_symmetric_toy(n_train, seed=seed, noise=noise, even=even)
     xt, yt = make_symmetric_toy(n_test, seed=seed + 1000, noise=noise, even=even)
     parity = "even" if even else "shifted"
@@ -102,9 +99,6 @@ def symmetric_toy(n_train: int, n_test: int, noise: float, even: bool, seed: int
 
 
 def run(model: str, s: dict[str, Any], seed: int) -> dict[str, Any]:
-    import pyro_invariance as pi
-    from pyro_invariance.diagnostics.plots import save_figure
-
     if s["data"] == "symmetric-toy":
         data, data_kwargs = symmetric_toy(**s["toy"]), None
     else:
@@ -146,8 +140,6 @@ def findings(cmp: Any) -> list[str]:
 
 
 def markdown() -> str:
-    from pyro_invariance.diagnostics.compare import GuideComparison
-
     parts = ["# Guide comparison: evidence bounds, PSIS k̂, η, metrics and cost per guide", "",
              "Each section: one model family on its benchmark data; every guide fitted with the same seed, budget and "
              "model initialisation by `pyro_invariance.compare_guides` (`benchmarks/guide_comparison.py`). Bounds are "
@@ -159,14 +151,15 @@ def markdown() -> str:
     files.sort(key=lambda p: (order.get(p.stem.removeprefix("guide_comparison_"), 99), p.stem))
     for path in files:
         res = json.loads(path.read_text())
-        cmp = GuideComparison.from_dict(res["comparison"])
+        cmp = pi.GuideComparison.from_dict(res["comparison"])
         model = path.stem.removeprefix("guide_comparison_")
         st = cmp.settings
         parts += [f"## {model} on {st['data']}", ""]
         parts += [f"Command: `{res['command']}` ({res['seconds']:.0f} s in all, {res['machine']['date']}, "
                   f"{res['machine']['cpu']}, {res['machine']['torch_threads']} torch thread(s), load "
                   f"{res['machine']['load_average_1_5_15min']}, commit `{res['machine']['git_commit']}`).", ""]
-        fit_kw = ", ".join(f"{k}={v}" for k, v in st["fit_kwargs"].items()) or "fit defaults"
+        fit_settings = st.get("fit_settings", st.get("fit_kwargs", {}))  # (named fit_kwargs in the older files)
+        fit_kw = ", ".join(f"{k}={v}" for k, v in fit_settings.items()) or "fit defaults"
         parts += [f"Settings: model {st['model_kwargs']}; {st['steps']} SVI steps per guide, batch "
                   f"{st['batch_size'] or 'full'}, seed {st['seed']}, {fit_kw}; guide kwargs {st['guide_kwargs'] or '{}'}; "
                   f"{st['bound_samples']} guide draws for the bounds on n = {st['n_eval']} of {st['n_train']} training "
@@ -176,39 +169,29 @@ def markdown() -> str:
         parts += [f"- plot: `{path.stem}.png`", ""]
     if not files:
         parts += ["Not run yet.", ""]
-    return "\n".join(parts)
+    lines = ["- no paper states these numbers: the tables measure the catalogue's guides against each other (which "
+             "bound is highest, which k̂ allows importance sampling), per family, on seed 0 only."]
+    return "\n".join(parts + [common.verdict_section("no claim", "a comparison of this library's guides", lines)])
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None, help=f"model family: {', '.join(SETTINGS)} or any registered model")
-    ap.add_argument("--data", default=None, help="dataset name (required for models without settings here)")
+    ap.add_argument("--model", default=None, choices=list(SETTINGS), help="model family")
     ap.add_argument("--guides", default=None, help="comma-separated guides (default: the family's)")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--K", default=None, help="e.g. 10,100,1000")
     ap.add_argument("--bound-samples", type=int, default=None)
     ap.add_argument("--eval-subset", type=int, default=None)
     ap.add_argument("--batch-size", type=int, default=None)
-    ap.add_argument("--model-arg", action="append", metavar="KEY=VALUE")
-    ap.add_argument("--data-arg", action="append", metavar="KEY=VALUE")
-    ap.add_argument("--guide-arg", action="append", metavar="[GUIDE:]KEY=VALUE")
-    ap.add_argument("--vectorize", action="store_true", help="vectorised bound draws (models that broadcast)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--markdown-only", action="store_true", help="rebuild guide_comparison.md from the JSON files")
     args = ap.parse_args(argv)
     common.set_threads(args.threads)
-
-    from pyro_invariance.cli import _guide_kwargs, _parse_kv
-
     if not args.markdown_only:
         if not args.model:
             raise SystemExit("--model is required (or --markdown-only)")
-        s = json.loads(json.dumps(SETTINGS.get(args.model, GENERIC)))
-        if args.data:
-            s["data"] = args.data
-        if s["data"] is None:
-            raise SystemExit(f"no benchmark data set for model {args.model!r}: pass --data NAME")
+        s = json.loads(json.dumps(SETTINGS[args.model]))
         if args.guides:
             s["guides"] = [g.strip() for g in args.guides.split(",") if g.strip()]
         for key, value in (("steps", args.steps), ("bound_samples", args.bound_samples),
@@ -218,11 +201,6 @@ def main(argv: list[str] | None = None) -> None:
         if args.K:
             s["K"] = [int(k) for k in args.K.split(",")]
             s["bound_samples"] = max(s["bound_samples"], max(s["K"]))
-        s["model_kwargs"].update(_parse_kv(args.model_arg))
-        s.setdefault("data_kwargs", {}).update(_parse_kv(args.data_arg))
-        for g, kw in _guide_kwargs(args.guide_arg, s["guides"]).items():
-            s["guide_kwargs"].setdefault(g, {}).update(kw)
-        s["vectorize"] = s["vectorize"] or args.vectorize
         common.log(f"{args.model}: {s}")
         t0 = time.perf_counter()
         comparison = run(args.model, s, args.seed)

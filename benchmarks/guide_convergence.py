@@ -241,23 +241,18 @@ def _table(by_label: dict[str, dict[int, list[float]]], labels: list[str], extra
 
 def verdict(res: dict[str, Any], mf_best: float) -> str:
     """The "Verdict" section: the criterion per target guide, and why where it is not met."""
-    fit = res["fit"]
-    lines = ["## Verdict", ""]
-    met = []
+    fit, lines, met = res["fit"], [], []
     for name in TARGETS:
         at = {s: _stats(fit[name][s])[0] for s in STEPS}
         worst = max(fit[name][CRITERION_STEPS])
-        ok = at[CRITERION_STEPS] <= CRITERION
-        met.append(ok)
-        status = "**met**" if ok else "**not met**"
+        met.append(at[CRITERION_STEPS] <= CRITERION)
+        status = "**met**" if met[-1] else "**not met**"
         lines.append(f"- **{name}**: {status} — {at[CRITERION_STEPS]:.3f} nats after {CRITERION_STEPS} steps (worst seed "
                      f"{worst:.3f}); {at[STEPS[0]]:.3f} after {STEPS[0]}, {at[STEPS[-1]]:.3f} after {STEPS[-1]}.")  # fmt: skip
-    word = "Reproduced" if all(met) else ("Partly reproduced" if any(met) else "Not reproduced")
-    lines += ["", f"**{word}**: " + ("all three guides" if all(met) else "not all of the three guides")
+    lines += ["", ("All three guides" if all(met) else "Not all of the three guides")
               + f" reach within {CRITERION} nats of log Z under `pi.fit`'s defaults with {CRITERION_STEPS} steps "
-              f"(mean-field's best possible gap here is {mf_best:.3f})."]  # fmt: skip
-    lines += ["", *why(res)]
-    return "\n".join(lines)
+              f"(mean-field's best possible gap here is {mf_best:.3f}).", "", *why(res)]  # fmt: skip
+    return common.verdict_section(common.verdict_of(met), f"means over {len(SEEDS)} of 3 seeds", lines)
 
 
 def why(res: dict[str, Any]) -> list[str]:

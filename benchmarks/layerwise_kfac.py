@@ -1,4 +1,4 @@
-"""Paper 004 Table 1 (the quadrant task) with the KFAC-Laplace evidence, over seeds and both starts (issue 12).
+"""Paper 004 Table 1 (the quadrant task) with the KFAC-Laplace evidence, over seeds and both starts.
 
 Rows: FC / CONV / the learned FC+CONV and F-FC+CONV (``--variants``; default FC, CONV, FC+CONV), each
 by MAP (δ = 1: weight decay), by the diagonal Laplace evidence with MacKay's update (what
@@ -16,23 +16,22 @@ Columns: test accuracy mean ± sd over seeds on the 10-class (the digit or garme
 tasks, the Laplace log evidence per datum, and for the learned models in how many of the early
 blocks (0–3) δ of the non-equivariant pathway ended above its start (the pathway switched off).
 
-Results: ``benchmarks/results/layerwise_kfac[_quick].md`` / ``.json`` (rewritten after every fit;
-``--resume`` keeps finished fits with identical settings).
+Results: ``benchmarks/results/layerwise_kfac[_quick].md`` / ``.json`` (rewritten after every fit).
 
-Grid mode (:mod:`pyro_invariance.infer.grid`): ``--jobs N`` runs every fit as its own process, N at a
-time, each writing its result under ``--grid-dir`` (default ``results/grids/<stem>``); the cells are
-ordered baselines first, then the 10-class task, so that a stopped run has the table's first columns.
-``--render`` writes the table from the cells finished so far (missing ones show "…"); ``--cell i`` /
-``--missing`` run it as an array job. ``--baseline-methods`` sets the methods of the variants without
-a non-equivariant pathway (FC, CONV) apart from ``--methods``.
+Every fit is a unit (``--part k/n`` runs fits k, k + n, … in one process, each writing its own file
+under ``--work-dir``, default ``results/grids/<stem>``, so a stopped run resumes); the fits are ordered
+baselines first, then the 10-class task, so that a stopped run has the table's first columns, and every
+run writes the table from the fits finished so far (missing ones show "…"; ``--collect`` only writes).
+``--baseline-methods`` sets the methods of the variants without a non-equivariant pathway (FC, CONV)
+apart from ``--methods``.
 
 Paper size (``--preset paper``, for a GPU: ``--device cuda``): α = 10, paper 004's width; the whole
 training set, 60000 / 10000 quadrant images of ``--base`` on a 32-px canvas (``mnist`` as in the paper,
 through torchvision, which needs a network once; ``fashion-mnist`` offline from ``--data-dir`` or the
 Debian package); ``--epochs`` epochs (default 20) of 469 steps of batch 128, with one KFAC-Laplace
 update of δ per epoch after the first (laplace-torch's ``marglik_training`` updates once per epoch
-too). Every cell records ``ms_per_step`` (the Laplace updates included). Sizes for planning, from
-issue 14's measurements on an H200: a MAP step of α = 10 CONV takes 0.090 s and F-FC+CONV 0.156 s,
+too). Every fit records ``ms_per_step`` (the Laplace updates included). Sizes for planning, measured
+on an H200: a MAP step of α = 10 CONV takes 0.090 s and F-FC+CONV 0.156 s,
 so an epoch of MAP steps takes 40-75 s before the curvature passes over the 60000 images. One epoch
 as a GPU check: ``PARTS=layerwise_paper`` in ``benchmarks/gpu_session.sh``.
 """
@@ -40,7 +39,6 @@ as a GPU check: ``PARTS=layerwise_paper`` in ``benchmarks/gpu_session.sh``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -55,7 +53,6 @@ import layerwise_tables as tables  # noqa: E402
 import pyro_invariance  # noqa: E402
 from pyro_invariance.catalogue import model_kwargs_for  # noqa: E402
 from pyro_invariance.diagnostics.layerwise_analysis import analyse_pathways  # noqa: E402
-from pyro_invariance.infer.grid import Grid, add_grid_arguments, run_grid_command  # noqa: E402
 from pyro_invariance.infer.laplace import fit_laplace  # noqa: E402
 from pyro_invariance.models.layerwise import FIT_DEFAULTS  # noqa: E402
 from pyro_invariance.registry import MODELS  # noqa: E402
@@ -106,12 +103,16 @@ def run_fit(variant: str, method: str, start: str, data: Any, sizes: dict[str, A
     return out
 
 
-def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
-    """One fit of the table as a grid cell: its own threads, data and seed (the serial loop's numbers)."""
-    common.set_threads(cell["threads"])
-    data = tables.load("1", cell["base"], cell["size"], cell["sizes"], cell["task"], cell.get("data_dir"))
-    return run_fit(cell["variant"], cell["method"], cell["start"], data, cell["sizes"], cell["seed"],
-                   cell.get("device", "cpu"))  # fmt: skip
+_DATA: dict[tuple, Any] = {}
+
+
+def run_cell(key: tuple, args: argparse.Namespace, sizes: dict[str, Any]) -> dict[str, Any]:
+    """One fit ``(variant, method, start, task, seed)``, seeded by itself (the data are loaded once per task)."""
+    variant, method, start, task, seed = key
+    if task not in _DATA:
+        _DATA[task] = tables.load("1", args.base, args.size, sizes, task, args.data_dir)
+    return {"key": f"{variant}|{method}|{start}|{task}|{seed}",
+            **run_fit(variant, method, start, _DATA[task], sizes, seed, args.device)}  # fmt: skip
 
 
 def _mean_sd(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
@@ -137,13 +138,13 @@ def _seeds_note(n: int) -> str:
 
 
 def criteria(rows: dict[str, Any], variants: tuple[str, ...]) -> str:
-    """Issue 12's "done when" criteria, judged from the rows (met / NOT met / not measured).
+    """The criteria of the KFAC rerun, judged from the rows (met / NOT met / not measured).
 
     Accuracy is compared with the *better* of a baseline's rows (MAP or KFAC-Laplace), the evidence with
     the baseline's KFAC-Laplace row; "δ grew in most early blocks" pools the early blocks of every fit of
     a start (seeds × tasks) and asks that δ ended above its start in more than half of them.
     """
-    lines = ["Criteria (issue 12), computed from the rows above:", ""]
+    lines, checks = ["Criteria, computed from the rows above:", ""], []
 
     def best(variant: str, task: int) -> tuple[float, str, int] | None:
         found = [(m, *_mean(rows, variant, m, STARTS[0], task)) for m in METHODS]
@@ -151,6 +152,7 @@ def criteria(rows: dict[str, Any], variants: tuple[str, ...]) -> str:
         return max(found) if found else None
 
     def verdict(ok: bool) -> str:
+        checks.append(ok)
         return "met" if ok else "**NOT met**"
 
     premise = []
@@ -195,6 +197,12 @@ def criteria(rows: dict[str, Any], variants: tuple[str, ...]) -> str:
                              f"{ev[task][0]:.2f}{_seeds_note(ev[task][1])} "
                              f"vs {ref[0]:.2f}{_seeds_note(ref[1])} — {verdict(ok)}")  # fmt: skip
             lines.append(f"- **{name}, {start} start** (KFAC-Laplace): " + "; ".join(parts) + ".")
+    seeds = sorted({int(k.rsplit("|", 1)[1]) for k in rows})
+    if checks:
+        lines += ["", common.verdict_section(common.verdict_of(checks), f"seeds {', '.join(map(str, seeds))}: "
+                                             f"{sum(checks)} of {len(checks)} criteria met, on means over the seeds")]
+    else:
+        lines += ["", common.verdict_section("not run", "no learned model in this run: the premise line only")]
     return "\n".join(lines)
 
 
@@ -227,14 +235,13 @@ def render(rows: dict[str, Any], variants: tuple[str, ...], header: str) -> str:
     return header + "\n" + common.md_table(heads, body) + "\n\n" + criteria(rows, variants)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smoke-test size")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of the methods")
     p.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--resume", action="store_true")
     p.add_argument("--stem", default="layerwise_kfac", help="results file name (without _quick / extension)")
     p.add_argument("--base", default="digits", help="quadrant base: digits (default) or fashion-mnist")
     p.add_argument("--size", type=int, default=None, help="canvas side length (default 16; 32 with --preset paper)")
@@ -250,9 +257,11 @@ def main() -> None:
     p.add_argument("--baseline-methods", default=None, help="methods of FC and CONV (default: --methods)")
     p.add_argument("--laplace-every", type=int, default=None, help="steps between Laplace updates (default 50)")
     p.add_argument("--laplace-warmup", type=int, default=None, help="steps before the first update (default 50)")
-    p.add_argument("--render", action="store_true", help="grid mode: the table from the cells finished so far")
-    add_grid_arguments(p, default_dir="results/grids/<stem>")
-    args = p.parse_args()
+    p.add_argument("--part", default="0/1", help="k/n: run fits k, k + n, … of the table (default all)")
+    p.add_argument("--collect", action="store_true", help="only write the table from the fits finished so far")
+    p.add_argument("--work-dir", type=Path, default=None, help="unit files (default results/grids/<stem>)")
+    args = p.parse_args(argv)
+    k, n = common.parse_part(p, args.part)
     starts = tuple(s.strip() for s in args.starts.split(",") if s.strip())
     if not starts or set(starts) - set(STARTS):
         p.error(f"--starts: use a subset of {list(STARTS)}")
@@ -293,58 +302,25 @@ def main() -> None:
     stem += f"_warmup{args.laplace_warmup}" if args.laplace_warmup is not None else ""
     stem += f"_paper{args.epochs or PAPER_EPOCHS}ep" if args.preset == "paper" else ""
     stem += "_quick" if args.quick else ""
-    json_path = common.RESULTS_DIR / f"{stem}.json"
-    rows: dict[str, Any] = {}
-    if args.resume and json_path.exists():  # finished fits with identical settings are kept
-        old = json.loads(json_path.read_text())
-        if old.get("settings") == settings:
-            rows = old["rows"]
     header = common.header_markdown("Layer-wise equivariance: Table 1 with the KFAC-Laplace evidence",
                                     common.machine_info(), settings, common.command_line(),
                                     __doc__.split("\n\n", 1)[1].rsplit("\n\nResults:", 1)[0])  # fmt: skip
-    grid_flags = (args.cell, args.missing, args.jobs, args.collect or None, args.render or None)
-    if any(f is not None for f in grid_flags):
-        cells = [{"key": f"{v}|{m}|{st}|{t}|{sd}", "variant": v, "method": m, "start": st, "task": t, "seed": sd,
-                  "sizes": sizes, "base": args.base, "size": args.size, "threads": args.threads,
-                  **({"device": args.device} if args.device != "cpu" else {}),
-                  **({"data_dir": args.data_dir} if args.data_dir is not None else {})}
-                 for base_first in (True, False) for t in (10, 40) for v in variants if (v not in OPEN) == base_first
-                 for m in (methods if v in OPEN else baseline_methods) for sd in seeds
-                 for st in (starts if v in OPEN else STARTS[:1])]  # fmt: skip
-        grid_dir = args.grid_dir if str(args.grid_dir) != "results/grids/<stem>" else common.REPO_ROOT / "results" / "grids" / stem
-        command = " ".join(a for a in common.command_line().split() if not a.startswith(("--jobs", "--cell", "--render")))
-        grid = Grid(cells, run_cell, grid_dir, command=command)
-        if args.render:
-            rows = {grid.cells[i]["key"]: r for i, r in grid.finished().items()}
-        else:
-            results = run_grid_command(grid, args)
-            if results is None:
-                return
-            rows = {c["key"]: r for c, r in zip(cells, results)}
-        shown = Path(grid_dir).resolve()
-        shown = shown.relative_to(common.REPO_ROOT) if shown.is_relative_to(common.REPO_ROOT) else shown
-        header = header.replace("Regenerate with", f"Fits run as grid cells ({len(rows)} of {len(cells)} finished; "
-                                f"cell results in `{shown}`, git-ignored; the command below runs the missing ones "
-                                "and writes the table). Regenerate with")  # fmt: skip
-        header = header.replace(common.command_line(), command + " --jobs 2")
-        payload = {"settings": settings, "rows": rows, "criteria": criteria(rows, variants)}
-        common.write_results(stem, render(rows, variants, header), payload)
-        return
-    data = {t: tables.load("1", args.base, args.size, sizes, t, args.data_dir) for t in (10, 40)}
-    for seed in seeds:
-        for task in (10, 40):
-            for variant in variants:
-                for method in methods if variant in OPEN else baseline_methods:
-                    for start in starts if variant in OPEN else STARTS[:1]:
-                        key = f"{variant}|{method}|{start}|{task}|{seed}"
-                        if key in rows:
-                            continue
-                        common.log(f"{key} ...")
-                        rows[key] = run_fit(variant, method, start, data[task], sizes, seed, args.device)
-                        common.log(f"  acc {rows[key]['accuracy']:.3f} log ev/N {rows[key].get('log_evidence_per_datum')} "
-                                   f"({rows[key]['seconds']} s)")  # fmt: skip
-                        payload = {"settings": settings, "rows": rows, "criteria": criteria(rows, variants)}
-        common.write_results(stem, render(rows, variants, header), payload)
+    keys = [(v, m, st, t, sd) for base_first in (True, False) for t in (10, 40) for v in variants
+            if (v not in OPEN) == base_first for m in (methods if v in OPEN else baseline_methods) for sd in seeds
+            for st in (starts if v in OPEN else STARTS[:1])]  # fmt: skip
+    work = args.work_dir or common.REPO_ROOT / "results" / "grids" / stem
+    key_of = lambda point: tuple(point["key"].split("|")[:3]) + tuple(int(v) for v in point["key"].split("|")[3:])  # noqa: E731
+    if not args.collect:
+        work.mkdir(parents=True, exist_ok=True)
+        describe = lambda key, r: f"{key}: acc {r['accuracy']:.3f} log ev/N {r.get('log_evidence_per_datum')} ({r['seconds']} s)"  # noqa: E731
+        common.fill_unit(work / f"part{k}of{n}.json", {"stem": stem}, keys[k::n], key_of,
+                         lambda key: run_cell(key, args, sizes), describe)  # fmt: skip
+    points = common.unit_points(sorted(work.glob("part*.json")), keys, key_of, partial=True)
+    rows = {p["key"]: {f: v for f, v in p.items() if f != "key"} for p in points}
+    if len(rows) < len(keys):
+        header = header.replace("Regenerate with", f"{len(rows)} of {len(keys)} fits finished. Regenerate with")
+    payload = {"settings": settings, "rows": rows, "criteria": criteria(rows, variants)}
+    common.write_results(stem, render(rows, variants, header), payload)
 
 
 if __name__ == "__main__":

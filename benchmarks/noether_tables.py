@@ -37,8 +37,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _common as common  # noqa: E402
 from _common import RESULTS_DIR, command_line, log, machine_info, md_table, set_threads  # noqa: E402
-from pyro_invariance import pyro_scope  # noqa: E402
+
+import pyro  # noqa: E402
+import torch  # noqa: E402
+from pyro.infer import TraceMeanField_ELBO  # noqa: E402
+
+from pyro_invariance import fit, guides, pyro_scope  # noqa: E402
+from pyro_invariance.data import physics  # noqa: E402
+from pyro_invariance.diagnostics.hnn_metrics import evaluate_hnn, plot_symmetry_analysis, symmetry_analysis  # noqa: E402
+from pyro_invariance.diagnostics.plots import save_figure  # noqa: E402
+from pyro_invariance.infer.prior_update import PriorUpdatingGuide  # noqa: E402
+from pyro_invariance.models.symmetrised_hnn import SymmetrisedHNN  # noqa: E402
 
 ORACLE = {"sho": "so2", "oscillators": "un", "nbody": "se2"}
 TARGET_RANK = {"sho": 1, "oscillators": 9, "nbody": 3}
@@ -83,15 +94,10 @@ TALK = {
 }
 COLUMNS = ["train_mse", "nll", "kl", "neg_elbo", "test_mse", "wider_mse", "moved_mse", "energy_drift"]
 LABEL = {"none": "HNN", "learned": "HNN + learned symmetry", "oracle": "HNN + oracle"}
+TITLE = {"sho": "Simple harmonic oscillator", "oscillators": "n = 3 oscillators", "nbody": "2-d 3-body"}
 
 
-def build(system: str, symmetry: str, s: dict[str, Any], seed: int):
-    import pyro
-
-    from pyro_invariance import guides
-    from pyro_invariance.models.symmetrised_hnn import SymmetrisedHNN
-    from pyro_invariance.infer.prior_update import PriorUpdatingGuide
-
+def build(system: str, symmetry: str, s: dict[str, Any], seed: int) -> tuple[Any, Any]:
     pyro.set_rng_seed(seed)
     m = 2 * (1 if system == "sho" else (s["data"]["n"] if system == "oscillators" else 2 * s["data"]["n"]))
     sym = {"oracle": ORACLE[system], "learned": "quadratic"}.get(symmetry, symmetry)  # row label -> model's symmetry
@@ -105,12 +111,6 @@ def build(system: str, symmetry: str, s: dict[str, Any], seed: int):
 
 def run_system(system: str, s: dict[str, Any], seed: int, cache_dir: str | None,
                models: tuple[str, ...] = ("none", "learned", "oracle")) -> dict[str, Any]:
-    import pyro
-
-    from pyro_invariance import fit
-    from pyro_invariance.data import physics
-    from pyro_invariance.diagnostics.hnn_metrics import evaluate_hnn, symmetry_analysis
-
     data = physics.make_dataset(system, seed=seed, cache_dir=cache_dir, **s["data"])
     log(f"{system}: N={data.x_train.shape[0]} train pairs, M={data.state_dim}")
     out: dict[str, Any] = {"settings": {k: v for k, v in s.items()}, "rows": {}, "analysis": None}
@@ -134,26 +134,13 @@ def run_system(system: str, s: dict[str, Any], seed: int, cache_dir: str | None,
                 "parallelness": a.parallelness.tolist(),
                 "principal_angles_deg": a.principal_angles_deg().tolist(),
             }
-            try:
-                from pyro_invariance.diagnostics.hnn_metrics import plot_symmetry_analysis
-                from pyro_invariance.diagnostics.plots import save_figure
-
-                fig = plot_symmetry_analysis(a, title=f"{system}: learned generators", target=TARGET_RANK[system])
-                save_figure(fig, RESULTS_DIR / f"noether_{system}_svd.png", dpi=120)
-            except Exception as exc:  # plotting is optional
-                log(f"plot failed: {exc}")
+            fig = plot_symmetry_analysis(a, title=f"{system}: learned generators", target=TARGET_RANK[system])
+            save_figure(fig, RESULTS_DIR / f"noether_{system}_svd.png", dpi=120)
     return out
 
 
 def step_timing(reps: int, seed: int) -> dict[str, Any]:
     """Median time per SVI step: HNN vs symmetrised (learned, S samples), SHO-sized and 3-body-sized."""
-    import pyro
-    import torch
-    from pyro.infer import TraceMeanField_ELBO
-
-    from pyro_invariance import guides
-    from pyro_invariance.models.symmetrised_hnn import SymmetrisedHNN
-
     rows = []
     for label, m, hidden, batch, k, e in (("SHO (32,32), B=28, E=4", 2, (32, 32), 28, 1, 4),
                                          ("3-body (64,64,64), B=100, E=5", 12, (64, 64, 64), 100, 10, 5)):
@@ -191,7 +178,7 @@ def fmt(v: Any) -> str:
     return f"{v:.4g}"
 
 
-def markdown(paper: bool) -> str:
+def markdown() -> str:
     parts = ["# Noether's razor tables (talk 000)", "",
              "Each system: HNN / HNN + learned quadratic conserved quantities / HNN + oracle symmetry, "
              "matrix-normal guide, `symmetrised-hnn` model (`models/symmetrised_hnn.py`). Ours at the settings "
@@ -201,15 +188,14 @@ def markdown(paper: bool) -> str:
              "(not reported in the talk).", "",
              "Regenerate: `.venv/bin/python benchmarks/noether_tables.py --systems sho` (then `oscillators`, `nbody`, "
              "`--timing-only`); `--paper` for paper settings.", ""]
-    info_done = False
+    info_done, results = False, {}
     for system in ("sho", "oscillators", "nbody"):
         path = RESULTS_DIR / f"noether_{system}.json"
-        title = {"sho": "Simple harmonic oscillator", "oscillators": "n = 3 oscillators", "nbody": "2-d 3-body"}[system]
-        parts += [f"## {title}", ""]
-        if not path.exists():
+        parts += [f"## {TITLE[system]}", ""]
+        results[system] = res = json.loads(path.read_text()) if path.exists() else None
+        if res is None:
             parts += ["Not run yet.", ""]
             continue
-        res = json.loads(path.read_text())
         if not info_done:
             parts += ["Machine: " + ", ".join(f"{k} `{v}`" for k, v in res["machine"].items()), ""]
             info_done = True
@@ -227,11 +213,8 @@ def markdown(paper: bool) -> str:
         parts += [md_table(header, rows), ""]
         r = res["rows"]
         if all(k in r for k in ("none", "learned", "oracle")):
-            ok = r["learned"]["test_mse"] <= r["none"]["test_mse"]
-            parts += [f"- learned ≤ HNN in test MSE: **{'yes' if ok else 'NO'}** "
-                      f"({fmt(r['learned']['test_mse'])} vs {fmt(r['none']['test_mse'])}); learned / oracle test MSE = "
-                      f"{r['learned']['test_mse'] / r['oracle']['test_mse']:.2f}, −ELBO/N gap learned − oracle = "
-                      f"{r['learned']['neg_elbo'] - r['oracle']['neg_elbo']:.3g}"]
+            parts += [f"- learned / oracle test MSE = {r['learned']['test_mse'] / r['oracle']['test_mse']:.2f}, "
+                      f"−ELBO/N gap learned − oracle = {r['learned']['neg_elbo'] - r['oracle']['neg_elbo']:.3g}"]
         a = res.get("analysis")
         if a:
             sv = ", ".join(f"{v:.3g}" for v in a["singular_values"][:12])
@@ -244,7 +227,7 @@ def markdown(paper: bool) -> str:
                       f"- plot: `noether_{system}_svd.png`"]
         parts.append("")
     tpath = RESULTS_DIR / "noether_timing.json"
-    parts += ["## Time per SVI step", ""]
+    parts += ["## Time per SVI step (not a claim of the talk)", ""]
     if tpath.exists():
         t = json.loads(tpath.read_text())
         parts += ["Median seconds per SVI step (TraceMeanField_ELBO + backward + Adam, matrix-normal guide, 1 thread). "
@@ -256,7 +239,37 @@ def markdown(paper: bool) -> str:
                              f"{r['ratio_8']:.2f}", f"{r['ratio_32']:.2f}"] for r in t["rows"]]), ""]
     else:
         parts += ["Not run yet.", ""]
-    return "\n".join(parts)
+    return "\n".join(parts + [verdict(results)])
+
+
+def system_verdict(system: str, res: dict[str, Any] | None) -> tuple[str, str]:
+    """The talk's claim for one system: the learned symmetry beats the HNN in −ELBO/N and test MSE, and its
+    generators have the oracle's number of significant singular values. Returns (verdict, the checks read)."""
+    if res is None or not all(k in res["rows"] for k in ("none", "learned")) or not res.get("analysis"):
+        return "not run", "not run"
+    r, a = res["rows"], res["analysis"]
+    learned, hnn = r["learned"], r["none"]
+    checks = {f"−ELBO/N below the HNN's ({fmt(learned['neg_elbo'])} vs {fmt(hnn['neg_elbo'])})":
+                  learned["neg_elbo"] < hnn["neg_elbo"],
+              f"test MSE at most the HNN's ({fmt(learned['test_mse'])} vs {fmt(hnn['test_mse'])})":
+                  learned["test_mse"] <= hnn["test_mse"],
+              f"{a['num_significant']} significant generator directions, target {a['target']}":
+                  a["num_significant"] == a["target"]}  # fmt: skip
+    text = "; ".join(f"{name}: {'yes' if ok else 'no'}" for name, ok in checks.items())
+    return common.verdict_of(list(checks.values())), text
+
+
+def verdict(results: dict[str, dict[str, Any] | None]) -> str:
+    words, lines = [], []
+    for system, res in results.items():
+        word, text = system_verdict(system, res)
+        words.append(word)
+        lines.append(f"- {TITLE[system]}: **{word}** — {text}.")
+    ran = [w for w in words if w != "not run"]
+    overall = "not run" if not ran else common.verdict_of([w == "reproduced" for w in ran])
+    if overall == "not reproduced" and any(w == "partly reproduced" for w in ran):
+        overall = "partly reproduced"
+    return common.verdict_section(overall, "seed 0 only, each system", lines)
 
 
 @pyro_scope()  # module-local params for the script's own loops
@@ -274,10 +287,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", default="none,learned,oracle",
                     help="subset to (re)run; rows of the others are kept from the existing JSON if its settings match")
     ap.add_argument("--eta-lr", type=float, default=None, help="override the η learning rate")
+    ap.add_argument("--markdown-only", action="store_true", help="rebuild noether_tables.md from the JSON files")
     args = ap.parse_args(argv)
     set_threads(args.threads)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    if not args.timing_only:
+    if not args.timing_only and not args.markdown_only:
         for system in [s.strip() for s in args.systems.split(",") if s.strip()]:
             if system not in ORACLE:
                 raise SystemExit(f"unknown system {system!r}; use {sorted(ORACLE)}")
@@ -301,12 +315,12 @@ def main(argv: list[str] | None = None) -> None:
                                                       for m in ("none", "learned", "oracle")}
             res.update(machine=machine_info(), command=command_line(), paper=args.paper)
             (RESULTS_DIR / f"noether_{system}.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
-            (RESULTS_DIR / "noether_tables.md").write_text(markdown(args.paper))
-    if args.timing_only or not args.no_timing:
+            (RESULTS_DIR / "noether_tables.md").write_text(markdown())
+    if args.timing_only or not (args.no_timing or args.markdown_only):
         t = step_timing(args.timing_reps, args.seed)
         t.update(machine=machine_info(), command=command_line())
         (RESULTS_DIR / "noether_timing.json").write_text(json.dumps(t, indent=1, default=str) + "\n")
-    (RESULTS_DIR / "noether_tables.md").write_text(markdown(args.paper))
+    (RESULTS_DIR / "noether_tables.md").write_text(markdown())
     log(f"wrote {RESULTS_DIR / 'noether_tables.md'}")
 
 

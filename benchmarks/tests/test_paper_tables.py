@@ -1,0 +1,106 @@
+"""The paper-table scripts: every committed result file ends with the Verdict its script reads off the file's own
+numbers, the results index names every result file of these scripts (and only files that exist), and the scripts'
+small sizes still run end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+import _common as common
+import full_rank_defaults
+import guide_comparison
+import guide_convergence
+import invariant_mlp_tables
+import layerwise_kfac
+import layerwise_tables
+import noether_tables
+
+RESULTS = common.RESULTS_DIR
+STEMS = ("invariant_mlp_tables", "noether_tables", "threebody_recipe", "kepler_noether", "layerwise_table",
+         "layerwise_seeds", "layerwise_cost", "layerwise_kfac", "full_rank_defaults", "guide_comparison",
+         "guide_convergence")  # fmt: skip
+
+
+def own_files() -> list[Path]:
+    return sorted(p for p in RESULTS.glob("*.md") if p.stem.startswith(STEMS))
+
+
+def verdict_of_file(path: Path) -> str:
+    text = path.read_text()
+    return text[text.index("## Verdict") :].rstrip()
+
+
+@pytest.mark.parametrize("path", own_files(), ids=lambda p: p.stem)
+def test_every_result_file_ends_with_a_verdict_in_the_vocabulary(path):
+    verdict = verdict_of_file(path)
+    assert verdict.count("## ") == 1, "the Verdict is the file's last section"
+    word = re.search(r"\*\*(.+?)\*\* \(", verdict).group(1).lower()
+    assert word in (*common.VERDICTS, "no paper claim")
+
+
+def test_the_verdicts_are_the_scripts_reading_of_the_committed_numbers():
+    def rows(stem: str) -> dict:
+        return json.loads((RESULTS / f"{stem}.json").read_text())["rows"]
+
+    fits = json.loads((RESULTS / "invariant_mlp_tables.json").read_text())
+    results = {k: {f: v for f, v in fit.items() if f != "spec"} for k, fit in fits["fits"].items()}
+    expected = {"invariant_mlp_tables": invariant_mlp_tables.verdict(results, ["1", "2"], 0),
+                "layerwise_seeds": layerwise_tables.seeds_verdict(rows("layerwise_seeds"))}  # fmt: skip
+    for stem, table in (("layerwise_table1", "1"), ("layerwise_table2", "2"), ("layerwise_table3_kfac", "3")):
+        expected[stem] = layerwise_tables.verdict(table, rows(stem))
+    gaps = {k: v["gaps"] for k, v in json.loads((RESULTS / "full_rank_defaults.json").read_text())["results"].items()}
+    expected["full_rank_defaults"] = full_rank_defaults.verdict(gaps)
+    record = json.loads((RESULTS / "guide_convergence.json").read_text())
+    expected["guide_convergence"] = guide_convergence.verdict(
+        guide_convergence.collect(record["points"]), record["mean_field_optimum"]
+    )
+    for path in RESULTS.glob("layerwise_kfac*.md"):
+        argv = shlex.split(re.search(r"```\n(.*?)\n```", path.read_text(), re.S).group(1))
+        variants = argv[argv.index("--variants") + 1].split(",") if "--variants" in argv else layerwise_kfac.VARIANTS
+        criteria = layerwise_kfac.criteria(rows(path.stem), tuple(variants))
+        expected[path.stem] = criteria[criteria.index("## Verdict") :]
+    for stem, verdict in expected.items():
+        assert verdict_of_file(RESULTS / f"{stem}.md") == verdict.rstrip(), stem
+
+
+def test_tables_rebuilt_from_their_json_files_are_the_committed_ones():
+    assert noether_tables.markdown().rstrip() == (RESULTS / "noether_tables.md").read_text().rstrip()
+    assert guide_comparison.markdown().rstrip() == (RESULTS / "guide_comparison.md").read_text().rstrip()
+
+
+def test_the_index_names_every_result_file_of_these_scripts_and_only_files_that_exist():
+    index = (common.RESULTS_DIR.parent / "README.md").read_text()
+    named = set(re.findall(r"`results/([\w.+-]+\.md)`", index))
+    assert {p.name for p in own_files()} <= named
+    missing = [name for name in named if not (RESULTS / name).exists()]
+    assert not missing
+    for script in ("invariant_mlp_tables", "noether_tables", "threebody_recipe", "kepler_noether", "layerwise_tables",
+                   "layerwise_kfac", "full_rank_defaults", "guide_comparison", "guide_convergence"):  # fmt: skip
+        assert f"benchmarks/{script}.py" in index
+
+
+def test_full_rank_defaults_renders_its_committed_table_from_the_committed_gaps():
+    record = json.loads((RESULTS / "full_rank_defaults.json").read_text())
+    points = [{"setting": label, "seed": seed, "gap": gap} for label, r in record["results"].items()
+              for seed, gap in zip(full_rank_defaults.SEEDS, r["gaps"])]  # fmt: skip
+    markdown, payload = full_rank_defaults.render(points)
+    assert payload["results"] == record["results"]
+    table = markdown[markdown.index("| settings") :]
+    committed = (RESULTS / "full_rank_defaults.md").read_text()
+    assert table.rstrip() == committed[committed.index("| settings") :].rstrip()
+
+
+def test_layerwise_kfac_quick_fit_resumes_and_renders(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    argv = ["--quick", "--seeds", "0", "--variants", "conv", "--methods", "MAP", "--work-dir", str(tmp_path / "units")]
+    layerwise_kfac.main([*argv, "--steps", "3"])
+    (md,) = tmp_path.glob("layerwise_kfac*.md")
+    assert "| CONV | MAP | – |" in md.read_text() and md.read_text().rstrip().endswith("the premise line only).")
+    stamp = (tmp_path / "units" / "part0of1.json").stat().st_mtime_ns
+    layerwise_kfac.main([*argv, "--steps", "3", "--collect"])  # the finished fit is read, not rerun
+    assert (tmp_path / "units" / "part0of1.json").stat().st_mtime_ns == stamp
