@@ -1,0 +1,215 @@
+"""Shared helpers of the investigation's scripts: threads, machine info, result files, resumable units.
+
+A frozen copy of the pieces of the benchmarks' helpers that these scripts use, so that they run as they
+did when their results were made. Every script calls :func:`set_threads` first (default 1 thread: the
+project's machines have 2 cores shared with other jobs), records :func:`machine_info` and the exact
+command that regenerates it at the top of its markdown file, and writes
+``research/uncertain_symmetry/results/<name>.md`` with a JSON twin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Hashable, Iterable, Sequence
+
+import pyro
+import torch
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def set_threads(threads: int) -> None:
+    """``torch.set_num_threads(threads)`` (and the inter-op pool where it is still settable)."""
+    torch.set_num_threads(int(threads))
+    try:
+        torch.set_num_interop_threads(int(threads))
+    except RuntimeError:  # already set, or parallel work already started
+        pass
+
+
+def cpu_model() -> str:
+    """CPU model name from /proc/cpuinfo (or ``platform.processor()``)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _git(*args: str) -> str:
+    try:
+        out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU, core count, load, library versions, torch threads and the git commit."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    commit = _git("rev-parse", "--short", "HEAD")
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    return {
+        "cpu": cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "load_average_1_5_15min": [round(v, 2) for v in load],
+        "torch": torch.__version__,
+        "pyro": pyro.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch_threads": torch.get_num_threads(),
+        "git_commit": commit + ("+uncommitted changes" if dirty else ""),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def command_line() -> str:
+    """The command that reproduces this run, relative to the repository root."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        script_str = str(script.relative_to(REPO_ROOT))
+    except ValueError:
+        script_str = str(script)
+    return shlex.join([".venv/bin/python", script_str, *sys.argv[1:]])
+
+
+def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: Sequence[str] | None = None) -> str:
+    """A GitHub markdown table; ``align`` entries are "l" or "r" (default: first left, rest right)."""
+    header = [str(h) for h in header]
+    align = align or ["l"] + ["r"] * (len(header) - 1)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(":---" if a == "l" else "---:" for a in align) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def header_markdown(title: str, info: dict[str, Any], settings: dict[str, Any], command: str, intro: str = "") -> str:
+    """Title, intro, the regenerate command, the machine and the exact settings."""
+    parts = [f"# {title}", ""]
+    if intro:
+        parts += [intro.strip(), ""]
+    parts += ["Regenerate with (from the repository root):", "", "```", command, "```", ""]
+    parts += ["Machine:", ""]
+    parts += [f"- {k}: `{v}`" for k, v in info.items()]
+    parts += ["", "Settings:", ""]
+    parts += [f"- {k}: `{v}`" for k, v in settings.items()]
+    parts.append("")
+    return "\n".join(parts)
+
+
+def write_results(stem: str, markdown: str, payload: dict[str, Any], out_dir: Path | None = None) -> tuple[Path, Path]:
+    """Write ``<out_dir>/<stem>.md`` and ``<out_dir>/<stem>.json``; returns both paths."""
+    out = Path(out_dir) if out_dir is not None else RESULTS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    md_path, json_path = out / f"{stem}.md", out / f"{stem}.json"
+    md_path.write_text(markdown.rstrip() + "\n")
+    json_path.write_text(json.dumps(payload, indent=1, default=_json_default) + "\n")
+    return md_path, json_path
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    return str(obj)
+
+
+def log(msg: str) -> None:
+    """Print with a timestamp and flush (the scripts run under nohup with a log file)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def unit_script_parser(doc: str, stem: str) -> tuple[argparse.ArgumentParser, Any]:
+    """The command line that every benchmark writing unit files shares: its description (``doc``'s first paragraph),
+    a required group of mutually exclusive modes (returned empty, for the script's ``--run``, ``--render``, …), and
+    ``--work-dir`` (default ``research/uncertain_symmetry/results/<stem>_units``), ``--out-dir`` and ``--threads``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    group = parser.add_mutually_exclusive_group(required=True)
+    parser.add_argument("--work-dir", type=Path, default=Path(f"research/uncertain_symmetry/results/{stem}_units"))
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--threads", type=int, default=1)
+    return parser, group
+
+
+def parse_script_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser``'s arguments from ``argv``, with torch's thread count set from ``--threads``."""
+    args = parser.parse_args(argv)
+    set_threads(args.threads)
+    return args
+
+
+def parse_part(parser: Any, value: str) -> tuple[int, int]:
+    """``--part k/n`` (this process runs items k, k + n, …) as ``(k, n)``; anything else ends with ``parser.error``."""
+    try:
+        k, n = (int(v) for v in value.split("/"))
+        if not 0 <= k < n:
+            raise ValueError
+    except ValueError:
+        parser.error(f"--part must be k/n with 0 ≤ k < n, got {value!r}")
+    return k, n
+
+
+def parse_seeds(parser: Any, value: str, allowed: tuple[int, ...]) -> tuple[int, ...]:
+    """``--seeds a,b,…`` (in run order) as a tuple, each among ``allowed``; anything else ends with ``parser.error``."""
+    try:
+        seeds = tuple(int(s) for s in value.split(","))
+        if not set(seeds) <= set(allowed):
+            raise ValueError
+    except ValueError:
+        parser.error(f"--seeds must be comma-separated seeds from {allowed}, got {value!r}")
+    return seeds
+
+
+def write_unit(path: Path, unit: dict[str, Any]) -> None:
+    """Replace ``path`` whole with ``unit`` as JSON (a run stopped mid-write leaves the last complete file)."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(unit) + "\n")
+    partial.replace(path)
+
+
+def fill_unit(path: Path, header: dict[str, Any], keys: Iterable[Hashable], key_of: Callable[[dict[str, Any]], Hashable],
+              evaluate: Callable[[Any], dict[str, Any]], describe: Callable[[Any, dict[str, Any]], str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The unit at ``path`` (``{**header, "points": [...]}``, new if absent) with a point for every one of ``keys``.
+
+    The keys whose point is missing (``key_of(point)`` names a stored point's key) are evaluated in order,
+    ``evaluate(key)``, and the file is replaced after each (:func:`write_unit`), so a stopped run resumes where it
+    stopped; ``describe(key, point)`` is logged for each new point."""
+    unit = json.loads(path.read_text()) if path.exists() else {**header, "points": []}
+    done = {key_of(p) for p in unit["points"]}
+    for key in keys:
+        if key in done:
+            continue
+        point = evaluate(key)
+        unit["points"].append(point)
+        write_unit(path, unit)
+        if describe is not None:
+            log(describe(key, point))
+    return unit
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Lay out ``fig``, save it to ``path`` (100 dpi) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def publish(stem: str, markdown: str, payload: dict[str, Any], out_dir: Path | str | None = None) -> tuple[Path, Path]:
+    """:func:`write_results`, then print the table and log where it went (the end of every script)."""
+    md_path, json_path = write_results(stem, markdown, payload, Path(out_dir) if out_dir else None)
+    print(markdown)
+    log(f"wrote {md_path} and {json_path}")
+    return md_path, json_path
