@@ -13,7 +13,7 @@ VENV1  := .venv-arviz1
 STAMP1 := $(VENV1)/.installed
 ARVIZ1_DEPS := "arviz>=1" numpy scipy pytest matplotlib
 
-.PHONY: demo data test test-arviz1 test-slow test-all bench bench-quick references install docs clean
+.PHONY: demo data test test-arviz1 test-slow test-all research-test bench bench-quick references install docs clean
 
 # pyproject.toml gives version ranges; constraints.txt pins the exact versions that resolve offline
 # here (torch and torchvision from the local wheel store).
@@ -65,20 +65,23 @@ test-slow: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-# NUTS reference posteriors (pyro_invariance/diagnostics/reference_posteriors/): regenerate, then check R-hat / ESS.
+# The research in research/ (outside the package and the default suite): its own tests.
+research-test: $(STAMP)
+	$(BIN)/python -m pytest -q research/
+
+# NUTS reference posteriors (pyro_invariance/diagnostics/reference/posteriors/): regenerate, then check R-hat / ESS.
 references: $(STAMP)
 	$(BIN)/python -m pyro_invariance.diagnostics.reference regenerate
 	$(BIN)/python -m pyro_invariance.diagnostics.reference check
 
 # Benchmarks write their markdown tables under benchmarks/results/.
 bench: $(STAMP)
-	$(BIN)/python benchmarks/step_time.py
+	$(BIN)/python benchmarks/timing.py --section step,guides,import
 	$(BIN)/python benchmarks/invariant_mlp_tables.py
 	$(BIN)/python benchmarks/noether_tables.py
 	$(BIN)/python benchmarks/threebody_recipe.py
 	$(BIN)/python benchmarks/kepler_noether.py
 	$(BIN)/python benchmarks/kepler_noether.py --recipe warm
-	$(BIN)/python benchmarks/guide_cost.py
 	$(BIN)/python benchmarks/full_rank_defaults.py
 	$(BIN)/python benchmarks/guide_convergence.py
 	$(BIN)/python benchmarks/guide_comparison.py --model basis-regression
@@ -92,11 +95,14 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/layerwise_tables.py --table 3 --laplace-curvature kfac
 	$(BIN)/python benchmarks/layerwise_tables.py --table seeds
 	$(BIN)/python benchmarks/layerwise_tables.py --table cost --alpha 2
-	$(BIN)/python benchmarks/uncertain_symmetry.py
+	$(BIN)/python benchmarks/layerwise_kfac.py --variants fc+conv,conv,fc,f-fc+conv
+	$(BIN)/python benchmarks/guide_comparison.py --model layerwise-fc+conv
 
 bench-quick: $(STAMP)
-	$(BIN)/python benchmarks/step_time.py --quick
+	$(BIN)/python benchmarks/timing.py --section step,guides --quick
 	$(BIN)/python benchmarks/invariant_mlp_tables.py --quick
+	$(BIN)/python benchmarks/layerwise_tables.py --table 1 --quick
+	$(BIN)/python benchmarks/layerwise_kfac.py --quick --seeds 0 --variants fc+conv --methods 'Laplace KFAC (gradient)' --starts equivariant
 
 # API reference, method notes and the tutorials (not executed) as HTML in docs/_build/html;
 # warnings are errors (tests/test_docs.py runs the same build).
@@ -105,4 +111,4 @@ docs: $(STAMP)
 	@echo "docs: open docs/_build/html/index.html"
 
 clean:
-	rm -rf $(VENV) $(VENV1) results .pytest_cache docs/_build docs/jupyter_execute
+	rm -rf $(VENV) $(VENV1) results .pytest_cache docs/_build docs/jupyter_execute docs/api/generated

@@ -1,5 +1,7 @@
 """Guides (variational families) of the catalogue, by name.
 
+For example::
+
     from pyro_invariance import guides
     guide = guides.get("matrix-normal", model, init_scale=1.0)
     guides.names()  # ['block-cholesky', 'full-rank', 'low-rank', 'map', 'matrix-normal', 'mean-field', 'symmetry-conditional']
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from pyro_invariance.models.base import CatalogueModel
 from pyro_invariance.registry import GUIDES
 
 from . import autoguides, block_cholesky, matrix_normal, symmetry_conditional  # noqa: F401  (register the entries)
@@ -49,8 +52,6 @@ def get(name: str, model: Callable, **kwargs: Any) -> Any:
     A catalogue model recommends settings by ``model.guide_defaults(name)``
     (:class:`~pyro_invariance.models.base.CatalogueModel`; e.g. the layer-wise networks'
     initialisation); explicit ``kwargs`` override them. Any other model gets none."""
-    from pyro_invariance.models.base import CatalogueModel
-
     GUIDES.entry(name)  # unknown names fail here, before the model is asked
     if isinstance(model, CatalogueModel):
         kwargs = {**model.guide_defaults(name), **kwargs}

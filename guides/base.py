@@ -177,7 +177,7 @@ class CatalogueGuide:
 
     def symmetry_guide_parameters(self, sites: Sequence[str]) -> list[Tensor]:
         """q(η)'s own parameters for the symmetry ``sites`` (a set-up guide), e.g. to hold q(η) fixed
-        while the rest trains (:func:`pyro_invariance.infer.symmetry_warmup.warm_up_conditional`).
+        while the rest trains (a warm-up of q(θ | η) across a wide, held q(η)).
         Site-wise guides find them by Pyro's naming (:func:`own_site_parameters`); a guide that draws
         η jointly with the weights has none and is refused in one line."""
         assert isinstance(self, torch.nn.Module)
@@ -521,8 +521,7 @@ def check_guide_for(model: Any, guide: Any) -> None:
     refused with a ``ValueError`` naming the first difference and how to build the guide for this model.
 
     Not checked (their sites cannot be compared without running them): guides that are not catalogue
-    guides (Pyro's own autoguides, plain functions, wrappers such as
-    :class:`~pyro_invariance.infer.collapsed_symmetry.CollapsedSymmetryGuide`), and guides built for,
+    guides (Pyro's own autoguides, plain functions, wrappers around a catalogue guide), and guides built for,
     or used with, a model that is not a ``PyroModule``.
     """
     built = guide.__dict__.get("_built_for") if isinstance(guide, CatalogueGuide) else None

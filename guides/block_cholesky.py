@@ -38,7 +38,9 @@ __all__ = ["BlockCholeskyGuide", "BlockCholeskySite"]
 class BlockCholeskySite(PyroModule):
     """Parameters of ``q(W) = Π_c N(μ_c, L_c L_cᵀ)`` for one ``(C, H)`` site.
 
-    Attributes (constrained values):
+    The attributes hold constrained values.
+
+    Attributes:
         loc: ``μ`` (C, H).
         scale: ``s`` (C, H), the diagonals of the ``L_c``.
         scale_tril: ``T`` (C, H, H), unit lower triangular.

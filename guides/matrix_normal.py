@@ -45,7 +45,9 @@ __all__ = ["DiagonalFactors", "MatrixNormalGuide", "MatrixNormalSite"]
 class MatrixNormalSite(PyroModule):
     """Parameters of ``q(W) = MatrixNormal(M, L_U, L_V)`` for one ``(r, c)`` site.
 
-    Attributes (constrained values):
+    The attributes hold constrained values.
+
+    Attributes:
         loc: ``M`` (r, c).
         row_scale: ``d_U`` (r,) -- or the buffer ``row_scale_fixed`` when the row factor is frozen.
         row_tril: ``T_U`` (r, r) unit lower triangular (absent when the row factor is diagonal).

@@ -39,7 +39,7 @@ standard Normal, then a learned scale::
       u_η = m_η + s_η ⊙ g(ε_η),     g a per-coordinate spline on [−B, B] (identity outside),
 
 so q(η) can have the sharp top and heavy shoulders an exact posterior over a symmetry may have
-(basis regression: kurtosis 8.8, ``benchmarks/results/symmetry_posterior_basis.md``). ``g`` starts
+(basis regression: kurtosis 8.8, ``research/uncertain_symmetry/results/symmetry_posterior_basis.md``). ``g`` starts
 as the identity (uniform bins, unit slopes), i.e. as the Gaussian guide. θ | η is unchanged.
 
 ``symmetry_dependence="rbf"`` makes q(θ | η)'s location a smooth *nonlinear* function of η: the
@@ -52,9 +52,10 @@ linear term plus Gaussian bumps of the absolute unconstrained coordinate ``u_η`
 coordinate (for η ∈ [0, π]: u = logit(η/π), so c_k spans η ≈ 0.06 … 3.08), not relative to m_η, so
 what q(θ | η) learned about some η stays attached to that η while q(η) moves. A linear q(θ | η) is
 good only near the η it was trained at (the amortisation profile of
-``benchmarks/results/uncertain_symmetry_iwae_steps4000.md``); the bumps let one guide hold a
-different weight location for every region of η, e.g. after training it across a wide q(η)
-(:func:`pyro_invariance.infer.symmetry_warmup.warm_up_conditional`). The shear stays
+``research/uncertain_symmetry/results/uncertain_symmetry_iwae_steps4000.md``); the bumps let one guide
+hold a different weight location for every region of η, e.g. after training it across a wide q(η)
+(a warm-up with q(η) held: :meth:`~pyro_invariance.guides.base.CatalogueGuide.symmetry_guide_parameters`).
+The shear stays
 triangular, so the density is unchanged by it; marginal quantiles of θ are then Monte-Carlo.
 
 ``symmetry_init_scale``: the initial scale ``s_η`` of q(u_η) (default: ``init_scale``). With
@@ -84,6 +85,7 @@ from torch import Tensor
 from torch.distributions import biject_to
 
 from pyro_invariance.distributions import DensityDelta
+from pyro_invariance.models.base import CatalogueModel
 from pyro_invariance.registry import GUIDES
 
 #: ``symmetry_density``: the noise of q(u_η)
@@ -181,8 +183,6 @@ class SymmetryConditional(CatalogueGuide, AutoStructured):
     def __init__(self, model: Callable, *, init_loc_fn: InitLocFn = init_to_feasible,
                  init_scale: float = DEFAULT_INIT_SCALE, symmetry_density: str = "normal", weight_covariance: str = "normal",
                  symmetry_dependence: str = "linear", symmetry_init_scale: float | None = None) -> None:  # fmt: skip
-        from pyro_invariance.models.base import CatalogueModel
-
         if symmetry_density not in SYMMETRY_DENSITIES:
             raise ValueError(f"unknown symmetry_density {symmetry_density!r}; use one of {list(SYMMETRY_DENSITIES)}")
         if symmetry_dependence not in SYMMETRY_DEPENDENCES:

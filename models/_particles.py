@@ -9,9 +9,9 @@ model that supports it computes ``(*P, B, ...)`` outputs, one slice per particle
 
 The helpers here read that layout: :func:`plate_particle_shape` from the plates active around a
 model call (before any site is sampled, so that a model keeps its order of sites and random draws),
-:func:`site_particle_shape` from a sampled value; :func:`drop_data_dim` removes the data plate's 1;
-:func:`batched_normal_prior` is ``Normal(0, scale).expand(shape).to_event(...)`` for a scale that
-is itself batched over particles (a hierarchical prior scale).
+:func:`site_particle_shape` from a sampled value; :func:`drop_data_dim` removes the data plate's 1.
+A weight prior whose scale is itself batched over particles (a hierarchical prior scale) is
+:func:`pyro_invariance.weight_priors.normal_prior`.
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-import pyro.distributions as dist
 import torch
 from pyro.poutine.runtime import get_plates
 from torch import Tensor
 
-__all__ = ["batched_normal_prior", "drop_data_dim", "num_particles", "plate_particle_shape", "site_particle_shape"]
+__all__ = ["drop_data_dim", "num_particles", "plate_particle_shape", "site_particle_shape"]
 
 
 def plate_particle_shape() -> torch.Size:
@@ -72,14 +71,3 @@ def num_particles(shape: Sequence[int]) -> int:
     """Number of particles of a particle shape (1 for ``()``)."""
     return math.prod(shape)
 
-
-def batched_normal_prior(scale: Tensor | float, shape: Sequence[int], loc: float = 0.0) -> dist.TorchDistribution:
-    """``Normal(loc, scale).expand(shape).to_event(len(shape))``, also for a ``scale`` batched over
-    particles (``(*P, 1)``, a hierarchical prior scale under vectorised particles): then the batch
-    shape is ``scale.shape`` and the event shape ``shape``. A scalar ``scale`` gives exactly the
-    unbatched distribution."""
-    shape = list(shape)
-    if not isinstance(scale, Tensor) or scale.dim() == 0:
-        return dist.Normal(loc, scale).expand(shape).to_event(len(shape))
-    scale_b = scale.reshape(scale.shape + (1,) * len(shape))
-    return dist.Normal(loc, scale_b).expand(list(scale.shape) + shape).to_event(len(shape))

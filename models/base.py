@@ -12,7 +12,7 @@ attributes:
   variable (full Bayes, :mod:`pyro_invariance.symmetry.priors`) instead of a point estimate;
 * ``task`` — a :class:`~pyro_invariance.tasks.Task` (held-out metrics, table columns, predictive);
 * ``fit_defaults``, ``guide_defaults(name)``, ``arviz_dims()``, ``arviz_coords()``,
-  ``log_evidence(x, y)``, ``figures(data)`` — recommendations and capabilities with defaults;
+  ``log_evidence(x, y)`` — recommendations and capabilities with defaults;
 * ``vectorizable_particles`` — whether ``forward`` evaluates a batch of weight samples (ELBO
   particles) in one pass (``vectorize_particles=True``); see :class:`CatalogueModel`;
 * ``input_shapes()``, ``target_shapes()``, ``prepare_inputs(x, y)`` — the data boundary.
@@ -27,12 +27,13 @@ symmetry samples of a forward pass (``num_samples`` is reserved for posterior dr
 
 A model that is not a ``CatalogueModel`` (a user's own ``PyroModule``) can still be fitted and
 evaluated: the helper functions below give the documented fallbacks (no symmetry parameters, no
-recommendations), and :func:`pyro_invariance.tasks.task_for` picks its task.
+recommendations), and :func:`pyro_invariance.diagnostics.evaluation.task_for` picks its task.
 """
 
 from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
@@ -44,16 +45,16 @@ from pyro.nn import PyroModule
 from torch import Tensor, nn
 
 from pyro_invariance._pyro_scope import own_params_in_store, pyro_scope
+from pyro_invariance.data.arrays import PreparesInputs
+from pyro_invariance.symmetry.priors import check_symmetry_prior
 from pyro_invariance.validation import (
     as_real_tensor, check_trailing_shape, coerce_pair, model_dtype, num_classes_of,
 )  # fmt: skip
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
     from pyro_invariance.tasks import Task
 
-__all__ = ["PRIORS", "CatalogueModel", "check_prior", "symmetry_parameters", "symmetry_sites", "symmetry_summary", "vectorizable_particles"]
+__all__ = ["PRIORS", "CatalogueModel", "PrecisionGroup", "check_prior", "symmetry_parameters", "symmetry_sites", "symmetry_summary", "vectorizable_particles"]
 
 #: Every prior mode of the catalogue (each model takes the subset in its ``priors``):
 #: ``"fixed"`` — the prior scale is a constant (a buffer);
@@ -67,7 +68,7 @@ class _CatalogueMeta(ABCMeta, type(PyroModule)):  # type: ignore[misc]
     """PyroModule's metaclass with :class:`abc.ABCMeta` (abstract methods are enforced)."""
 
 
-class CatalogueModel(PyroModule, metaclass=_CatalogueMeta):
+class CatalogueModel(PyroModule, PreparesInputs, metaclass=_CatalogueMeta):
     """Base class of every catalogue model (see the module docstring).
 
     Class attributes:
@@ -89,7 +90,7 @@ class CatalogueModel(PyroModule, metaclass=_CatalogueMeta):
             (``tests/test_vectorized_particles.py`` checks that identical draws give identical
             losses and gradients). Default ``False``: the model runs one particle at a time.
 
-    Instance attributes every model sets:
+    Instance attributes:
         prior: the prior mode this model was built with (one of :attr:`priors`).
         num_classes: the number of classes of a classification model; ``None`` otherwise.
         symmetry_prior: ``None`` (η a point estimate) or the prior of a latent η.
@@ -167,8 +168,6 @@ class CatalogueModel(PyroModule, metaclass=_CatalogueMeta):
     def check_symmetry_prior(cls, symmetry_prior: str | None, learn_symmetry: bool = True) -> str | None:
         """``symmetry_prior`` if this model takes it (``None`` or one of :attr:`symmetry_priors`) and it
         is not combined with ``learn_symmetry=False``; else a one-line ``ValueError``."""
-        from pyro_invariance.symmetry.priors import check_symmetry_prior
-
         check_symmetry_prior(symmetry_prior, cls.symmetry_priors, cls.__name__)
         if symmetry_prior is not None and not learn_symmetry:
             raise ValueError(
@@ -195,12 +194,6 @@ class CatalogueModel(PyroModule, metaclass=_CatalogueMeta):
     def log_evidence(self, x: Tensor, y: Tensor) -> Tensor | None:
         """Exact ``log p(y | x, η)`` (a scalar) where the model has it in closed form; default ``None``."""
         return None
-
-    def figures(self, data: Any = None) -> dict[str, Figure]:
-        """The model's own figures of a fitted run, name -> matplotlib ``Figure`` (e.g. a filter bank);
-        ``data`` (a dataset or ``(x, y)``) for figures that show inputs. The CLI saves each as
-        ``<name>.png`` next to the run. Default: none."""
-        return {}
 
     # -- the data boundary ---------------------------------------------------------------------
     @abstractmethod
@@ -282,3 +275,21 @@ def symmetry_summary(model: Any, guide: Any = None) -> dict[str, Tensor]:
     with pyro_scope(), torch.no_grad():
         median = guide.median()
     return dict(model.symmetry_summary({s: median[s].detach() for s in sites}))
+
+
+@dataclass
+class PrecisionGroup:
+    """Sample sites sharing one prior precision ``getattr(module, attr)`` (a 0-d buffer).
+
+    What a model's ``precision_groups()`` returns for the Laplace evidence and the closed-form prior
+    updates (:mod:`pyro_invariance.infer.laplace`): defined with the models, which build them.
+    """
+
+    name: str
+    module: nn.Module
+    attr: str
+    sites: list[str]
+
+    @property
+    def value(self) -> Tensor:
+        return getattr(self.module, self.attr)

@@ -18,10 +18,12 @@ from pyro.distributions import constraints
 from pyro.nn import PyroParam, PyroSample
 from torch import Tensor, nn
 
+from pyro_invariance.data.basis_toy import make_symmetric_toy  # noqa: F401  (re-exported: the toy's data)
 from pyro_invariance.registry import MODELS
 from pyro_invariance.symmetry.priors import BOUNDED_PRIORS, bounded_prior
 from pyro_invariance.tasks import REGRESSION
 from pyro_invariance.validation import check_seed
+from pyro_invariance.weight_priors import normal_prior
 
 from .base import CatalogueModel
 
@@ -258,10 +260,9 @@ class BasisRegression(CatalogueModel):
 
         # The prior's loc is a buffer so that `.to(device / dtype)` moves the prior with the model.
         self.register_buffer("_prior_loc", torch.zeros(()), persistent=False)
+        # s_p stays a Python float: the closed-form posterior and evidence use it in float64
         self.weight = PyroSample(
-            lambda self: dist.Normal(self._prior_loc, self.prior_scale)
-            .expand([self.out_features, self.num_features])
-            .to_event(2)
+            lambda self: normal_prior(self.prior_scale, [self.out_features, self.num_features], loc=self._prior_loc)
         )
 
     def _grid_centres(self, f: int) -> Tensor:
@@ -554,43 +555,3 @@ class BasisRegression(CatalogueModel):
         if include_noise:
             var = var + self.noise_scale**2
         return phi_new @ mean_w.T, var
-
-
-def make_symmetric_toy(
-    n: int,
-    seed: int = 0,
-    noise: float = 0.1,
-    even: bool = True,
-    num_outputs: int = 1,
-    lo: float = -3.0,
-    hi: float = 3.0,
-) -> tuple[Tensor, Tensor]:
-    """1-D regression data for the symmetric-basis toy (talk 000).
-
-    ``x ~ U[lo, hi]`` and, for output ``d`` with frequency ``ω_d = 2 + d/2``::
-
-        even=True:   y_d = cos(ω_d x) + ε                  (even: f(x) = f(−x))
-        even=False:  y_d = cos(ω_d x) + sin(ω_d x) + ε     (a shifted wave; even and odd parts
-                                                             of equal size)
-
-    with ``ε ~ N(0, noise²)``. Deterministic in ``seed``.
-
-    Returns:
-        ``x`` of shape ``(n, 1)`` and ``y`` of shape ``(n, num_outputs)``, default dtype.
-    """
-    n = _check_count("n", n)
-    num_outputs = _check_count("num_outputs", num_outputs)
-    noise = float(noise)
-    if not (math.isfinite(noise) and noise >= 0.0):
-        raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
-    lo, hi = float(lo), float(hi)
-    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-        raise ValueError(f"need finite lo < hi, got lo={lo}, hi={hi}")
-    gen = torch.Generator().manual_seed(int(seed))
-    x = lo + (hi - lo) * torch.rand(n, 1, generator=gen)
-    omega = 2.0 + 0.5 * torch.arange(num_outputs, dtype=x.dtype)
-    f = torch.cos(omega * x)
-    if not even:
-        f = f + torch.sin(omega * x)
-    y = f + noise * torch.randn(n, num_outputs, generator=gen)
-    return x, y

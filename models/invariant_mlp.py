@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import math
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import pyro.distributions as dist
 import torch
@@ -86,12 +86,10 @@ from pyro_invariance.symmetry.affine import (
 )
 from pyro_invariance.tasks import CLASSIFICATION
 from pyro_invariance.validation import check_label_shape, check_positive_int, check_seed, check_trailing_shape
+from pyro_invariance.weight_priors import add_prior_scale, normal_prior
 
-from ._particles import batched_normal_prior, drop_data_dim, num_particles, plate_particle_shape, site_particle_shape
+from ._particles import drop_data_dim, num_particles, plate_particle_shape, site_particle_shape
 from .base import CatalogueModel
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
 
 ACTIVATIONS = ("rff", "relu")
 #: Values of ``InvariantMLP(transform_on=...)``.
@@ -229,17 +227,14 @@ class InvariantMLP(CatalogueModel):
             self.b1 = nn.Parameter(torch.zeros(hidden))
 
         # --- read-out prior -----------------------------------------------------------
-        if prior == "hierarchical":
-            self.register_buffer("prior_scale_loc", torch.tensor(math.log(prior_scale)))
-            self.prior_scale = PyroSample(lambda m: dist.LogNormal(m.prior_scale_loc, 1.0))
-        elif prior == "learned":
-            self.prior_scale = PyroParam(torch.tensor(float(prior_scale)), constraint=constraints.positive)
-        else:
-            self.register_buffer("prior_scale", torch.tensor(float(prior_scale)))
+        # σ_p: a buffer, a PyroParam or the site "prior_scale" ~ LogNormal(log prior_scale, 1), whose
+        # location is the double-precision log and whose scale 1 is a constant (not a buffer)
+        add_prior_scale(self, "prior_scale", prior, prior_scale, log_init=math.log(prior_scale),
+                        hyperprior_buffer=False)  # fmt: skip
         c, h = self.num_classes, self.hidden
-        # batched_normal_prior: a hierarchical σ_p is batched over vectorised particles, (P, 1)
-        self.out_weight = PyroSample(lambda m: batched_normal_prior(m.prior_scale, [c, h]))
-        self.out_bias = PyroSample(lambda m: batched_normal_prior(m.prior_scale, [c]))
+        # normal_prior: a hierarchical σ_p is batched over vectorised particles, (P, 1)
+        self.out_weight = PyroSample(lambda m: normal_prior(m.prior_scale, [c, h]))
+        self.out_bias = PyroSample(lambda m: normal_prior(m.prior_scale, [c]))
 
     task = CLASSIFICATION
     priors = ("fixed", "learned", "hierarchical")
@@ -296,24 +291,6 @@ class InvariantMLP(CatalogueModel):
     def arviz_coords(self) -> dict[str, list[Any]]:
         """A latent η's ``generator`` dim is labelled by the generator names (``["rot"]``, ...)."""
         return {"generator": list(self.generator_names)} if self.eta_is_latent else {}
-
-    def figures(self, data: Any = None) -> dict[str, Figure]:
-        """``"filters"``: the filter bank (paper 003, Fig. 3); ``"orbits"``: the first 5 training
-        images of ``data`` moved along the learned orbit. An RFF model's fixed random filters show
-        the transforms, not what η learned, so without ``data`` it has no orbit figure; a ReLU model
-        shows its first learned filters. A latent η has no single value: no figures (plot ``q(η)``
-        with ``az.plot_posterior(pi.to_inference_data(...), var_names=["eta"])``)."""
-        if self.eta_is_latent:
-            return {}
-        from pyro_invariance.data.arrays import train_arrays
-        from pyro_invariance.diagnostics.plots import plot_filter_bank, plot_orbits
-
-        out = {"filters": plot_filter_bank(self)}
-        if self.activation != "rff":
-            out["orbits"] = plot_orbits(self)
-        elif data is not None:
-            out["orbits"] = plot_orbits(self, train_arrays(data, self)[0][:5])
-        return out
 
     def arviz_dims(self) -> dict[str, list[str]]:
         """ArviZ dim names of the sample sites' own dims (:func:`pyro_invariance.diagnostics.inference_data.to_inference_data`)."""

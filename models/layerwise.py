@@ -99,7 +99,7 @@ from pyro_invariance.registry import MODELS
 from pyro_invariance.tasks import CLASSIFICATION
 from pyro_invariance.validation import check_label_shape, check_positive_int, check_seed, check_trailing_shape
 
-from .base import CatalogueModel
+from .base import CatalogueModel, PrecisionGroup
 
 __all__ = [
     "CHANNEL_MULTIPLIERS",
@@ -525,11 +525,9 @@ class LayerwiseNet(CatalogueModel):
 
     def precision_groups(self) -> list[Any]:
         """Every prior precision δ with the sample sites it scales, as
-        :class:`~pyro_invariance.infer.laplace.PrecisionGroup` s: each pathway tensor (with the FC bias
+        :class:`~pyro_invariance.models.base.PrecisionGroup` s: each pathway tensor (with the FC bias
         it shares), each block bias, each head layer. For the Laplace evidence and closed-form
         updates (``prior="fixed"``: δ are buffers that those updates set)."""
-        from pyro_invariance.infer.laplace import PrecisionGroup
-
         out = []
         for spec in self.arch.blocks:
             block = self.blocks[spec.index]

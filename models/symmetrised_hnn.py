@@ -55,8 +55,9 @@ from pyro_invariance.registry import MODELS
 from pyro_invariance.symmetry.priors import UNBOUNDED_PRIORS, unbounded_prior
 from pyro_invariance.tasks import DYNAMICS
 from pyro_invariance.validation import check_positive_float, check_positive_int, check_seed, check_trailing_shape
+from pyro_invariance.weight_priors import normal_prior, scale_hyperprior
 
-from ._particles import batched_normal_prior, drop_data_dim, num_particles, plate_particle_shape, site_particle_shape
+from ._particles import drop_data_dim, num_particles, plate_particle_shape, site_particle_shape
 from .base import CatalogueModel
 
 #: ``"quadratic"``: K conserved quantities C_k(x) = xᵀA_k x/2 + b_kᵀx with parameters η; ``"neural"``: K
@@ -201,12 +202,12 @@ class SymmetrisedHNN(CatalogueModel):
             setattr(self, f"bias_{i}", nn.Parameter(torch.zeros(sizes[i + 1])))
         self.register_buffer("prior_var", torch.full((self.num_layers,), float(prior_scale) ** 2))
         for i in range(self.num_layers):
-            if prior == "hierarchical":
+            if prior == "hierarchical":  # √v_l ~ LogNormal(log √v₀, 1), read from the buffer at each call
                 setattr(self, f"prior_scale_{i}", PyroSample(
-                    lambda mod, i=i: dist.LogNormal(0.5 * mod.prior_var[i].log(), 1.0)))
-            # batched_normal_prior: a hierarchical scale is batched over vectorised particles, (P, 1)
+                    lambda mod, i=i: scale_hyperprior(0.5 * mod.prior_var[i].log())))
+            # normal_prior: a hierarchical scale is batched over vectorised particles, (P, 1)
             setattr(self, f"weight_{i}", PyroSample(
-                lambda mod, i=i, shape=(sizes[i + 1], sizes[i]): batched_normal_prior(mod.layer_prior_scale(i), shape)))
+                lambda mod, i=i, shape=(sizes[i + 1], sizes[i]): normal_prior(mod.layer_prior_scale(i), shape)))
         self.learn_noise = bool(learn_noise)
         log_noise_var = torch.tensor(2.0 * math.log(noise_scale))
         if learn_noise:

@@ -21,6 +21,7 @@ from pyro_invariance.registry import MODELS
 from pyro_invariance.symmetry.priors import BOUNDED_PRIORS, bounded_prior
 from pyro_invariance.tasks import CLASSIFICATION
 from pyro_invariance.validation import check_label_shape, check_positive_int, check_seed, check_trailing_shape
+from pyro_invariance.weight_priors import add_prior_scale, normal_prior
 
 from ._particles import drop_data_dim, num_particles, plate_particle_shape, site_particle_shape
 from .base import CatalogueModel
@@ -156,10 +157,10 @@ class RotationToy2D(CatalogueModel):
         gen = torch.Generator().manual_seed(check_seed(init_seed, "init_seed"))
         self.register_buffer("w1", torch.randn(self.hidden, 2, generator=gen) / self.lengthscale)
         self.register_buffer("b1", 2 * math.pi * torch.rand(self.hidden, generator=gen))
-        self.register_buffer("prior_scale", torch.tensor(float(prior_scale)))
+        add_prior_scale(self, "prior_scale", self.prior, prior_scale)  # "fixed": the buffer σ_p
         k, h = self.num_classes - 1, self.hidden
-        self.out_weight = PyroSample(lambda m: dist.Normal(0.0, m.prior_scale).expand([k, h]).to_event(2))
-        self.out_bias = PyroSample(lambda m: dist.Normal(0.0, m.prior_scale).expand([k]).to_event(1))
+        self.out_weight = PyroSample(lambda m: normal_prior(m.prior_scale, [k, h]))
+        self.out_bias = PyroSample(lambda m: normal_prior(m.prior_scale, [k]))
 
     def extra_repr(self) -> str:
         return (

@@ -1,12 +1,16 @@
 """pyro_invariance: Pyro models that learn their own symmetries by Bayesian model selection.
 
-The package is laid out by concern (see ``ARCHITECTURE.md``)::
+The package is laid out by concern, in layers that import only downwards (``ARCHITECTURE.md``;
+the contract is ``[tool.importlinter]`` in ``pyproject.toml``), from the top::
 
-    data/         datasets (registered by name) and the checks that turn them into tensors
-    models/       the catalogue's Pyro models          guides/   variational families
-    symmetry/     groups, conserved quantities, equivariant layers
-    infer/        fit (SVI), fit_laplace, evidence bounds, checkpoints
+    cli           the pyro-invariance command
     diagnostics/  evaluation, guide comparison, ArviZ, reference posteriors, plots
+    catalogue     building models, guides and datasets from names; rebuilding saved runs
+    infer/        fit (SVI), fit_laplace, evidence bounds, checkpoints
+    guides/       variational families               models/   the catalogue's Pyro models
+    data/         datasets (registered by name) and the checks that turn them into tensors
+    symmetry/     groups, conserved quantities, equivariant layers
+    core          tasks, registries, input checks, distributions, the Pyro scope
 
 Importing the package registers every model, guide and dataset in the package's own registries,
 and changes nothing in Pyro or torch (``pyro.settings``, the param store and torch's KL registry are

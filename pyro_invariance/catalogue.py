@@ -18,12 +18,13 @@ from typing import Any
 import torch
 from pyro import poutine
 
-from pyro_invariance.infer.checkpoint import CheckpointError, load_checkpoint
+import pyro_invariance.guides as guide_registry  # guides.get: with the model's recommended defaults
+from pyro_invariance._pyro_scope import pyro_scope
 from pyro_invariance.data.arrays import train_arrays
+from pyro_invariance.infer.checkpoint import CheckpointError, load_checkpoint
 from pyro_invariance.models.base import CatalogueModel
 from pyro_invariance.registry import DATASETS, MODELS
 from pyro_invariance.validation import check_trailing_shape
-from pyro_invariance._pyro_scope import pyro_scope
 
 #: The kind of data each data module's datasets hold, ``(task name, rows)`` with rows ``"images"`` or
 #: ``"vectors"``, known from a registered factory's module without building the dataset (which may
@@ -103,8 +104,6 @@ def build(spec: dict[str, Any]) -> tuple[Any, Any, Any]:
     model = MODELS.get(spec["model"], **model_kwargs)
     if data is not None:
         check_model_fits_data(spec["model"], model, spec["data"], data)
-    from pyro_invariance import guides as guide_registry  # model-recommended defaults (guide_defaults)
-
     guide = guide_registry.get(spec["guide"], model, **spec.get("guide_kwargs", {}))
     return data, model, guide
 

@@ -1,5 +1,7 @@
 """Command line: ``pyro-invariance list | fit | evaluate | compare | demo``.
 
+Examples::
+
     pyro-invariance list
     pyro-invariance fit --model invariant-mlp --guide block-cholesky --data rotated-digits \
         --steps 1000 --seed 0 --out results/run1 --model-arg symmetry=rotation
@@ -33,17 +35,26 @@ from typing import Any, Sequence
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+import pyro_invariance.guides as _guides  # noqa: F401  (registers the guides)
+import pyro_invariance.models as _models  # noqa: F401  (registers the models)
+from pyro_invariance._pyro_scope import pyro_scope
+from pyro_invariance.catalogue import build, load_run
+from pyro_invariance.data.images import load_dataset
+from pyro_invariance.diagnostics.compare import compare_guides, format_eta, image_size_of
+from pyro_invariance.diagnostics.evaluation import evaluate, task_for
+from pyro_invariance.diagnostics.plots import model_figures, plot_eta_history, save_figure
 from pyro_invariance.infer.checkpoint import atomic_write_text, peek_step
 from pyro_invariance.infer.config import config_overrides, config_parent
 from pyro_invariance.infer.distributed import (Ranks, current_ranks, launch_rank, record_failure, setup_ranks,
                                                 under_torchrun)
 from pyro_invariance.infer.fast_step import torch_threads
 from pyro_invariance.infer.interrupts import FitInterrupted
-from pyro_invariance.registry import DATASETS, GUIDES, MODELS, UnknownNameError
-from pyro_invariance.tasks import get as get_task, task_for
+from pyro_invariance.infer.laplace import fit_laplace
 from pyro_invariance.infer.runlock import RunLock
+from pyro_invariance.infer.training import LR_SETTINGS, fit, make_deterministic
+from pyro_invariance.registry import DATASETS, GUIDES, MODELS, UnknownNameError
+from pyro_invariance.tasks import get as get_task
 from pyro_invariance.validation import check_positive_int, check_seed
-from pyro_invariance._pyro_scope import pyro_scope
 
 #: a bare word (``rotation``, ``tx+rot``, ``layerwise-fc``) is a string; anything else must be JSON
 _BARE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_+\-.:/]*")
@@ -80,15 +91,7 @@ def _table(rows: list[tuple[str, ...]]) -> str:
     return "\n".join(lines)
 
 
-def _format_eta(model: Any, image_size: int | None, guide: Any = None) -> str:
-    from pyro_invariance.diagnostics.compare import format_eta
-
-    return format_eta(model, image_size, guide)
-
-
 def cmd_list(args: argparse.Namespace) -> int:
-    from pyro_invariance import guides  # noqa: F401  (registers the guides)
-
     sections = {"models": MODELS, "guides": GUIDES, "datasets": DATASETS}
     for title, registry in sections.items():
         if args.what not in (None, title):
@@ -177,22 +180,13 @@ def _build_spec(args: argparse.Namespace) -> dict[str, Any]:
     return spec
 
 
-def _image_size(data: Any) -> int | None:
-    shape = getattr(data, "image_shape", None)
-    return int(shape[-1]) if shape else None
-
-
 def _save_plots(result: Any, out: Path, data: Any = None) -> list[str]:
-    """Write ``eta.png`` and the model's own figures (:meth:`CatalogueModel.figures
-    <pyro_invariance.models.base.CatalogueModel.figures>`, e.g. an InvariantMLP's ``filters.png`` and
-    ``orbits.png``) as ``<name>.png``; returns the paths."""
-    from pyro_invariance.diagnostics.plots import plot_eta_history, save_figure
-    from pyro_invariance.models.base import CatalogueModel
-
+    """Write ``eta.png`` and the model's own figures
+    (:func:`~pyro_invariance.diagnostics.plots.model_figures`, e.g. an InvariantMLP's ``filters.png``
+    and ``orbits.png``) as ``<name>.png``; returns the paths."""
     history = {result.spec["model"] if result.spec else "run": result.history}
-    files = [save_figure(plot_eta_history(history, image_size=_image_size(data)), out / "eta.png")]
-    if isinstance(result.model, CatalogueModel):  # the model's own figures (InvariantMLP: filters, orbits)
-        files += [save_figure(fig, out / f"{name}.png") for name, fig in result.model.figures(data).items()]
+    files = [save_figure(plot_eta_history(history, image_size=image_size_of(data)), out / "eta.png")]
+    files += [save_figure(fig, out / f"{name}.png") for name, fig in model_figures(result.model, data).items()]
     return [str(f) for f in files]
 
 
@@ -224,18 +218,12 @@ def run_fit(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eva
 
 def _run_fit_locked(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eval_samples: int,
                     eval_seed: int | None, ranks: Ranks) -> dict[str, Any]:  # fmt: skip
-    from pyro_invariance import guides  # noqa: F401
-    from pyro_invariance.catalogue import build
-    from pyro_invariance.infer.training import fit
-
     data, model, guide = build(spec)
     fit_kwargs = dict(fit_kwargs)  # FitConfig overrides + run options; fit resolves model/guide defaults
     laplace_kw = {k: fit_kwargs.pop(k) for k in ("laplace_every", "laplace_warmup", "laplace_curvature",
                                                  "laplace_delta_update") if k in fit_kwargs}  # fmt: skip
     extra: dict[str, Any] = {}
     if spec.get("objective") == "laplace":
-        from pyro_invariance.infer.laplace import fit_laplace
-
         result = fit_laplace(model, guide, data, checkpoint_path=out / "checkpoint.pt", spec=spec,
                              every=laplace_kw.get("laplace_every", 50), warmup=laplace_kw.get("laplace_warmup", 100),
                              curvature=laplace_kw.get("laplace_curvature", "kfac"),
@@ -252,7 +240,7 @@ def _run_fit_locked(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any],
         "data": spec["data"],
         "task": task_for(result.model, data).name,
         "eta": result.eta,
-        "eta_readable": _format_eta(result.model, _image_size(data), result.guide),
+        "eta_readable": format_eta(result.model, image_size_of(data), result.guide),
         "metrics": metrics,
         "eval_seed": seed,
         "final_elbo_per_datum_train_minibatch": result.final_elbo,
@@ -270,9 +258,10 @@ def _run_fit_locked(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any],
 
 
 def _metrics(model: Any, guide: Any, data: Any, num_samples: int, device: Any = None, seed: int = 0) -> dict[str, float]:
-    """Held-out metrics as the model's task defines them (:meth:`pyro_invariance.tasks.Task.metrics`), seeded
-    by ``seed``: ``fit`` passes the run's seed, as ``compare_guides`` does, so both report the same numbers."""
-    return task_for(model, data).metrics(model, guide, data, num_samples=num_samples, device=device, seed=seed)
+    """Held-out metrics as the model's task defines them
+    (:func:`~pyro_invariance.diagnostics.evaluation.evaluate`), seeded by ``seed``: ``fit`` passes the
+    run's seed, as ``compare_guides`` does, so both report the same numbers."""
+    return evaluate((model, guide), data, num_samples=num_samples, device=device, seed=seed)
 
 
 def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -281,8 +270,6 @@ def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     kw: dict[str, Any] = {**config_overrides(args), "progress": not args.no_progress, "resume": args.resume,
                           "checkpoint_every": args.checkpoint_every, "overwrite": args.overwrite}  # fmt: skip
     if args.allow_change:
-        from pyro_invariance.infer.training import LR_SETTINGS
-
         changes = [c.strip().replace("-", "_") for c in args.allow_change.split(",") if c.strip()]
         if not args.resume or any(c not in LR_SETTINGS for c in changes):
             raise ValueError(f"--allow-change takes learning rates ({','.join(LR_SETTINGS)}) with --resume, got "
@@ -310,8 +297,6 @@ def _print_summaries(summaries: list[dict[str, Any]]) -> None:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     if args.deterministic:
-        from pyro_invariance.infer.training import make_deterministic
-
         make_deterministic()
     spec = _build_spec(args)
     summary = run_fit(spec, Path(args.out), _fit_kwargs(args), check_positive_int("--eval-samples", args.eval_samples))
@@ -323,16 +308,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from pyro_invariance import guides  # noqa: F401
-    from pyro_invariance.catalogue import load_run
-
     check_seed(args.seed, "--seed")  # before the run is loaded
     run = Path(args.run)
     checkpoint = run / "checkpoint.pt" if run.is_dir() else run
     data = None
     if args.data:
-        from pyro_invariance.data.images import load_dataset
-
         data = load_dataset(args.data, data_dir=args.data_dir)
     model, guide, data, state = load_run(checkpoint, data)
     metrics = _metrics(model, guide, data, check_positive_int("--eval-samples", args.eval_samples), seed=args.seed)
@@ -342,7 +322,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         "guide": spec["guide"],
         "data": args.data or spec["data"],
         "task": task_for(model, data).name,
-        "eta_readable": _format_eta(model, _image_size(data), guide),
+        "eta_readable": format_eta(model, image_size_of(data), guide),
         "metrics": metrics,
         "eval_seed": args.seed,
         "seconds": state.get("seconds", 0.0),
@@ -384,13 +364,9 @@ def _guide_kwargs(items: Sequence[str] | None, guides: Sequence[str]) -> dict[st
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Fit several guides with the same seeds and budget; print the bound/metric table."""
-    from pyro_invariance.diagnostics.compare import compare_guides
-
     guides = [g.strip() for g in args.guides.split(",") if g.strip()]
     if not guides:
         raise ValueError("--guides is empty")
-    from pyro_invariance import guides as _guides  # noqa: F401  (registers the guides)
-
     for name in guides:  # unknown names: the registry's error (with suggestions) before anything runs
         GUIDES.entry(name)
     Ks = _int_list(args.K, "--K")
@@ -419,8 +395,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The main job: learned rotation invariance vs no invariance on rotated digits."""
-    from pyro_invariance.diagnostics.plots import plot_eta_history, save_figure
-
     out = Path(args.out)
     common = {"guide": "block-cholesky", "guide_kwargs": {}, "data": "rotated-digits", "data_kwargs": {}}
     runs = {

@@ -1,5 +1,7 @@
 """Data-parallel CLI runs that end like one-process runs: torchrun, with the CLI's exit codes.
 
+The launcher::
+
     python -m pyro_invariance.launch --nproc-per-node 2 fit --model invariant-mlp --data digits \\
         --strategy ddp --shards 2 --out results/ddp
 

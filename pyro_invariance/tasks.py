@@ -2,10 +2,13 @@
 
 Every catalogue model declares its task (``CatalogueModel.task``, :mod:`pyro_invariance.models.base`);
 evaluation, the CLI's tables and :func:`~pyro_invariance.diagnostics.compare.compare_guides` ask the
-task instead of switching on the kind of data:
+task instead of switching on the kind of data. The tasks sit below the models (which name theirs);
+the metric functions, which need the data, the models and the guides, are one layer up, in the
+diagnostics, and :func:`pyro_invariance.diagnostics.evaluation.evaluate` is the one call that
+computes a task's metrics:
 
 ==================  ===============================  ============================================
-task                models                           held-out metrics (:meth:`Task.metrics`)
+task                models                           held-out metrics (``evaluate``)
 ==================  ===============================  ============================================
 ``classification``  invariant-mlp, ``layerwise-*``,  accuracy and NLL of the posterior predictive,
                     rotation-toy-2d                  ELBO/N on the training data
@@ -15,33 +18,39 @@ task                models                           held-out metrics (:meth:`Ta
                                                      energy drift of rollouts
 ==================  ===============================  ============================================
 
-The posterior predictive is one loop for all tasks
-(:func:`pyro_invariance.diagnostics.evaluation.posterior_predictive`, :meth:`Task.posterior_predictive`):
-``S`` joint draws ``θ_s ~ q`` (and the model's own symmetry samples), each applied to every row of ``x``,
+The posterior predictive is one loop for all tasks (:func:`posterior_predictive`,
+:meth:`Task.posterior_predictive`):
+``S`` joint draws ``θ_s ~ q`` (and the model's own symmetry samples), each applied to every row of ``x``::
 
     f_s(x) = model(x; θ_s),   s = 1..S        (paper 003, Eq. 9's Monte-Carlo predictive)
 
 returning ``(S, N, *out)`` — logits for classification, means for regression, next states for
-dynamics. Every metric function accepts a dataset object or a plain pair ``(x, y)``, as ``fit`` does.
+dynamics. Every metric function runs under a fixed seed (:func:`seeded_rng`) and accepts a dataset
+object or a plain pair ``(x, y)``, as ``fit`` does.
 
 A model that is not a :class:`~pyro_invariance.models.base.CatalogueModel` (a user's own
-``PyroModule``) gets a task from :func:`task_for`'s fallback: classification when it has an integer
-``num_classes`` or the labels are integers, regression otherwise.
+``PyroModule``) gets a task from :func:`~pyro_invariance.diagnostics.evaluation.task_for`'s
+fallback: classification when it has an integer ``num_classes`` or the labels are integers,
+regression otherwise.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+import contextlib
+from abc import ABC
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, ClassVar, Iterator, Mapping
 
+import torch
+from pyro import poutine
 from torch import Tensor
 
-from pyro_invariance.validation import num_classes_of
+from pyro_invariance._pyro_scope import pyro_scope
+from pyro_invariance.validation import check_device, check_positive_int, check_seed
 
 __all__ = [
     "CLASSIFICATION", "Classification", "Column", "DYNAMICS", "Dynamics", "REGRESSION", "Regression", "TASKS", "Task",
-    "get", "task_for",
+    "evaluation_device", "get", "model_device", "posterior_predictive", "seeded_rng",
 ]  # fmt: skip
 
 
@@ -76,25 +85,10 @@ class Task(ABC):
     columns: ClassVar[tuple[Column, ...]]
     predictive_batch_size: ClassVar[int] = 1024
 
-    @abstractmethod
-    def metric_function(self) -> Callable[..., dict[str, float]]:
-        """The function ``f(model, guide, data, *, num_samples, device, seed, **options)`` that computes
-        this task's metrics (imported on first use: the diagnostics import the tasks)."""
-
-    def metrics(self, model: Any, guide: Any, data: Any, *, num_samples: int = 16, device: Any = None,
-                seed: int = 0, **options: Any) -> dict[str, float]:  # fmt: skip
-        """Held-out metrics of ``(model, guide)`` on ``data`` (a dataset object or a pair ``(x, y)``),
-        seeded by ``seed`` (two calls give the same numbers; the caller's RNG is left as it was).
-        ``options`` are the task's own settings (e.g. ``num_particles``)."""
-        return self.metric_function()(model, guide, data, num_samples=num_samples, device=device, seed=seed,
-                                      **options)  # fmt: skip
-
     def posterior_predictive(self, model: Any, guide: Any, x: Tensor, num_samples: int = 16,
                              batch_size: int | None = None) -> Tensor:  # fmt: skip
-        """:func:`~pyro_invariance.diagnostics.evaluation.posterior_predictive` with this task's batch
-        size: the model's output under ``num_samples`` guide draws, ``(S, N, *out)``."""
-        from pyro_invariance.diagnostics.evaluation import posterior_predictive
-
+        """:func:`posterior_predictive` with this task's batch size: the model's output under
+        ``num_samples`` guide draws, ``(S, N, *out)``."""
         return posterior_predictive(model, guide, x, num_samples, batch_size or self.predictive_batch_size)
 
     def table_columns(self, metrics: Mapping[str, Any], bounds: bool = True) -> list[Column]:
@@ -118,11 +112,6 @@ class Classification(Task):
     columns = (Column("accuracy", "test acc", ".3f"), Column("nll", "test NLL", ".3f"),
                Column("elbo_per_datum", "ELBO/N", ".3f", bound=True))  # fmt: skip
 
-    def metric_function(self) -> Callable[..., dict[str, float]]:
-        from pyro_invariance.diagnostics.evaluation import classification_metrics
-
-        return classification_metrics
-
 
 class Regression(Task):
     """Real targets ``y (B, D_out)``; the model's forward returns the predictive mean, its observation
@@ -136,11 +125,6 @@ class Regression(Task):
     name = "regression"
     columns = (Column("rmse", "test RMSE", ".3f"), Column("nll", "test NLL", ".3f"),
                Column("log_evidence_per_datum", "log Z/N", ".3f", bound=True))  # fmt: skip
-
-    def metric_function(self) -> Callable[..., dict[str, float]]:
-        from pyro_invariance.diagnostics.evaluation import regression_metrics
-
-        return regression_metrics
 
 
 class Dynamics(Task):
@@ -158,11 +142,6 @@ class Dynamics(Task):
                Column("moved_mse", "moved MSE", ".3g"), Column("energy_drift", "energy drift", ".3g"))  # fmt: skip
     predictive_batch_size = 4096
 
-    def metric_function(self) -> Callable[..., dict[str, float]]:
-        from pyro_invariance.diagnostics.hnn_metrics import evaluate_hnn
-
-        return evaluate_hnn
-
 
 CLASSIFICATION = Classification()
 REGRESSION = Regression()
@@ -178,19 +157,55 @@ def get(name: str) -> Task:
     return TASKS[name]
 
 
-def task_for(model: Any, data: Any = None) -> Task:
-    """``model.task`` for a :class:`~pyro_invariance.models.base.CatalogueModel`.
+# ------------------------------------------------------------------------------------------------
+# what every task's metrics share: the seeded RNG, the device, the posterior predictive
 
-    Fallback for any other model (documented, not probed): classification when the model has an
-    integer ``num_classes``, or when ``data``'s training labels are integers; regression otherwise.
+
+@contextlib.contextmanager
+def seeded_rng(seed: int, device: torch.device | str | None = None) -> Iterator[None]:
+    """Run the block with torch's RNG seeded by ``seed`` (the CPU generator, and ``device``'s if
+    it is a GPU); the caller's RNG states are restored afterwards."""
+    seed = check_seed(seed)
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    devices = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.random.default_generator.manual_seed(seed)
+        for index in devices:
+            with torch.cuda.device(index):
+                torch.cuda.manual_seed(seed)
+        yield
+
+
+def model_device(model: Any) -> torch.device:
+    """The device of a module's first buffer or parameter (CPU when it has none)."""
+    if not isinstance(model, torch.nn.Module):
+        return torch.device("cpu")
+    return next(iter(model.buffers()), next(iter(model.parameters()), torch.zeros(0))).device
+
+
+def evaluation_device(device: str | torch.device | None, model: Any) -> torch.device:
+    """``device`` checked (:func:`~pyro_invariance.validation.check_device`: it must exist here), or
+    the model's device when ``None``."""
+    return torch.device(check_device(device)) if device is not None else model_device(model)
+
+
+@pyro_scope()
+@torch.no_grad()
+def posterior_predictive(model: Any, guide: Any, x: Tensor, num_samples: int = 16, batch_size: int = 1024) -> Tensor:
+    """The model's output under ``num_samples`` joint draws from the guide: ``(S, N, *out)``.
+
+    ``f_s(x) = model(x; θ_s)``, ``θ_s ~ q`` (paper 003, Eq. 9's Monte-Carlo predictive): each draw
+    replays one guide sample into the model for all of ``x`` (in chunks of ``batch_size`` rows),
+    with fresh symmetry samples (transforms, flows) per chunk. Outputs are logits ``(S, N, C)`` for
+    classification, means ``(S, N, D_out)`` for regression, next states ``(S, N, M)`` for dynamics.
+    The RNG is not seeded here (the metric functions seed it, :func:`seeded_rng`).
     """
-    from pyro_invariance.models.base import CatalogueModel
-
-    if isinstance(model, CatalogueModel):
-        return model.task
-    if num_classes_of(model) is not None or data is None:
-        return CLASSIFICATION
-    from pyro_invariance.data.arrays import train_arrays
-
-    _, y = train_arrays(data)
-    return REGRESSION if y.dtype.is_floating_point else CLASSIFICATION
+    check_positive_int("num_samples", num_samples)
+    check_positive_int("batch_size", batch_size)
+    out = []
+    for _ in range(num_samples):
+        guide_trace = poutine.trace(guide).get_trace(x[:1])
+        conditioned = poutine.replay(model, trace=guide_trace)
+        chunks = [poutine.block(conditioned)(x[i:i + batch_size]) for i in range(0, x.shape[0], batch_size)]
+        out.append(torch.cat(chunks))
+    return torch.stack(out)

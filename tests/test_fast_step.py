@@ -447,6 +447,28 @@ def test_fit_with_the_iwae_bound(data):
         small_fit(data, steps=2, elbo="renyi")
 
 
+def test_a_registered_elbo_is_built_by_name_and_checks_the_guide_first(data):
+    """``register_elbo``: ``fit(..., elbo=name)`` builds the registered loss by ``for_model`` and calls its
+    ``check_guide`` once before the first step; a taken name is refused, an unknown one still is."""
+    checked = []
+
+    class Checked(fast_step.LeanTrace_ELBO):
+        def check_guide(self, guide, x, y, **kwargs):
+            checked.append((type(guide).__name__, tuple(x.shape)))
+
+    try:
+        assert fast_step.register_elbo("checked-trace", Checked) is Checked
+        assert fast_step.register_elbo("checked-trace", Checked) is Checked  # the same loss again: accepted
+        result = small_fit(data, steps=2, elbo="checked-trace")
+        assert result.config.elbo == "checked-trace" and len(checked) == 1
+        with pytest.raises(ValueError, match="elbo 'iwae' is already registered"):
+            fast_step.register_elbo("iwae", Checked)
+    finally:
+        fast_step.LEAN_ELBOS.pop("checked-trace", None)
+    with pytest.raises(ValueError, match="unknown elbo 'checked-trace'"):
+        small_fit(data, steps=2, elbo="checked-trace")
+
+
 def test_a_compiler_failure_after_the_first_step_falls_back_to_the_captured_graph(data, monkeypatch):
     """A recompilation can fail on a later step (seen on CUDA with torch 2.11): fit goes on with the
     captured graph, with a warning and the reason in ``step_stats``."""

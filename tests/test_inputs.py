@@ -13,7 +13,7 @@ from pyro.infer import Trace_ELBO
 
 import pyro_invariance as pi
 from pyro_invariance import guides
-from pyro_invariance.diagnostics.compare import evaluation_metrics, regression_metrics
+from pyro_invariance.diagnostics.compare import regression_metrics
 from pyro_invariance.data.arrays import test_arrays as held_out_arrays
 from pyro_invariance.data.arrays import train_arrays
 from pyro_invariance.data.images import load_dataset
@@ -204,8 +204,8 @@ def test_evaluate_is_seeded_and_leaves_the_callers_rng_alone(fitted, data):
 
 def test_evaluation_metrics_are_seeded(fitted, data):
     state = torch.get_rng_state()
-    a = evaluation_metrics(fitted.model, fitted.guide, data, 2)
-    assert a == evaluation_metrics(fitted.model, fitted.guide, data, 2, seed=0)
+    a = pi.evaluate((fitted.model, fitted.guide), data, num_samples=2)
+    assert a == pi.evaluate((fitted.model, fitted.guide), data, num_samples=2, seed=0)
     assert torch.equal(torch.get_rng_state(), state)
 
 
@@ -217,7 +217,7 @@ def test_regression_metrics_seeded_and_coerced():
     state = torch.get_rng_state()
     a = regression_metrics(model, guide, (x.double().numpy(), y.double().numpy()), num_samples=3)
     assert a == regression_metrics(model, guide, (x, y), num_samples=3)
-    assert a == evaluation_metrics(model, guide, (x, y), 3)
+    assert a == pi.evaluate((model, guide), (x, y), num_samples=3)
     assert torch.equal(torch.get_rng_state(), state)
     xs, ys = held_out_arrays((x.double(), torch.ones(30, 2, dtype=torch.int64)), model)
     assert xs.dtype == ys.dtype == torch.float32

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import tomllib
+from pathlib import Path
 
 import torch
 
@@ -89,7 +91,7 @@ def test_stored_reference_matches_its_entry(name):
         if s["type"] == "sample" and not s["is_observed"] and not site_is_subsample(s)
     }
     assert latents == {k: tuple(v.shape[2:]) for k, v in ref.draws.items()}
-    assert ref.metadata["data"]["fingerprint_sha256"] == ref_mod._fingerprint(x, y)
+    assert ref.metadata["data"]["fingerprint_sha256"] == ref_mod.data_fingerprint(x, y)
     # the stored record is the catalogue's current entry (change an entry -> regenerate its reference)
     assert ref.metadata["entry"] == json.loads(json.dumps(ref.entry.to_dict()))
 
@@ -103,6 +105,19 @@ def test_catalogue_metadata():
         # η is either held fixed at stated values or latent (symmetry_prior): then nothing is fixed
         latent = e.model_kwargs.get("symmetry_prior") is not None
         assert bool(e.fixed) != latent, e.name
+
+
+def test_stored_references_are_package_data():
+    """A wheel ships the draws and metadata: pyproject lists the subpackage and its posteriors folder."""
+    setuptools = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"]
+    package = "pyro_invariance.diagnostics.reference"
+    assert package in setuptools["packages"]
+    patterns = setuptools["package-data"][package]
+    assert ref_mod.REFERENCE_DIR.parent.name == "reference"
+    folder = ref_mod.REFERENCE_DIR.name
+    for name in names():
+        for ext in ("npz", "json"):
+            assert f"{folder}/*.{ext}" in patterns and (ref_mod.REFERENCE_DIR / f"{name}.{ext}").is_file()
 
 
 def _exact(ref):
@@ -146,7 +161,7 @@ def _fit(guide_name, steps, **guide_kwargs):
 
 
 def test_full_rank_guide_matches_and_mean_field_is_too_narrow():
-    """The issue's criterion on basis-regression: full-rank matches mean and variance within the stated
+    """The criterion on basis-regression: full-rank matches mean and variance within the stated
     tolerances; mean-field underestimates every marginal variance, by the known amount
     var_q = 1 / Λ_ii ≤ Σ_ii (Λ the posterior precision)."""
     ref, model, full = _fit("full-rank", 1000, init_scale=0.3)

@@ -25,7 +25,7 @@ from pyro_invariance.diagnostics.symmetry_posterior import (  # noqa: E402
 from pyro_invariance.models.basis_regression import BasisRegression, make_symmetric_toy  # noqa: E402
 
 #: The variational fit of the issue's criterion, fixed before any q(λ) was looked at (the same as
-#: ``benchmarks/symmetry_posterior_basis.py``): the full-rank guide, a joint Gaussian over
+#: ``research/uncertain_symmetry/scripts/symmetry_posterior_basis.py``): the full-rank guide, a joint Gaussian over
 #: (weight, logit λ/2), is the family that can carry the λ–weight correlation (the odd part of the
 #: weights is free at λ = 1 and pinned by the data away from it); its settings are those of the
 #: full-rank check against the fixed-λ reference (tests/test_reference.py: lr 0.05 for means,
@@ -281,7 +281,7 @@ def test_variational_q_lambda_mean_matches_and_sd_is_too_narrow(seed, exact_lamb
     quadrature posterior", with the full-rank guide and the settings fixed above: the mean part holds
     on each of seeds 0, 1, 2; the sd part does not.
 
-    Measured (benchmarks/results/symmetry_posterior_basis.md): mean errors +0.001, −0.005, +0.014 sd;
+    Measured (research/uncertain_symmetry/results/symmetry_posterior_basis.md): mean errors +0.001, −0.005, +0.014 sd;
     sd ratios 0.609, 0.607, 0.600 (with the training loop before issue 14's vectorised particles,
     another random stream: −0.033, +0.054, −0.021 sd and 0.591, 0.608, 0.594). The exact p(λ | D) has
     a sharp top and heavy shoulders (kurtosis 8.8); the logit-normal q(λ) of a joint Gaussian fits its
@@ -297,7 +297,8 @@ def test_variational_q_lambda_mean_matches_and_sd_is_too_narrow(seed, exact_lamb
     assert abs(iqr / exact_iqr - 1.0) < 0.2
 
 
-# the ELBO fit, then the importance-weighted bound (benchmarks/symmetry_posterior_basis.py's REFINE, fixed there)
+# the ELBO fit, then the importance-weighted bound
+# (research/uncertain_symmetry/scripts/symmetry_posterior_basis.py's REFINE, fixed there)
 VI_REFINE = {"elbo": "iwae", "num_particles": 16, "steps": 1000, "lr": 0.005, "factor_lr": 0.005, "batch_size": None}
 
 
@@ -306,7 +307,7 @@ VI_REFINE = {"elbo": "iwae", "num_particles": 16, "steps": 1000, "lr": 0.005, "f
 def test_iwae_refinement_widens_q_lambda_towards_the_exact_sd(seed, exact_lambda):
     """Continuing the full-rank fit with the K = 16 importance-weighted bound (``elbo="iwae"``) moves
     q(λ) from covering the exact posterior's core to covering most of its shoulders. Measured
-    (benchmarks/results/symmetry_posterior_basis.md): sd ratios 0.870, 0.848, 0.784 (ELBO alone 0.61),
+    (research/uncertain_symmetry/results/symmetry_posterior_basis.md): sd ratios 0.870, 0.848, 0.784 (ELBO alone 0.61),
     mean errors +0.17, +0.12, −0.06 sd — the issue's criterion holds on seed 2 only."""
     model, guide, x, y = _elbo_fit(VI_GUIDE, seed)
     result = pi.fit(model, guide, (x, y), seed=seed, progress=False, **VI_REFINE)
@@ -317,8 +318,9 @@ def test_iwae_refinement_widens_q_lambda_towards_the_exact_sd(seed, exact_lambda
     assert abs(lam.mean() - exact_lambda.mean) < 0.25 * exact_lambda.sd
 
 
-# the ELBO fit, then reweighted wake-sleep with K = 256 (benchmarks/symmetry_posterior_basis.py's CHOSEN,
-# chosen there from a K sweep on seeds 0-2 and confirmed on seeds 3-5)
+# the ELBO fit, then reweighted wake-sleep with K = 256 (the CHOSEN of
+# research/uncertain_symmetry/scripts/symmetry_posterior_basis.py, chosen there from a K sweep on seeds 0-2 and
+# confirmed on seeds 3-5)
 VI_RWS = {**VI_REFINE, "elbo": "rws", "num_particles": 256}
 
 
@@ -328,7 +330,7 @@ def test_rws_refinement_meets_the_issue_criterion(seed, exact_lambda):
     quadrature posterior": met once the full-rank ELBO fit is continued by reweighted wake-sleep
     (``elbo="rws"``), whose guide update follows the inclusive KL(p ‖ q) and so widens q towards the
     heavy-tailed posterior's sd instead of staying inside it. Measured
-    (benchmarks/results/symmetry_posterior_basis.md): mean errors −0.00 to +0.02 sd, sd ratios
+    (research/uncertain_symmetry/results/symmetry_posterior_basis.md): mean errors −0.00 to +0.02 sd, sd ratios
     0.79-0.84 on seeds 0-2 and 0.81-0.84 on the held-out seeds 3-5."""
     model, guide, x, y = _elbo_fit(VI_GUIDE, seed)
     result = pi.fit(model, guide, (x, y), seed=seed, progress=False, **VI_RWS)

@@ -14,6 +14,7 @@ from pyro import poutine
 from scipy import integrate
 
 import pyro_invariance as pi
+from pyro_invariance.diagnostics.plots import model_figures
 from pyro_invariance.diagnostics.symmetry_posterior import symmetry_draws
 from pyro_invariance.models import get
 from pyro_invariance.models.basis_regression import make_symmetric_toy
@@ -270,7 +271,7 @@ def test_symmetry_draws_and_arviz(fitted_mlp):
     axes = az.plot_posterior(idata, var_names=["eta"])
     assert np.asarray(axes).size == 1
     matplotlib.pyplot.close("all")
-    assert result.model.figures(data) == {}  # no single η to draw
+    assert model_figures(result.model, data) == {}  # no single η to draw
 
 
 def test_compare_guides_reports_point_and_latent_symmetry():

@@ -20,7 +20,6 @@ from pyro_invariance.catalogue import model_kwargs_for  # noqa: E402
 from pyro_invariance.registry import DATASETS, MODELS  # noqa: E402
 from pyro_invariance.data.toy2d import (  # noqa: E402
     in_sector,
-    main,
     make_rotation_toy,
     plane_grid,
     plot_extrapolation,
@@ -231,9 +230,3 @@ def test_plot_accepts_arrays_and_callables_and_rejects_bad_shapes():
         plot_extrapolation({"bad": torch.zeros(5)}, grid_size=11)
     with pytest.raises(ValueError, match="empty"):
         plot_extrapolation({})
-
-
-@pytest.mark.slow
-def test_figure_command(tmp_path):
-    assert main(["--out", str(tmp_path), "--quick", "--learned"]) == 0
-    assert (tmp_path / "extrapolation.png").is_file() and (tmp_path / "results.json").is_file()

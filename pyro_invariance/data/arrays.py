@@ -22,8 +22,9 @@ converted and checked once, before any compute, so that no training step has to:
 * ``y`` for regression / dynamics models: the model's floating dtype, checked finite and not too large
   (as ``x``).
 * shapes: checked against the model (``model.prepare_inputs(x, y)`` of every
-  :class:`~pyro_invariance.models.base.CatalogueModel`); any other model gets the dtype rule above
-  (integer ``y`` of a model without ``num_classes`` is left as it is).
+  :class:`PreparesInputs`, which every :class:`~pyro_invariance.models.base.CatalogueModel` is); any
+  other model gets the dtype rule above (integer ``y`` of a model without ``num_classes`` is left as
+  it is).
 
 Tensors keep their device (the caller moves them). **Without a model** (``train_arrays(data)``,
 kept for backward compatibility) the tensors come back as given (``torch.as_tensor``) after the
@@ -32,12 +33,27 @@ row-count, emptiness and finiteness checks.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from pyro_invariance.validation import as_real_tensor, check_finite, check_positive_float, coerce_pair, model_dtype
+
+
+class PreparesInputs(ABC):
+    """A model that converts and checks its own data: ``prepare_inputs(x, y) -> (x, y)``.
+
+    :class:`~pyro_invariance.models.base.CatalogueModel` derives from it. It is declared here, with
+    the data, so that the data modules ask the models' side of the boundary by type without
+    importing the models (which import the data modules).
+    """
+
+    @abstractmethod
+    def prepare_inputs(self, x: Tensor, y: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Checked ``(x, y)`` for this model (see :meth:`CatalogueModel.prepare_inputs
+        <pyro_invariance.models.base.CatalogueModel.prepare_inputs>`)."""
 
 
 def train_arrays(data: Any, model: Any = None) -> tuple[Tensor, Tensor]:
@@ -77,9 +93,7 @@ def prepare_arrays(x: Any, y: Any, model: Any = None, input_scale: float | None 
         return _checked(x, y)
     if input_scale is not None and not x.is_floating_point():
         x = x.to(model_dtype(model)) * input_scale
-    from pyro_invariance.models.base import CatalogueModel  # here: models import the data modules
-
-    if isinstance(model, CatalogueModel):
+    if isinstance(model, PreparesInputs):  # every catalogue model
         return model.prepare_inputs(x, y)  # type: ignore[return-value]
     return coerce_pair(model, x, y)  # type: ignore[return-value]
 

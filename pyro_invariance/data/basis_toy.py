@@ -1,6 +1,6 @@
 """The symmetric-basis regression toy of talk 000, registered as ``"basis-toy"``.
 
-1-D regression data from :func:`pyro_invariance.models.basis_regression.make_symmetric_toy` (``x ~ U[lo, hi]``,
+1-D regression data from :func:`make_symmetric_toy` (``x ~ U[lo, hi]``,
 ``y = cos(ωx) + ε``, even in ``x``; ``even=False`` adds the odd part ``sin(ωx)``), split into a
 training and a test set drawn with independent seeds, so that ``basis-regression`` can be fitted and
 evaluated by name: ``pyro-invariance fit --model basis-regression --data basis-toy``.
@@ -11,16 +11,18 @@ test split from :data:`~pyro_invariance.data.images.TEST_SEED` + ``seed``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from pyro_invariance.data.images import TEST_SEED, TRAIN_SEED
 from pyro_invariance.registry import DATASETS
 from pyro_invariance.validation import check_positive_int, check_seed, refuse_data_dir
 
-__all__ = ["RegressionDataset", "basis_toy"]
+__all__ = ["RegressionDataset", "basis_toy", "make_symmetric_toy"]
 
 
 @dataclass(repr=False, eq=False)
@@ -60,7 +62,7 @@ def basis_toy(
     download: bool = False,
 ) -> RegressionDataset:
     """The symmetric-basis toy: ``train_size`` (default 100) and ``test_size`` (default 200) points
-    of :func:`pyro_invariance.models.basis_regression.make_symmetric_toy` with ``noise``, ``even``, ``num_outputs``,
+    of :func:`make_symmetric_toy` with ``noise``, ``even``, ``num_outputs``,
     ``lo``, ``hi``.
 
     Takes the keywords of every registered dataset: ``data_dir`` / ``root`` are refused unless
@@ -69,8 +71,6 @@ def basis_toy(
     Raises:
         ValueError: a size below 1, a non-integer ``seed``, a path given (one line naming it).
     """
-    from pyro_invariance.models.basis_regression import make_symmetric_toy  # here: models import data
-
     refuse_data_dir("basis-toy", data_dir=data_dir, root=root)
     train_size = check_positive_int("train_size", 100 if train_size is None else train_size)
     test_size = check_positive_int("test_size", 200 if test_size is None else test_size)
@@ -81,6 +81,46 @@ def basis_toy(
     info = {"train_size": train_size, "test_size": test_size, "seed": seed, "train_seed": TRAIN_SEED + seed,
             "test_seed": TEST_SEED + seed, **kw}  # fmt: skip
     return RegressionDataset("basis-toy", x_train, y_train, x_test, y_test, info)
+
+
+def make_symmetric_toy(
+    n: int,
+    seed: int = 0,
+    noise: float = 0.1,
+    even: bool = True,
+    num_outputs: int = 1,
+    lo: float = -3.0,
+    hi: float = 3.0,
+) -> tuple[Tensor, Tensor]:
+    """1-D regression data for the symmetric-basis toy (talk 000).
+
+    ``x ~ U[lo, hi]`` and, for output ``d`` with frequency ``ω_d = 2 + d/2``::
+
+        even=True:   y_d = cos(ω_d x) + ε                  (even: f(x) = f(−x))
+        even=False:  y_d = cos(ω_d x) + sin(ω_d x) + ε     (a shifted wave; even and odd parts
+                                                             of equal size)
+
+    with ``ε ~ N(0, noise²)``. Deterministic in ``seed``.
+
+    Returns:
+        ``x`` of shape ``(n, 1)`` and ``y`` of shape ``(n, num_outputs)``, default dtype.
+    """
+    n = check_positive_int("n", n)
+    num_outputs = check_positive_int("num_outputs", num_outputs)
+    noise = float(noise)
+    if not (math.isfinite(noise) and noise >= 0.0):
+        raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
+    lo, hi = float(lo), float(hi)
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ValueError(f"need finite lo < hi, got lo={lo}, hi={hi}")
+    gen = torch.Generator().manual_seed(int(seed))
+    x = lo + (hi - lo) * torch.rand(n, 1, generator=gen)
+    omega = 2.0 + 0.5 * torch.arange(num_outputs, dtype=x.dtype)
+    f = torch.cos(omega * x)
+    if not even:
+        f = f + torch.sin(omega * x)
+    y = f + noise * torch.randn(n, num_outputs, generator=gen)
+    return x, y
 
 
 DATASETS.register(

@@ -54,6 +54,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pyro_invariance._optional import sklearn_datasets, sklearn_model_selection, torchvision_datasets
 from pyro_invariance.data.idx import read_idx
 from pyro_invariance.registry import DATASETS
 from pyro_invariance.symmetry.affine import GENERATOR_NAMES, affine_generators, lie_exp, sample_epsilon, transform_images
@@ -181,11 +182,8 @@ class _Raw(NamedTuple):
 
 
 def _load_digits(data_dir: Path | None, download: bool) -> _Raw:
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    bunch = load_digits()
-    x_tr, x_te, y_tr, y_te = train_test_split(
+    bunch = sklearn_datasets.load_digits()
+    x_tr, x_te, y_tr, y_te = sklearn_model_selection.train_test_split(
         bunch.images, bunch.target, test_size=0.25, random_state=0, stratify=bunch.target
     )
     t = torch.from_numpy
@@ -238,9 +236,7 @@ def _load_fashion_mnist(data_dir: Path | None, download: bool) -> _Raw:
 
 
 def _load_torchvision(class_name: str, data_dir: Path | None, download: bool) -> tuple[Any, Any, Path]:
-    import torchvision.datasets
-
-    cls = getattr(torchvision.datasets, class_name)
+    cls = getattr(torchvision_datasets, class_name)
     root = Path(data_dir if data_dir is not None else DEFAULT_TORCHVISION_DIR).expanduser()
     try:
         return cls(str(root), train=True, download=download), cls(str(root), train=False, download=download), root

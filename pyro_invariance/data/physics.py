@@ -76,6 +76,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pyro_invariance._optional import scipy_integrate
 from pyro_invariance.registry import DATASETS
 from pyro_invariance.validation import check_positive_float, check_positive_int, check_subset_size, refuse_data_dir
 
@@ -255,8 +256,7 @@ def integrate(
         ValueError: wrong state dimension, a non-finite state (the message names the
             trajectory) or a failed integration (a trajectory that diverges / leaves the floats).
     """
-    from scipy.integrate import solve_ivp
-
+    solve_ivp = scipy_integrate.solve_ivp
     x0 = np.asarray(x0, dtype=np.float64)
     if x0.ndim != 2 or x0.shape[1] != system.state_dim:
         raise ValueError(f"{system.name}: initial states must have shape (T, {system.state_dim}), got {x0.shape}")

@@ -11,11 +11,8 @@ data only the invariant models carry the fitted pattern around the circle. This 
   width ``sector`` around ``center``. The test split covers the whole circle, so test accuracy
   outside the sector measures extrapolation (:func:`in_sector` tells the two parts apart).
 * :func:`plot_extrapolation` — predictive-probability contours over the plane, one panel per model
-  (e.g. η = 0, π/2, π), with the training points drawn as ○ and ×.
-* ``python -m pyro_invariance.data.toy2d --out DIR [--learned]`` — fits the catalogue model
-  ``rotation-toy-2d`` (``models/toy2d.py``) at fixed η = 0, π/2 and π (and, with ``--learned``, with
-  η learned by the ELBO), prints the accuracy inside / outside the training sector and the ELBO,
-  and writes the figure ``DIR/extrapolation.png`` and ``DIR/results.json``.
+  (e.g. η = 0, π/2, π), with the training points drawn as ○ and ×. The figure itself is made by
+  ``benchmarks/toy2d_figure.py``.
 
 Seeds: the training split is drawn from :data:`pyro_invariance.data.images.TRAIN_SEED` + ``seed``, the
 test split from :data:`~pyro_invariance.data.images.TEST_SEED` + ``seed``; the two never coincide.
@@ -23,21 +20,19 @@ test split from :data:`~pyro_invariance.data.images.TEST_SEED` + ``seed``; the t
 
 from __future__ import annotations
 
-import argparse
 import math
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from pyro_invariance._optional import pyplot as plt
 from pyro_invariance.data.images import TEST_SEED, TRAIN_SEED
 from pyro_invariance.registry import DATASETS
+from pyro_invariance.tasks import posterior_predictive
 from pyro_invariance.validation import check_positive_float, check_positive_int, refuse_data_dir
-from pyro_invariance._pyro_scope import pyro_scope
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -49,7 +44,6 @@ __all__ = [
     "plane_grid",
     "predictive_probabilities",
     "plot_extrapolation",
-    "main",
 ]
 
 #: Markers of the two classes in plots (paper 003, Fig. 1: ○ and ×).
@@ -175,13 +169,10 @@ def rotation_toy_2d(
     return make_rotation_toy(**{k: v for k, v in kwargs.items() if not (k in defaults and v is None)})
 
 
-# `python -m pyro_invariance.data.toy2d` executes a second copy of this file as __main__ (after the package
-# import has registered the first): only the imported module registers.
-if __name__ != "__main__":
-    DATASETS.register(
-        "rotation-toy-2d",
-        summary="2-D toy (paper 003 Fig. 1): two rings, training points on a 90° sector, test on the whole circle",
-    )(rotation_toy_2d)
+DATASETS.register(
+    "rotation-toy-2d",
+    summary="2-D toy (paper 003 Fig. 1): two rings, training points on a 90° sector, test on the whole circle",
+)(rotation_toy_2d)
 
 
 def in_sector(x: Tensor, sector: float, center: float = 0.0) -> Tensor:
@@ -207,8 +198,6 @@ def predictive_probabilities(model: Any, guide: Any, x: Tensor, num_samples: int
 
     Returns ``(N, C)``. The global RNG state is restored afterwards.
     """
-    from pyro_invariance.diagnostics.evaluation import posterior_predictive
-
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         logits = posterior_predictive(model, guide, x, num_samples=num_samples)
@@ -265,8 +254,6 @@ def plot_extrapolation(
         The figure: one square panel per entry of ``panels`` and a shared colour bar. Save it with
         ``fig.savefig(path, bbox_inches="tight")`` (the colour bar sits outside the panels).
     """
-    import matplotlib.pyplot as plt
-
     if not panels:
         raise ValueError("panels is empty: give at least one label -> model/guide, callable or array")
     xx, yy, points = plane_grid(extent, grid_size)
@@ -295,105 +282,3 @@ def plot_extrapolation(
     if title:
         fig.suptitle(title)
     return fig
-
-
-# ------------------------------------------------------------------------------------------------
-# python -m pyro_invariance.data.toy2d: the figure and a small table
-
-
-#: The panels of paper 003's Fig. 1: label and fixed η.
-FIGURE_SETTINGS: tuple[tuple[str, float | None], ...] = (
-    ("no invariance (η = 0)", 0.0),
-    ("some invariance (η = π/2)", math.pi / 2),
-    ("full invariance (η = π)", math.pi),
-)
-#: The extra panel of ``--learned``: η learned from 0.1 by the ELBO (``None``).
-LEARNED_SETTING: tuple[str, float | None] = ("learned η", None)
-
-
-def _accuracies(model: Any, guide: Any, data: Toy2DDataset, num_samples: int) -> dict[str, float]:
-    probs = predictive_probabilities(model, guide, data.x_test, num_samples=num_samples)
-    correct = (probs.argmax(-1) == data.y_test).double()
-    inside = in_sector(data.x_test, data.info["sector"], data.info["center"])
-    nll = -probs[torch.arange(len(data.y_test)), data.y_test].clamp_min(1e-12).log()
-    return {
-        "acc_in_sector": float(correct[inside].mean()) if inside.any() else float("nan"),
-        "acc_outside": float(correct[~inside].mean()) if (~inside).any() else float("nan"),
-        "test_nll": float(nll.mean()),
-    }
-
-
-@pyro_scope()
-def run_figure(
-    out: str | Path,
-    steps: int = 1500,
-    guide: str = "full-rank",
-    seed: int = 0,
-    settings: Sequence[tuple[str, float | None]] = FIGURE_SETTINGS,
-    progress: bool = False,
-    log: Callable[[str], None] = print,
-) -> dict[str, Any]:
-    """Fit ``rotation-toy-2d`` at each setting, write ``extrapolation.png`` and ``results.json`` to ``out``."""
-    import json
-
-    import pyro_invariance as pi
-    from pyro_invariance import guides as guide_registry  # noqa: F401  (registers the guides)
-    from pyro_invariance.diagnostics.evaluation import elbo_per_datum
-    from pyro_invariance.diagnostics.plots import save_figure
-
-    out = Path(out)
-    data = make_rotation_toy()
-    panels, rows = {}, []
-    for label, eta in settings:
-        kwargs = {"learn_symmetry": True, "eta_init": 0.1} if eta is None else {"learn_symmetry": False, "eta_init": eta}
-        model = pi.models.get("rotation-toy-2d", **kwargs)
-        start = time.perf_counter()
-        result = pi.fit(model, guide, data, steps=steps, batch_size=None, lr=0.02, factor_lr=0.02, seed=seed,
-                        progress=progress)  # fmt: skip
-        seconds = time.perf_counter() - start
-        metrics = _accuracies(result.model, result.guide, data, num_samples=64)
-        metrics["elbo_per_datum"] = elbo_per_datum(
-            result.model, result.guide, data.x_train, data.y_train, num_particles=32
-        )
-        eta_value = float(result.eta["rot"])
-        panel_label = label if eta is not None else f"learned η = {eta_value:.2f}"
-        panels[panel_label] = result
-        rows.append({"label": label, "eta": eta_value, "seconds": seconds, **metrics})
-        log(
-            f"{label:28s} η={eta_value:5.3f}  acc in sector {metrics['acc_in_sector']:.3f}  "
-            f"outside {metrics['acc_outside']:.3f}  test NLL {metrics['test_nll']:.3f}  "
-            f"ELBO/N {metrics['elbo_per_datum']:.3f}  {seconds:.0f}s"
-        )
-    fig = plot_extrapolation(panels, data=data, title=f"rotation-toy-2d, {guide} guide, {steps} steps")
-    figure = save_figure(fig, out / "extrapolation.png", dpi=120, bbox_inches="tight")
-    (out / "results.json").write_text(json.dumps({"guide": guide, "steps": steps, "seed": seed, "rows": rows,
-                                                  "data": data.info}, indent=1))  # fmt: skip
-    log(f"wrote {figure} and {out / 'results.json'}")
-    return {"rows": rows, "figure": str(figure)}
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pyro_invariance.data.toy2d --out results/toy2d [--steps N] [--guide G] [--learned] [--quick]``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m pyro_invariance.data.toy2d",
-        description="Paper 003 Fig. 1: extrapolation of the 2-D rotation toy with no / some / full "
-        "(/ learned) invariance.",
-    )
-    parser.add_argument("--out", default="results/toy2d", help="output folder (default results/toy2d)")
-    parser.add_argument("--steps", type=int, default=1500, help="SVI steps per model (default 1500)")
-    parser.add_argument("--guide", default="full-rank", help="guide name (default full-rank)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="100 steps (a smoke test)")
-    parser.add_argument("--learned", action="store_true", help="add a panel with η learned by the ELBO")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    settings = FIGURE_SETTINGS + ((LEARNED_SETTING,) if args.learned else ())
-    run_figure(args.out, steps=100 if args.quick else args.steps, guide=args.guide, seed=args.seed, settings=settings)
-    return 0
-
-
-if __name__ == "__main__":
-    from pyro_invariance.data.toy2d import main as _main  # the registered module, not this __main__ copy
-
-    raise SystemExit(_main())

@@ -1,13 +1,12 @@
 """Diagnostics: what a fitted model and guide say, and how good the fit is.
 
-* :mod:`.evaluation` — held-out metrics (:func:`evaluate`), posterior predictive logits.
+* :mod:`.evaluation` — held-out metrics: :func:`evaluate`, the one entry point, with each task's metric
+  function (the tasks and their posterior predictive: :mod:`pyro_invariance.tasks`).
 * :mod:`.compare` — :func:`compare_guides`: several guides alike, with bounds, η and metrics.
 * :mod:`.inference_data` / :mod:`.arviz_compat` — ArviZ export (``to_inference_data``) and LOO.
 * :mod:`.reference` — NUTS reference posteriors and scoring guides against them.
-* :mod:`.symmetry_posterior`, :mod:`.annealed_evidence`, :mod:`.laplace_evidence` — posteriors over a symmetry
-  parameter η and their references (grid posteriors; ``log p(D | η)`` of an invariant MLP by annealed importance
-  sampling, and by a Laplace approximation of its read-out, which also gives a latent η's grid posterior and the
-  predictive with η integrated out over it).
+* :mod:`.symmetry_posterior` — posteriors over a symmetry parameter η: the guide's draws of it, grid
+  posteriors, and the exact posterior of basis regression's λ.
 * :mod:`.hnn_metrics`, :mod:`.layerwise_analysis` — family-specific analyses.
 * :mod:`.plots` — figures.
 """

@@ -3,8 +3,9 @@
 Python 3.11 gets ArviZ 0.23 (``arviz.InferenceData``, ``from_pyro``, plots on matplotlib);
 Python >= 3.12 gets ArviZ 1.x (``xarray.DataTree``, ``from_dict(data)`` with one nested dict,
 ``loo_approximate_posterior``, plots returning a ``PlotCollection``; docs/methods.md §5). This module
-imports only numpy, xarray and arviz, so it can be tested in an environment without torch (the
-``make test-arviz1`` environment on Python 3.12 loads this file by path). The torch side -- drawing
+imports only numpy, xarray and arviz (the latter two at first use, through
+:mod:`pyro_invariance._optional`), so it can be tested in an environment without torch (the
+``make test-arviz1`` environment on Python 3.12 loads this file and ``_optional.py`` by path). The torch side -- drawing
 from guides and MCMC, the pointwise log-likelihood -- lives in :mod:`pyro_invariance.diagnostics.inference_data`,
 which calls :func:`from_arrays`.
 
@@ -20,8 +21,6 @@ function                            what
 :func:`loo`                         ``az.loo`` (PSIS-LOO with Pareto k̂ per datum)
 :func:`loo_approximate_posterior`   PSIS-LOO for draws from an approximation q of the posterior
 :func:`loo_values`                  the numbers of a LOO result, the same fields on both lines
-:func:`psis_khat`                   PSIS k̂ of importance log weights (0.23: ``az.psislw``; 1.x:
-                                    arviz-stats' ``psislw``)
 :func:`plot_posterior`,             marginal posteriors / forest plot as a matplotlib ``Figure``
 :func:`plot_forest`                 (0.23: ``az.plot_posterior``; 1.x: ``az.plot_dist``)
 ==================================  ===============================================================
@@ -44,9 +43,10 @@ import datetime
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-import arviz as az
 import numpy as np
-import xarray as xr
+
+# ArviZ and xarray are imported at first use (importing them costs more than Pyro does)
+from pyro_invariance._optional import arviz as az, xarray as xr
 
 __all__ = [
     "DATA_GROUPS",
@@ -63,7 +63,6 @@ __all__ = [
     "loo_values",
     "plot_forest",
     "plot_posterior",
-    "psis_khat",
     "summary",
 ]
 
@@ -255,26 +254,6 @@ def loo(data: Any, *, var_name: str | None = None, pointwise: bool = True, reff:
     with :func:`loo_values`). For draws from a variational q this treats q as the posterior;
     :func:`loo_approximate_posterior` corrects for q."""
     return az.loo(data, pointwise=pointwise, var_name=var_name, reff=reff)
-
-
-def psis_khat(log_weights: Any) -> float:
-    """ArviZ's Pareto-smoothed importance sampling k̂ of 1-D log importance weights (r_eff = 1).
-
-    ArviZ 0.x: ``az.psislw(log_weights)`` (its argument is the log ratios); ArviZ 1.x: arviz-stats'
-    ``psislw`` (the ``.azstats`` accessor), whose argument is a log-likelihood, i.e. the *negated*
-    log ratios. The two lines fit the tail a little differently (0.x: the ``ceil(min(S/5, 3√S))``
-    weights above the cutoff; 1.x: the largest ``floor(3√S)`` (S > 225) or ``floor(S/5)``), so k̂
-    agrees between them to about ±0.05, not exactly. No checks here: degenerate input (NaN,
-    constant or tied weights, few draws) gives whatever ArviZ gives, or raises (1.x) --
-    :func:`pyro_invariance.infer.bounds.psis_khat` answers those cases itself.
-    """
-    lw = np.asarray(log_weights, dtype=np.float64).reshape(-1)
-    if is_legacy():
-        return float(np.asarray(az.psislw(lw.copy(), reff=1.0)[1]))
-    import arviz_stats  # noqa: F401  (registers the .azstats accessor)
-
-    _, khat = xr.DataArray(-lw, dims=["draw"]).azstats.psislw(dim="draw", r_eff=1.0)
-    return float(np.asarray(khat))
 
 
 def loo_approximate_posterior(

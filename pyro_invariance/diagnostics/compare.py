@@ -16,8 +16,10 @@ model initialisation (a fresh model per guide, built after seeding with ``seed``
   ± its standard error (:func:`difference_to_best`), and flags (:func:`row_flags`) on rows whose k̂ is
   above 0.7 or whose fit had not converged (:data:`CONVERGENCE_RULE`, from the fit's ELBO trace).
 
-:class:`GuideComparison` renders the table as text, markdown, JSON and a bar chart, in one unit (nats
-per datum, said in the header) with ± one standard error on every bound in every format::
+:func:`compare_guides` is :func:`fit_guides` (fit and measure each guide: the :class:`GuideRun` s)
+followed by :func:`comparison_table` (their rows and the settings). :class:`GuideComparison` renders
+the table as text, markdown, JSON and a bar chart, in one unit (nats per datum, said in the header)
+with ± one standard error on every bound in every format::
 
     import pyro_invariance as pi
     cmp = pi.compare_guides("invariant-mlp", "rotated-digits", guides=["mean-field", "matrix-normal", "block-cholesky"],
@@ -45,30 +47,47 @@ import pyro
 import torch
 from torch import nn
 
-from pyro_invariance.catalogue import check_model_fits_data
+import pyro_invariance.guides as guide_registry
+import pyro_invariance.models as _models  # noqa: F401  (registers the models)
+from pyro_invariance._optional import pyplot as plt
+from pyro_invariance._pyro_scope import pyro_scope
+from pyro_invariance.catalogue import check_model_fits_data, model_kwargs_for
+from pyro_invariance.data.arrays import train_arrays
+from pyro_invariance.diagnostics.evaluation import (  # noqa: F401  (regression_metrics: re-exported)
+    evaluate, exact_log_evidence, regression_metrics, task_for,
+)  # fmt: skip
+from pyro_invariance.diagnostics.plots import save_figure
+from pyro_invariance.guides import num_guide_parameters
 from pyro_invariance.infer.bounds import PSIS_MIN_DRAWS, _validate_Ks, check_observed, evidence_bounds
 from pyro_invariance.infer.config import FitConfig, resolve_config
-from pyro_invariance.data.arrays import train_arrays
-from pyro_invariance.diagnostics.evaluation import regression_metrics  # noqa: F401  (re-exported)
+from pyro_invariance.infer.training import fit
 from pyro_invariance.models.base import CatalogueModel, symmetry_summary
 from pyro_invariance.registry import DATASETS, GUIDES, MODELS
-from pyro_invariance.tasks import Column, get as get_task, task_for
+from pyro_invariance.symmetry.affine import GENERATOR_NAMES, eta_to_human
+from pyro_invariance.tasks import Column, get as get_task
 from pyro_invariance.validation import check_positive_int, derived_seed
-from pyro_invariance._pyro_scope import pyro_scope
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from pyro_invariance.infer.bounds import EvidenceBounds
+    from pyro_invariance.infer.training import FitResult
+
 __all__ = [
+    "ComparisonPlan",
     "GuideComparison",
+    "GuideRun",
     "compare_guides",
+    "comparison_table",
     "convergence_of",
     "default_bound_samples",
     "difference_to_best",
     "elbo_trace_change",
-    "evaluation_metrics",
+    "fit_guides",
     "format_eta",
+    "guide_row",
+    "image_size_of",
     "is_converged",
     "row_flags",
     "task_kind",
@@ -82,28 +101,9 @@ DEFAULT_GUIDES = ("mean-field", "matrix-normal", "block-cholesky")
 
 
 def task_kind(data: Any, model: Any = None) -> str:
-    """The name of ``model``'s task (:func:`pyro_invariance.tasks.task_for`: ``model.task`` for a
+    """The name of ``model``'s task (:func:`~pyro_invariance.diagnostics.evaluation.task_for`: ``model.task`` for a
     catalogue model; for any other model classification or regression by its labels)."""
     return task_for(model, data).name
-
-
-@pyro_scope()
-def evaluation_metrics(
-    model: Any, guide: Any, data: Any, num_samples: int = 16, device: Any = None, seed: int = 0
-) -> dict[str, float]:
-    """Held-out metrics of ``(model, guide)`` on ``data`` (a dataset object or a pair ``(x, y)``), as
-    the model's task defines them (:meth:`pyro_invariance.tasks.Task.metrics`). Seeded by ``seed``:
-    two calls give the same numbers; the caller's RNG is left as it was."""
-    return task_for(model, data).metrics(model, guide, data, num_samples=num_samples, device=device, seed=seed)
-
-
-def exact_log_evidence(model: Any, x: Any, y: Any) -> float | None:
-    """``model.log_evidence(x, y)`` (total, nats) for a catalogue model that has one in closed form, else ``None``."""
-    if not isinstance(model, CatalogueModel):
-        return None
-    with torch.no_grad():
-        value = model.log_evidence(x, y)
-    return None if value is None else float(value)
 
 
 def format_eta(model: Any, image_size: int | None = None, guide: Any = None) -> str:
@@ -116,8 +116,6 @@ def format_eta(model: Any, image_size: int | None = None, guide: Any = None) -> 
 
 
 def _format_params(params: dict[str, Any], image_size: int | None) -> str:
-    from pyro_invariance.symmetry.affine import GENERATOR_NAMES, eta_to_human
-
     if not params:
         return "-"
     values = {k: v for k, v in params.items() if torch.as_tensor(v).numel() == 1}
@@ -137,7 +135,8 @@ def _eta_values(model: Any, guide: Any = None) -> dict[str, Any]:
     return {k: (float(v) if torch.as_tensor(v).numel() == 1 else torch.as_tensor(v).tolist()) for k, v in params.items()}
 
 
-def _image_size(data: Any) -> int | None:
+def image_size_of(data: Any) -> int | None:
+    """The side of ``data``'s square images (its ``image_shape``'s last entry) for η in pixels, or ``None``."""
     shape = getattr(data, "image_shape", None)
     return int(shape[-1]) if shape else None
 
@@ -521,8 +520,6 @@ class GuideComparison:
 
     def save(self, out_dir: str | Path) -> dict[str, Path]:
         """Write ``table.md``, ``table.json`` and ``bounds.png`` (:meth:`plot`) to ``out_dir``."""
-        from pyro_invariance.diagnostics.plots import save_figure
-
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "table.md").write_text(self.to_markdown())
@@ -539,8 +536,6 @@ class GuideComparison:
         Draws into ``ax`` (a matplotlib ``Axes``; default: a new figure) and returns its
         ``matplotlib.figure.Figure``; save it with ``fig.savefig(path)`` (:meth:`save` writes
         ``bounds.png``)."""
-        import matplotlib.pyplot as plt
-
         keys = ["elbo"] + [f"iwae{k}" for k in self.Ks]
         vals = [[float(r.get(k, float("nan"))) for k in keys] for r in self.rows]
         errs = [[float(r.get(f"{k}_se", float("nan"))) for k in keys] for r in self.rows]
@@ -612,9 +607,6 @@ def _resolve_data(data: Any, data_kwargs: Mapping[str, Any] | None) -> tuple[Any
 def _model_factory(model: Any, data: Any, model_kwargs: Mapping[str, Any] | None, seed: int) -> tuple[Callable[[], nn.Module], str, dict]:
     """A zero-argument function returning the same initial model every call."""
     if isinstance(model, str):
-        from pyro_invariance import models as _models  # noqa: F401  (registers the models)
-        from pyro_invariance.catalogue import model_kwargs_for
-
         kwargs = model_kwargs_for(model, data, **(model_kwargs or {}))
         MODELS.entry(model)  # unknown names fail here, before any fitting
 
@@ -643,6 +635,282 @@ def default_bound_samples(Ks: Sequence[int]) -> int:
     largest K (so every IWAE_K has a standard error from their spread) and at least
     :data:`~pyro_invariance.infer.bounds.PSIS_MIN_DRAWS` (so PSIS k̂ is defined)."""
     return max(2 * max(Ks), PSIS_MIN_DRAWS)
+
+
+@dataclass
+class ComparisonPlan:
+    """What :func:`compare_guides` checked and prepared before fitting anything: the runs (every
+    guide under every ``symmetry_prior``), the model builders, the training data and the bound and
+    evaluation settings. :func:`fit_guides` runs it, :func:`comparison_table` tabulates the runs."""
+
+    guides: list[str]
+    guide_kwargs: dict[str, Any]
+    symmetry_priors: list[str | None]
+    builders: dict[str | None, tuple[Callable[[], nn.Module], str, dict]]
+    dataset: Any
+    data_label: str
+    data_kwargs: dict[str, Any]
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    n_eval: int
+    kind: str
+    Ks: tuple[int, ...]
+    num_draws: int
+    config: FitConfig | None
+    overrides: dict[str, Any]
+    shared: FitConfig
+    eval_samples: int
+    bound_batch_size: int
+    bound_vectorize: bool
+
+    def runs(self) -> list[tuple[str, str | None, str]]:
+        """``(guide, symmetry_prior, label)`` per run, in fitting order (priors outer, guides inner)."""
+        single = self.symmetry_priors == [None]
+        return [
+            (name, prior, name if single else f"{name} / η {'point' if prior is None else prior}")
+            for prior in self.symmetry_priors
+            for name in self.guides
+        ]
+
+
+@dataclass
+class GuideRun:
+    """One guide fitted and measured (:func:`fit_guides`).
+
+    Attributes:
+        label: the row's name (the guide, with the η treatment when several are compared).
+        symmetry_prior: ``None`` (η point-estimated) or the prior of a latent η.
+        model, guide: the fitted model and guide.
+        result: the :class:`~pyro_invariance.infer.training.FitResult`.
+        bounds: the :class:`~pyro_invariance.infer.bounds.EvidenceBounds` on the first ``n_eval`` points.
+        bound_seconds: time spent on the bounds.
+        metrics: held-out metrics, seeded by the run's seed.
+        log_evidence: exact log evidence per datum, or ``None`` where the model has none.
+    """
+
+    label: str
+    symmetry_prior: str | None
+    model: nn.Module
+    guide: Any
+    result: FitResult
+    bounds: EvidenceBounds
+    bound_seconds: float
+    metrics: dict[str, float]
+    log_evidence: float | None
+
+    def flag_fields(self) -> dict[str, Any]:
+        """The fields :func:`row_flags` reads: ``k_hat``, ``is_bound``, ``convergence``."""
+        return {
+            "k_hat": self.bounds.k_hat,
+            "is_bound": not self.bounds.point_estimate,
+            "convergence": convergence_of(self.result.history, self.bounds.elbo.per_datum_stderr),
+        }
+
+
+def _check_guides(guides: Sequence[str] | str) -> list[str]:
+    """Guide names (a comma-separated string is split), checked against the registry."""
+    if isinstance(guides, str):
+        guides = [g.strip() for g in guides.split(",") if g.strip()]
+    guides = list(guides)
+    if not guides:
+        raise ValueError("need at least one guide")
+    for name in guides:
+        GUIDES.entry(name)  # UnknownNameError with suggestions
+    if len(set(guides)) != len(guides):
+        raise ValueError(f"guide names repeat: {guides}")
+    return guides
+
+
+def _check_guide_kwargs(guide_kwargs: Mapping[str, Mapping[str, Any]] | None, guides: list[str]) -> dict[str, Any]:
+    """Per-guide keyword arguments, checked against each guide's signature before anything is fitted."""
+    kwargs_by_guide = dict(guide_kwargs or {})
+    unknown = set(kwargs_by_guide) - set(guides)
+    if unknown:
+        raise ValueError(f"guide_kwargs for guides not compared: {sorted(unknown)}")
+    for name, kwargs in kwargs_by_guide.items():  # a misspelt keyword fails now, not after the first guides
+        if not isinstance(kwargs, Mapping):
+            raise ValueError(f"guide_kwargs[{name!r}] must be a mapping of keyword arguments, got {kwargs!r}")
+        GUIDES.check_keywords(name, dict(kwargs), positional=1)
+    return kwargs_by_guide
+
+
+def _check_bound_settings(
+    K: Sequence[int] | int, bound_samples: int | None, eval_samples: int
+) -> tuple[tuple[int, ...], int]:
+    """The IWAE sizes and the number of guide draws for the bounds."""
+    Ks = _validate_Ks(K)
+    if bound_samples is None:
+        num_draws = default_bound_samples(Ks)
+    else:
+        num_draws = check_positive_int("bound_samples", bound_samples)
+    if num_draws < max(Ks):
+        raise ValueError(f"bound_samples={num_draws} is smaller than the largest K={max(Ks)}")
+    check_positive_int("eval_samples", eval_samples)
+    return Ks, num_draws
+
+
+def _check_symmetry_priors(symmetry_priors: Sequence[str | None], model: Any) -> list[str | None]:
+    symmetry_priors = list(symmetry_priors)
+    if not symmetry_priors or len(set(symmetry_priors)) != len(symmetry_priors):
+        raise ValueError(f"symmetry_priors must be distinct and not empty, got {symmetry_priors}")
+    if symmetry_priors != [None] and not isinstance(model, str):
+        raise ValueError("symmetry_priors needs a catalogue model name (the model is rebuilt with each prior)")
+    return symmetry_priors
+
+
+def _plan(
+    model: Any,
+    data: Any,
+    guides: Sequence[str],
+    config: FitConfig | None,
+    K: Sequence[int] | int,
+    bound_samples: int | None,
+    eval_subset: int | None,
+    eval_samples: int,
+    bound_batch_size: int,
+    bound_vectorize: bool,
+    guide_kwargs: Mapping[str, Mapping[str, Any]] | None,
+    model_kwargs: Mapping[str, Any] | None,
+    data_kwargs: Mapping[str, Any] | None,
+    symmetry_priors: Sequence[str | None],
+    overrides: dict[str, Any],
+) -> ComparisonPlan:
+    """Check every argument and build one model (the probe) on the data: everything that can fail
+    fails here, before the first fit."""
+    guides = _check_guides(guides)
+    Ks, num_draws = _check_bound_settings(K, bound_samples, eval_samples)
+    kwargs_by_guide = _check_guide_kwargs(guide_kwargs, guides)
+    FitConfig.check_names(overrides)
+    shared = resolve_config(config, None, None, overrides)  # the settings common to every guide
+    priors = _check_symmetry_priors(symmetry_priors, model)
+    dataset, data_label = _resolve_data(data, data_kwargs)
+    builders = {}
+    for prior in priors:
+        extra = {} if prior is None else {"symmetry_prior": prior}
+        builders[prior] = _model_factory(model, dataset, {**(model_kwargs or {}), **extra} or None, shared.seed)
+    build, model_label, _ = builders[priors[0]]
+    probe = build()
+    check_model_fits_data(model_label, probe, data_label, dataset)  # names the datasets that fit
+    x_train, y_train = train_arrays(dataset, probe)  # converted and checked once, for the model
+    n_train = x_train.shape[0]
+    n_eval = n_train if eval_subset is None else check_positive_int("eval_subset", eval_subset)
+    if n_eval > n_train:
+        raise ValueError(f"eval_subset={eval_subset} exceeds the {n_train} training points")
+    kind = task_for(probe, dataset).name
+    check_observed(probe, x_train[:2], y_train[:2], num_data=n_train)  # fail before fitting
+    return ComparisonPlan(
+        guides, kwargs_by_guide, priors, builders, dataset, data_label, dict(data_kwargs or {}), x_train, y_train,
+        n_eval, kind, Ks, num_draws, config, overrides, shared, eval_samples, bound_batch_size, bound_vectorize,
+    )
+
+
+@pyro_scope()
+def fit_guides(
+    plan: ComparisonPlan, *, progress: bool = False, log: Callable[[str], None] | None = None
+) -> list[GuideRun]:
+    """Fit and measure every run of ``plan``, one after another: a fresh model (the same start for
+    every guide), the guide, :func:`~pyro_invariance.infer.training.fit`, then the evidence bounds
+    (seeded by ``derived_seed(seed, 1)``), the held-out metrics (seeded by the run's seed) and the
+    exact log evidence. ``log`` gets two lines per run."""
+    say = log or (lambda _msg: None)
+    seed, device, Ks = plan.shared.seed, plan.shared.device, plan.Ks
+    runs = []
+    for name, prior, label in plan.runs():
+        m = plan.builders[prior][0]()
+        g = guide_registry.get(name, m, **plan.guide_kwargs.get(name, {}))
+        result = fit(m, g, plan.dataset, plan.config, progress=progress, **plan.overrides)
+        say(f"fitted {label} ({result.config.steps} steps)")
+        dev = torch.device(device)
+        xe, ye = plan.x_train[: plan.n_eval].to(dev), plan.y_train[: plan.n_eval].to(dev)
+        t0 = time.perf_counter()
+        pyro.set_rng_seed(derived_seed(seed, 1))
+        bounds = evidence_bounds(
+            m, g, xe, ye, Ks, num_samples=plan.num_draws, batch_size=plan.bound_batch_size,
+            vectorize=plan.bound_vectorize,
+        )
+        bound_seconds = time.perf_counter() - t0
+        # the run's own seed, as `pyro-invariance fit` evaluates a run: the same run gives the same numbers
+        metrics = evaluate((m, g), plan.dataset, num_samples=plan.eval_samples, device=device, seed=result.config.seed)
+        log_z = exact_log_evidence(m, xe, ye)
+        log_z = None if log_z is None else log_z / plan.n_eval
+        run = GuideRun(label, prior, m, g, result, bounds, bound_seconds, metrics, log_z)
+        runs.append(run)
+        flags = ", ".join(row_flags(run.flag_fields()))
+        kmax = max(Ks)
+        say(
+            f"{label}: ELBO/N {bounds.elbo.per_datum:.4f}, IWAE{kmax}/N {bounds.iwae[kmax].per_datum:.4f}, "
+            f"k̂ {_fmt(bounds.k_hat, '.2f')}, {result.seconds / result.config.steps:.4f} s/step, "
+            f"bounds {bound_seconds:.1f}s{f'; flags: {flags}' if flags else ''}"
+        )
+    return runs
+
+
+def guide_row(run: GuideRun, n_eval: int, image_size: int | None = None) -> dict[str, Any]:
+    """The table row of one run (the keys listed in :func:`compare_guides`)."""
+    result, bounds, m, g = run.result, run.bounds, run.model, run.guide
+    row: dict[str, Any] = {
+        "guide": run.label,
+        "symmetry_prior": run.symmetry_prior,
+        "params": num_guide_parameters(g),
+        "fit_seconds": result.seconds,
+        "seconds_per_step": result.seconds / result.config.steps,
+        "bound_seconds": run.bound_seconds,
+        "train_elbo_minibatch": result.final_elbo,
+        "n_eval": n_eval,
+        "elbo": bounds.elbo.per_datum,
+        "elbo_se": bounds.elbo.per_datum_stderr,
+    }
+    for k, b in bounds.iwae.items():
+        row[f"iwae{k}"] = b.per_datum
+        row[f"iwae{k}_se"] = b.per_datum_stderr
+    flag_fields = run.flag_fields()
+    row.update(
+        k_hat=flag_fields["k_hat"],
+        is_bound=flag_fields["is_bound"],
+        note=bounds.note,
+        log_evidence=run.log_evidence,
+        eta=_eta_values(m, g),
+        eta_readable=format_eta(m, image_size, g),
+        metrics=run.metrics,
+        convergence=flag_fields["convergence"],
+        bounds=bounds.to_dict(),
+    )
+    return row
+
+
+def comparison_table(plan: ComparisonPlan, runs: Sequence[GuideRun]) -> GuideComparison:
+    """The :class:`GuideComparison` of ``runs``: one row per run (:func:`guide_row`) and the
+    settings that reproduce them."""
+    rows = [guide_row(run, plan.n_eval, image_size_of(plan.dataset)) for run in runs]
+    results = {run.label: run.result for run in runs}
+    _, model_label, built_kwargs = plan.builders[plan.symmetry_priors[0]]
+    shared = plan.shared
+    settings = {
+        "model": model_label,
+        "model_kwargs": built_kwargs,
+        "data": plan.data_label,
+        "data_kwargs": plan.data_kwargs,
+        "guides": plan.guides,
+        "symmetry_priors": plan.symmetry_priors,
+        "guide_kwargs": plan.guide_kwargs,
+        "steps": shared.steps,
+        "seed": shared.seed,
+        "batch_size": shared.batch_size,
+        "fit_settings": dict(plan.overrides) if plan.config is None else asdict(shared),
+        "fit_config": {name: asdict(result.config) for name, result in results.items()},
+        "K": list(plan.Ks),
+        "bound_samples": plan.num_draws,
+        "bound_vectorize": plan.bound_vectorize,
+        "n_train": plan.x_train.shape[0],
+        "n_eval": plan.n_eval,
+        "eval_samples": plan.eval_samples,
+        "eval_seed": shared.seed,
+        "units": "per datum (nats / n_eval)",
+        "device": str(shared.device),
+        "test_on_train": not hasattr(plan.dataset, "x_test"),
+        "torch_threads": torch.get_num_threads(),
+    }
+    return GuideComparison(rows, settings, plan.kind, plan.Ks, results)
 
 
 @pyro_scope()
@@ -714,137 +982,6 @@ def compare_guides(
         UnknownNameError: a guide, model or dataset name is not registered.
         ValueError: K or another setting is invalid, or the model observes nothing.
     """
-    from pyro_invariance import guides as guide_registry
-    from pyro_invariance.infer.training import fit
-
-    if isinstance(guides, str):
-        guides = [g.strip() for g in guides.split(",") if g.strip()]
-    guides = list(guides)
-    if not guides:
-        raise ValueError("need at least one guide")
-    for name in guides:
-        GUIDES.entry(name)  # UnknownNameError with suggestions
-    if len(set(guides)) != len(guides):
-        raise ValueError(f"guide names repeat: {guides}")
-    Ks = _validate_Ks(K)
-    num_draws = (default_bound_samples(Ks) if bound_samples is None
-                 else check_positive_int("bound_samples", bound_samples))  # fmt: skip
-    if num_draws < max(Ks):
-        raise ValueError(f"bound_samples={num_draws} is smaller than the largest K={max(Ks)}")
-    check_positive_int("eval_samples", eval_samples)
-    guide_kwargs = dict(guide_kwargs or {})
-    unknown = set(guide_kwargs) - set(guides)
-    if unknown:
-        raise ValueError(f"guide_kwargs for guides not compared: {sorted(unknown)}")
-    for name, kwargs in guide_kwargs.items():  # a misspelt keyword fails now, not after the first guides
-        if not isinstance(kwargs, Mapping):
-            raise ValueError(f"guide_kwargs[{name!r}] must be a mapping of keyword arguments, got {kwargs!r}")
-        GUIDES.check_keywords(name, dict(kwargs), positional=1)
-    FitConfig.check_names(overrides)
-    shared = resolve_config(config, None, None, overrides)  # the settings common to every guide
-    seed, device = shared.seed, shared.device
-
-    symmetry_priors = list(symmetry_priors)
-    if not symmetry_priors or len(set(symmetry_priors)) != len(symmetry_priors):
-        raise ValueError(f"symmetry_priors must be distinct and not empty, got {symmetry_priors}")
-    if symmetry_priors != [None] and not isinstance(model, str):
-        raise ValueError("symmetry_priors needs a catalogue model name (the model is rebuilt with each prior)")
-
-    dataset, data_label = _resolve_data(data, data_kwargs)
-    builders = {}
-    for prior in symmetry_priors:
-        extra = {} if prior is None else {"symmetry_prior": prior}
-        builders[prior] = _model_factory(model, dataset, {**(model_kwargs or {}), **extra} or None, seed)
-    build, model_label, built_kwargs = builders[symmetry_priors[0]]
-    probe = build()
-    check_model_fits_data(model_label, probe, data_label, dataset)  # names the datasets that fit
-    x_train, y_train = train_arrays(dataset, probe)  # converted and checked once, for the model
-    n_train = x_train.shape[0]
-    n_eval = n_train if eval_subset is None else check_positive_int("eval_subset", eval_subset)
-    if n_eval > n_train:
-        raise ValueError(f"eval_subset={eval_subset} exceeds the {n_train} training points")
-    kind = task_for(probe, dataset).name
-    check_observed(probe, x_train[:2], y_train[:2], num_data=n_train)  # fail before fitting
-
-    say = log or (lambda _msg: None)
-    rows: list[dict[str, Any]] = []
-    results: dict[str, Any] = {}
-    runs = [(name, prior) for prior in symmetry_priors for name in guides]
-    for name, prior in runs:
-        label = name if symmetry_priors == [None] else f"{name} / η {'point' if prior is None else prior}"
-        m = builders[prior][0]()
-        g = guide_registry.get(name, m, **guide_kwargs.get(name, {}))
-        result = fit(m, g, dataset, config, progress=progress, **overrides)
-        steps = result.config.steps
-        say(f"fitted {label} ({steps} steps)")
-        dev = torch.device(device)
-        xe, ye = x_train[:n_eval].to(dev), y_train[:n_eval].to(dev)
-        t0 = time.perf_counter()
-        pyro.set_rng_seed(derived_seed(seed, 1))
-        bounds = evidence_bounds(m, g, xe, ye, Ks, num_samples=num_draws, batch_size=bound_batch_size,
-                                 vectorize=bound_vectorize)
-        bound_seconds = time.perf_counter() - t0
-        # the run's own seed, as `pyro-invariance fit` evaluates a run: the same run gives the same numbers
-        metrics = evaluation_metrics(m, g, dataset, eval_samples, device, seed=result.config.seed)
-        log_z = exact_log_evidence(m, xe, ye)
-        log_z = None if log_z is None else log_z / n_eval
-        from pyro_invariance.guides import num_guide_parameters
-
-        row: dict[str, Any] = {
-            "guide": label,
-            "symmetry_prior": prior,
-            "params": num_guide_parameters(g),
-            "fit_seconds": result.seconds,
-            "seconds_per_step": result.seconds / steps,
-            "bound_seconds": bound_seconds,
-            "train_elbo_minibatch": result.final_elbo,
-            "n_eval": n_eval,
-            "elbo": bounds.elbo.per_datum,
-            "elbo_se": bounds.elbo.per_datum_stderr,
-        }
-        for k, b in bounds.iwae.items():
-            row[f"iwae{k}"] = b.per_datum
-            row[f"iwae{k}_se"] = b.per_datum_stderr
-        row.update(
-            k_hat=bounds.k_hat,
-            is_bound=not bounds.point_estimate,
-            note=bounds.note,
-            log_evidence=log_z,
-            eta=_eta_values(m, g),
-            eta_readable=format_eta(m, _image_size(dataset), g),
-            metrics=metrics,
-            convergence=convergence_of(result.history, row["elbo_se"]),
-            bounds=bounds.to_dict(),
-        )
-        rows.append(row)
-        results[label] = result
-        flags = ", ".join(row_flags(row))
-        say(f"{label}: ELBO/N {row['elbo']:.4f}, IWAE{max(Ks)}/N {row[f'iwae{max(Ks)}']:.4f}, k̂ {_fmt(row['k_hat'], '.2f')}, "
-            f"{row['seconds_per_step']:.4f} s/step, bounds {bound_seconds:.1f}s{f'; flags: {flags}' if flags else ''}")
-
-    settings = {
-        "model": model_label,
-        "model_kwargs": built_kwargs,
-        "data": data_label,
-        "data_kwargs": dict(data_kwargs or {}),
-        "guides": guides,
-        "symmetry_priors": symmetry_priors,
-        "guide_kwargs": guide_kwargs,
-        "steps": shared.steps,
-        "seed": seed,
-        "batch_size": shared.batch_size,
-        "fit_settings": dict(overrides) if config is None else asdict(shared),
-        "fit_config": {name: asdict(result.config) for name, result in results.items()},
-        "K": list(Ks),
-        "bound_samples": num_draws,
-        "bound_vectorize": bound_vectorize,
-        "n_train": n_train,
-        "n_eval": n_eval,
-        "eval_samples": eval_samples,
-        "eval_seed": seed,
-        "units": "per datum (nats / n_eval)",
-        "device": str(device),
-        "test_on_train": not hasattr(dataset, "x_test"),
-        "torch_threads": torch.get_num_threads(),
-    }
-    return GuideComparison(rows, settings, kind, Ks, results)
+    plan = _plan(model, data, guides, config, K, bound_samples, eval_subset, eval_samples, bound_batch_size,
+                 bound_vectorize, guide_kwargs, model_kwargs, data_kwargs, symmetry_priors, overrides)
+    return comparison_table(plan, fit_guides(plan, progress=progress, log=log))

@@ -26,9 +26,11 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from pyro_invariance._optional import pyplot as plt
 from pyro_invariance.data.physics import symplectic
 
 if TYPE_CHECKING:
@@ -116,9 +118,6 @@ def plot_level_sets(learned: Callable[[Tensor], Tensor], known: Callable[[Tensor
     """Level sets of each learned and known quantity on a 2-d slice of phase space through ``state``
     (coordinates ``plane`` varied over ±``extent`` around it, the others held), one panel each,
     learned first. Draws into ``fig`` (an empty figure; default: a new one) and returns it."""
-    import matplotlib.pyplot as plt
-    import numpy as np
-
     i, j = plane
     grid = torch.linspace(-extent, extent, points, dtype=state.dtype)
     gi, gj = torch.meshgrid(grid + state[i], grid + state[j], indexing="ij")

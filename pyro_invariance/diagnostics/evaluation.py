@@ -1,84 +1,41 @@
-"""Held-out metrics of a fitted model, by its task, and the one posterior-predictive loop.
+"""Held-out metrics of a fitted model, by its task: :func:`evaluate`, the one entry point.
 
-:func:`evaluate` asks the model's task (:mod:`pyro_invariance.tasks`) for its metrics:
-:func:`classification_metrics` (accuracy, test NLL, ELBO per datum), :func:`regression_metrics`
-(RMSE, NLL, exact log evidence) or :func:`pyro_invariance.diagnostics.hnn_metrics.evaluate_hnn`
-(the talk's HNN columns). All of them draw from :func:`posterior_predictive`.
+:func:`evaluate` computes the metrics of the model's task (:func:`task_for`, :mod:`pyro_invariance.tasks`)
+with that task's metric function (:data:`METRICS`): :func:`classification_metrics` (accuracy, test
+NLL, ELBO per datum), :func:`regression_metrics` (RMSE, NLL, exact log evidence) or
+:func:`pyro_invariance.diagnostics.hnn_metrics.evaluate_hnn` (the talk's HNN columns). All of them
+draw from the tasks' one posterior-predictive loop (:func:`~pyro_invariance.tasks.posterior_predictive`).
 
 Every entry point accepts a dataset object or a plain pair ``(x, y)`` (as ``fit`` does), checks its
 arguments and converts the data once for the model (:func:`pyro_invariance.data.arrays.test_arrays`:
 numpy arrays and any real dtype are accepted, labels are range-checked), and runs under a fixed
-``seed`` (:func:`seeded_rng`) so that two calls give the same numbers without touching the caller's RNG.
+``seed`` (:func:`~pyro_invariance.tasks.seeded_rng`) so that two calls give the same numbers without
+touching the caller's RNG.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from typing import Any, Iterator
+from typing import Any, Callable
 
 import torch
 from pyro import poutine
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from torch import Tensor
 
+from pyro_invariance._pyro_scope import pyro_scope
 from pyro_invariance.data.arrays import test_arrays, train_arrays
+from pyro_invariance.diagnostics.hnn_metrics import evaluate_hnn
 from pyro_invariance.guides.base import check_guide_for
 from pyro_invariance.infer.modes import eval_mode
+from pyro_invariance.infer.training import FitResult
+from pyro_invariance.models.base import CatalogueModel
+from pyro_invariance.tasks import (  # noqa: F401  (seeded_rng, model_device, posterior_predictive: re-exported)
+    CLASSIFICATION, REGRESSION, Task, evaluation_device, model_device, posterior_predictive, seeded_rng,
+)  # fmt: skip
 from pyro_invariance.validation import (
     check_device, check_positive_int, check_seed, coerce_labels, num_classes_of, num_data_kwargs,
 )  # fmt: skip
-from pyro_invariance._pyro_scope import pyro_scope
-
-
-@contextlib.contextmanager
-def seeded_rng(seed: int, device: torch.device | str | None = None) -> Iterator[None]:
-    """Run the block with torch's RNG seeded by ``seed`` (the CPU generator, and ``device``'s if
-    it is a GPU); the caller's RNG states are restored afterwards."""
-    seed = check_seed(seed)
-    dev = torch.device(device) if device is not None else torch.device("cpu")
-    devices = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.random.default_generator.manual_seed(seed)
-        for index in devices:
-            with torch.cuda.device(index):
-                torch.cuda.manual_seed(seed)
-        yield
-
-
-def model_device(model: Any) -> torch.device:
-    """The device of a module's first buffer or parameter (CPU when it has none)."""
-    if not isinstance(model, torch.nn.Module):
-        return torch.device("cpu")
-    return next(iter(model.buffers()), next(iter(model.parameters()), torch.zeros(0))).device
-
-
-def evaluation_device(device: str | torch.device | None, model: Any) -> torch.device:
-    """``device`` checked (:func:`~pyro_invariance.validation.check_device`: it must exist here), or
-    the model's device when ``None``."""
-    return torch.device(check_device(device)) if device is not None else model_device(model)
-
-
-@pyro_scope()
-@torch.no_grad()
-def posterior_predictive(model: Any, guide: Any, x: Tensor, num_samples: int = 16, batch_size: int = 1024) -> Tensor:
-    """The model's output under ``num_samples`` joint draws from the guide: ``(S, N, *out)``.
-
-    ``f_s(x) = model(x; θ_s)``, ``θ_s ~ q`` (paper 003, Eq. 9's Monte-Carlo predictive): each draw
-    replays one guide sample into the model for all of ``x`` (in chunks of ``batch_size`` rows),
-    with fresh symmetry samples (transforms, flows) per chunk. Outputs are logits ``(S, N, C)`` for
-    classification, means ``(S, N, D_out)`` for regression, next states ``(S, N, M)`` for dynamics.
-    The RNG is not seeded here (the metric functions seed it, :func:`seeded_rng`).
-    """
-    check_positive_int("num_samples", num_samples)
-    check_positive_int("batch_size", batch_size)
-    out = []
-    for _ in range(num_samples):
-        guide_trace = poutine.trace(guide).get_trace(x[:1])
-        conditioned = poutine.replay(model, trace=guide_trace)
-        chunks = [poutine.block(conditioned)(x[i:i + batch_size]) for i in range(0, x.shape[0], batch_size)]
-        out.append(torch.cat(chunks))
-    return torch.stack(out)
 
 
 @pyro_scope()
@@ -116,7 +73,7 @@ def evaluate(
     seed: int = 0,
     **options: Any,
 ) -> dict[str, float]:
-    """Held-out metrics of a fitted model, as its task defines them (:meth:`pyro_invariance.tasks.Task.metrics`).
+    """Held-out metrics of a fitted model, as its task defines them (:func:`task_for`, :data:`METRICS`).
 
     Args:
         result: a :class:`~pyro_invariance.infer.training.FitResult` or a pair ``(model, guide)``.
@@ -134,17 +91,14 @@ def evaluate(
         regression: ``{"rmse", "nll"[, "log_evidence_per_datum"]}`` (:func:`regression_metrics`);
         dynamics: the talk's columns (:func:`~pyro_invariance.diagnostics.hnn_metrics.evaluate_hnn`).
     """
-    from pyro_invariance.infer.training import FitResult
-    from pyro_invariance.tasks import task_for
-
     check_positive_int("num_samples", num_samples)
     check_seed(seed)
     if device is not None:
         device = check_device(device)
     model, guide = (result.model, result.guide) if isinstance(result, FitResult) else result
     check_guide_for(model, guide)
-    return task_for(model, data).metrics(model, guide, data, num_samples=num_samples, device=device, seed=seed,
-                                         **options)  # fmt: skip
+    metrics = METRICS[task_for(model, data).name]
+    return metrics(model, guide, data, num_samples=num_samples, device=device, seed=seed, **options)
 
 
 @pyro_scope()
@@ -162,7 +116,7 @@ def classification_metrics(
     """Accuracy and NLL of the posterior predictive on the held-out split, ELBO/N on training data.
 
     The predictive is the mixture ``p(y|x) ≈ (1/S) Σ_s softmax(f_s(x))_y``, ``θ_s ~ q``
-    (:func:`posterior_predictive`; paper 003, Eq. 9).
+    (:func:`~pyro_invariance.tasks.posterior_predictive`; paper 003, Eq. 9).
 
     Args:
         model, guide: a classification model (its forward returns logits ``(B, C)``) and its guide.
@@ -175,8 +129,8 @@ def classification_metrics(
         num_particles: particles of the ELBO estimate.
         batch_size: rows per chunk.
         device: where to evaluate (default: the model's device).
-        seed: seeds the guide and symmetry draws (:func:`seeded_rng`): the same call gives the same
-            numbers, and the caller's RNG state is left as it was.
+        seed: seeds the guide and symmetry draws (:func:`~pyro_invariance.tasks.seeded_rng`): the
+            same call gives the same numbers, and the caller's RNG state is left as it was.
 
     Returns:
         ``{"accuracy", "nll", "elbo_per_datum"}``; NLL in nats per test example.
@@ -216,10 +170,8 @@ def regression_metrics(model: Any, guide: Any, data: Any, *, num_samples: int = 
     ``log_evidence`` (:meth:`~pyro_invariance.models.base.CatalogueModel.log_evidence`). ``data`` is a
     dataset or a pair ``(x, y)``, converted and checked once for the model
     (:func:`~pyro_invariance.data.arrays.test_arrays`); the draws are seeded by ``seed``
-    (:func:`seeded_rng`), the caller's RNG is left as it was.
+    (:func:`~pyro_invariance.tasks.seeded_rng`), the caller's RNG is left as it was.
     """
-    from pyro_invariance.diagnostics.compare import exact_log_evidence
-
     check_positive_int("num_samples", num_samples)
     check_seed(seed)
     dev = evaluation_device(device, model)
@@ -246,3 +198,35 @@ def regression_metrics(model: Any, guide: Any, data: Any, *, num_samples: int = 
     if log_z is not None:
         out["log_evidence_per_datum"] = log_z / xt.shape[0]
     return out
+
+
+def exact_log_evidence(model: Any, x: Any, y: Any) -> float | None:
+    """``model.log_evidence(x, y)`` (total, nats) for a catalogue model that has one in closed form, else ``None``."""
+    if not isinstance(model, CatalogueModel):
+        return None
+    with torch.no_grad():
+        value = model.log_evidence(x, y)
+    return None if value is None else float(value)
+
+
+def task_for(model: Any, data: Any = None) -> Task:
+    """``model.task`` for a :class:`~pyro_invariance.models.base.CatalogueModel`.
+
+    Fallback for any other model (documented, not probed): classification when the model has an
+    integer ``num_classes``, or when ``data``'s training labels are integers; regression otherwise.
+    """
+    if isinstance(model, CatalogueModel):
+        return model.task
+    if num_classes_of(model) is not None or data is None:
+        return CLASSIFICATION
+    _, y = train_arrays(data)
+    return REGRESSION if y.dtype.is_floating_point else CLASSIFICATION
+
+
+#: each task's metric function, by task name: ``f(model, guide, data, *, num_samples, device, seed,
+#: **options) -> {metric: value}`` (what :func:`evaluate` calls)
+METRICS: dict[str, Callable[..., dict[str, float]]] = {
+    "classification": classification_metrics,
+    "regression": regression_metrics,
+    "dynamics": evaluate_hnn,
+}

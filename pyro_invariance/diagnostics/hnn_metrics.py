@@ -21,14 +21,16 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 from pyro import poutine
 from torch import Tensor
+from torch.distributions import kl_divergence
 
-from pyro_invariance.symmetry.conserved import SymmetryAnalysis, analyse_generators, oracle_generators
+from pyro_invariance._optional import pyplot as plt
+from pyro_invariance._pyro_scope import pyro_scope
 from pyro_invariance.data.arrays import prepare_arrays, test_arrays, train_arrays
 from pyro_invariance.data.physics import PhysicsDataset
-from pyro_invariance.tasks import DYNAMICS
 from pyro_invariance.infer.modes import eval_mode
+from pyro_invariance.symmetry.conserved import SymmetryAnalysis, analyse_generators, oracle_generators
+from pyro_invariance.tasks import DYNAMICS, evaluation_device, seeded_rng
 from pyro_invariance.validation import check_positive_int, check_seed
-from pyro_invariance._pyro_scope import pyro_scope
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -60,8 +62,6 @@ def rollout(model: Any, guide: Any, x0: Tensor, steps: int, num_samples: int = 4
 @torch.no_grad()
 def nll_kl(model: Any, guide: Any, x: Tensor, y: Tensor, num_particles: int = 4) -> tuple[float, float]:
     """``(E_q[−log p(y|x,θ)]/N, KL(q‖p)/N)`` on the full data, averaged over particles."""
-    from torch.distributions import kl_divergence
-
     n = x.shape[0]
     nll = kl = 0.0
     for _ in range(num_particles):
@@ -119,15 +119,13 @@ def evaluate_hnn(
             the energy drift).
         max_test: evaluate at most this many pairs per held-out split (speed).
         device: where to evaluate (default: the model's device).
-        seed: seeds every draw (:func:`~pyro_invariance.diagnostics.evaluation.seeded_rng`): two calls give the
+        seed: seeds every draw (:func:`~pyro_invariance.tasks.seeded_rng`): two calls give the
             same numbers, and the caller's RNG state is left as it was.
 
     Every split is converted and checked once for the model
     (:func:`~pyro_invariance.data.arrays.prepare_arrays`) and moved to the device. Predictions are
     :meth:`DYNAMICS.posterior_predictive <pyro_invariance.tasks.Task.posterior_predictive>` draws.
     """
-    from pyro_invariance.diagnostics.evaluation import evaluation_device, seeded_rng
-
     check_positive_int("num_samples", num_samples)
     check_positive_int("num_particles", num_particles)
     if rollout_steps is not None:
@@ -191,8 +189,6 @@ def plot_symmetry_analysis(analysis: SymmetryAnalysis, *, title: str = "", targe
     ``target`` count) and the parallelness ``|cos|`` of each singular vector to the oracle span (left
     blank without an oracle). Draws into ``fig`` (an empty figure; default: a new one) and returns
     it."""
-    import matplotlib.pyplot as plt
-
     fig = fig if fig is not None else plt.figure(figsize=(8, 3))
     axes = fig.subplots(1, 2)
     s = analysis.singular_values.numpy()
@@ -217,8 +213,6 @@ def plot_generators(generators: Sequence[Tensor], titles: Sequence[str], *, fig:
     """Heat maps of generators ``(D, D)`` side by side (e.g. learned next to SO(2)), one panel and
     title each, blue < 0 < red. Draws into ``fig`` (an empty figure; default: a new one) and
     returns it."""
-    import matplotlib.pyplot as plt
-
     fig = fig if fig is not None else plt.figure(figsize=(2.6 * len(generators), 2.6))
     axes = fig.subplots(1, len(generators), squeeze=False)[0]
     for ax, g, t in zip(axes, generators, titles):

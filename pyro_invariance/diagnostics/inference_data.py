@@ -96,6 +96,7 @@ from pyro_invariance.data.arrays import test_arrays, train_arrays
 from pyro_invariance.guides.base import check_guide_for
 from pyro_invariance.models.base import CatalogueModel, symmetry_summary
 from pyro_invariance.infer.modes import eval_mode
+from pyro_invariance.registry import GUIDES, MODELS
 from pyro_invariance.validation import check_positive_int, check_seed, num_classes_of, num_data_kwargs
 from pyro_invariance._pyro_scope import pyro_scope
 
@@ -591,8 +592,6 @@ def _registered_name(obj: Any, spec: dict[str, Any], kind: str) -> str:
         return spec[kind]
     if isinstance(getattr(obj, "catalogue_name", None), str):  # one class behind several entries
         return obj.catalogue_name
-    from pyro_invariance.registry import GUIDES, MODELS
-
     cls = type(obj)
     matches = []
     for entry in (MODELS if kind == "model" else GUIDES).items():

@@ -34,6 +34,7 @@ import torch
 from pyro import poutine
 from pyro.infer.autoguide import AutoDelta
 from torch import Tensor
+from pyro_invariance._optional import pyplot as plt
 from pyro_invariance._pyro_scope import pyro_scope
 
 if TYPE_CHECKING:
@@ -168,8 +169,6 @@ def plot_pathways(reports: Sequence[PathwayReport], *, title: str = "", fig: Fig
     """Two panels: relative share of each pathway per block (stacked bars: which layers became
     FC / CONV / GCONV) and log₁₀ δ per pathway tensor. Draws into ``fig`` (an empty figure;
     default: a new one) and returns it."""
-    import matplotlib.pyplot as plt
-
     shares = block_shares(reports)
     blocks = sorted(shares)
     kinds = [k for k in KIND_LABELS if any(k in shares[b] for b in blocks)]

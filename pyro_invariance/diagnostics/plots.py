@@ -14,6 +14,8 @@ function                           what
                                    image plane, and an example image transformed along it
 :func:`plot_conserved_quantities`  Noether's razor: level sets of the learned conserved quantities
                                    C(x) = xᵀAx/2 + bᵀx and their flows on a phase-space plane
+:func:`model_figures`              a fitted model's own figures, by name (what the CLI saves
+                                   beside a run): an InvariantMLP's filter bank and orbits
 =================================  ==============================================================
 
 Every function follows the matplotlib convention: it draws into ``fig=`` (an empty
@@ -32,15 +34,24 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.figure import Figure
+import torch
+
+from pyro_invariance._optional import pyplot as plt
+from pyro_invariance.data.arrays import train_arrays
+from pyro_invariance.data.images import VARIANTS
+from pyro_invariance.models.invariant_mlp import InvariantMLP
+from pyro_invariance.symmetry.affine import (
+    GENERATOR_NAMES, affine_generators, eta_to_human, lie_exp, transform_images, transform_weight_rows,
+)  # fmt: skip
+from pyro_invariance.symmetry.conserved import quadratic_from_generator
 
 if TYPE_CHECKING:
-    from pyro_invariance.models.invariant_mlp import InvariantMLP
+    from matplotlib.figure import Figure
 
 __all__ = [
     "data_eta_range",
+    "model_figures",
     "plot_conserved_quantities",
     "plot_eta_history",
     "plot_filter_bank",
@@ -79,8 +90,6 @@ def data_eta_range(data: Any) -> dict[str, float]:
     info = getattr(data, "info", None)
     if not isinstance(info, dict) or "eta" not in info:
         return {}
-    from pyro_invariance.data.images import VARIANTS
-
     variant = VARIANTS.get(info.get("variant"))
     groups = variant.generators if variant is not None else tuple((n,) for n in info.get("param_names", ()))
     out: dict[str, float] = {}
@@ -212,12 +221,6 @@ def plot_orbits(
         ValueError: an RFF model without ``x``, ``x`` of the wrong shape or empty, or ``num`` or
             ``steps`` below 1.
     """
-    import torch
-
-    from pyro_invariance.symmetry.affine import lie_exp, transform_weight_rows
-
-    from pyro_invariance.models.invariant_mlp import InvariantMLP
-
     if not isinstance(model, InvariantMLP):
         raise TypeError(f"plot_orbits draws an InvariantMLP's orbits, got {type(model).__name__}")
     if num < 1 or steps < 1:
@@ -366,10 +369,6 @@ def plot_generators(
     Raises:
         ValueError: an unknown generator name.
     """
-    import torch
-
-    from pyro_invariance.symmetry.affine import GENERATOR_NAMES, affine_generators, transform_images
-
     unknown = [k for k in eta if k not in GENERATOR_NAMES]
     if unknown:
         raise ValueError(f"unknown generators {unknown}; expected names from {GENERATOR_NAMES}")
@@ -436,10 +435,6 @@ def plot_conserved_quantities(
     Raises:
         ValueError: no generators, or ``dims`` out of range.
     """
-    import torch
-
-    from pyro_invariance.symmetry.conserved import quadratic_from_generator
-
     g = generators.generators() if callable(getattr(generators, "generators", None)) else generators
     g = torch.as_tensor(g).detach().to(torch.float64).cpu()
     if g.dim() != 3 or g.shape[0] == 0:
@@ -478,8 +473,6 @@ def plot_conserved_quantities(
 
 def _eta_text(eta: Any, names: Sequence[str], image_size: int | None) -> str:
     """η in human units for a title: ``"rot ±90.0°, tx ±1.75 px"`` (``"no symmetry"`` without generators)."""
-    from pyro_invariance.symmetry.affine import eta_to_human
-
     human = eta_to_human(eta, names, image_size=image_size)
     return ", ".join(f"{k} {v}" for k, v in human.items()) or "no symmetry"
 
@@ -525,3 +518,25 @@ def save_figure(fig: Figure, path: str | Path, *, dpi: int = 110, **savefig_kwar
     fig.savefig(path, dpi=dpi, **savefig_kwargs)
     plt.close(fig)
     return path
+
+
+def model_figures(model: Any, data: Any = None) -> dict[str, Figure]:
+    """A fitted model's own figures, name -> ``Figure``; the CLI saves each as ``<name>.png`` beside
+    the run.
+
+    An :class:`~pyro_invariance.models.invariant_mlp.InvariantMLP`: ``"filters"``, the filter bank
+    (paper 003, Fig. 3; :func:`plot_filter_bank`), and ``"orbits"``, the first 5 training images of
+    ``data`` (a dataset or ``(x, y)``) moved along the learned orbit (:func:`plot_orbits`). An RFF
+    model's fixed random filters show the transforms, not what η learned, so without ``data`` it
+    has no orbit figure; a ReLU model shows its first learned filters. A latent η has no single
+    value: no figures (plot ``q(η)`` with ``az.plot_posterior(pi.to_inference_data(...),
+    var_names=["eta"])``). Other models: none.
+    """
+    if not isinstance(model, InvariantMLP) or model.eta_is_latent:
+        return {}
+    out = {"filters": plot_filter_bank(model)}
+    if model.activation != "rff":
+        out["orbits"] = plot_orbits(model)
+    elif data is not None:
+        out["orbits"] = plot_orbits(model, train_arrays(data, model)[0][:5])
+    return out

@@ -7,11 +7,9 @@
   (the core; layer-wise factors in :mod:`.kfac_layers`).
 * :mod:`.prior_update` — closed-form prior-variance updates (Noether's razor), also as a ``fit`` callback.
 * :mod:`.warm_start` — start a fit from a finished run's guide means (the 3-body recipe's warm-up HNN).
-* :mod:`.symmetry_warmup` — train q(θ | η) across a wide, held q(η) before the joint fit.
-* :mod:`.collapsed_symmetry` — the optimal q(η) for a fitted q(θ | η), by quadrature over one scalar η.
 * :mod:`.fast_step` — the lean training step: ELBOs without host reads (and the IWAE bound), capture,
   compilation, CUDA graphs.
-* :mod:`.bounds` — evidence bounds: ELBO, IWAE_K, PSIS k̂.
+* :mod:`.bounds` — evidence bounds: ELBO, IWAE_K, PSIS k̂ (:mod:`.psis`, the package's one PSIS).
 * :mod:`.checkpoint`, :mod:`.fingerprint`, :mod:`.runlock`, :mod:`.interrupts`, :mod:`.divergence`,
   :mod:`.rescue` — safe and verified checkpoints, what defines a run, one writer per run, clean stops
   on signals, naming what diverged, and a checked checkpoint to continue a diverged run from.

@@ -2,7 +2,7 @@
 
 For a catalogue model ``p(D, z) = p(z) Π_n p(y_n | x_n, z, η)`` with global latents ``z`` (symmetry
 parameters η and other ``PyroParam`` point estimates are fixed hyperparameters, not latents) and a
-guide ``q(z)``, the importance weights ``w_k = p(D, z_k) / q(z_k)``, ``z_k ~ q``, give the bounds
+guide ``q(z)``, the importance weights ``w_k = p(D, z_k) / q(z_k)``, ``z_k ~ q``, give the bounds::
 
     ELBO    = E_q[log w]                                ≤ log p(D | η)
     IWAE_K  = E[log (1/K) Σ_{k=1..K} w_k]                ≤ log p(D | η)
@@ -16,7 +16,8 @@ latents evaluated on *all* n data: the bounds are on the evidence of the whole d
 PSIS k̂ (Yao et al. 2018, "Yes, but did it work?") of the log weights says whether ``q`` is a
 usable importance proposal for the posterior: k̂ < 0.5 good, 0.5–0.7 usable, > 0.7 the IWAE
 estimates and their standard errors are unreliable (the weights have a heavy right tail). The
-number is ArviZ's (:func:`psis_khat` documents what degenerate weights give).
+number is ArviZ's (:func:`~pyro_invariance.infer.psis.psis_khat`, the package's one PSIS, documents what
+degenerate weights give).
 
 Point-estimate guides (``map``, Pyro's ``AutoDelta``) have ``log q = 0``: every "bound" is the log
 joint ``log p(D, ẑ)`` at the point, which is *not* a bound on ``log p(D)`` for continuous latents.
@@ -28,6 +29,8 @@ chunks, the latent sites' log-priors are counted once. Models whose forward pass
 noise (the transform samples ε of ``invariant-mlp`` and ``symmetrised-hnn``) get fresh noise per
 chunk: their "likelihood" is the S-sample estimate the model defines, and the bounds are bounds for
 the model as implemented.
+
+Example::
 
     from pyro_invariance.infer.bounds import evidence_bounds
     b = evidence_bounds(model, guide, x, y, Ks=(10, 100, 1000))
@@ -41,7 +44,6 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-import numpy as np
 import pyro
 import torch
 from pyro import poutine
@@ -53,6 +55,7 @@ from torch import Tensor
 from pyro_invariance.guides.base import check_guide_for
 from pyro_invariance.infer.distributed import Ranks
 from pyro_invariance.infer.modes import eval_mode
+from pyro_invariance.infer.psis import PSIS_MIN_DRAWS, PSIS_MIN_TAIL, psis_khat, psis_tail_size
 from pyro_invariance.validation import check_positive_int, num_data_kwargs
 from pyro_invariance._pyro_scope import pyro_scope
 
@@ -67,7 +70,10 @@ __all__ = [
     "iwae_bound",
     "iwae_from_log_weights",
     "log_weights",
+    "PSIS_MIN_DRAWS",
+    "PSIS_MIN_TAIL",
     "psis_khat",
+    "psis_tail_size",
     "validate_K",
 ]
 
@@ -393,96 +399,6 @@ def ranked_log_weights(model: Any, guide: Any, x: Tensor, y: Tensor, num_samples
 
 # ------------------------------------------------------------------------------------------------
 # estimators from log weights
-
-
-#: The fewest weights a generalised-Pareto fit of the tail is made to.
-PSIS_MIN_TAIL = 10
-
-
-def psis_tail_size(num_weights: int) -> int:
-    """How many of the largest of ``num_weights`` weights PSIS fits its Pareto tail to:
-    ``ceil(min(S/5, 3√S))`` (ArviZ's rule with r_eff = 1)."""
-    return int(math.ceil(min(0.2 * num_weights, 3.0 * math.sqrt(num_weights))))
-
-
-#: Fewer log weights than this give k̂ = NaN: their Pareto tail (:func:`psis_tail_size`) would hold
-#: fewer than :data:`PSIS_MIN_TAIL` draws (46: ``ceil(46 / 5) = 10``).
-PSIS_MIN_DRAWS = next(s for s in range(1, 10_000) if psis_tail_size(s) >= PSIS_MIN_TAIL)
-
-
-def _psis_degenerate(lw: np.ndarray) -> tuple[float, str] | None:
-    """k̂ and the reason for log weights whose k̂ ArviZ does not define (``None`` otherwise)."""
-    s = lw.size
-    if np.isnan(lw).any():
-        return float("nan"), f"{int(np.isnan(lw).sum())} of {s} log weights are NaN: k̂ is undefined"
-    if np.isposinf(lw).any():
-        return float("inf"), "a log weight is +inf: one draw carries all the mass"
-    finite = lw[np.isfinite(lw)]
-    if finite.size == 0:
-        return float("nan"), f"all {s} log weights are -inf (every draw has p = 0): k̂ is undefined"
-    top = float(finite.max())
-    tol = 1e-9 * max(1.0, abs(top))
-    if top - float(finite.min()) <= tol:
-        return float("-inf"), ""  # constant weights (zero weights aside): q ∝ posterior, no tail at all
-    if s < PSIS_MIN_DRAWS:
-        return float("nan"), (f"{s} log weights are too few for PSIS k̂: their Pareto tail would be the largest "
-                              f"{psis_tail_size(s)}, and a fit needs ≥ {PSIS_MIN_TAIL} (draw ≥ {PSIS_MIN_DRAWS})")
-    rel = np.sort(lw)[::-1] - top  # descending, 0 first (−inf last)
-    if int((rel > math.log(1e-15)).sum()) < 10:
-        return float("inf"), ""  # fewer than 10 weights within 1e-15 of the largest: a few draws carry all the mass
-    m = psis_tail_size(s)
-    if rel[m] >= -tol:
-        return float("-inf"), ""  # the largest m + 1 weights tie: bounded weights, no tail to fit
-    above = rel[rel > rel[m]]
-    if float(above.min()) >= -tol:
-        return float("inf"), ""  # the tail is a few tied draws with a gap below them
-    return None
-
-
-def psis_khat(log_weights: Tensor) -> float:
-    """Pareto-smoothed importance sampling k̂ of the log importance weights ``log_weights`` (1-D).
-
-    ArviZ's k̂ (:func:`pyro_invariance.diagnostics.arviz_compat.psis_khat`: ``az.psislw`` on ArviZ
-    0.x, arviz-stats' ``psislw`` on 1.x, r_eff = 1): the shape of a generalised Pareto fit to the
-    largest weights. Read it as Yao et al. (2018): < 0.5 good, 0.5–0.7 usable, > 0.7 the proposal
-    is poor (IWAE estimates and their errors unreliable).
-
-    Inputs for which ArviZ defines no k̂ (it returns inf, NaN, or raises, differently on the two
-    lines) are answered here, the same on both; S is the number of weights:
-
-    ==============================================  ======  ====================================
-    log weights                                     k̂       meaning
-    ==============================================  ======  ====================================
-    any NaN                                         NaN     undefined; warns
-    any +inf                                        inf     one draw carries all the mass; warns
-    all −inf                                        NaN     every draw has p = 0; warns
-    some −inf (others finite)                       --      zero weights: kept, k̂ as usual
-    finite ones equal (to ``1e-9·max(1, |max|)``)   −inf    q ∝ posterior (or a point mass)
-    S < 46 (:data:`PSIS_MIN_DRAWS`)                 NaN     a tail of < 10 draws; warns
-    < 10 weights within a factor 1e-15 of the max   inf     a few draws carry all the mass
-    the largest ``ceil(min(S/5, 3√S)) + 1`` tie     −inf    bounded weights: no tail to fit
-    the weights above that cutoff tie               inf     a few tied draws carry the mass
-    ArviZ cannot fit the tail (1.x raises)          NaN     warns
-    ==============================================  ======  ====================================
-    """
-    lw = torch.as_tensor(log_weights, dtype=torch.float64).detach().cpu().flatten().numpy()
-    if lw.size == 0:
-        raise ValueError("psis_khat needs at least one log weight")
-    special = _psis_degenerate(lw)
-    if special is not None:
-        k, reason = special
-        if reason:
-            warnings.warn(reason)
-        return k
-    from pyro_invariance.diagnostics.arviz_compat import psis_khat as arviz_khat
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # exp underflow of tiny weights
-            return arviz_khat(lw)
-    except ValueError as exc:
-        warnings.warn(f"ArviZ could not fit the Pareto tail ({exc}): k̂ = NaN")
-        return float("nan")
 
 
 def _logmeanexp(lw: Tensor, dim: int = -1) -> Tensor:

@@ -22,10 +22,15 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
+from pyro_invariance.guides.base import CatalogueGuide
 from pyro_invariance.infer.distributed import STRATEGIES
+from pyro_invariance.infer.fast_step import LEAN_ELBOS
+from pyro_invariance.models.base import CatalogueModel
 from pyro_invariance.validation import check_device, check_positive_float, check_positive_int, check_seed
 
-ELBOS = ("meanfield", "trace", "iwae", "iwae-given-symmetry", "rws")
+#: The built-in ``FitConfig.elbo`` names (the CLI's choices); ``fit`` also takes the names that
+#: :func:`~pyro_invariance.infer.fast_step.register_elbo` adds.
+ELBOS = ("meanfield", "trace", "iwae", "rws")
 SCHEDULES = ("cosine", "constant")
 #: ``FitConfig.validation``: Pyro's validation on the first step of each ``fit`` call, or on every step.
 VALIDATIONS = ("first-step", "always")
@@ -78,8 +83,7 @@ class FitConfig:
     factor_lr: float = _opt(1e-3, "Adam rate of the guide's off-diagonal covariance factors", type=float)
     num_particles: int = _opt(1, "Monte-Carlo samples of the ELBO per step", type=int)
     elbo: str = _opt("meanfield", "meanfield: analytic KL where registered; trace: Monte-Carlo KL; iwae: the importance-weighted "
-                    "bound over num_particles draws (Burda et al. 2016); iwae-given-symmetry: the same over the other latents with one "
-                    "draw of the symmetry latents shared by the particles (an ELBO in η, IWAE in θ given η; needs symmetry_prior); rws: reweighted wake-sleep, the IWAE bound for the model "
+                    "bound over num_particles draws (Burda et al. 2016); rws: reweighted wake-sleep, the IWAE bound for the model "
                     "and the inclusive KL(p || q) for the guide (mass-covering; Le et al. 2019)", choices=ELBOS)
     schedule: str = _opt("cosine", "learning-rate schedule: cosine (to 0) or constant", choices=SCHEDULES)
     seed: int = _opt(0, "seeds Pyro/torch, the minibatch shuffler and hence the whole run (0 to 2**32-1)", type=int)
@@ -125,8 +129,8 @@ class FitConfig:
             check_positive_float("model_lr", self.model_lr)
         check_positive_float("factor_lr", self.factor_lr)
         check_positive_int("num_particles", self.num_particles)
-        if self.elbo not in ELBOS:
-            raise ValueError(f"unknown elbo {self.elbo!r}; use one of {list(ELBOS)}")
+        if self.elbo not in LEAN_ELBOS:
+            raise ValueError(f"unknown elbo {self.elbo!r}; use one of {list(LEAN_ELBOS)}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; use one of {SCHEDULES}")
         check_seed(self.seed)
@@ -191,9 +195,6 @@ class FitConfig:
 
 def fit_defaults_of(obj: Any) -> Mapping[str, Any]:
     """The settings a catalogue model or guide recommends (its ``fit_defaults``); ``{}`` for other objects."""
-    from pyro_invariance.guides.base import CatalogueGuide
-    from pyro_invariance.models.base import CatalogueModel
-
     if isinstance(obj, (CatalogueModel, CatalogueGuide)):
         return dict(obj.fit_defaults)
     return {}

@@ -58,8 +58,6 @@ import pyro.infer.util as _infer_util
 import pyro.poutine.util as _poutine_util
 import torch
 from pyro import poutine
-from pyro.distributions import Delta, MaskedDistribution
-from pyro.distributions.torch_distribution import ExpandedDistribution
 from pyro.distributions.util import is_identically_zero, scale_and_mask
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from pyro.infer.trace_elbo import _compute_log_r
@@ -68,13 +66,13 @@ from pyro.infer.util import check_fully_reparametrized, get_dependent_plate_dims
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor, nn
-from torch.distributions import Distribution, Independent, kl_divergence
+from torch.distributions import Distribution, kl_divergence
 
 from pyro_invariance.infer.checkpoint import rng_state, set_rng_state
 from pyro_invariance.validation import check_positive_int
 
-__all__ = ["CapturedLoss", "CaptureError", "LEAN_ELBOS", "graph_on_device", "host_traffic", "static_matrix_exp", "LeanIWAE_ELBO", "LeanIWAEGivenSymmetry_ELBO", "LeanRWS_ELBO", "LeanTraceMeanField_ELBO", "LeanTrace_ELBO",
-           "make_optimizer", "preserved_validation", "set_validation", "tf32_matmuls",
+__all__ = ["CapturedLoss", "CaptureError", "LEAN_ELBOS", "graph_on_device", "host_traffic", "static_matrix_exp", "LeanIWAE_ELBO", "LeanRWS_ELBO", "LeanTraceMeanField_ELBO", "LeanTrace_ELBO",
+           "make_optimizer", "preserved_validation", "register_elbo", "set_validation", "tf32_matmuls",
            "torch_threads"]  # fmt: skip
 
 # ----------------------------------------------------------------------------------------------
@@ -84,8 +82,7 @@ __all__ = ["CapturedLoss", "CaptureError", "LEAN_ELBOS", "graph_on_device", "hos
 
 class _ForModel:
     """``for_model(model, **options)``: the loss for ``model`` (``fit`` builds every lean ELBO so); the
-    options are Pyro's ``ELBO`` ones. Only a loss that reads the model (the symmetry sites of
-    :class:`LeanIWAEGivenSymmetry_ELBO`) overrides it."""
+    options are Pyro's ``ELBO`` ones. A loss that reads the model (e.g. its symmetry sites) overrides it."""
 
     @classmethod
     def for_model(cls, model: Any, **options: Any) -> Any:
@@ -293,99 +290,24 @@ class LeanRWS_ELBO(_ForModel, Trace_ELBO):
         return theta_loss + (phi_loss - phi_loss.detach())  # value: −IWAE; gradient: wake-θ + wake-φ
 
 
-#: suffixes of the auxiliary guide sites that an autoguide draws a site ``name`` from
-#: (``AutoStructured``: ``name_aux``; ``AutoNormal``: ``name_unconstrained``)
-AUXILIARY_SUFFIXES = ("_aux", "_unconstrained")
-
-
-class _FirstDraw(Messenger):
-    """Every particle of one loss evaluation gets the first particle's draw of the sites named: under
-    vectorised particles the draw is made once, before the particle plate broadcasts the site (its
-    value has no particle dim; a value that already has one is cut to its first particle); sequential
-    particles reuse the first one's value. The draw is the site's own (reparameterised where the
-    distribution is), so its gradient still flows into the guide. An autoguide that draws a site from
-    an auxiliary one (``<name>_aux``, ``<name>_unconstrained``, marked ``is_auxiliary``) and then puts
-    a ``Delta`` at ``<name>`` has the auxiliary draw shared, so the ``Delta`` follows it."""
-
-    def __init__(self, sites: Sequence[str]) -> None:
-        super().__init__()
-        self.sites = frozenset(sites)
-        self.values: dict[str, Tensor] = {}
-
-    def _shared(self, msg: dict[str, Any]) -> bool:
-        name = msg["name"]
-        if name in self.sites:
-            return True
-        return bool(msg["infer"].get("is_auxiliary")) and any(
-            name.endswith(sfx) and name[: -len(sfx)] in self.sites for sfx in AUXILIARY_SUFFIXES)
-
-    def _pyro_sample(self, msg: dict[str, Any]) -> None:
-        name = msg["name"]
-        if msg["is_observed"] or msg["value"] is not None or not self._shared(msg):
-            return
-        drawn_from_shared = any(name + sfx in self.values for sfx in AUXILIARY_SUFFIXES)
-        if name in self.sites and _is_delta(msg["fn"]) and not drawn_from_shared:
-            raise ValueError(f"elbo='iwae-given-symmetry' needs a guide that draws the symmetry site {name!r} on its own "
-                             "(mean-field, symmetry-conditional); this guide puts a Delta there, drawn jointly with "
-                             "other latents, so one draw of it cannot be shared")  # fmt: skip
-        if name not in self.values:
-            value = msg["fn"](*msg["args"], **msg["kwargs"])
-            batch_dims = value.dim() - len(msg["fn"].event_shape)
-            self.values[name] = value[(slice(0, 1),) * batch_dims] if batch_dims else value
-        msg["value"] = self.values[name]
-
-
-def _is_delta(fn: Any) -> bool:
-    """Whether ``fn`` is a ``Delta`` (under Pyro's and torch's wrappers: masked, expanded, independent)."""
-    while isinstance(fn, (Independent, MaskedDistribution, ExpandedDistribution)):
-        fn = fn.base_dist
-    return isinstance(fn, Delta)
-
-
-class LeanIWAEGivenSymmetry_ELBO(LeanIWAE_ELBO):
-    """The importance-weighted bound over the other latents θ with one draw of the symmetry latents η
-    shared by the K particles: an ELBO in η, an IWAE bound (Burda et al. 2016, Eq. 8) in θ given η::
-
-        L_K = E_{q(η)} [ E_{θ_1..K ~ q(θ | η)} log (1/K) Σ_k p(D, θ_k | η) / q(θ_k | η) + log p(η) − log q(η) ]
-            = E_{q(η)} [ IWAE_K(η) + log p(η) − log q(η) ]  ≤  log p(D),
-
-    (the loss is −L_K for one draw of η; ``log p(η) − log q(η)`` is the same in every particle's weight,
-    so the log-mean-exp over particles leaves it outside). For a fixed q(θ | η), the q(η) that maximises
-    L_K is ∝ p(η) exp(IWAE_K(η)), which tends to the posterior p(η | D) as K grows, whereas the ELBO's
-    (K = 1 here) is ∝ p(η) exp(ELBO(η)) and leans towards the η where q(θ | η) fits best (Turner &
-    Sahani 2011). The fixed-η grid reference of ``benchmarks/uncertain_symmetry.py`` estimates the same
-    ``IWAE_K(η)`` from separate fits per η, so at the reference's K the two target the same posterior.
-    ``shared_sites`` are the model's symmetry sites (``model.symmetry_sites()``; :meth:`for_model`);
-    every guide site must be reparameterised, as for :class:`LeanIWAE_ELBO`."""
-
-    def __init__(self, *args: Any, shared_sites: Sequence[str], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if not shared_sites:
-            raise ValueError("elbo='iwae-given-symmetry' needs a latent symmetry (build the model with symmetry_prior=...); "
-                             "with η a point estimate it is elbo='iwae'")  # fmt: skip
-        self.shared_sites = tuple(shared_sites)
-
-    @classmethod
-    def for_model(cls, model: Any, **kwargs: Any) -> "LeanIWAEGivenSymmetry_ELBO":
-        """The loss with ``shared_sites = model.symmetry_sites()`` (none for a model outside the catalogue)."""
-        from pyro_invariance.models.base import symmetry_sites
-
-        return cls(shared_sites=symmetry_sites(model), **kwargs)
-
-    def check_guide(self, guide: Any, *args: Any, **kwargs: Any) -> None:
-        """Refuse (``ValueError``, one line) a guide that cannot share one draw of the symmetry sites: one
-        that draws them jointly with other latents (full-rank, low-rank: a ``Delta`` at the site). Runs
-        the guide once aside (random streams restored, no handler sees it)."""
-        cuda = [a.device for a in args if isinstance(a, Tensor) and a.is_cuda][:1]
-        with torch.random.fork_rng(devices=cuda), poutine.block(), torch.no_grad():
-            _FirstDraw(self.shared_sites)(guide)(*args, **kwargs)
-
-    def differentiable_loss(self, model: Any, guide: Any, *args: Any, **kwargs: Any) -> Tensor:
-        return super().differentiable_loss(model, _FirstDraw(self.shared_sites)(guide), *args, **kwargs)
-
-
+#: The losses ``fit`` builds by name (``FitConfig.elbo``); :func:`register_elbo` adds others.
 LEAN_ELBOS: dict[str, type] = {"meanfield": LeanTraceMeanField_ELBO, "trace": LeanTrace_ELBO, "iwae": LeanIWAE_ELBO,
-                               "iwae-given-symmetry": LeanIWAEGivenSymmetry_ELBO, "rws": LeanRWS_ELBO}  # fmt: skip
+                               "rws": LeanRWS_ELBO}  # fmt: skip
+
+
+def register_elbo(name: str, loss: type) -> type:
+    """Make ``fit(..., elbo=name)`` train on ``loss``: a Pyro ``ELBO`` class with a classmethod
+    ``for_model(model, **options)`` that builds it for a model (as the lean ELBOs here do; ``options``
+    are Pyro's ``ELBO`` ones). A ``loss`` with a method ``check_guide(guide, x, y, **kwargs)`` has it
+    called once before the first step, to refuse a guide it cannot train. Returns ``loss``.
+
+    Raises:
+        ValueError: ``name`` is already taken by another loss.
+    """
+    if LEAN_ELBOS.get(name, loss) is not loss:
+        raise ValueError(f"elbo {name!r} is already registered ({LEAN_ELBOS[name].__name__})")
+    LEAN_ELBOS[name] = loss
+    return loss
 
 
 # ----------------------------------------------------------------------------------------------

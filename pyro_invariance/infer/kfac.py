@@ -7,19 +7,19 @@ gradients. :mod:`pyro_invariance.infer.kfac_layers` applies them to a whole netw
 
 For a layer ``y = W a`` (bias folded in by appending 1 to ``a``) inside a network with outputs
 ``f`` (logits) and a categorical likelihood, the generalised Gauss–Newton block of ``vec(W)``
-(row-major: ``W.flatten()``) over data points n is
+(row-major: ``W.flatten()``) over data points n is::
 
     GGN_W = Σ_n (J_n)ᵀ Λ_n J_n = Σ_n Σ_c (g_nc g_ncᵀ) ⊗ (a_n a_nᵀ),
 
 with ``Λ_n = diag(p_n) − p_n p_nᵀ = L_n L_nᵀ`` the Hessian of the negative log-likelihood in the
 logits, ``L_n = diag(√p_n) − p_n √p_nᵀ`` (:func:`categorical_hessian_sqrt`), and
 ``g_nc = (∂f/∂y)ᵀ L_n[:, c]`` the c-th column backpropagated to the layer's output. KFAC replaces
-the sum of Kronecker products by the product of sums (exact for one data point):
+the sum of Kronecker products by the product of sums (exact for one data point)::
 
     GGN_W ≈ N · G ⊗ A,    G = (1/N) Σ_nc g_nc g_ncᵀ,   A = (1/N) Σ_n a_n a_nᵀ.
 
 The Laplace log marginal likelihood with per-layer prior precisions δ_l (paper 004, Eq. 9; the
-(2π) terms of the prior and of the Gaussian integral cancel):
+(2π) terms of the prior and of the Gaussian integral cancel)::
 
     log p(D | δ) ≈ log p(D | θ*) + Σ_l [ (P_l/2) log δ_l − (δ_l/2) ‖θ*_l‖² − ½ log det(N G_l ⊗ A_l + δ_l I) ],
 
@@ -27,7 +27,7 @@ with ``log det(N G ⊗ A + δ I) = Σ_ij log(N λ_i^G λ_j^A + δ)`` from the ei
 (:func:`kfac_log_det`) — the way laplace-torch adds the prior in the Kronecker eigenbasis.
 
 Convolutions (KFC, Grosse & Martens 2016, Eq. 18–19; :func:`conv2d_factors`): with the unfolded
-input patches ``a_nt`` (bias 1 appended) and output gradients ``g_nct`` at locations t = 1..T,
+input patches ``a_nt`` (bias 1 appended) and output gradients ``g_nct`` at locations t = 1..T::
 
     A = (1/(N T)) Σ_nt a_nt a_ntᵀ,     G = (1/N) Σ_nct g_nct g_nctᵀ,     GGN_W ≈ N · G ⊗ A,
 

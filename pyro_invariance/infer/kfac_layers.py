@@ -11,9 +11,9 @@ Martens & Grosse 2015, Grosse & Martens 2016). Factors are averaged over all N d
 
 :class:`KFACCurvature` turns the blocks into what the Laplace evidence needs, per precision group g
 (paper 004 Eq. 9, the log-determinant in the Kronecker eigenbasis with δ added exactly, as
-laplace-torch does):
+laplace-torch does)::
 
-    log det(N G ⊗ A + δ I) = Σ_ij log(N λ_i^G λ_j^A + δ)   → ``eigenvalues(sites)`` = {N λ_i^G λ_j^A}
+    log det(N G ⊗ A + δ I) = Σ_ij log(N λ_i^G λ_j^A + δ)   → eigenvalues(sites) = {N λ_i^G λ_j^A}
 
 and the posterior marginal variances ``diag((N G⊗A + δI)⁻¹)_{kl} = Σ_ij Q^G_{ki}² Q^A_{lj}² / (N λ_i^G λ_j^A + δ)``.
 

@@ -50,11 +50,15 @@ import torch
 from pyro import poutine
 from torch import Tensor, nn
 
+import pyro_invariance.guides as guide_registry
+from pyro_invariance._pyro_scope import pyro_scope
+from pyro_invariance.data.arrays import train_arrays
 from pyro_invariance.infer.config import FitConfig, resolve_config
 from pyro_invariance.infer.distributed import current_ranks
-from pyro_invariance.infer.training import FitResult
+from pyro_invariance.infer.kfac_layers import LABELS, kfac_curvature
+from pyro_invariance.infer.training import FitResult, fit
+from pyro_invariance.models.base import PrecisionGroup
 from pyro_invariance.validation import check_choice, check_positive_float, check_positive_int
-from pyro_invariance._pyro_scope import pyro_scope
 
 __all__ = [
     "DiagonalLaplacePosterior",
@@ -75,20 +79,6 @@ __all__ = [
 
 #: δ is capped here (the equivariant limit δ → ∞, kept finite).
 MAX_PRECISION = 1e8
-
-
-@dataclass
-class PrecisionGroup:
-    """Sample sites sharing one prior precision ``getattr(module, attr)`` (a 0-d buffer)."""
-
-    name: str
-    module: nn.Module
-    attr: str
-    sites: list[str]
-
-    @property
-    def value(self) -> Tensor:
-        return getattr(self.module, self.attr)
 
 
 def _groups(model: Any) -> list[PrecisionGroup]:
@@ -364,8 +354,6 @@ class LaplaceEvidenceUpdate:
     log: list[tuple[int, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        from pyro_invariance.infer.kfac_layers import LABELS
-
         check_positive_int("every", self.every)
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"warmup must be an integer >= 0, got {self.warmup!r}")
@@ -387,8 +375,6 @@ class LaplaceEvidenceUpdate:
         x, y = self.x[rows], self.y[rows]
         gen = torch.Generator(device=self.x.device).manual_seed(self.seed * 1_000_003 + step + 7_919 * ranks.rank)
         if self.curvature == "kfac":
-            from pyro_invariance.infer.kfac_layers import kfac_curvature
-
             return values, kfac_curvature(model, values, x, batch_size=self.batch_size, labels=self.labels,
                                           generator=gen, y=y, ranks=ranks)  # fmt: skip
         sites = [s for g in _groups(model) for s in g.sites]
@@ -484,10 +470,6 @@ def fit_laplace(
     :class:`LaplaceEvidenceUpdate`. The returned ``laplace`` posterior's marginals are
     the diagonal of the chosen curvature's posterior covariance.
     """
-    from pyro_invariance import guides as guide_registry
-    from pyro_invariance.data.arrays import train_arrays
-    from pyro_invariance.infer.training import fit
-
     _groups(model)
     if guide is None or isinstance(guide, str):
         guide = guide_registry.get(guide or "map", model)

@@ -1,7 +1,7 @@
 """Closed-form (empirical-Bayes) update of per-layer prior variances (docs/methods.md §4).
 
 For a weight matrix W with D entries, prior N(0, v I) and guide q(W) with mean m and covariance Σ,
-the ELBO is maximised over v at
+the ELBO is maximised over v at::
 
     v* = (tr Σ + ‖m‖²) / D = E_q‖W‖² / D.
 
@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from pyro_invariance.models.base import CatalogueModel
 
 
 def expected_sq_norm(guide: Any, site: str) -> Tensor:
@@ -61,8 +63,6 @@ def update_prior_variance(model: nn.Module, guide: Any, damping: float = 0.5) ->
 
 def _check_closed_form(model: Any) -> None:
     """The closed-form update sets the prior-variance buffers of a model built for it."""
-    from pyro_invariance.models.base import CatalogueModel
-
     if not isinstance(model, CatalogueModel) or model.prior != "closed-form":
         prior = model.prior if isinstance(model, CatalogueModel) else f"a {type(model).__name__}"
         raise ValueError(f"the closed-form prior update needs a catalogue model built with prior='closed-form', got {prior!r}")

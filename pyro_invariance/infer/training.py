@@ -1,7 +1,7 @@
 """Stochastic variational inference for catalogue models: ``fit``.
 
 ``fit`` maximises the ELBO (paper 003, Eq. 10) jointly over the guide's parameters, the model's
-point-estimated parameters and the symmetry parameters η, on minibatches:
+point-estimated parameters and the symmetry parameters η, on minibatches::
 
     L(q, η) = (N/B) Σ_{n∈batch} E_q[log p(y_n | x_n, θ, η)] − KL(q(θ) ‖ p(θ))
 
@@ -48,6 +48,7 @@ from pyro import poutine
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+import pyro_invariance.guides as guide_registry
 from pyro_invariance.infer.checkpoint import (
     CheckpointError, atomic_write_text, load_checkpoint, peek_step, rng_state, save_checkpoint, set_rng_state,
 )  # fmt: skip
@@ -56,7 +57,7 @@ from pyro_invariance.infer.config import FitConfig, resolve_config
 from pyro_invariance.infer.distributed import Ranks, ShardStreams, setup_ranks
 from pyro_invariance.infer.divergence import first_invalid_state, first_non_finite_gradient, locate_problem
 from pyro_invariance.infer.fast_step import (
-    LEAN_ELBOS, CapturedLoss, CaptureError, LeanIWAEGivenSymmetry_ELBO, LeanRWS_ELBO, make_optimizer, preserved_validation, set_validation,
+    LEAN_ELBOS, CapturedLoss, CaptureError, LeanRWS_ELBO, make_optimizer, preserved_validation, set_validation,
     tf32_matmuls,
     torch_threads,
 )  # fmt: skip
@@ -413,8 +414,6 @@ def fit(
         FitInterrupted: SIGINT/SIGTERM (a ``KeyboardInterrupt``).
     """
     if isinstance(guide, str):
-        from pyro_invariance import guides as guide_registry
-
         guide = guide_registry.get(guide, model)
     check_guide_for(model, guide)  # a guide built for another model fails here, not at step 1
     cfg = resolve_config(config, model, guide, overrides)
@@ -670,11 +669,12 @@ def _engine(loss_fn: Any, model: nn.Module, guide: Any, ranks: Ranks, dev: torch
     gradient. ``elbo="rws"`` is refused (one line) for a guide with a parameter that its loss cannot
     train: wake-φ differentiates log q at detached draws, so a parameter that enters only through the
     draws (AutoStructured's locations and dependencies, a MAP guide's points) gets no gradient.
-    ``elbo="iwae-given-symmetry"`` is refused (one line) for a guide that draws the symmetry sites
-    jointly with other latents (one draw of them cannot be shared by the particles)."""
-    if isinstance(loss_fn, LeanIWAEGivenSymmetry_ELBO):
+    A loss with a ``check_guide`` method (one added by
+    :func:`~pyro_invariance.infer.fast_step.register_elbo`) refuses a guide it cannot train there."""
+    check_guide = getattr(loss_fn, "check_guide", None)
+    if check_guide is not None:
         x, y, kwargs = example
-        loss_fn.check_guide(guide, x, y, **kwargs)
+        check_guide(guide, x, y, **kwargs)
     if not isinstance(guide, nn.Module):  # a plain callable guide (one process only): the ELBO itself
         return lambda *args, **kwargs: loss_fn.differentiable_loss(model, guide, *args, **kwargs)
     module = loss_fn(model, guide)

@@ -26,7 +26,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from pyro_invariance.data.arrays import train_arrays
 from pyro_invariance.infer.checkpoint import load_checkpoint
+from pyro_invariance.infer.training import set_up_guide
+from pyro_invariance.models.base import CatalogueModel
 
 __all__ = ["WarmStart", "set_up_guide_on", "warm_start"]
 
@@ -58,9 +61,6 @@ def _states(source: Any) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
 def set_up_guide_on(model: nn.Module, guide: nn.Module, data: Any) -> None:
     """:func:`~pyro_invariance.infer.training.set_up_guide` on the first two training rows of ``data``
     (a dataset or ``(x, y)``, checked and converted for ``model``)."""
-    from pyro_invariance.data.arrays import train_arrays
-    from pyro_invariance.infer.training import set_up_guide
-
     x, y = train_arrays(data, model)
     set_up_guide(model, guide, x[:2], y[:2], num_data=x.shape[0])
 
@@ -76,8 +76,6 @@ def warm_start(model: nn.Module, guide: nn.Module, source: Any, data: Any = None
         raise ValueError("the guide has no parameters yet: pass the training data (warm_start(model, guide, source, "
                          "data)) or call the guide once before warm_start")  # fmt: skip
     src_model, src_guide = _states(source)
-    from pyro_invariance.models.base import CatalogueModel
-
     symmetry = {id(p) for p in model.symmetry_parameters()} if isinstance(model, CatalogueModel) else set()
     report = WarmStart()
     own = dict(model.named_parameters()) | dict(model.named_buffers())

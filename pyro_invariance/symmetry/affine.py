@@ -1,11 +1,11 @@
 """Affine symmetry groups: Lie-algebra generators, transform sampling and warping.
 
-Paper 003 (van der Ouderaa & van der Wilk, UAI 2022), Section 3.3, Eq. 3: a transformation is
+Paper 003 (van der Ouderaa & van der Wilk, UAI 2022), Section 3.3, Eq. 3: a transformation is::
 
     T = expm(Σ_i ε_i η_i G_i),    ε ~ U[-1, 1]^k,
 
 with six 3×3 generators acting on ``F.affine_grid`` normalised coordinates (x = column, y = row,
-both in [-1, 1]), in the order ``[tx, ty, rot, sx, sy, shear]`` (docs/methods.md §1):
+both in [-1, 1]), in the order ``[tx, ty, rot, sx, sy, shear]`` (docs/methods.md §1)::
 
     tx: (0,2)=1   ty: (1,2)=1   rot: [[0,-1],[1,0]]   sx: (0,0)=1   sy: (1,1)=1   shear: [[0,1],[1,0]]
 

@@ -1,12 +1,12 @@
 """Quadratic conserved quantities, their flows, oracle symmetry groups and symmetry analysis.
 
 Talk 000 ("Noether's theorem parameterisation"; docs/methods.md §4). A quadratic observable on phase
-space ``x = (q, p) ∈ R^M``
+space ``x = (q, p) ∈ R^M``::
 
     C(x) = xᵀ A x / 2 + bᵀ x            (A symmetric M×M, b ∈ R^M)            (talk: C_η)
 
 generates the Hamiltonian flow ``ẋ = J ∇C(x) = J A x + J b``, solved in closed form with the
-augmented generator
+augmented generator::
 
     G = [[J A, J b], [0ᵀ, 0]]  ((M+1)×(M+1)),     [Φ_C^τ(x); 1] = expm(τ G) [x; 1].
 

@@ -65,9 +65,10 @@ from typing import Any, ClassVar
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
-from pyro.distributions import constraints
-from pyro.nn import PyroModule, PyroParam, PyroSample
+from pyro.nn import PyroModule, PyroSample
 from torch import Tensor
+
+from pyro_invariance.weight_priors import add_prior_scale
 
 __all__ = [
     "PRIORS",
@@ -375,22 +376,11 @@ def add_precision(module: PyroModule, name: str, prior: str, init: float, hyperp
     """Give ``module`` a prior precision δ called ``name``.
 
     ``"learned"``: ``PyroParam`` (positive, init ``init``); ``"hierarchical"``: sample site
-    ``δ ~ LogNormal(log init, hyperprior_scale)``; ``"fixed"``: a buffer.
+    ``δ ~ LogNormal(log init, hyperprior_scale)``; ``"fixed"``: a buffer
+    (:func:`pyro_invariance.weight_priors.add_prior_scale`, with δ as the scale it declares).
     """
     _check_prior(prior)
-    value = torch.tensor(float(init))
-    if prior == "learned":
-        setattr(module, name, PyroParam(value, constraint=constraints.positive))
-    elif prior == "hierarchical":
-        module.register_buffer(f"{name}_loc", value.log())
-        module.register_buffer(f"{name}_hyperscale", torch.tensor(float(hyperprior_scale)))
-        setattr(
-            module,
-            name,
-            PyroSample(lambda m: dist.LogNormal(getattr(m, f"{name}_loc"), getattr(m, f"{name}_hyperscale"))),
-        )
-    else:
-        module.register_buffer(name, value)
+    add_prior_scale(module, name, prior, init, hyperprior_scale=hyperprior_scale)
 
 
 def _normal_site(precision_name: str, shape: tuple[int, ...]) -> PyroSample:

@@ -1,13 +1,13 @@
 """Non-quadratic conserved quantities and their flows, solved by a fixed-step ODE integrator.
 
 Talk 000 (Noether's razor): "Quadratic conserved quantities … the flow can be solved analytically.
-Otherwise, can still be done but requires solving an ODE." A learned observable
+Otherwise, can still be done but requires solving an ODE." A learned observable::
 
     C_η(x) = (C_1(x), …, C_K(x)),   C_k(x) = v_kᵀ tanh(U_k2 tanh(U_k1 x + c_k1) + c_k2) + xᵀA_k x/2 + b_kᵀx
 
 (a small MLP per quantity plus, optionally, the quadratic form of
 :mod:`pyro_invariance.symmetry.conserved`) generates, for combination weights w ∈ R^K, the
-Hamiltonian vector field of the conserved quantity Σ_k w_k C_k,
+Hamiltonian vector field of the conserved quantity Σ_k w_k C_k::
 
     X_w(x) = J ∇_x Σ_k w_k C_k(x),
 
