@@ -16,8 +16,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Hashable, Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -162,8 +163,14 @@ def write_unit(path: Path, unit: dict[str, Any]) -> None:
     partial.replace(path)
 
 
-def fill_unit(path: Path, header: dict[str, Any], keys: Iterable[Hashable], key_of: Callable[[dict[str, Any]], Hashable],
-              evaluate: Callable[[Any], dict[str, Any]], describe: Callable[[Any, dict[str, Any]], str] | None = None) -> dict[str, Any]:  # fmt: skip
+def fill_unit(
+    path: Path,
+    header: dict[str, Any],
+    keys: Iterable[Hashable],
+    key_of: Callable[[dict[str, Any]], Hashable],
+    evaluate: Callable[[Any], dict[str, Any]],
+    describe: Callable[[Any, dict[str, Any]], str] | None = None,
+) -> dict[str, Any]:
     """The unit at ``path`` (``{**header, "points": [...]}``, new if absent) with a point for every one of ``keys``.
 
     The benchmarks' one resumable runner. The keys whose point is missing (``key_of(point)`` names a stored
@@ -184,8 +191,9 @@ def fill_unit(path: Path, header: dict[str, Any], keys: Iterable[Hashable], key_
     return unit
 
 
-def unit_points(paths: Iterable[Path], keys: Sequence[Hashable], key_of: Callable[[dict[str, Any]], Hashable],
-                partial: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+def unit_points(
+    paths: Iterable[Path], keys: Sequence[Hashable], key_of: Callable[[dict[str, Any]], Hashable], partial: bool = False
+) -> list[dict[str, Any]]:
     """The points of ``keys``, in that order, gathered from the unit files ``paths`` (e.g. the files of the
     ``--part`` processes). Raises ``ValueError`` naming the missing keys unless ``partial`` (then they are left out)."""
     found: dict[Hashable, dict[str, Any]] = {}
@@ -209,7 +217,7 @@ def verdict_section(verdict: str, seeds: str, lines: Sequence[str] = ()) -> str:
 
 
 def verdict_of(checks: Sequence[bool]) -> str:
-    """"reproduced" when every check holds, "partly reproduced" when some do, else "not reproduced"."""
+    """ "reproduced" when every check holds, "partly reproduced" when some do, else "not reproduced"."""
     return "reproduced" if all(checks) else "partly reproduced" if any(checks) else "not reproduced"
 
 

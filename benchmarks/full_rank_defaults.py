@@ -31,7 +31,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as common  # noqa: E402
-
 import torch  # noqa: E402
 
 import pyro_invariance as pi  # noqa: E402
@@ -86,15 +85,25 @@ def verdict(gaps: dict[str, list[float]]) -> str:
 
 def render(points: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
     gaps = {label: [p["gap"] for p in points if p["setting"] == label] for label in SETTINGS}
-    rows = [[label, *(f"{g:.2f}" for g in v), f"{statistics.mean(v):.2f} ± {statistics.stdev(v):.2f}"]
-            for label, v in gaps.items()]  # fmt: skip
-    settings = {"data": f"make_symmetric_toy({N}, seed=3, noise=0.3, even=True, num_outputs=3)",
-                "model": f"basis-regression {MODEL}", "guide": "full-rank (init_scale 1.0)", "steps": STEPS,
-                "seeds": list(SEEDS), "ELBO estimate": "1000 particles, E_q[log p(y,w) - log q(w)]"}  # fmt: skip
+    rows = [
+        [label, *(f"{g:.2f}" for g in v), f"{statistics.mean(v):.2f} ± {statistics.stdev(v):.2f}"]
+        for label, v in gaps.items()
+    ]
+    settings = {
+        "data": f"make_symmetric_toy({N}, seed=3, noise=0.3, even=True, num_outputs=3)",
+        "model": f"basis-regression {MODEL}",
+        "guide": "full-rank (init_scale 1.0)",
+        "steps": STEPS,
+        "seeds": list(SEEDS),
+        "ELBO estimate": "1000 particles, E_q[log p(y,w) - log q(w)]",
+    }
     markdown = common.header_markdown(
         "Full-rank guide on basis regression: gap to the exact log evidence after 500 steps",
-        common.machine_info(), settings, ".venv/bin/python benchmarks/full_rank_defaults.py", __doc__.split("\n\n")[0],
-    )  # fmt: skip
+        common.machine_info(),
+        settings,
+        ".venv/bin/python benchmarks/full_rank_defaults.py",
+        __doc__.split("\n\n")[0],
+    )
     markdown += "\n" + common.md_table(["settings", *(f"seed {s}" for s in SEEDS), "mean ± sd"], rows) + "\n\n"
     results = {label: {"overrides": SETTINGS[label], "gaps": g} for label, g in gaps.items()}
     return markdown + verdict(gaps), {"settings": settings, "results": results}

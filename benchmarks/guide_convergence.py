@@ -49,13 +49,13 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as common  # noqa: E402
-
 import pyro  # noqa: E402
 import pyro.distributions as dist  # noqa: E402
 import torch  # noqa: E402
@@ -64,8 +64,8 @@ from pyro.infer.autoguide import AutoLowRankMultivariateNormal, AutoMultivariate
 from pyro.nn import PyroModule, PyroSample  # noqa: E402
 
 import pyro_invariance as pi  # noqa: E402
-from pyro_invariance.infer.config import FitConfig  # noqa: E402
 from pyro_invariance.infer.bounds import log_weights  # noqa: E402
+from pyro_invariance.infer.config import FitConfig  # noqa: E402
 
 STEM = "guide_convergence"
 N, D, SHARED, NOISE, PRIOR_SCALE, DATA_SEED = 100, 5, 0.3, 1.0, 1.0, 0
@@ -158,8 +158,15 @@ def fit_cell(key: tuple) -> dict[str, Any]:
     result = pi.fit(model, guide, (x, y), steps=steps, seed=seed, progress=False, **overrides)
     seconds = time.perf_counter() - t0
     value, se = gap(model, result.guide, x, y, seed)
-    return {"key": list(key), "gap": value, "se": se, "ms_per_step": 1000 * seconds / steps,
-            "factor_lr": result.config.factor_lr, "lr": result.config.lr, "elbo": result.config.elbo}  # fmt: skip
+    return {
+        "key": list(key),
+        "gap": value,
+        "se": se,
+        "ms_per_step": 1000 * seconds / steps,
+        "factor_lr": result.config.factor_lr,
+        "lr": result.config.lr,
+        "elbo": result.config.elbo,
+    }
 
 
 def svi_cell(key: tuple) -> dict[str, Any]:
@@ -233,8 +240,12 @@ def collect(points: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _table(by_label: dict[str, dict[int, list[float]]], labels: list[str], extra: Callable[[str], list[str]],
-           extra_header: list[str]) -> str:  # fmt: skip
+def _table(
+    by_label: dict[str, dict[int, list[float]]],
+    labels: list[str],
+    extra: Callable[[str], list[str]],
+    extra_header: list[str],
+) -> str:
     rows = [[label, *(_cell(by_label.get(label, {}).get(s, [])) for s in STEPS), *extra(label)] for label in labels]
     return common.md_table(["guide", *(f"{s} steps" for s in STEPS), *extra_header], rows)
 
@@ -247,11 +258,18 @@ def verdict(res: dict[str, Any], mf_best: float) -> str:
         worst = max(fit[name][CRITERION_STEPS])
         met.append(at[CRITERION_STEPS] <= CRITERION)
         status = "**met**" if met[-1] else "**not met**"
-        lines.append(f"- **{name}**: {status} — {at[CRITERION_STEPS]:.3f} nats after {CRITERION_STEPS} steps (worst seed "
-                     f"{worst:.3f}); {at[STEPS[0]]:.3f} after {STEPS[0]}, {at[STEPS[-1]]:.3f} after {STEPS[-1]}.")  # fmt: skip
-    lines += ["", ("All three guides" if all(met) else "Not all of the three guides")
-              + f" reach within {CRITERION} nats of log Z under `pi.fit`'s defaults with {CRITERION_STEPS} steps "
-              f"(mean-field's best possible gap here is {mf_best:.3f}).", "", *why(res)]  # fmt: skip
+        lines.append(
+            f"- **{name}**: {status} — {at[CRITERION_STEPS]:.3f} nats after {CRITERION_STEPS} steps (worst seed "
+            f"{worst:.3f}); {at[STEPS[0]]:.3f} after {STEPS[0]}, {at[STEPS[-1]]:.3f} after {STEPS[-1]}."
+        )
+    lines += [
+        "",
+        ("All three guides" if all(met) else "Not all of the three guides")
+        + f" reach within {CRITERION} nats of log Z under `pi.fit`'s defaults with {CRITERION_STEPS} steps "
+        f"(mean-field's best possible gap here is {mf_best:.3f}).",
+        "",
+        *why(res),
+    ]
     return common.verdict_section(common.verdict_of(met), f"means over {len(SEEDS)} of 3 seeds", lines)
 
 
@@ -265,42 +283,67 @@ def why(res: dict[str, Any]) -> list[str]:
     def both(label: str) -> str:
         return f"{mean(label, first):.3f} / {mean(label, at):.3f}"
 
-    out.append(f"Initialisation: after {first} / {at} steps from the old default `init_scale` 1.0: "
-               + ", ".join(f"{n} {both(f'{n}, init_scale 1.0 (the old default)')}" for n in TARGETS)
-               + "; from 0.1 (Pyro's start, now every catalogue guide's default): "
-               + ", ".join(f"{n} {both(n)}" for n in TARGETS) + ".")  # fmt: skip
+    out.append(
+        f"Initialisation: after {first} / {at} steps from the old default `init_scale` 1.0: "
+        + ", ".join(f"{n} {both(f'{n}, init_scale 1.0 (the old default)')}" for n in TARGETS)
+        + "; from 0.1 (Pyro's start, now every catalogue guide's default): "
+        + ", ".join(f"{n} {both(n)}" for n in TARGETS)
+        + "."
+    )
     for name in ("block-cholesky", "matrix-normal"):
         base, fast, full = mean(name, first), mean(f"{name}, factor_lr 0.05", first), mean("full-rank", first)
         if base <= CRITERION:
             continue
-        verdict_rate = ("so the factor's rate, not the parameterisation, is what holds it back"
-                        if fast <= max(CRITERION, 1.5 * full) else "so it stays behind full-rank even at full-rank's rate")
+        verdict_rate = (
+            "so the factor's rate, not the parameterisation, is what holds it back"
+            if fast <= max(CRITERION, 1.5 * full)
+            else "so it stays behind full-rank even at full-rank's rate"
+        )
         default = " (`fit`'s default step count)" if first == FitConfig().steps else ""
-        out += ["", f"After {first} steps{default} {name} is {base:.3f} nats short (full-rank {full:.3f}): its "
-                f"unit-triangular factor trains at the library's `factor_lr` {res['factor_lr'][name]:g}, which the "
-                f"library chose for the digits demo's 256-wide blocks (0.05 inflated that guide's variance), while "
-                f"full-rank recommends 0.05 for itself. With `factor_lr` 0.05 it is {fast:.3f} nats short after {first} steps, {verdict_rate}."]  # fmt: skip
+        out += [
+            "",
+            f"After {first} steps{default} {name} is {base:.3f} nats short (full-rank {full:.3f}): its "
+            f"unit-triangular factor trains at the library's `factor_lr` {res['factor_lr'][name]:g}, which the "
+            f"library chose for the digits demo's 256-wide blocks (0.05 inflated that guide's variance), while "
+            f"full-rank recommends 0.05 for itself. With `factor_lr` 0.05 it is {fast:.3f} nats short after {first} steps, {verdict_rate}.",
+        ]
     narrow = {n: mean(f"{n}, noise 0.3", at) for n in TARGETS}
     fast = {n: mean(f"{n}, noise 0.3, factor_lr 0.05", at) for n in ("block-cholesky", "matrix-normal")}
-    out += ["", f"A three times narrower posterior (noise 0.3, posterior sd ≈ 0.03), after {at} steps: "
-            + ", ".join(f"{n} {g:.3f}" for n, g in narrow.items()) + "; with `factor_lr` 0.05: "
-            + ", ".join(f"{n} {g:.3f}" for n, g in fast.items()) + "."
-            + (" So the criterion holds on the benchmark's data set, not on every one: where the posterior is narrower "
-               "than the guides' start, the structured guides' factor rate decides again."
-               if max(narrow.values()) > CRITERION and all(mean(n, at) <= CRITERION for n in TARGETS) else "")]  # fmt: skip
+    out += [
+        "",
+        f"A three times narrower posterior (noise 0.3, posterior sd ≈ 0.03), after {at} steps: "
+        + ", ".join(f"{n} {g:.3f}" for n, g in narrow.items())
+        + "; with `factor_lr` 0.05: "
+        + ", ".join(f"{n} {g:.3f}" for n, g in fast.items())
+        + "."
+        + (
+            " So the criterion holds on the benchmark's data set, not on every one: where the posterior is narrower "
+            "than the guides' start, the structured guides' factor rate decides again."
+            if max(narrow.values()) > CRITERION and all(mean(n, at) <= CRITERION for n in TARGETS)
+            else ""
+        ),
+    ]
     svi, last = res["svi"], STEPS[-1]
     if svi:
-        out += ["", f"Plain SVI (one constant Adam rate {SVI_LR} for every parameter, `Trace_ELBO`), after {last} steps: "
-                + ", ".join(f"{n} {_cell(svi[n][last])}" for n in GUIDES if n in svi) + "."]  # fmt: skip
+        out += [
+            "",
+            f"Plain SVI (one constant Adam rate {SVI_LR} for every parameter, `Trace_ELBO`), after {last} steps: "
+            + ", ".join(f"{n} {_cell(svi[n][last])}" for n in GUIDES if n in svi)
+            + ".",
+        ]
         if _stats(svi["full-rank"][last])[0] > CRITERION:
-            out[-1] += (f" A constant rate leaves every guide, Pyro's included, at a floor set by the noise of its steps "
-                        f"(full-rank {_stats(svi['full-rank'][last])[0]:.3f} against {_stats(fit['full-rank'][last])[0]:.3f} "
-                        "under `pi.fit`'s decaying schedule); the criterion is stated for `pi.fit`'s defaults.")  # fmt: skip
+            out[-1] += (
+                f" A constant rate leaves every guide, Pyro's included, at a floor set by the noise of its steps "
+                f"(full-rank {_stats(svi['full-rank'][last])[0]:.3f} against {_stats(fit['full-rank'][last])[0]:.3f} "
+                "under `pi.fit`'s decaying schedule); the criterion is stated for `pi.fit`'s defaults."
+            )
         same = [n for n in ("full-rank", "low-rank") if svi[n] == svi.get(f"Pyro {PYRO_TWIN[n]}")]
         if same:
-            out[-1] += (f" The catalogue's {' and '.join(same)} guides are Pyro's autoguides with Pyro's start and give "
-                        "the same numbers as Pyro's own in this loop; under `pi.fit` full-rank differs from Pyro's "
-                        "AutoMultivariateNormal only by the factor rate it recommends (0.05).")  # fmt: skip
+            out[-1] += (
+                f" The catalogue's {' and '.join(same)} guides are Pyro's autoguides with Pyro's start and give "
+                "the same numbers as Pyro's own in this loop; under `pi.fit` full-rank differs from Pyro's "
+                "AutoMultivariateNormal only by the factor rate it recommends (0.05)."
+            )
     return out
 
 
@@ -308,16 +351,23 @@ def render(points: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
     x, y = make_data()
     res, mf_best = collect(points), mean_field_optimum(x)
     ms = {k: statistics.mean(v) for k, v in res["ms"].items()}
-    settings = {"data": f"N={N}, x = z + {SHARED} z[:, :1], z ~ N(0, I_{D}), w ~ N(0, I), noise {NOISE}, seed {DATA_SEED}",
-                "model": f"BayesLinear: W ~ N(0, {PRIOR_SCALE}²) (1, {D}), y ~ N(x W₀, {NOISE}²)",
-                "log Z": f"{log_evidence(x, y):.4f}", "mean-field's best gap": f"{mf_best:.4f}",
-                "seeds": list(SEEDS), "steps": list(STEPS), "part 1": "pi.fit defaults (lr 0.05, factor_lr as resolved, "
-                "TraceMeanField_ELBO, 1 particle, cosine, full batch)", "part 2": f"plain SVI, Adam {SVI_LR}, Trace_ELBO, "
-                "1 particle", "ELBO estimate": f"{ELBO_DRAWS} draws, largest standard error {res['se_max']:.4f} nats",
-                "ms/step": "wall time of the training steps on this shared machine (load varies)",
-                "criterion": f"≤ {CRITERION} nats after {CRITERION_STEPS} steps of pi.fit (mean over seeds)"}  # fmt: skip
+    settings = {
+        "data": f"N={N}, x = z + {SHARED} z[:, :1], z ~ N(0, I_{D}), w ~ N(0, I), noise {NOISE}, seed {DATA_SEED}",
+        "model": f"BayesLinear: W ~ N(0, {PRIOR_SCALE}²) (1, {D}), y ~ N(x W₀, {NOISE}²)",
+        "log Z": f"{log_evidence(x, y):.4f}",
+        "mean-field's best gap": f"{mf_best:.4f}",
+        "seeds": list(SEEDS),
+        "steps": list(STEPS),
+        "part 1": "pi.fit defaults (lr 0.05, factor_lr as resolved, "
+        "TraceMeanField_ELBO, 1 particle, cosine, full batch)",
+        "part 2": f"plain SVI, Adam {SVI_LR}, Trace_ELBO, 1 particle",
+        "ELBO estimate": f"{ELBO_DRAWS} draws, largest standard error {res['se_max']:.4f} nats",
+        "ms/step": "wall time of the training steps on this shared machine (load varies)",
+        "criterion": f"≤ {CRITERION} nats after {CRITERION_STEPS} steps of pi.fit (mean over seeds)",
+    }
     intro = __doc__.split("\n\n")[0]
     labels = list(GUIDES)
+
     def rate(label: str) -> str:
         return f"{res['factor_lr'].get(label, float('nan')):g}"
 
@@ -326,16 +376,37 @@ def render(points: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
     part2 = _table(res["svi"], labels, lambda g: [f"{ms.get(('svi', g), 0):.1f}"], ["ms/step"])
     title = "Guide convergence on an exactly representable posterior: gap to log Z"
     markdown = common.header_markdown(title, common.machine_info(), settings, common.command_line(), intro)
-    markdown += "\n".join([
-        "", "Gap `log Z − ELBO` in nats (all N points), mean ± sd over the seeds. Full-rank, block-Cholesky and "
-        "matrix-normal can reach 0; mean-field cannot go below " + f"{mf_best:.3f}.", "",
-        "## Part 1: `pi.fit`'s defaults", "", part1, "",
-        f"Diagnostics (one setting changed each, or the narrower posterior of noise 0.3; {STEPS[-1]} steps not run):",
-        "", diag, "",
-        "## Part 2: a plain Pyro SVI loop (Adam 0.01, `Trace_ELBO`)", "", part2, "", verdict(res, mf_best), "",
-    ])  # fmt: skip
-    record = {"settings": settings, "fit": res["fit"], "svi": res["svi"], "factor_lr": res["factor_lr"],
-              "mean_field_optimum": mf_best, "log_evidence": log_evidence(x, y), "points": points}  # fmt: skip
+    markdown += "\n".join(
+        [
+            "",
+            "Gap `log Z − ELBO` in nats (all N points), mean ± sd over the seeds. Full-rank, block-Cholesky and "
+            "matrix-normal can reach 0; mean-field cannot go below " + f"{mf_best:.3f}.",
+            "",
+            "## Part 1: `pi.fit`'s defaults",
+            "",
+            part1,
+            "",
+            f"Diagnostics (one setting changed each, or the narrower posterior of noise 0.3; {STEPS[-1]} steps not run):",
+            "",
+            diag,
+            "",
+            "## Part 2: a plain Pyro SVI loop (Adam 0.01, `Trace_ELBO`)",
+            "",
+            part2,
+            "",
+            verdict(res, mf_best),
+            "",
+        ]
+    )
+    record = {
+        "settings": settings,
+        "fit": res["fit"],
+        "svi": res["svi"],
+        "factor_lr": res["factor_lr"],
+        "mean_field_optimum": mf_best,
+        "log_evidence": log_evidence(x, y),
+        "points": points,
+    }
     return markdown, record
 
 

@@ -41,7 +41,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as common  # noqa: E402
-
 import pyro  # noqa: E402
 import torch  # noqa: E402
 from pyro.infer import TraceMeanField_ELBO  # noqa: E402
@@ -57,28 +56,65 @@ BASE = "fashion-mnist"
 
 #: size presets; "steps" is per fit.
 SIZES: dict[str, dict[str, Any]] = {
-    "quick": {"train_size": 500, "test_size": 250, "hidden": 32, "samples": 4, "batch_size": 64, "steps": 40,
-              "eval_samples": 4, "elbo_particles": 1},
-    "reduced": {"train_size": 5000, "test_size": 2000, "hidden": 128, "samples": 16, "batch_size": 128,
-                "steps": 800, "eval_samples": 16, "elbo_particles": 2},
-    "paper": {"train_size": None, "test_size": None, "hidden": 1024, "samples": 32, "batch_size": 128,
-              "steps": 30 * math.ceil(60000 / 128), "eval_samples": 16, "elbo_particles": 8},
-}  # fmt: skip
+    "quick": {
+        "train_size": 500,
+        "test_size": 250,
+        "hidden": 32,
+        "samples": 4,
+        "batch_size": 64,
+        "steps": 40,
+        "eval_samples": 4,
+        "elbo_particles": 1,
+    },
+    "reduced": {
+        "train_size": 5000,
+        "test_size": 2000,
+        "hidden": 128,
+        "samples": 16,
+        "batch_size": 128,
+        "steps": 800,
+        "eval_samples": 16,
+        "elbo_particles": 2,
+    },
+    "paper": {
+        "train_size": None,
+        "test_size": None,
+        "hidden": 1024,
+        "samples": 32,
+        "batch_size": 128,
+        "steps": 30 * math.ceil(60000 / 128),
+        "eval_samples": 16,
+        "elbo_particles": 8,
+    },
+}
 
 # Table 1: paper column order (fully rotated, partially rotated, regular).
 T1_DATASETS = ("rotated", "partially-rotated", "regular")
 T1_ROWS: tuple[tuple[str, float | None], ...] = (
-    ("none (η = 0)", 0.0), ("fixed 5°", 5.0), ("fixed 45°", 45.0), ("fixed 90°", 90.0), ("fixed 135°", 135.0),
-    ("fixed 175°", 175.0), ("learned", None),
-)  # fmt: skip
+    ("none (η = 0)", 0.0),
+    ("fixed 5°", 5.0),
+    ("fixed 45°", 45.0),
+    ("fixed 90°", 90.0),
+    ("fixed 135°", 135.0),
+    ("fixed 175°", 175.0),
+    ("learned", None),
+)
 # Table 2: paper column order (fully rotated, translated, scaled, regular), then partially rotated.
 T2_DATASETS = ("rotated", "translated", "scaled", "regular", "partially-rotated")
 T2_ROWS: tuple[tuple[str, str], ...] = (
-    ("MLP", "none"), ("MLP + rotation", "rotation"), ("MLP + translation", "translation"), ("MLP + scale", "scale"),
+    ("MLP", "none"),
+    ("MLP + rotation", "rotation"),
+    ("MLP + translation", "translation"),
+    ("MLP + scale", "scale"),
     ("MLP + affine", "affine"),
-)  # fmt: skip
-DATASET_TITLES = {"rotated": "fully rotated", "partially-rotated": "partially rotated", "regular": "regular",
-                  "translated": "translated", "scaled": "scaled"}  # fmt: skip
+)
+DATASET_TITLES = {
+    "rotated": "fully rotated",
+    "partially-rotated": "partially rotated",
+    "regular": "regular",
+    "translated": "translated",
+    "scaled": "scaled",
+}
 
 # Paper 003 (MNIST, full size; H=1024, S=32): Table 1 -> row: (acc rotated, partial, regular, ELBO rotated, partial, regular)
 PAPER_T1 = {
@@ -99,8 +135,13 @@ PAPER_T2 = {
     "MLP + affine": (98.14, 97.66, 98.31, 98.93),
 }
 #: the invariance each dataset calls for (Table 2 verdicts)
-MATCHING = {"rotated": "MLP + rotation", "partially-rotated": "MLP + rotation", "translated": "MLP + translation",
-            "scaled": "MLP + scale", "regular": None}  # fmt: skip
+MATCHING = {
+    "rotated": "MLP + rotation",
+    "partially-rotated": "MLP + rotation",
+    "translated": "MLP + translation",
+    "scaled": "MLP + scale",
+    "regular": None,
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -108,9 +149,25 @@ MATCHING = {"rotated": "MLP + rotation", "partially-rotated": "MLP + rotation", 
 # --------------------------------------------------------------------------------------------
 def fit_spec(table: str, dataset: str, row: str, size: dict[str, Any], seed: int) -> dict[str, Any]:
     """Everything that determines one fit (also the cache key's settings for --resume)."""
-    spec: dict[str, Any] = {"table": table, "dataset": dataset_name(BASE, dataset), "row": row, "seed": seed,
-                            **{k: size[k] for k in ("train_size", "test_size", "hidden", "samples", "batch_size",
-                                                    "steps", "eval_samples", "elbo_particles")}}  # fmt: skip
+    spec: dict[str, Any] = {
+        "table": table,
+        "dataset": dataset_name(BASE, dataset),
+        "row": row,
+        "seed": seed,
+        **{
+            k: size[k]
+            for k in (
+                "train_size",
+                "test_size",
+                "hidden",
+                "samples",
+                "batch_size",
+                "steps",
+                "eval_samples",
+                "elbo_particles",
+            )
+        },
+    }
     if table == "1":
         deg = dict(T1_ROWS)[row]
         spec.update(activation="rff", model_lr=None)
@@ -127,15 +184,16 @@ def fit_spec(table: str, dataset: str, row: str, size: dict[str, Any], seed: int
 
 
 @torch.no_grad()
-def chunked_elbo_per_datum(model: Any, guide: Any, x: torch.Tensor, y: torch.Tensor, particles: int,
-                           chunk: int = 1000) -> float:  # fmt: skip
+def chunked_elbo_per_datum(
+    model: Any, guide: Any, x: torch.Tensor, y: torch.Tensor, particles: int, chunk: int = 1000
+) -> float:
     """ELBO / N on (x, y): Σ_chunks (B_c/N)·(−loss_c(num_data=N)), one guide draw per chunk and particle."""
     n = x.shape[0]
     elbo = TraceMeanField_ELBO(num_particles=1)
     total = 0.0
     for _ in range(particles):
         for start in range(0, n, chunk):
-            xb, yb = x[start:start + chunk], y[start:start + chunk]
+            xb, yb = x[start : start + chunk], y[start : start + chunk]
             total -= float(elbo.loss(model, guide, xb, yb, num_data=n)) * xb.shape[0] / n
     return total / particles / n
 
@@ -144,16 +202,30 @@ def run_fit(spec: dict[str, Any], data: Any, device: str) -> dict[str, Any]:
     """Build, fit and evaluate one model; returns the metrics (and η trajectory)."""
     pyro.set_rng_seed(spec["seed"])
     model = InvariantMLP(
-        image_shape=data.image_shape, num_classes=data.num_classes, hidden=spec["hidden"],
-        activation=spec["activation"], symmetry=spec["symmetry"], learn_symmetry=spec["learn_eta"],
-        eta_init=spec["eta_init"], num_transforms=spec["samples"], prior="hierarchical", init_seed=0,
-    )  # fmt: skip
+        image_shape=data.image_shape,
+        num_classes=data.num_classes,
+        hidden=spec["hidden"],
+        activation=spec["activation"],
+        symmetry=spec["symmetry"],
+        learn_symmetry=spec["learn_eta"],
+        eta_init=spec["eta_init"],
+        num_transforms=spec["samples"],
+        prior="hierarchical",
+        init_seed=0,
+    )
     guide = guides.get("block-cholesky", model)
     t0, cpu0 = time.perf_counter(), time.process_time()
     result = pyro_invariance.fit(
-        model, guide, data, steps=spec["steps"], batch_size=spec["batch_size"], model_lr=spec["model_lr"],
-        seed=spec["seed"], device=device, progress=False,
-    )  # fmt: skip
+        model,
+        guide,
+        data,
+        steps=spec["steps"],
+        batch_size=spec["batch_size"],
+        model_lr=spec["model_lr"],
+        seed=spec["seed"],
+        device=device,
+        progress=False,
+    )
     fit_wall, fit_cpu = time.perf_counter() - t0, time.process_time() - cpu0
     t0, cpu0 = time.perf_counter(), time.process_time()
     x_test, y_test = data.x_test.to(device), data.y_test.to(device)
@@ -171,12 +243,20 @@ def run_fit(spec: dict[str, Any], data: Any, device: str) -> dict[str, Any]:
     history = result.history["eta"]
     every = max(1, spec["steps"] // 50)
     return {
-        "accuracy": accuracy, "nll": nll, "elbo_per_datum": elbo, "train_elbo_last10pct": result.final_elbo,
-        "eta_names": names, "eta": eta, "eta_human": eta_to_human(eta, names, image_size=data.image_shape[-1]),
-        "eta_history": {k: v[::every] + v[-1:] for k, v in history.items()}, "fit_seconds": fit_wall,
-        "eval_seconds": eval_seconds, "seconds_per_step": result.seconds / spec["steps"],
-        "fit_cpu_seconds": fit_cpu, "eval_cpu_seconds": eval_cpu,
-    }  # fmt: skip
+        "accuracy": accuracy,
+        "nll": nll,
+        "elbo_per_datum": elbo,
+        "train_elbo_last10pct": result.final_elbo,
+        "eta_names": names,
+        "eta": eta,
+        "eta_human": eta_to_human(eta, names, image_size=data.image_shape[-1]),
+        "eta_history": {k: v[::every] + v[-1:] for k, v in history.items()},
+        "fit_seconds": fit_wall,
+        "eval_seconds": eval_seconds,
+        "seconds_per_step": result.seconds / spec["steps"],
+        "fit_cpu_seconds": fit_cpu,
+        "eval_cpu_seconds": eval_cpu,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -214,23 +294,39 @@ def render_table1(results: dict[str, Any]) -> list[str]:
     def get(ds: str, row: str) -> dict[str, Any] | None:
         return results.get(_key("1", ds, row))
 
-    out = ["## Table 1: RFF network, rotation invariance fixed or learned", "",
-           "Ours: Fashion-MNIST at the reduced size above (accuracy in %, ELBO per training datum, η in degrees; "
-           "bold = best in the column).", ""]  # fmt: skip
-    acc_cols = {ds: _bold_best([(get(ds, r) or {}).get("accuracy") for r, _ in T1_ROWS], lambda v: f"{100 * v:.2f}")
-                for ds in T1_DATASETS}  # fmt: skip
-    elbo_cols = {ds: _bold_best([(get(ds, r) or {}).get("elbo_per_datum") for r, _ in T1_ROWS], lambda v: f"{v:.3f}")
-                 for ds in T1_DATASETS}  # fmt: skip
+    out = [
+        "## Table 1: RFF network, rotation invariance fixed or learned",
+        "",
+        "Ours: Fashion-MNIST at the reduced size above (accuracy in %, ELBO per training datum, η in degrees; "
+        "bold = best in the column).",
+        "",
+    ]
+    acc_cols = {
+        ds: _bold_best([(get(ds, r) or {}).get("accuracy") for r, _ in T1_ROWS], lambda v: f"{100 * v:.2f}")
+        for ds in T1_DATASETS
+    }
+    elbo_cols = {
+        ds: _bold_best([(get(ds, r) or {}).get("elbo_per_datum") for r, _ in T1_ROWS], lambda v: f"{v:.3f}")
+        for ds in T1_DATASETS
+    }
     rows = []
     for i, (row, _) in enumerate(T1_ROWS):
-        rows.append([f"MLP + {row} rotation" if row != "none (η = 0)" else "MLP, no invariance (η = 0)",
-                     *(acc_cols[ds][i] for ds in T1_DATASETS), *(elbo_cols[ds][i] for ds in T1_DATASETS),
-                     *(_eta_deg(get(ds, row)) for ds in T1_DATASETS)])  # fmt: skip
+        rows.append(
+            [
+                f"MLP + {row} rotation" if row != "none (η = 0)" else "MLP, no invariance (η = 0)",
+                *(acc_cols[ds][i] for ds in T1_DATASETS),
+                *(elbo_cols[ds][i] for ds in T1_DATASETS),
+                *(_eta_deg(get(ds, row)) for ds in T1_DATASETS),
+            ]
+        )
     titles = [DATASET_TITLES[d] for d in T1_DATASETS]
     header = ["model", *(f"acc {t}" for t in titles), *(f"ELBO/N {t}" for t in titles), *(f"η° {t}" for t in titles)]
     out += [common.md_table(header, rows), ""]
-    out += ["Paper (MNIST, full size: H=1024, S=32, 60k training images), Table 1 — for reference only; "
-            "a different dataset (MNIST, not Fashion-MNIST) and a different size:", ""]  # fmt: skip
+    out += [
+        "Paper (MNIST, full size: H=1024, S=32, 60k training images), Table 1 — for reference only; "
+        "a different dataset (MNIST, not Fashion-MNIST) and a different size:",
+        "",
+    ]
     prow = [[f"MLP + {r} rotation", *(f"{v:.2f}" for v in vals)] for r, vals in PAPER_T1.items()]
     out += [common.md_table(["model", *(f"acc {t}" for t in titles), *(f"ELBO {t}" for t in titles)], prow), ""]
     # verdicts
@@ -262,26 +358,52 @@ def render_table2(results: dict[str, Any]) -> list[str]:
         return results.get(_key("2", ds, row))
 
     titles = [DATASET_TITLES[d] for d in T2_DATASETS]
-    out = ["## Table 2: ReLU network (W1 learned), learned invariances", "",
-           "Ours: test accuracy (%) on Fashion-MNIST at the reduced size above (bold = best in the column).", ""]  # fmt: skip
-    cols = {ds: _bold_best([(get(ds, r) or {}).get("accuracy") for r, _ in T2_ROWS], lambda v: f"{100 * v:.2f}")
-            for ds in T2_DATASETS}  # fmt: skip
+    out = [
+        "## Table 2: ReLU network (W1 learned), learned invariances",
+        "",
+        "Ours: test accuracy (%) on Fashion-MNIST at the reduced size above (bold = best in the column).",
+        "",
+    ]
+    cols = {
+        ds: _bold_best([(get(ds, r) or {}).get("accuracy") for r, _ in T2_ROWS], lambda v: f"{100 * v:.2f}")
+        for ds in T2_DATASETS
+    }
     rows = [[row, *(cols[ds][i] for ds in T2_DATASETS)] for i, (row, _) in enumerate(T2_ROWS)]
     out += [common.md_table(["model", *titles], rows), ""]
     out += ["ELBO per training datum (bold = best in the column):", ""]
-    ecols = {ds: _bold_best([(get(ds, r) or {}).get("elbo_per_datum") for r, _ in T2_ROWS], lambda v: f"{v:.3f}")
-             for ds in T2_DATASETS}  # fmt: skip
-    out += [common.md_table(["model", *titles], [[row, *(ecols[ds][i] for ds in T2_DATASETS)]
-                                                 for i, (row, _) in enumerate(T2_ROWS)]), ""]  # fmt: skip
-    out += ["Learned η (rotation ±degrees, translation ±pixels on 28 px, scale as the factor range e^{∓η}; "
-            "the data were made with rotation ±180° / ±90°, shifts ±7.7 px, scale ×0.5…×2):", ""]  # fmt: skip
-    out += [common.md_table(["model", *titles], [[row, *(_eta_short(get(ds, row)) for ds in T2_DATASETS)]
-                                                 for row, sym in T2_ROWS if sym != "none"],
-                            align=["l"] * (len(titles) + 1)), ""]  # fmt: skip
-    out += ["Paper (MNIST, full size: H=1024, S=32, 60k training images), Table 2 test accuracy — for reference "
-            "only; a different dataset (MNIST, not Fashion-MNIST), no partially rotated column, and an SGPR row "
-            "we do not run:", ""]  # fmt: skip
-    out += [common.md_table(["model", *titles[:4]], [[r, *(f"{v:.2f}" for v in vals)] for r, vals in PAPER_T2.items()]), ""]
+    ecols = {
+        ds: _bold_best([(get(ds, r) or {}).get("elbo_per_datum") for r, _ in T2_ROWS], lambda v: f"{v:.3f}")
+        for ds in T2_DATASETS
+    }
+    out += [
+        common.md_table(
+            ["model", *titles], [[row, *(ecols[ds][i] for ds in T2_DATASETS)] for i, (row, _) in enumerate(T2_ROWS)]
+        ),
+        "",
+    ]
+    out += [
+        "Learned η (rotation ±degrees, translation ±pixels on 28 px, scale as the factor range e^{∓η}; "
+        "the data were made with rotation ±180° / ±90°, shifts ±7.7 px, scale ×0.5…×2):",
+        "",
+    ]
+    out += [
+        common.md_table(
+            ["model", *titles],
+            [[row, *(_eta_short(get(ds, row)) for ds in T2_DATASETS)] for row, sym in T2_ROWS if sym != "none"],
+            align=["l"] * (len(titles) + 1),
+        ),
+        "",
+    ]
+    out += [
+        "Paper (MNIST, full size: H=1024, S=32, 60k training images), Table 2 test accuracy — for reference "
+        "only; a different dataset (MNIST, not Fashion-MNIST), no partially rotated column, and an SGPR row "
+        "we do not run:",
+        "",
+    ]
+    out += [
+        common.md_table(["model", *titles[:4]], [[r, *(f"{v:.2f}" for v in vals)] for r, vals in PAPER_T2.items()]),
+        "",
+    ]
     out += ["Which invariance wins (automatic read-out of the accuracy table):", ""]
     for ds in T2_DATASETS:
         done = [(r, get(ds, r)) for r, _ in T2_ROWS if get(ds, r) is not None]
@@ -295,9 +417,10 @@ def render_table2(results: dict[str, Any]) -> list[str]:
         if want is not None:
             wa = get(ds, want)["accuracy"]
             line += f"; the matching invariance ({want}) reaches {100 * wa:.2f}%" + (
-                " — it is the best single invariance" if wa >= max(get(ds, r)["accuracy"] for r, s in T2_ROWS
-                                                                  if s not in ("none", "affine")) else
-                " — NOT the best single invariance")  # fmt: skip
+                " — it is the best single invariance"
+                if wa >= max(get(ds, r)["accuracy"] for r, s in T2_ROWS if s not in ("none", "affine"))
+                else " — NOT the best single invariance"
+            )
         aff = get(ds, "MLP + affine")["accuracy"]
         line += f"; affine {100 * aff:.2f}%."
         out.append(line)
@@ -306,8 +429,11 @@ def render_table2(results: dict[str, Any]) -> list[str]:
 
 
 #: Table 1: the fixed rows whose amount of invariance fits each dataset (fully ±180°, partially ±90°, regular: small)
-T1_RIGHT = {"rotated": ("fixed 175°",), "partially-rotated": ("fixed 90°",),
-            "regular": ("none (η = 0)", "fixed 5°", "fixed 45°")}  # fmt: skip
+T1_RIGHT = {
+    "rotated": ("fixed 175°",),
+    "partially-rotated": ("fixed 90°",),
+    "regular": ("none (η = 0)", "fixed 5°", "fixed 45°"),
+}
 
 
 def verdict(results: dict[str, Any], tables: list[str], seed: int) -> str:
@@ -327,25 +453,33 @@ def verdict(results: dict[str, Any], tables: list[str], seed: int) -> str:
         elbo = {r: f["elbo_per_datum"] for r, f in fits.items() if r != "learned"}
         best = max(elbo, key=elbo.get)
         check(f"Table 1, {DATASET_TITLES[ds]}: best fixed ELBO/N at a fitting amount ({best})", best in T1_RIGHT[ds])
-        check(f"Table 1, {DATASET_TITLES[ds]}: learned η's ELBO/N within 0.01 of the best fixed "
-              f"({fits['learned']['elbo_per_datum']:.3f} vs {elbo[best]:.3f})",
-              fits["learned"]["elbo_per_datum"] >= elbo[best] - 0.01)  # fmt: skip
+        check(
+            f"Table 1, {DATASET_TITLES[ds]}: learned η's ELBO/N within 0.01 of the best fixed "
+            f"({fits['learned']['elbo_per_datum']:.3f} vs {elbo[best]:.3f})",
+            fits["learned"]["elbo_per_datum"] >= elbo[best] - 0.01,
+        )
     for ds in T2_DATASETS[:4] if "2" in tables else ():
         acc = {r: (results.get(_key("2", ds, r)) or {}).get("accuracy") for r, _ in T2_ROWS}
         if None in acc.values():
             continue
         worst = min((r for r in acc if r != "MLP"), key=acc.get)
-        check(f"Table 2, {DATASET_TITLES[ds]}: every learned invariance above the plain MLP (lowest {worst} "
-              f"{100 * acc[worst]:.2f} vs {100 * acc['MLP']:.2f})", acc[worst] > acc["MLP"])  # fmt: skip
+        check(
+            f"Table 2, {DATASET_TITLES[ds]}: every learned invariance above the plain MLP (lowest {worst} "
+            f"{100 * acc[worst]:.2f} vs {100 * acc['MLP']:.2f})",
+            acc[worst] > acc["MLP"],
+        )
         if MATCHING[ds] is not None:
             single = max((r for r, sym in T2_ROWS if sym not in ("none", "affine")), key=acc.get)
-            check(f"Table 2, {DATASET_TITLES[ds]}: the matching invariance is the best single one ({single})",
-                  single == MATCHING[ds])
+            check(
+                f"Table 2, {DATASET_TITLES[ds]}: the matching invariance is the best single one ({single})",
+                single == MATCHING[ds],
+            )
         best = max(acc, key=acc.get)
         check(f"Table 2, {DATASET_TITLES[ds]}: affine is the best row ({best})", best == "MLP + affine")
     word = common.verdict_of(checks) if checks else "not run"
-    lines.append("- Fashion-MNIST at a reduced size, against the paper's MNIST tables: the claims are compared, "
-                 "not the numbers.")
+    lines.append(
+        "- Fashion-MNIST at a reduced size, against the paper's MNIST tables: the claims are compared, not the numbers."
+    )
     return common.verdict_section(word, f"seed {seed} only; {sum(checks)} of {len(checks)} checks hold", lines)
 
 
@@ -362,56 +496,114 @@ def render_eta_paths(results: dict[str, Any]) -> list[str]:
             rows.append([table, ds, row, name, *(fmt(v) for v in picks)])
     if not rows:
         return []
-    return ["## η during training", "",
-            "η after the first step and at 25 / 50 / 75 / 100% of the SVI steps of every fit that learns η (rotation in degrees, other "
-            "generators as raw η: translation in half-sides, scale and shear as log-scale). The cosine schedule takes "
-            "η's learning rate to 0 at the end, so a value still climbing at 75% was stopped by the schedule, not "
-            "converged.", "",
-            common.md_table(["table", "dataset", "model", "generator", "step 1", "25%", "50%", "75%", "100%"], rows,
-                            align=["l", "l", "l", "l"] + ["r"] * 5), ""]  # fmt: skip
+    return [
+        "## η during training",
+        "",
+        "η after the first step and at 25 / 50 / 75 / 100% of the SVI steps of every fit that learns η (rotation in degrees, other "
+        "generators as raw η: translation in half-sides, scale and shear as log-scale). The cosine schedule takes "
+        "η's learning rate to 0 at the end, so a value still climbing at 75% was stopped by the schedule, not "
+        "converged.",
+        "",
+        common.md_table(
+            ["table", "dataset", "model", "generator", "step 1", "25%", "50%", "75%", "100%"],
+            rows,
+            align=["l", "l", "l", "l"] + ["r"] * 5,
+        ),
+        "",
+    ]
 
 
-def render(info: dict[str, Any], settings: dict[str, Any], results: dict[str, Any], timing: dict[str, Any],
-           preset: str, tables: list[str], command: str) -> str:  # fmt: skip
+def render(
+    info: dict[str, Any],
+    settings: dict[str, Any],
+    results: dict[str, Any],
+    timing: dict[str, Any],
+    preset: str,
+    tables: list[str],
+    command: str,
+) -> str:
     label = {"quick": " (quick smoke-test size)", "reduced": " (reduced size)", "paper": " (paper size)"}[preset]
     intro = (
         "Paper 003 (van der Ouderaa & van der Wilk, *Learning Invariant Weights in Neural Networks*, UAI 2022), "
         "Tables 1 and 2, re-run with `pyro_invariance` on **Fashion-MNIST** (the paper's tables are on "
         "**MNIST**; the paper's numbers are quoted below each of our tables for reference only, not as a "
         "target to match). "
-        + ("This is a REDUCED size (fewer hidden units, transform samples, training images and steps than the "
-           "paper's H=1024, S=32, 60k images, many epochs) so that both tables take about half an hour of CPU "
-           "time on one thread (measured beforehand: ≈0.05–0.1 s of CPU per SVI step with S transforms, ≈0.03 s "
-           "without); `--paper-size` gives the paper's size. " if preset == "reduced" else "")
+        + (
+            "This is a REDUCED size (fewer hidden units, transform samples, training images and steps than the "
+            "paper's H=1024, S=32, 60k images, many epochs) so that both tables take about half an hour of CPU "
+            "time on one thread (measured beforehand: ≈0.05–0.1 s of CPU per SVI step with S transforms, ≈0.03 s "
+            "without); `--paper-size` gives the paper's size. "
+            if preset == "reduced"
+            else ""
+        )
         + ("This is the QUICK smoke-test size: the numbers mean nothing. " if preset == "quick" else "")
         + "ELBO/N is per training datum with N = the training size used; with fewer training images the "
         "KL term weighs more per datum, so our ELBO/N is not comparable to the paper's in absolute value — "
         "compare rows within a column."
     )
-    out = [common.header_markdown("Invariant MLP, paper 003 Tables 1–2 on Fashion-MNIST" + label, info, settings,
-                                  command, intro)]  # fmt: skip
+    out = [
+        common.header_markdown(
+            "Invariant MLP, paper 003 Tables 1–2 on Fashion-MNIST" + label, info, settings, command, intro
+        )
+    ]
     n_done = sum(1 for k in results if k.split("|")[0][-1] in [t for t in tables])
-    out.append(f"Fits finished: {n_done} of {timing['planned']}; fitting {timing['fit_seconds']:.0f} s, "
-               f"evaluation {timing['eval_seconds']:.0f} s, wall {timing['wall_seconds']:.0f} s in all, of which "
-               f"{timing['cpu_seconds']:.0f} s of CPU time for this process (the rest is waiting for a core "
-               f"on the shared machine; + {timing['reused']} fits reused from an earlier run).\n")  # fmt: skip
+    out.append(
+        f"Fits finished: {n_done} of {timing['planned']}; fitting {timing['fit_seconds']:.0f} s, "
+        f"evaluation {timing['eval_seconds']:.0f} s, wall {timing['wall_seconds']:.0f} s in all, of which "
+        f"{timing['cpu_seconds']:.0f} s of CPU time for this process (the rest is waiting for a core "
+        f"on the shared machine; + {timing['reused']} fits reused from an earlier run).\n"
+    )
     if "1" in tables:
         out += render_table1(results)
     if "2" in tables:
         out += render_table2(results)
     out += render_eta_paths(results)
-    out += ["## Per fit", "", "Seconds of each fit call (wall and this process's CPU time, set-up included), wall ms per SVI step "
-            "(loop only), evaluation seconds; the final "
-            "minibatch ELBO/N (mean of the last 10% of steps) beside the ELBO/N estimate at the final parameters.", ""]  # fmt: skip
+    out += [
+        "## Per fit",
+        "",
+        "Seconds of each fit call (wall and this process's CPU time, set-up included), wall ms per SVI step "
+        "(loop only), evaluation seconds; the final "
+        "minibatch ELBO/N (mean of the last 10% of steps) beside the ELBO/N estimate at the final parameters.",
+        "",
+    ]
     rows = []
     for key, r in results.items():
         table, ds, row = key.split("|")
-        rows.append([table, ds, row, f"{r['fit_seconds']:.1f}", f"{r.get('fit_cpu_seconds', float('nan')):.1f}",
-                     f"{1e3 * r['seconds_per_step']:.1f}", f"{r['eval_seconds']:.1f}", f"{r['train_elbo_last10pct']:.3f}", f"{r['elbo_per_datum']:.3f}",
-                     f"{100 * r['accuracy']:.2f}", f"{r['nll']:.3f}"])  # fmt: skip
-    out += [common.md_table(["table", "dataset", "row", "fit s (wall)", "fit s (CPU)", "ms/step (wall)", "eval s",
-                             "train ELBO/N (last 10%)", "ELBO/N", "acc %", "test NLL"], rows,
-                            align=["l", "l", "l"] + ["r"] * 8), ""]  # fmt: skip
+        rows.append(
+            [
+                table,
+                ds,
+                row,
+                f"{r['fit_seconds']:.1f}",
+                f"{r.get('fit_cpu_seconds', float('nan')):.1f}",
+                f"{1e3 * r['seconds_per_step']:.1f}",
+                f"{r['eval_seconds']:.1f}",
+                f"{r['train_elbo_last10pct']:.3f}",
+                f"{r['elbo_per_datum']:.3f}",
+                f"{100 * r['accuracy']:.2f}",
+                f"{r['nll']:.3f}",
+            ]
+        )
+    out += [
+        common.md_table(
+            [
+                "table",
+                "dataset",
+                "row",
+                "fit s (wall)",
+                "fit s (CPU)",
+                "ms/step (wall)",
+                "eval s",
+                "train ELBO/N (last 10%)",
+                "ELBO/N",
+                "acc %",
+                "test NLL",
+            ],
+            rows,
+            align=["l", "l", "l"] + ["r"] * 8,
+        ),
+        "",
+    ]
     if preset == "quick":
         return "\n".join([*out, common.verdict_section("not run", "quick smoke-test size: its numbers test nothing")])
     return "\n".join([*out, verdict(results, tables, settings.get("seed", 0))])
@@ -420,20 +612,38 @@ def render(info: dict[str, Any], settings: dict[str, Any], results: dict[str, An
 # --------------------------------------------------------------------------------------------
 @pyro_invariance.pyro_scope()  # module-local params for the script's own loops
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="tiny smoke-test size (~1–2 min)")
     size.add_argument("--paper-size", action="store_true", help="paper 003's size: H=1024, S=32, full data (slow)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--tables", default="1,2", help="which tables: 1, 2 or 1,2 (default)")
-    for name in ("train-size", "test-size", "hidden", "samples", "batch-size", "steps", "eval-samples", "elbo-particles"):
+    for name in (
+        "train-size",
+        "test-size",
+        "hidden",
+        "samples",
+        "batch-size",
+        "steps",
+        "eval-samples",
+        "elbo-particles",
+    ):
         parser.add_argument(f"--{name}", type=int, default=None, help=f"override the preset's {name.replace('-', '_')}")
     parser.add_argument("--seed", type=int, default=0, help="seed of every fit (default 0)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    parser.add_argument("--data-dir", default=None, help="Fashion-MNIST IDX folder (default /usr/share/datasets/fashion-mnist)")
-    parser.add_argument("--resume", action="store_true", help="reuse finished fits with identical settings from the JSON")
-    parser.add_argument("--render-only", action="store_true",
-                        help="rewrite the markdown from the existing JSON (no fitting; machine, settings, command kept)")
+    parser.add_argument(
+        "--data-dir", default=None, help="Fashion-MNIST IDX folder (default /usr/share/datasets/fashion-mnist)"
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="reuse finished fits with identical settings from the JSON"
+    )
+    parser.add_argument(
+        "--render-only",
+        action="store_true",
+        help="rewrite the markdown from the existing JSON (no fitting; machine, settings, command kept)",
+    )
     parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
     args = parser.parse_args(argv)
 
@@ -447,7 +657,11 @@ def main(argv: list[str] | None = None) -> int:
     tables = [t.strip() for t in args.tables.split(",") if t.strip()]
     if not set(tables) <= {"1", "2"} or not tables:
         parser.error("--tables takes 1, 2 or 1,2")
-    stem = {"quick": "invariant_mlp_tables_quick", "reduced": "invariant_mlp_tables", "paper": "invariant_mlp_tables_paper"}[preset]
+    stem = {
+        "quick": "invariant_mlp_tables_quick",
+        "reduced": "invariant_mlp_tables",
+        "paper": "invariant_mlp_tables_paper",
+    }[preset]
     if tables != ["1", "2"]:
         stem += "_table" + "".join(tables)
     json_path = args.out_dir / f"{stem}.json"
@@ -464,19 +678,27 @@ def main(argv: list[str] | None = None) -> int:
         "size preset": preset,
         "training images (first n of the 60k)": size["train_size"] or "all (60000)",
         "test images (first n of the 10k)": size["test_size"] or "all (10000)",
-        "hidden units H": size["hidden"], "transform samples S": size["samples"], "batch size": size["batch_size"],
+        "hidden units H": size["hidden"],
+        "transform samples S": size["samples"],
+        "batch size": size["batch_size"],
         "SVI steps per fit": size["steps"],
         "epochs per fit": round(size["steps"] * size["batch_size"] / (size["train_size"] or 60000), 1),
-        "guide": "block-cholesky (W2), mean-field (b2, σ_p)", "prior": "hierarchical (σ_p ~ LogNormal(0, 1))",
+        "guide": "block-cholesky (W2), mean-field (b2, σ_p)",
+        "prior": "hierarchical (σ_p ~ LogNormal(0, 1))",
         "fit": "pyro_invariance.fit defaults: Adam lr 0.05, eta_lr 0.1, factor_lr 1e-3, cosine to 0, "
-               "TraceMeanField_ELBO 1 particle; ReLU: model_lr 3e-4",
-        "RFF lengthscale": "default √D/8 = 3.5", "learned η init": "0.1 per generator",
+        "TraceMeanField_ELBO 1 particle; ReLU: model_lr 3e-4",
+        "RFF lengthscale": "default √D/8 = 3.5",
+        "learned η init": "0.1 per generator",
         "Table 1 η = 0 row": "symmetry='none' (identical to η = 0, without the S identity warps)",
         "evaluation": f"{size['eval_samples']} guide draws for test accuracy/NLL; ELBO/N on the training split, "
-                      f"{size['elbo_particles']} draw(s) per chunk of 1000 rows",
-        "seed": args.seed, "feature seed": 0, "device": args.device, "threads": args.threads,
-        "data": f"{BASE} IDX files" + (f" in {args.data_dir}" if args.data_dir else " in /usr/share/datasets/fashion-mnist"),
-    }  # fmt: skip
+        f"{size['elbo_particles']} draw(s) per chunk of 1000 rows",
+        "seed": args.seed,
+        "feature seed": 0,
+        "device": args.device,
+        "threads": args.threads,
+        "data": f"{BASE} IDX files"
+        + (f" in {args.data_dir}" if args.data_dir else " in /usr/share/datasets/fashion-mnist"),
+    }
 
     plan: list[tuple[str, str, str]] = []  # (table, dataset, row), grouped by dataset (each loaded once)
     for ds in ("rotated", "partially-rotated", "regular", "translated", "scaled"):
@@ -490,19 +712,33 @@ def main(argv: list[str] | None = None) -> int:
         previous = json.loads(json_path.read_text()).get("fits", {})
     results: dict[str, Any] = {}
     specs: dict[str, Any] = {}
-    timing = {"planned": len(plan), "fit_seconds": 0.0, "eval_seconds": 0.0, "wall_seconds": 0.0, "reused": 0,
-              "cpu_seconds": 0.0}
-    common.log(f"{preset} size {size}; {len(plan)} fits; {info['cpu']}, torch {info['torch']}, "
-               f"{info['torch_threads']} thread(s); writing {json_path.with_suffix('.md')}")  # fmt: skip
+    timing = {
+        "planned": len(plan),
+        "fit_seconds": 0.0,
+        "eval_seconds": 0.0,
+        "wall_seconds": 0.0,
+        "reused": 0,
+        "cpu_seconds": 0.0,
+    }
+    common.log(
+        f"{preset} size {size}; {len(plan)} fits; {info['cpu']}, torch {info['torch']}, "
+        f"{info['torch_threads']} thread(s); writing {json_path.with_suffix('.md')}"
+    )
     wall0 = time.perf_counter()
     data, loaded = None, None
 
     def save() -> None:
         timing["wall_seconds"] = time.perf_counter() - wall0
         md = render(info, settings, results, timing, preset, tables, common.command_line())
-        payload = {"machine": info, "settings": settings, "size": size, "command": common.command_line(),
-                   "timing": timing, "complete": len(results) == len(plan),
-                   "fits": {k: {"spec": specs[k], **results[k]} for k in results}}  # fmt: skip
+        payload = {
+            "machine": info,
+            "settings": settings,
+            "size": size,
+            "command": common.command_line(),
+            "timing": timing,
+            "complete": len(results) == len(plan),
+            "fits": {k: {"spec": specs[k], **results[k]} for k in results},
+        }
         common.write_results(stem, md, payload, args.out_dir)
 
     for i, (table, ds, row) in enumerate(plan, 1):
@@ -516,8 +752,12 @@ def main(argv: list[str] | None = None) -> int:
             common.log(f"[{i}/{len(plan)}] table {table} {ds} {row}: reused")
             continue
         if loaded != ds:
-            data = load_dataset(dataset_name(BASE, ds), train_size=size["train_size"], test_size=size["test_size"],
-                                data_dir=args.data_dir)  # fmt: skip
+            data = load_dataset(
+                dataset_name(BASE, ds),
+                train_size=size["train_size"],
+                test_size=size["test_size"],
+                data_dir=args.data_dir,
+            )
             loaded = ds
         res = run_fit(spec, data, args.device)
         results[key] = res
@@ -525,10 +765,12 @@ def main(argv: list[str] | None = None) -> int:
         timing["eval_seconds"] += res["eval_seconds"]
         timing["cpu_seconds"] += res["fit_cpu_seconds"] + res["eval_cpu_seconds"]
         eta = f"η {_eta_short(res)}" if res["eta"] else "η –"
-        common.log(f"[{i}/{len(plan)}] table {table} {ds:17s} {row:18s} fit {res['fit_seconds']:6.1f} s "
-                   f"(CPU {res['fit_cpu_seconds']:.1f} s) "
-                   f"({1e3 * res['seconds_per_step']:.0f} ms/step) eval {res['eval_seconds']:4.1f} s | "
-                   f"acc {100 * res['accuracy']:.2f}% ELBO/N {res['elbo_per_datum']:.3f} {eta}")  # fmt: skip
+        common.log(
+            f"[{i}/{len(plan)}] table {table} {ds:17s} {row:18s} fit {res['fit_seconds']:6.1f} s "
+            f"(CPU {res['fit_cpu_seconds']:.1f} s) "
+            f"({1e3 * res['seconds_per_step']:.0f} ms/step) eval {res['eval_seconds']:4.1f} s | "
+            f"acc {100 * res['accuracy']:.2f}% ELBO/N {res['elbo_per_datum']:.3f} {eta}"
+        )
         save()
     save()
     common.log(f"done in {time.perf_counter() - wall0:.0f} s; wrote {json_path.with_suffix('.md')}")

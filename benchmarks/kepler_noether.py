@@ -40,7 +40,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common  # noqa: E402
-
 import pyro  # noqa: E402
 
 from pyro_invariance import fit, guides, load_dataset  # noqa: E402
@@ -70,9 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None, help="output folder (default benchmarks/results)")
-    parser.add_argument("--recipe", choices=("cold", "warm"), default="cold",
-                        help="cold: both rows from their own initialisation; warm: the 3-body recipe's warm start "
-                             "(a warm-up HNN trained --steps steps, both rows started from it, then --steps more)")
+    parser.add_argument(
+        "--recipe",
+        choices=("cold", "warm"),
+        default="cold",
+        help="cold: both rows from their own initialisation; warm: the 3-body recipe's warm start "
+        "(a warm-up HNN trained --steps steps, both rows started from it, then --steps more)",
+    )
     args = parser.parse_args(argv)
     stem = "kepler_noether" if args.recipe == "cold" else "kepler_noether_warm"
     _common.set_threads(args.threads)
@@ -86,8 +89,15 @@ def main(argv: list[str] | None = None) -> int:
             pyro.clear_param_store()
             pyro.set_rng_seed(seed + 1000)
             model = SymmetrisedHNN(4, dt=data.dt, init_seed=seed, symmetry="none", **MODEL)
-            warm = fit(model, guides.get("matrix-normal", model, init_scale=0.01), data, steps=args.steps,
-                       progress=False, seed=seed + 1000, **FIT)
+            warm = fit(
+                model,
+                guides.get("matrix-normal", model, init_scale=0.01),
+                data,
+                steps=args.steps,
+                progress=False,
+                seed=seed + 1000,
+                **FIT,
+            )
         for label, extra in (("HNN", {"symmetry": "none"}), ("learned non-quadratic", NEURAL)):
             pyro.clear_param_store()
             pyro.set_rng_seed(seed)
@@ -117,27 +127,44 @@ def main(argv: list[str] | None = None) -> int:
                 if level_fig is None:
                     level_fig = plot_level_sets(learned, kepler_conserved, states[0])
             rows.append(row)
-            _common.log(f"seed {seed} {label}: −ELBO/N {cols['neg_elbo']:.3f}, test MSE {cols['test_mse']:.5f}, "
-                        f"moved {cols['moved_mse']:.5f}, {seconds / args.steps:.2f} s/step"
-                        + (f", angles {row['angles']}" if start is not None else ""))  # fmt: skip
+            _common.log(
+                f"seed {seed} {label}: −ELBO/N {cols['neg_elbo']:.3f}, test MSE {cols['test_mse']:.5f}, "
+                f"moved {cols['moved_mse']:.5f}, {seconds / args.steps:.2f} s/step"
+                + (f", angles {row['angles']}" if start is not None else "")
+            )
 
     def sel(label: str, key: str) -> list[float]:
         return [float(r[key]) for r in rows if r["model"] == label]
 
-    table = [[label, _fmt(sel(label, "neg_elbo"), 3), _fmt(sel(label, "train_mse"), 5), _fmt(sel(label, "test_mse"), 5),
-              _fmt(sel(label, "wider_mse"), 5), _fmt(sel(label, "moved_mse"), 5), _fmt(sel(label, "s_per_step"), 3)]
-             for label in ("HNN", "learned non-quadratic")]  # fmt: skip
+    table = [
+        [
+            label,
+            _fmt(sel(label, "neg_elbo"), 3),
+            _fmt(sel(label, "train_mse"), 5),
+            _fmt(sel(label, "test_mse"), 5),
+            _fmt(sel(label, "wider_mse"), 5),
+            _fmt(sel(label, "moved_mse"), 5),
+            _fmt(sel(label, "s_per_step"), 3),
+        ]
+        for label in ("HNN", "learned non-quadratic")
+    ]
     learned_rows = [r for r in rows if r["model"] != "HNN"]
     hnn = {r["seed"]: r for r in rows if r["model"] == "HNN"}
     per_seed = []
     for r in learned_rows:
         h = hnn[r["seed"]]
-        per_seed.append([r["seed"], f"{h['neg_elbo']:.3f} / {r['neg_elbo']:.3f}", f"{h['test_mse']:.5f} / {r['test_mse']:.5f}",
-                         "yes" if r["neg_elbo"] < h["neg_elbo"] and r["test_mse"] < h["test_mse"] else "no",
-                         ", ".join(f"{k} {r['angles'][k]:.1f}° (start {r['angles_at_start'][k]:.1f}°)" for k in ("H", *KNOWN)),
-                         ", ".join(f"{c:.3f}" for c in r["conservation"]),
-                         ", ".join(f"C{k}≈{n} ({cos:.2f})" for k, (n, cos) in enumerate(r["match"])),
-                         "yes" if r["span_ok"] else "no"])  # fmt: skip
+        per_seed.append(
+            [
+                r["seed"],
+                f"{h['neg_elbo']:.3f} / {r['neg_elbo']:.3f}",
+                f"{h['test_mse']:.5f} / {r['test_mse']:.5f}",
+                "yes" if r["neg_elbo"] < h["neg_elbo"] and r["test_mse"] < h["test_mse"] else "no",
+                ", ".join(f"{k} {r['angles'][k]:.1f}° (start {r['angles_at_start'][k]:.1f}°)" for k in ("H", *KNOWN)),
+                ", ".join(f"{c:.3f}" for c in r["conservation"]),
+                ", ".join(f"C{k}≈{n} ({cos:.2f})" for k, (n, cos) in enumerate(r["match"])),
+                "yes" if r["span_ok"] else "no",
+            ]
+        )
     beats = sum(row[3] == "yes" for row in per_seed)
     spans = sum(row[-1] == "yes" for row in per_seed)
     verdict = [
@@ -146,20 +173,44 @@ def main(argv: list[str] | None = None) -> int:
         "- The angles of the untrained C (random start) are the baseline: a random 3-dimensional span in R⁴ is "
         "already close to any given direction, so the conservation column (|{C_k, H}|, 0 = conserved) says more.",
     ]
-    settings = {"data": f"kepler, {TRAIN_TRAJECTORIES}×20 training pairs, test/wider/moved 50×20, dt 0.5, noise 1e-3",
-                "model": MODEL, "learned": NEURAL, "guide": "matrix-normal, init scale 0.01", "fit": FIT,
-                "steps": args.steps, "seeds": args.seeds,
-                "recipe": "cold start" if warm is None else f"warm start: both rows from a plain HNN trained {args.steps} steps "
-                          "(guide means, biases; guide scales at 0.01, C at its own start), then trained the steps above"}  # fmt: skip
-    md = _common.header_markdown("Noether's razor on the Kepler problem: learned non-quadratic conserved quantities"
-                                 + ("" if warm is None else " (warm start)"),
-                                 _common.machine_info(), settings, _common.command_line(), __doc__.split("\n\n")[1])  # fmt: skip
-    md += "\n" + _common.md_table(["model", "−ELBO/N", "train MSE", "test MSE", "wider MSE", "moved MSE (unseen ω)",
-                                   "s/step"], table)  # fmt: skip
+    settings = {
+        "data": f"kepler, {TRAIN_TRAJECTORIES}×20 training pairs, test/wider/moved 50×20, dt 0.5, noise 1e-3",
+        "model": MODEL,
+        "learned": NEURAL,
+        "guide": "matrix-normal, init scale 0.01",
+        "fit": FIT,
+        "steps": args.steps,
+        "seeds": args.seeds,
+        "recipe": "cold start"
+        if warm is None
+        else f"warm start: both rows from a plain HNN trained {args.steps} steps "
+        "(guide means, biases; guide scales at 0.01, C at its own start), then trained the steps above",
+    }
+    md = _common.header_markdown(
+        "Noether's razor on the Kepler problem: learned non-quadratic conserved quantities"
+        + ("" if warm is None else " (warm start)"),
+        _common.machine_info(),
+        settings,
+        _common.command_line(),
+        __doc__.split("\n\n")[1],
+    )
+    md += "\n" + _common.md_table(
+        ["model", "−ELBO/N", "train MSE", "test MSE", "wider MSE", "moved MSE (unseen ω)", "s/step"], table
+    )
     md += "\n\nPer seed (HNN / learned; angles: median over test states of the angle between the known "
     md += "quantity's gradient and the learned span):\n\n" + _common.md_table(
-        ["seed", "−ELBO/N", "test MSE", "learned better in both", "angles to the learned span",
-         "|{C_k, H}| normalised", "best match", f"L, A within {ANGLE_TOL:.0f}°"], per_seed)  # fmt: skip
+        [
+            "seed",
+            "−ELBO/N",
+            "test MSE",
+            "learned better in both",
+            "angles to the learned span",
+            "|{C_k, H}| normalised",
+            "best match",
+            f"L, A within {ANGLE_TOL:.0f}°",
+        ],
+        per_seed,
+    )
     out_dir = Path(args.out) if args.out else _common.RESULTS_DIR
     if level_fig is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -167,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         md += "\n\nLevel sets of the learned C_k (seed 0) beside H, L, A_x, A_y on the (q_x, q_y) slice through a "
         md += f"test state: `{stem}_levels.png`."
     word = _common.verdict_of([beats == len(per_seed), 3 * spans >= 2 * len(per_seed)])
-    verdict.append("- Kepler extends the talk's razor to non-quadratic quantities: the claim is this script's criteria.")
+    verdict.append(
+        "- Kepler extends the talk's razor to non-quadratic quantities: the claim is this script's criteria."
+    )
     md += "\n\n" + _common.verdict_section(word, f"{len(per_seed)} of 3 seeds", verdict)
     payload = {"settings": settings, "machine": _common.machine_info(), "rows": rows}
     _common.publish(stem, md, payload, out_dir)

@@ -62,8 +62,13 @@ VARIANTS = ("fc", "conv", "fc+conv")
 METHODS: dict[str, dict[str, Any] | None] = {
     "MAP": None,
     "Laplace diag (MacKay)": {"curvature": "diagonal", "delta_update": "mackay"},
-    "Laplace KFAC (gradient)": {"curvature": "kfac", "labels": "exact", "delta_update": "gradient",
-                                "delta_steps": 100, "delta_lr": 0.1},
+    "Laplace KFAC (gradient)": {
+        "curvature": "kfac",
+        "labels": "exact",
+        "delta_update": "gradient",
+        "delta_steps": 100,
+        "delta_lr": 0.1,
+    },
 }
 STARTS = ("equivariant", "prior")
 SEEDS = (0, 1, 2)
@@ -77,25 +82,43 @@ BATCH = 128
 EARLY_BLOCKS = (0, 1, 2, 3)
 
 
-def run_fit(variant: str, method: str, start: str, data: Any, sizes: dict[str, Any], seed: int,
-            device: str = "cpu") -> dict[str, Any]:  # fmt: skip
+def run_fit(
+    variant: str, method: str, start: str, data: Any, sizes: dict[str, Any], seed: int, device: str = "cpu"
+) -> dict[str, Any]:
     name = f"layerwise-{variant}"
     model = MODELS.get(name, **model_kwargs_for(name, data, alpha=sizes["alpha"], prior="fixed", start=start))
     delta0 = float(model.blocks[0].bias_precision)
     options = METHODS[method]
     t0 = time.perf_counter()
-    common_kw = dict(steps=sizes["steps"], batch_size=128, seed=seed, progress=False, lr=FIT_DEFAULTS["lr"], device=device)
+    common_kw = dict(
+        steps=sizes["steps"], batch_size=128, seed=seed, progress=False, lr=FIT_DEFAULTS["lr"], device=device
+    )
     if options is None:
         result = pyro_invariance.fit(model, "map", data, **common_kw)
     else:
-        result = fit_laplace(model, "map", data, every=sizes["laplace_every"], warmup=sizes["laplace_warmup"],
-                             ggn_batch_size=sizes["ggn_batch"], **options, **common_kw)  # fmt: skip
+        result = fit_laplace(
+            model,
+            "map",
+            data,
+            every=sizes["laplace_every"],
+            warmup=sizes["laplace_warmup"],
+            ggn_batch_size=sizes["ggn_batch"],
+            **options,
+            **common_kw,
+        )
     seconds = time.perf_counter() - t0
     metrics = pyro_invariance.evaluate(result, data, num_samples=1, num_particles=1, device=device)
-    out: dict[str, Any] = {"variant": variant, "method": method, "start": start, "seed": seed,
-                           "seconds": round(seconds, 1), "ms_per_step": round(1000 * seconds / sizes["steps"], 1),
-                           "accuracy": round(metrics["accuracy"], 4),
-                           "nll": round(metrics["nll"], 4), "delta_start": delta0}  # fmt: skip
+    out: dict[str, Any] = {
+        "variant": variant,
+        "method": method,
+        "start": start,
+        "seed": seed,
+        "seconds": round(seconds, 1),
+        "ms_per_step": round(1000 * seconds / sizes["steps"], 1),
+        "accuracy": round(metrics["accuracy"], 4),
+        "nll": round(metrics["nll"], 4),
+        "delta_start": delta0,
+    }
     if options is not None:
         out["log_evidence_per_datum"] = round(result.log_evidence / result.num_data, 4)
         reports = analyse_pathways(model, result.laplace)
@@ -111,8 +134,10 @@ def run_cell(key: tuple, args: argparse.Namespace, sizes: dict[str, Any]) -> dic
     variant, method, start, task, seed = key
     if task not in _DATA:
         _DATA[task] = tables.load("1", args.base, args.size, sizes, task, args.data_dir)
-    return {"key": f"{variant}|{method}|{start}|{task}|{seed}",
-            **run_fit(variant, method, start, _DATA[task], sizes, seed, args.device)}  # fmt: skip
+    return {
+        "key": f"{variant}|{method}|{start}|{task}|{seed}",
+        **run_fit(variant, method, start, _DATA[task], sizes, seed, args.device),
+    }
 
 
 def _mean_sd(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
@@ -120,14 +145,17 @@ def _mean_sd(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
         return "…"
     vals = [scale * v for v in values]
     sd = statistics.stdev(vals) if len(vals) > 1 else float("nan")
-    return f"{statistics.mean(vals):.{digits}f} ± {sd:.{digits}f}" + (f" ({len(vals)})" if len(vals) < len(SEEDS) else "")
+    return f"{statistics.mean(vals):.{digits}f} ± {sd:.{digits}f}" + (
+        f" ({len(vals)})" if len(vals) < len(SEEDS) else ""
+    )
 
 
 KFAC = "Laplace KFAC (gradient)"
 
 
-def _mean(rows: dict[str, Any], variant: str, method: str, start: str, task: int,
-          field: str = "accuracy") -> tuple[float | None, int]:  # fmt: skip
+def _mean(
+    rows: dict[str, Any], variant: str, method: str, start: str, task: int, field: str = "accuracy"
+) -> tuple[float | None, int]:
     """Mean of ``field`` over the finished seeds of one row, and how many seeds it has."""
     vals = [rows[k][field] for s in SEEDS if (k := f"{variant}|{method}|{start}|{task}|{s}") in rows]
     return (statistics.mean(vals), len(vals)) if vals else (None, 0)
@@ -160,8 +188,10 @@ def criteria(rows: dict[str, Any], variants: tuple[str, ...]) -> str:
         conv, fc = _mean(rows, "conv", method, STARTS[0], 10), _mean(rows, "fc", method, STARTS[0], 10)
         if conv[0] is not None and fc[0] is not None:
             holds = "holds" if conv[0] >= fc[0] else "**does not hold**"
-            premise.append(f"{method}: CONV {100 * conv[0]:.1f}{_seeds_note(conv[1])} vs FC {100 * fc[0]:.1f}"
-                           f"{_seeds_note(fc[1])} — {holds}")  # fmt: skip
+            premise.append(
+                f"{method}: CONV {100 * conv[0]:.1f}{_seeds_note(conv[1])} vs FC {100 * fc[0]:.1f}"
+                f"{_seeds_note(fc[1])} — {holds}"
+            )
     if premise:
         lines.append("- **The premise, CONV ≥ FC on the 10-class task** (mean accuracy): " + "; ".join(premise) + ".")
 
@@ -180,8 +210,10 @@ def criteria(rows: dict[str, Any], variants: tuple[str, ...]) -> str:
                     continue
                 a, r = 100 * acc[task][0], 100 * ref[0]
                 ok = a >= r - 2.0
-                parts.append(f"{task}-class accuracy {what}: {a:.1f}{_seeds_note(acc[task][1])} vs {r:.1f} "
-                             f"({ref[1]}{_seeds_note(ref[2])}) — {verdict(ok)}")  # fmt: skip
+                parts.append(
+                    f"{task}-class accuracy {what}: {a:.1f}{_seeds_note(acc[task][1])} vs {r:.1f} "
+                    f"({ref[1]}{_seeds_note(ref[2])}) — {verdict(ok)}"
+                )
             fits = [rows[k] for t in (10, 40) for s in SEEDS if (k := f"{variant}|{KFAC}|{start}|{t}|{s}") in rows]
             grew = sum(r["delta"][f"{b}.{OPEN[variant]}"] > r["delta_start"] for r in fits for b in EARLY_BLOCKS)
             total = len(fits) * len(EARLY_BLOCKS)
@@ -193,14 +225,22 @@ def criteria(rows: dict[str, Any], variants: tuple[str, ...]) -> str:
                     continue
                 ok = ev[task][0] > ref[0] if strict else ev[task][0] >= ref[0]
                 sign = ">" if strict else "≥"
-                parts.append(f"{task}-class log evidence/N {sign} {base.upper()}'s: "
-                             f"{ev[task][0]:.2f}{_seeds_note(ev[task][1])} "
-                             f"vs {ref[0]:.2f}{_seeds_note(ref[1])} — {verdict(ok)}")  # fmt: skip
+                parts.append(
+                    f"{task}-class log evidence/N {sign} {base.upper()}'s: "
+                    f"{ev[task][0]:.2f}{_seeds_note(ev[task][1])} "
+                    f"vs {ref[0]:.2f}{_seeds_note(ref[1])} — {verdict(ok)}"
+                )
             lines.append(f"- **{name}, {start} start** (KFAC-Laplace): " + "; ".join(parts) + ".")
     seeds = sorted({int(k.rsplit("|", 1)[1]) for k in rows})
     if checks:
-        lines += ["", common.verdict_section(common.verdict_of(checks), f"seeds {', '.join(map(str, seeds))}: "
-                                             f"{sum(checks)} of {len(checks)} criteria met, on means over the seeds")]
+        lines += [
+            "",
+            common.verdict_section(
+                common.verdict_of(checks),
+                f"seeds {', '.join(map(str, seeds))}: "
+                f"{sum(checks)} of {len(checks)} criteria met, on means over the seeds",
+            ),
+        ]
     else:
         lines += ["", common.verdict_section("not run", "no learned model in this run: the premise line only")]
     return "\n".join(lines)
@@ -224,7 +264,9 @@ def render(rows: dict[str, Any], variants: tuple[str, ...], header: str) -> str:
                     else:
                         cells.append("–")
                     if variant in OPEN and METHODS[method] is not None and rs:
-                        grew = [sum(r["delta"][f"{b}.{OPEN[variant]}"] > r["delta_start"] for b in EARLY_BLOCKS) for r in rs]
+                        grew = [
+                            sum(r["delta"][f"{b}.{OPEN[variant]}"] > r["delta_start"] for b in EARLY_BLOCKS) for r in rs
+                        ]
                         cells.append("/".join(str(g) for g in grew))
                     else:
                         cells.append("–")
@@ -245,9 +287,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stem", default="layerwise_kfac", help="results file name (without _quick / extension)")
     p.add_argument("--base", default="digits", help="quadrant base: digits (default) or fashion-mnist")
     p.add_argument("--size", type=int, default=None, help="canvas side length (default 16; 32 with --preset paper)")
-    p.add_argument("--preset", choices=("reduced", "paper"), default="reduced",
-                   help="reduced: Table 1's CPU size (α = 2); paper: α = 10, 60000 / 10000 images on a 32-px canvas, "
-                        "--epochs epochs with one Laplace update per epoch after the first (for a GPU: --device cuda)")
+    p.add_argument(
+        "--preset",
+        choices=("reduced", "paper"),
+        default="reduced",
+        help="reduced: Table 1's CPU size (α = 2); paper: α = 10, 60000 / 10000 images on a 32-px canvas, "
+        "--epochs epochs with one Laplace update per epoch after the first (for a GPU: --device cuda)",
+    )
     p.add_argument("--epochs", type=int, default=None, help=f"with --preset paper: epochs (default {PAPER_EPOCHS})")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--data-dir", default=None, help="folder of the base's files (default: the dataset's own default)")
@@ -268,8 +314,9 @@ def main(argv: list[str] | None = None) -> None:
     common.set_threads(args.threads)
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    baseline_methods = methods if args.baseline_methods is None else [
-        m.strip() for m in args.baseline_methods.split(",") if m.strip()]
+    baseline_methods = (
+        methods if args.baseline_methods is None else [m.strip() for m in args.baseline_methods.split(",") if m.strip()]
+    )
     unknown = [m for m in methods + baseline_methods if m not in METHODS]
     if unknown:
         p.error(f"unknown methods {unknown}; use {list(METHODS)}")
@@ -281,15 +328,23 @@ def main(argv: list[str] | None = None) -> None:
         if args.quick:
             p.error("--quick and --preset paper are two different sizes: pick one")
         per_epoch = -(-PAPER["train_size"] // BATCH)
-        sizes.update(PAPER, steps=(args.epochs or PAPER_EPOCHS) * per_epoch, laplace_every=per_epoch,
-                     laplace_warmup=per_epoch)  # fmt: skip
+        sizes.update(
+            PAPER, steps=(args.epochs or PAPER_EPOCHS) * per_epoch, laplace_every=per_epoch, laplace_warmup=per_epoch
+        )
     if args.size is None:
         args.size = 32 if args.preset == "paper" else 16
     for key in ("steps", "alpha", "laplace_every", "laplace_warmup"):
         if getattr(args, key) is not None:
             sizes[key] = getattr(args, key)
-    settings = {**sizes, "base": args.base, "size": args.size, "batch_size": 128, "threads": args.threads,
-                "methods": {m: METHODS[m] for m in METHODS}, "starts": starts}  # fmt: skip
+    settings = {
+        **sizes,
+        "base": args.base,
+        "size": args.size,
+        "batch_size": 128,
+        "threads": args.threads,
+        "methods": {m: METHODS[m] for m in METHODS},
+        "starts": starts,
+    }
     if args.baseline_methods is not None:
         settings["baseline_methods"] = baseline_methods
     if args.device != "cpu":
@@ -302,19 +357,38 @@ def main(argv: list[str] | None = None) -> None:
     stem += f"_warmup{args.laplace_warmup}" if args.laplace_warmup is not None else ""
     stem += f"_paper{args.epochs or PAPER_EPOCHS}ep" if args.preset == "paper" else ""
     stem += "_quick" if args.quick else ""
-    header = common.header_markdown("Layer-wise equivariance: Table 1 with the KFAC-Laplace evidence",
-                                    common.machine_info(), settings, common.command_line(),
-                                    __doc__.split("\n\n", 1)[1].rsplit("\n\nResults:", 1)[0])  # fmt: skip
-    keys = [(v, m, st, t, sd) for base_first in (True, False) for t in (10, 40) for v in variants
-            if (v not in OPEN) == base_first for m in (methods if v in OPEN else baseline_methods) for sd in seeds
-            for st in (starts if v in OPEN else STARTS[:1])]  # fmt: skip
+    header = common.header_markdown(
+        "Layer-wise equivariance: Table 1 with the KFAC-Laplace evidence",
+        common.machine_info(),
+        settings,
+        common.command_line(),
+        __doc__.split("\n\n", 1)[1].rsplit("\n\nResults:", 1)[0],
+    )
+    keys = [
+        (v, m, st, t, sd)
+        for base_first in (True, False)
+        for t in (10, 40)
+        for v in variants
+        if (v not in OPEN) == base_first
+        for m in (methods if v in OPEN else baseline_methods)
+        for sd in seeds
+        for st in (starts if v in OPEN else STARTS[:1])
+    ]
     work = args.work_dir or common.REPO_ROOT / "results" / "grids" / stem
     key_of = lambda point: tuple(point["key"].split("|")[:3]) + tuple(int(v) for v in point["key"].split("|")[3:])  # noqa: E731
     if not args.collect:
         work.mkdir(parents=True, exist_ok=True)
-        describe = lambda key, r: f"{key}: acc {r['accuracy']:.3f} log ev/N {r.get('log_evidence_per_datum')} ({r['seconds']} s)"  # noqa: E731
-        common.fill_unit(work / f"part{k}of{n}.json", {"stem": stem}, keys[k::n], key_of,
-                         lambda key: run_cell(key, args, sizes), describe)  # fmt: skip
+        describe = lambda key, r: (
+            f"{key}: acc {r['accuracy']:.3f} log ev/N {r.get('log_evidence_per_datum')} ({r['seconds']} s)"
+        )  # noqa: E731
+        common.fill_unit(
+            work / f"part{k}of{n}.json",
+            {"stem": stem},
+            keys[k::n],
+            key_of,
+            lambda key: run_cell(key, args, sizes),
+            describe,
+        )
     points = common.unit_points(sorted(work.glob("part*.json")), keys, key_of, partial=True)
     rows = {p["key"]: {f: v for f, v in p.items() if f != "key"} for p in points}
     if len(rows) < len(keys):

@@ -50,22 +50,37 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as common  # noqa: E402
-
 import torch  # noqa: E402
 
 import pyro_invariance  # noqa: E402
 from pyro_invariance.catalogue import model_kwargs_for  # noqa: E402
-from pyro_invariance.models.layerwise import FIT_DEFAULTS  # noqa: E402
-from pyro_invariance.infer.laplace import fit_laplace  # noqa: E402
-from pyro_invariance.diagnostics.layerwise_analysis import analyse_pathways, block_shares  # noqa: E402
 from pyro_invariance.data.quadrant import build_quadrant_dataset, build_resized_dataset  # noqa: E402
+from pyro_invariance.diagnostics.layerwise_analysis import analyse_pathways, block_shares  # noqa: E402
+from pyro_invariance.infer.laplace import fit_laplace  # noqa: E402
+from pyro_invariance.models.layerwise import FIT_DEFAULTS  # noqa: E402
 from pyro_invariance.registry import MODELS  # noqa: E402
 
 SIZES: dict[str, dict[str, Any]] = {
-    "quick": {"alpha": 1, "train_size": 300, "test_size": 200, "steps": 30, "eval_samples": 2,
-              "laplace_every": 10, "laplace_warmup": 10, "ggn_batch": 32},
-    "reduced": {"alpha": 2, "train_size": None, "test_size": None, "steps": 300, "eval_samples": 8,
-                "laplace_every": 50, "laplace_warmup": 50, "ggn_batch": 32},
+    "quick": {
+        "alpha": 1,
+        "train_size": 300,
+        "test_size": 200,
+        "steps": 30,
+        "eval_samples": 2,
+        "laplace_every": 10,
+        "laplace_warmup": 10,
+        "ggn_batch": 32,
+    },
+    "reduced": {
+        "alpha": 2,
+        "train_size": None,
+        "test_size": None,
+        "steps": 300,
+        "eval_samples": 8,
+        "laplace_every": 50,
+        "laplace_warmup": 50,
+        "ggn_batch": 32,
+    },
 }
 #: per-table dataset defaults: base and side length
 TABLE_DATA = {"1": ("digits", 16), "2": ("fashion-mnist", 16), "3": ("fashion-mnist", 16)}
@@ -73,18 +88,30 @@ TABLE_DATA = {"1": ("digits", 16), "2": ("fashion-mnist", 16), "3": ("fashion-mn
 FASHION_SIZES = {"train_size": 5000, "test_size": 2000}
 
 T1_ROWS = (("FC", "fc"), ("CONV", "conv"), ("learned (FC+CONV)", "fc+conv"), ("learned (F-FC+CONV)", "f-fc+conv"))
-T2_ROWS = (("FC", "fc"), ("CONV", "conv"), ("FC+CONV", "fc+conv"), ("F-FC+CONV", "f-fc+conv"),
-           ("S-FC+S-CONV", "s-fc+s-conv"))  # fmt: skip
+T2_ROWS = (
+    ("FC", "fc"),
+    ("CONV", "conv"),
+    ("FC+CONV", "fc+conv"),
+    ("F-FC+CONV", "f-fc+conv"),
+    ("S-FC+S-CONV", "s-fc+s-conv"),
+)
 T3_DATASETS = ("regular", "translated", "rotated")
-METHODS = {"MAP": ("map", {"prior": "fixed"}), "Laplace": ("map", {"prior": "fixed"}),
-           "bound": ("mean-field", {"prior": "learned"})}  # fmt: skip
+METHODS = {
+    "MAP": ("map", {"prior": "fixed"}),
+    "Laplace": ("map", {"prior": "fixed"}),
+    "bound": ("mean-field", {"prior": "learned"}),
+}
 #: Table 3 leaves the bound out (GCONV steps are ~10× a CONV step)
 T3_METHODS = ("MAP", "Laplace")
 COST_VARIANTS = ("conv", "fc", "fc+conv", "f-fc+conv", "s-fc+s-conv", "fc+conv+gconv")
 
 # Paper 004, MNIST quadrant task, test accuracy (%): row -> (MAP digit, MAP digit+quadrant, Laplace digit, Laplace d+q)
-PAPER_T1 = {"FC": (95.73, 95.10, 97.04, 95.46), "CONV": (99.38, 24.68, 99.23, 24.50),
-            "learned (FC+CONV)": (None, None, None, None), "learned (F-FC+CONV)": (None, None, 98.86, 99.00)}  # fmt: skip
+PAPER_T1 = {
+    "FC": (95.73, 95.10, 97.04, 95.46),
+    "CONV": (99.38, 24.68, 99.23, 24.50),
+    "learned (FC+CONV)": (None, None, None, None),
+    "learned (F-FC+CONV)": (None, None, 98.86, 99.00),
+}
 
 
 def load(table: str, base: str, size: int, sizes: dict[str, Any], task: Any, data_dir: str | None = None) -> Any:
@@ -98,8 +125,9 @@ def load(table: str, base: str, size: int, sizes: dict[str, Any], task: Any, dat
     return build_resized_dataset(base, task, size=size, **n, **where)
 
 
-def run_fit(variant: str, method: str, data: Any, sizes: dict[str, Any], seed: int,
-            curvature: str = "diagonal") -> dict[str, Any]:  # fmt: skip
+def run_fit(
+    variant: str, method: str, data: Any, sizes: dict[str, Any], seed: int, curvature: str = "diagonal"
+) -> dict[str, Any]:
     """Fit one variant with one method; returns metrics, δ and pathway shares. ``curvature``: the
     Laplace fits' evidence, ``"diagonal"`` (with MacKay's update, the published tables) or ``"kfac"``
     (exact labels, δ by gradient: ``fit_laplace``'s default, paper 004's method)."""
@@ -108,18 +136,35 @@ def run_fit(variant: str, method: str, data: Any, sizes: dict[str, Any], seed: i
     model = MODELS.get(name, **model_kwargs_for(name, data, alpha=sizes["alpha"], **model_kw))
     t0 = time.perf_counter()
     if method == "Laplace":
-        result = fit_laplace(model, "map", data, steps=sizes["steps"], every=sizes["laplace_every"],
-                             warmup=sizes["laplace_warmup"], ggn_batch_size=sizes["ggn_batch"], seed=seed,
-                             batch_size=128, progress=False, lr=FIT_DEFAULTS["lr"], curvature=curvature,
-                             delta_update="mackay" if curvature == "diagonal" else "gradient")  # fmt: skip
+        result = fit_laplace(
+            model,
+            "map",
+            data,
+            steps=sizes["steps"],
+            every=sizes["laplace_every"],
+            warmup=sizes["laplace_warmup"],
+            ggn_batch_size=sizes["ggn_batch"],
+            seed=seed,
+            batch_size=128,
+            progress=False,
+            lr=FIT_DEFAULTS["lr"],
+            curvature=curvature,
+            delta_update="mackay" if curvature == "diagonal" else "gradient",
+        )
     else:
-        result = pyro_invariance.fit(model, guide_name, data, steps=sizes["steps"], batch_size=128, seed=seed,
-                                     progress=False, **FIT_DEFAULTS)  # fmt: skip
+        result = pyro_invariance.fit(
+            model, guide_name, data, steps=sizes["steps"], batch_size=128, seed=seed, progress=False, **FIT_DEFAULTS
+        )
     seconds = time.perf_counter() - t0
     samples = 1 if guide_name == "map" else sizes["eval_samples"]
     metrics = pyro_invariance.evaluate(result, data, num_samples=samples, num_particles=1)
-    out: dict[str, Any] = {"variant": variant, "method": method, "params": model.num_parameters(),
-                           "seconds": round(seconds, 1), **{k: round(v, 4) for k, v in metrics.items()}}  # fmt: skip
+    out: dict[str, Any] = {
+        "variant": variant,
+        "method": method,
+        "params": model.num_parameters(),
+        "seconds": round(seconds, 1),
+        **{k: round(v, 4) for k, v in metrics.items()},
+    }
     if method == "Laplace":
         out["log_evidence_per_datum"] = round(result.log_evidence / result.num_data, 4)
         out["evidence_log"] = result.evidence_log
@@ -171,8 +216,23 @@ def render(table: str, rows: dict[str, dict[str, Any]], header: str) -> str:
                 if method == "bound":
                     cells.append(f"{r['elbo_per_datum']:.3f}" if r else "…")
             body.append(cells)
-        parts.append(common.md_table(["layer", "params", "MAP NLL", "MAP acc", "Laplace NLL", "Laplace acc",
-                                      "log evidence/N", "bound NLL", "bound acc", "ELBO/N"], body))  # fmt: skip
+        parts.append(
+            common.md_table(
+                [
+                    "layer",
+                    "params",
+                    "MAP NLL",
+                    "MAP acc",
+                    "Laplace NLL",
+                    "Laplace acc",
+                    "log evidence/N",
+                    "bound NLL",
+                    "bound acc",
+                    "ELBO/N",
+                ],
+                body,
+            )
+        )
     else:
         body = []
         for ds in T3_DATASETS:
@@ -181,14 +241,40 @@ def render(table: str, rows: dict[str, dict[str, Any]], header: str) -> str:
             if not r:
                 body.append([ds] + ["…"] * 8)
                 continue
-            body.append([ds, f"{100 * m['accuracy']:.1f}" if m else "…", f"{r['nll']:.3f}", f"{100 * r['accuracy']:.1f}",
-                         f"{r['log_evidence_per_datum']:.3f}", share_summary(r, "fc"), share_summary(r, "conv"),
-                         share_summary(r, "gconv"), delta_summary(r, "fc")])  # fmt: skip
-        parts.append(common.md_table(["data", "MAP acc", "Laplace NLL", "Laplace acc", "log evidence/N",
-                                      "FC % mean (min–max)", "CONV %", "GCONV %", "δ_FC per block"], body))  # fmt: skip
+            body.append(
+                [
+                    ds,
+                    f"{100 * m['accuracy']:.1f}" if m else "…",
+                    f"{r['nll']:.3f}",
+                    f"{100 * r['accuracy']:.1f}",
+                    f"{r['log_evidence_per_datum']:.3f}",
+                    share_summary(r, "fc"),
+                    share_summary(r, "conv"),
+                    share_summary(r, "gconv"),
+                    delta_summary(r, "fc"),
+                ]
+            )
+        parts.append(
+            common.md_table(
+                [
+                    "data",
+                    "MAP acc",
+                    "Laplace NLL",
+                    "Laplace acc",
+                    "log evidence/N",
+                    "FC % mean (min–max)",
+                    "CONV %",
+                    "GCONV %",
+                    "δ_FC per block",
+                ],
+                body,
+            )
+        )
     if table in ("1", "2"):
-        parts.append("\nLearned prior precisions δ of the non-equivariant pathway, blocks 0..7 (start: 1), and its "
-                     "share of the effective parameters (Laplace and bound fits):\n")
+        parts.append(
+            "\nLearned prior precisions δ of the non-equivariant pathway, blocks 0..7 (start: 1), and its "
+            "share of the effective parameters (Laplace and bound fits):\n"
+        )
         body = []
         for key, r in rows.items():
             if r["method"] == "MAP" or r["variant"] == "conv":
@@ -215,28 +301,55 @@ def verdict(table: str, rows: dict[str, Any]) -> str:
     if table == "1":  # CONV wins the 10-class task, FC the 40-class one, the learned model both
         acc = {(v, t): _acc(rows, f"{v}|Laplace|{t}") for _, v in T1_ROWS for t in (10, 40)}
         if None not in acc.values():
-            _check(lines, checks, f"CONV ≥ FC on the 10-class task ({acc['conv', 10]:.1f} vs {acc['fc', 10]:.1f})",
-                   acc["conv", 10] >= acc["fc", 10])
-            _check(lines, checks, f"FC > CONV on the 40-class task ({acc['fc', 40]:.1f} vs {acc['conv', 40]:.1f})",
-                   acc["fc", 40] > acc["conv", 40])
+            _check(
+                lines,
+                checks,
+                f"CONV ≥ FC on the 10-class task ({acc['conv', 10]:.1f} vs {acc['fc', 10]:.1f})",
+                acc["conv", 10] >= acc["fc", 10],
+            )
+            _check(
+                lines,
+                checks,
+                f"FC > CONV on the 40-class task ({acc['fc', 40]:.1f} vs {acc['conv', 40]:.1f})",
+                acc["fc", 40] > acc["conv", 40],
+            )
             for t in (10, 40):
                 best = max(acc["fc", t], acc["conv", t])
-                _check(lines, checks, f"F-FC+CONV within 2 points of the better baseline on the {t}-class task "
-                       f"({acc['f-fc+conv', t]:.1f} vs {best:.1f})", acc["f-fc+conv", t] >= best - 2)  # fmt: skip
+                _check(
+                    lines,
+                    checks,
+                    f"F-FC+CONV within 2 points of the better baseline on the {t}-class task "
+                    f"({acc['f-fc+conv', t]:.1f} vs {best:.1f})",
+                    acc["f-fc+conv", t] >= best - 2,
+                )
     elif table == "2":  # CONV best by MAP; the learned layers match CONV by Laplace and turn convolutional
         map_acc = {v: _acc(rows, f"{v}|MAP|regular") for _, v in T2_ROWS}
         if None not in map_acc.values():  # (a KFAC rerun has the Laplace fits only)
-            _check(lines, checks, f"CONV has the best MAP accuracy ({map_acc['conv']:.1f}; best "
-                   f"{max(map_acc.values()):.1f})", map_acc["conv"] == max(map_acc.values()))  # fmt: skip
+            _check(
+                lines,
+                checks,
+                f"CONV has the best MAP accuracy ({map_acc['conv']:.1f}; best {max(map_acc.values()):.1f})",
+                map_acc["conv"] == max(map_acc.values()),
+            )
         if all(f"{v}|Laplace|regular" in rows for _, v in T2_ROWS):
             conv = _acc(rows, "conv|Laplace|regular")
             for v in ("fc+conv", "f-fc+conv", "s-fc+s-conv"):
                 r = rows[f"{v}|Laplace|regular"]
                 kind = {"fc+conv": "fc", "f-fc+conv": "ffc", "s-fc+s-conv": "sfc"}[v]
-                _check(lines, checks, f"{v.upper()}: Laplace accuracy within 1 point of CONV's or above "
-                       f"({100 * r['accuracy']:.1f} vs {conv:.1f})", 100 * r["accuracy"] >= conv - 1)  # fmt: skip
-                _check(lines, checks, f"{v.upper()}: non-equivariant share of the effective parameters below half "
-                       f"({share_summary(r, kind)} %)", _mean_share(r, kind) < 0.5)  # fmt: skip
+                _check(
+                    lines,
+                    checks,
+                    f"{v.upper()}: Laplace accuracy within 1 point of CONV's or above "
+                    f"({100 * r['accuracy']:.1f} vs {conv:.1f})",
+                    100 * r["accuracy"] >= conv - 1,
+                )
+                _check(
+                    lines,
+                    checks,
+                    f"{v.upper()}: non-equivariant share of the effective parameters below half "
+                    f"({share_summary(r, kind)} %)",
+                    _mean_share(r, kind) < 0.5,
+                )
     elif table == "3":  # Laplace beats MAP; the learned groups follow the data's symmetry
         if all(f"fc+conv+gconv|Laplace|{d}" in rows for d in T3_DATASETS):
             for d in T3_DATASETS:
@@ -244,11 +357,17 @@ def verdict(table: str, rows: dict[str, Any]) -> str:
                 if mp is not None:  # (a KFAC rerun has the Laplace fits only)
                     _check(lines, checks, f"{d}: Laplace accuracy ≥ MAP's ({lap:.1f} vs {mp:.1f})", lap >= mp)
             g = {d: _mean_share(rows[f"fc+conv+gconv|Laplace|{d}"], "gconv") for d in T3_DATASETS}
-            _check(lines, checks, f"GCONV's share at least 5 points higher on rotated than on regular data (the paper: "
-                   f"+8 on MNIST; here {100 * g['rotated']:.1f} vs {100 * g['regular']:.1f} %)",
-                   g["rotated"] >= g["regular"] + 0.05)  # fmt: skip
+            _check(
+                lines,
+                checks,
+                f"GCONV's share at least 5 points higher on rotated than on regular data (the paper: "
+                f"+8 on MNIST; here {100 * g['rotated']:.1f} vs {100 * g['regular']:.1f} %)",
+                g["rotated"] >= g["regular"] + 0.05,
+            )
     if table != "1" and not any("|MAP|" in k for k in rows):
-        lines.append("- the MAP columns' claims are read in the diagonal-Laplace table's file (this run fitted Laplace only)")
+        lines.append(
+            "- the MAP columns' claims are read in the diagonal-Laplace table's file (this run fitted Laplace only)"
+        )
     word = common.verdict_of(checks) if checks else "not run"
     seed = {r.get("seed", 0) for r in rows.values()} or {0}
     return common.verdict_section(word, f"seed {min(seed)} only; {sum(checks)} of {len(checks)} checks hold", lines)
@@ -266,13 +385,24 @@ def cost_child(variant: str, alpha: int, size: int, steps: int) -> None:
     x = torch.rand(256, 1, size, size)
     y = torch.randint(0, 10, (256,))
     model = MODELS.get(f"layerwise-{variant}", image_shape=(1, size, size), num_classes=10, alpha=alpha)
-    pyro_invariance.fit(model, "mean-field", (x, y), steps=2, batch_size=64, progress=False)  # warm-up, builds the guide
+    pyro_invariance.fit(
+        model, "mean-field", (x, y), steps=2, batch_size=64, progress=False
+    )  # warm-up, builds the guide
     t0 = time.perf_counter()
     pyro_invariance.fit(model, "mean-field", (x, y), steps=steps, batch_size=64, progress=False)
     per_step = (time.perf_counter() - t0) / steps
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"variant": variant, "params": model.num_parameters(), "seconds_per_step": per_step,
-                      "peak_rss_mb": peak / 1024, "baseline_rss_mb": base_rss / 1024}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "variant": variant,
+                "params": model.num_parameters(),
+                "seconds_per_step": per_step,
+                "peak_rss_mb": peak / 1024,
+                "baseline_rss_mb": base_rss / 1024,
+            }
+        )
+    )
 
 
 def run_cost(args: argparse.Namespace, sizes: dict[str, Any]) -> None:
@@ -280,20 +410,49 @@ def run_cost(args: argparse.Namespace, sizes: dict[str, Any]) -> None:
     steps = 5 if args.quick else 20
     rows = []
     for variant in COST_VARIANTS:
-        cmd = [sys.executable, __file__, "--cost-child", variant, "--alpha", str(sizes["alpha"]), "--size", str(size),
-               "--steps", str(steps)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            __file__,
+            "--cost-child",
+            variant,
+            "--alpha",
+            str(sizes["alpha"]),
+            "--size",
+            str(size),
+            "--steps",
+            str(steps),
+        ]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         common.log(f"cost {variant}: {rows[-1]}")
     conv = next(r for r in rows if r["variant"] == "conv")
-    body = [[r["variant"], f"{r['params']:,}", f"{1000 * r['seconds_per_step']:.0f}",
-             f"{r['seconds_per_step'] / conv['seconds_per_step']:.1f}×", f"{r['peak_rss_mb']:.0f}"] for r in rows]  # fmt: skip
-    settings = {"alpha": sizes["alpha"], "input": f"1×{size}×{size}", "classes": 10, "batch": 64, "guide": "mean-field",
-                "timed steps": steps, "threads": 1}  # fmt: skip
-    md = common.header_markdown("Layer-wise equivariance: cost per SVI step by layer type", common.machine_info(),
-                                settings, common.command_line(),
-                                "Each variant in a fresh process; peak RSS includes Python, torch and pyro "
-                                "(the baseline of an idle process is in the JSON).")  # fmt: skip
+    body = [
+        [
+            r["variant"],
+            f"{r['params']:,}",
+            f"{1000 * r['seconds_per_step']:.0f}",
+            f"{r['seconds_per_step'] / conv['seconds_per_step']:.1f}×",
+            f"{r['peak_rss_mb']:.0f}",
+        ]
+        for r in rows
+    ]
+    settings = {
+        "alpha": sizes["alpha"],
+        "input": f"1×{size}×{size}",
+        "classes": 10,
+        "batch": 64,
+        "guide": "mean-field",
+        "timed steps": steps,
+        "threads": 1,
+    }
+    md = common.header_markdown(
+        "Layer-wise equivariance: cost per SVI step by layer type",
+        common.machine_info(),
+        settings,
+        common.command_line(),
+        "Each variant in a fresh process; peak RSS includes Python, torch and pyro "
+        "(the baseline of an idle process is in the JSON).",
+    )
     md += "\n" + common.md_table(["variant", "params", "ms / step", "vs CONV", "peak RSS (MB)"], body) + "\n\n"
     md += common.verdict_section("no claim", "a cost measurement; the paper reports parameter counts, not step times")
     common.write_results("layerwise_cost" + ("_quick" if args.quick else ""), md, {"settings": settings, "rows": rows})
@@ -312,9 +471,13 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--resume", action="store_true", help="reuse finished fits with identical settings")
-    p.add_argument("--laplace-curvature", choices=["diagonal", "kfac"], default="diagonal",
-                   help="the Laplace fits' evidence: diagonal GGN + MacKay (the published tables) or KFAC with δ by "
-                        "gradient (paper 004; runs the Laplace fits only, into <stem>_kfac: MAP and bound do not depend on it)")
+    p.add_argument(
+        "--laplace-curvature",
+        choices=["diagonal", "kfac"],
+        default="diagonal",
+        help="the Laplace fits' evidence: diagonal GGN + MacKay (the published tables) or KFAC with δ by "
+        "gradient (paper 004; runs the Laplace fits only, into <stem>_kfac: MAP and bound do not depend on it)",
+    )
     p.add_argument("--cost-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     sizes = dict(SIZES["quick" if args.quick else "reduced"])
@@ -361,11 +524,17 @@ def main() -> None:
         jobs = [("fc+conv+gconv", m, d) for d in T3_DATASETS for m in T3_METHODS]
     if kfac:
         jobs = [job for job in jobs if job[1] == "Laplace"]
-    title = {"1": "Table 1: quadrant task", "2": "Table 2: layer types", "3": "Table 3: choosing among FC / CONV / GCONV"}
+    title = {
+        "1": "Table 1: quadrant task",
+        "2": "Table 2: layer types",
+        "3": "Table 3: choosing among FC / CONV / GCONV",
+    }
     intro = __doc__.split("\n\n")[{"1": 1, "2": 2, "3": 3}[args.table]]
     if kfac:
-        intro += ("\n\nThis file: the Laplace fits only, with the KFAC-Laplace evidence (exact labels) and δ by its "
-                  f"gradient; MAP and bound columns (\u2026) do not depend on the curvature: see `{diagonal_stem}.md`.")
+        intro += (
+            "\n\nThis file: the Laplace fits only, with the KFAC-Laplace evidence (exact labels) and δ by its "
+            f"gradient; MAP and bound columns (\u2026) do not depend on the curvature: see `{diagonal_stem}.md`."
+        )
     data_cache: dict[Any, Any] = {}
     for variant, method, task in jobs:
         key = f"{variant}|{method}|{task}"
@@ -375,8 +544,10 @@ def main() -> None:
             data_cache[task] = load(args.table, base, size, sizes, task)
         common.log(f"table {args.table}: {key} ...")
         rows[key] = run_fit(variant, method, data_cache[task], sizes, args.seed, args.laplace_curvature)
-        common.log(f"  acc {rows[key]['accuracy']:.3f} nll {rows[key]['nll']:.3f} elbo/N {rows[key]['elbo_per_datum']:.3f} "
-                   f"({rows[key]['seconds']} s)")  # fmt: skip
+        common.log(
+            f"  acc {rows[key]['accuracy']:.3f} nll {rows[key]['nll']:.3f} elbo/N {rows[key]['elbo_per_datum']:.3f} "
+            f"({rows[key]['seconds']} s)"
+        )
         write(args.table, stem, rows, settings, title, intro)
     write(args.table, stem, rows, settings, title, intro)  # also re-renders a finished --resume run
 
@@ -409,13 +580,29 @@ def run_seeds(args: argparse.Namespace, sizes: dict[str, Any]) -> None:
     for seed in SEEDS:
         r = {(v, t): rows[f"{v}|Laplace|{t}|{seed}"] for v in ("conv", "fc+conv") for t in (10, 40)}
         acc = {k: 100 * v["accuracy"] for k, v in r.items()}
-        body.append([str(seed), f"{acc['conv', 10]:.1f}", f"{acc['fc+conv', 10]:.1f}",
-                     f"{acc['fc+conv', 10] - acc['conv', 10]:+.1f}", f"{acc['conv', 40]:.1f}", f"{acc['fc+conv', 40]:.1f}",
-                     f"{acc['fc+conv', 40] - acc['conv', 40]:+.1f}", delta_summary(r["fc+conv", 10], "fc")])  # fmt: skip
-    md = common.header_markdown("Layer-wise equivariance: Table 1's Laplace rows over seeds", common.machine_info(),
-                                settings, common.command_line(), run_seeds.__doc__.replace("\n    ", " "))  # fmt: skip
-    md += "\n" + common.md_table(["seed", "CONV digit", "FC+CONV digit", "Δ", "CONV d+q", "FC+CONV d+q", "Δ",
-                                  "δ_FC per block (FC+CONV, digit)"], body)  # fmt: skip
+        body.append(
+            [
+                str(seed),
+                f"{acc['conv', 10]:.1f}",
+                f"{acc['fc+conv', 10]:.1f}",
+                f"{acc['fc+conv', 10] - acc['conv', 10]:+.1f}",
+                f"{acc['conv', 40]:.1f}",
+                f"{acc['fc+conv', 40]:.1f}",
+                f"{acc['fc+conv', 40] - acc['conv', 40]:+.1f}",
+                delta_summary(r["fc+conv", 10], "fc"),
+            ]
+        )
+    md = common.header_markdown(
+        "Layer-wise equivariance: Table 1's Laplace rows over seeds",
+        common.machine_info(),
+        settings,
+        common.command_line(),
+        run_seeds.__doc__.replace("\n    ", " "),
+    )
+    md += "\n" + common.md_table(
+        ["seed", "CONV digit", "FC+CONV digit", "Δ", "CONV d+q", "FC+CONV d+q", "Δ", "δ_FC per block (FC+CONV, digit)"],
+        body,
+    )
     common.write_results(stem, md + "\n\n" + seeds_verdict(rows), {"settings": settings, "rows": rows})
 
 
@@ -429,9 +616,16 @@ def seeds_verdict(rows: dict[str, Any]) -> str:
     return common.verdict_section(common.verdict_of(held), f"{sum(held)} of {len(SEEDS)} seeds", lines)
 
 
-def write(table: str, stem: str, rows: dict[str, Any], settings: dict[str, Any], title: dict[str, str], intro: str) -> None:
-    header = common.header_markdown(f"Layer-wise equivariance (paper 004) {title[table]}", common.machine_info(),
-                                    settings, common.command_line(), intro)  # fmt: skip
+def write(
+    table: str, stem: str, rows: dict[str, Any], settings: dict[str, Any], title: dict[str, str], intro: str
+) -> None:
+    header = common.header_markdown(
+        f"Layer-wise equivariance (paper 004) {title[table]}",
+        common.machine_info(),
+        settings,
+        common.command_line(),
+        intro,
+    )
     common.write_results(stem, render(table, rows, header), {"settings": settings, "rows": rows})
 
 

@@ -38,10 +38,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as common  # noqa: E402
-from _common import RESULTS_DIR, command_line, log, machine_info, md_table, set_threads  # noqa: E402
-
 import pyro  # noqa: E402
 import torch  # noqa: E402
+from _common import RESULTS_DIR, command_line, log, machine_info, md_table, set_threads  # noqa: E402
 from pyro.infer import TraceMeanField_ELBO  # noqa: E402
 
 from pyro_invariance import fit, guides, pyro_scope  # noqa: E402
@@ -55,18 +54,54 @@ ORACLE = {"sho": "so2", "oscillators": "un", "nbody": "se2"}
 TARGET_RANK = {"sho": 1, "oscillators": 9, "nbody": 3}
 
 REDUCED: dict[str, dict[str, Any]] = {
-    "sho": dict(data=dict(), dt=0.2, hidden=(32, 32), K=1, S=8, E=4, sampling="cube", steps=1500, batch=None,
-                lr=0.05, eta_lr=0.05, prior="fixed"),
+    "sho": dict(
+        data=dict(),
+        dt=0.2,
+        hidden=(32, 32),
+        K=1,
+        S=8,
+        E=4,
+        sampling="cube",
+        steps=1500,
+        batch=None,
+        lr=0.05,
+        eta_lr=0.05,
+        prior="fixed",
+    ),
     # K = 30 / 10: w_s in the unit ball and a small η rate. With the cube (‖w‖ ≈ √(K/3)) and eta_lr 0.02 the
     # learned generators grew hyperbolic parts within 200 steps and the flows blew up (ELBO/N −7e7).
-    "oscillators": dict(data=dict(n=3, train_trajectories=50, train_steps=20), dt=0.2, hidden=(64, 64), K=30, S=8,
-                        E=5, sampling="ball", steps=1500, batch=100, lr=0.02, eta_lr=0.005, prior="fixed"),
+    "oscillators": dict(
+        data=dict(n=3, train_trajectories=50, train_steps=20),
+        dt=0.2,
+        hidden=(64, 64),
+        K=30,
+        S=8,
+        E=5,
+        sampling="ball",
+        steps=1500,
+        batch=100,
+        lr=0.02,
+        eta_lr=0.005,
+        prior="fixed",
+    ),
     # 3-body: the reference uses the closed-form prior update; here it collapsed the prior at initialisation
     # (guide scale 0.01 → v* ≈ 1e-4 → all three models stayed at H ≈ 0, ELBO/N −819), so the reduced
     # setting keeps the prior fixed; lr 0.05 (0.02 learned too slowly in 1500 steps). eta_lr 0.001: with 0.005
     # the learned model ended worse than the HNN (see the note in results/noether_tables.md).
-    "nbody": dict(data=dict(n=3, train_trajectories=50, train_steps=20), dt=1.0, hidden=(64, 64, 64), K=10, S=8,
-                  E=5, sampling="ball", steps=2000, batch=100, lr=0.05, eta_lr=0.001, prior="fixed"),
+    "nbody": dict(
+        data=dict(n=3, train_trajectories=50, train_steps=20),
+        dt=1.0,
+        hidden=(64, 64, 64),
+        K=10,
+        S=8,
+        E=5,
+        sampling="ball",
+        steps=2000,
+        batch=100,
+        lr=0.05,
+        eta_lr=0.001,
+        prior="fixed",
+    ),
 }
 PAPER: dict[str, dict[str, Any]] = {
     "sho": dict(REDUCED["sho"], hidden=(200, 200), S=200, E=20, steps=20000),
@@ -87,9 +122,15 @@ TALK = {
         "oracle": dict(train_mse=0.00102, nll=-12.15, kl=2.21, neg_elbo=-9.94, test_mse=8.98e-6),
     },
     "nbody": {
-        "none": dict(train_mse=0.0028, nll=-13.87, kl=13.34, neg_elbo=-9.52, test_mse=0.0016, moved_mse=0.0035, wider_mse=0.0016),
-        "learned": dict(train_mse=0.0017, nll=-20.09, kl=7.28, neg_elbo=-12.81, test_mse=0.0006, moved_mse=0.0004, wider_mse=0.0006),
-        "oracle": dict(train_mse=0.0019, nll=-19.27, kl=7.96, neg_elbo=-11.32, test_mse=0.0006, moved_mse=0.0006, wider_mse=0.0006),
+        "none": dict(
+            train_mse=0.0028, nll=-13.87, kl=13.34, neg_elbo=-9.52, test_mse=0.0016, moved_mse=0.0035, wider_mse=0.0016
+        ),
+        "learned": dict(
+            train_mse=0.0017, nll=-20.09, kl=7.28, neg_elbo=-12.81, test_mse=0.0006, moved_mse=0.0004, wider_mse=0.0006
+        ),
+        "oracle": dict(
+            train_mse=0.0019, nll=-19.27, kl=7.96, neg_elbo=-11.32, test_mse=0.0006, moved_mse=0.0006, wider_mse=0.0006
+        ),
     },
 }
 COLUMNS = ["train_mse", "nll", "kl", "neg_elbo", "test_mse", "wider_mse", "moved_mse", "energy_drift"]
@@ -101,24 +142,48 @@ def build(system: str, symmetry: str, s: dict[str, Any], seed: int) -> tuple[Any
     pyro.set_rng_seed(seed)
     m = 2 * (1 if system == "sho" else (s["data"]["n"] if system == "oscillators" else 2 * s["data"]["n"]))
     sym = {"oracle": ORACLE[system], "learned": "quadratic"}.get(symmetry, symmetry)  # row label -> model's symmetry
-    model = SymmetrisedHNN(m, s["hidden"], symmetry=sym, num_generators=s["K"], num_transforms=s["S"], euler_steps=s["E"],
-                           sampling=s["sampling"], dt=s["dt"], prior=s["prior"], init_seed=seed)
+    model = SymmetrisedHNN(
+        m,
+        s["hidden"],
+        symmetry=sym,
+        num_generators=s["K"],
+        num_transforms=s["S"],
+        euler_steps=s["E"],
+        sampling=s["sampling"],
+        dt=s["dt"],
+        prior=s["prior"],
+        init_seed=seed,
+    )
     guide = guides.get("matrix-normal", model, init_scale=0.01)
     if s["prior"] == "closed-form":
         guide = PriorUpdatingGuide(guide, model, damping=0.5)
     return model, guide
 
 
-def run_system(system: str, s: dict[str, Any], seed: int, cache_dir: str | None,
-               models: tuple[str, ...] = ("none", "learned", "oracle")) -> dict[str, Any]:
+def run_system(
+    system: str,
+    s: dict[str, Any],
+    seed: int,
+    cache_dir: str | None,
+    models: tuple[str, ...] = ("none", "learned", "oracle"),
+) -> dict[str, Any]:
     data = physics.make_dataset(system, seed=seed, cache_dir=cache_dir, **s["data"])
     log(f"{system}: N={data.x_train.shape[0]} train pairs, M={data.state_dim}")
     out: dict[str, Any] = {"settings": {k: v for k, v in s.items()}, "rows": {}, "analysis": None}
     for symmetry in models:
         model, guide = build(system, symmetry, s, seed)
         t0 = time.perf_counter()
-        fit(model, guide, data, steps=s["steps"], batch_size=s["batch"], lr=s["lr"], eta_lr=s["eta_lr"],
-            progress=False, seed=seed)
+        fit(
+            model,
+            guide,
+            data,
+            steps=s["steps"],
+            batch_size=s["batch"],
+            lr=s["lr"],
+            eta_lr=s["eta_lr"],
+            progress=False,
+            seed=seed,
+        )
         seconds = time.perf_counter() - t0
         pyro.set_rng_seed(seed + 1)
         metrics = evaluate_hnn(model, guide, data, num_samples=8, num_particles=4, max_test=2000)
@@ -142,8 +207,10 @@ def run_system(system: str, s: dict[str, Any], seed: int, cache_dir: str | None,
 def step_timing(reps: int, seed: int) -> dict[str, Any]:
     """Median time per SVI step: HNN vs symmetrised (learned, S samples), SHO-sized and 3-body-sized."""
     rows = []
-    for label, m, hidden, batch, k, e in (("SHO (32,32), B=28, E=4", 2, (32, 32), 28, 1, 4),
-                                         ("3-body (64,64,64), B=100, E=5", 12, (64, 64, 64), 100, 10, 5)):
+    for label, m, hidden, batch, k, e in (
+        ("SHO (32,32), B=28, E=4", 2, (32, 32), 28, 1, 4),
+        ("3-body (64,64,64), B=100, E=5", 12, (64, 64, 64), 100, 10, 5),
+    ):
         x, y = torch.randn(batch, m), torch.randn(batch, m)
         times: dict[str, float] = {}
         for name, sym, s in (("hnn", "none", 1), ("sym-8", "quadratic", 8), ("sym-32", "quadratic", 32)):
@@ -163,8 +230,14 @@ def step_timing(reps: int, seed: int) -> dict[str, Any]:
                 if i >= 3:
                     ts.append(time.perf_counter() - t0)
             times[name] = statistics.median(ts)
-        rows.append({"setting": label, **times,
-                     "ratio_8": times["sym-8"] / (8 * times["hnn"]), "ratio_32": times["sym-32"] / (32 * times["hnn"])})
+        rows.append(
+            {
+                "setting": label,
+                **times,
+                "ratio_8": times["sym-8"] / (8 * times["hnn"]),
+                "ratio_32": times["sym-32"] / (32 * times["hnn"]),
+            }
+        )
         log(f"timing {label}: {rows[-1]}")
     return {"rows": rows, "reps": reps}
 
@@ -179,15 +252,20 @@ def fmt(v: Any) -> str:
 
 
 def markdown() -> str:
-    parts = ["# Noether's razor tables (talk 000)", "",
-             "Each system: HNN / HNN + learned quadratic conserved quantities / HNN + oracle symmetry, "
-             "matrix-normal guide, `symmetrised-hnn` model (`models/symmetrised_hnn.py`). Ours at the settings "
-             "listed per system (reduced unless marked paper); talk's numbers in the rows marked *talk*. "
-             "MSEs are per state coordinate; −ELBO/N, NLL/N, KL/N per training pair. Energy drift: median over "
-             "rollouts of the mean relative change of the true H along 20-step rollouts from test states "
-             "(not reported in the talk).", "",
-             "Regenerate: `.venv/bin/python benchmarks/noether_tables.py --systems sho` (then `oscillators`, `nbody`, "
-             "`--timing-only`); `--paper` for paper settings.", ""]
+    parts = [
+        "# Noether's razor tables (talk 000)",
+        "",
+        "Each system: HNN / HNN + learned quadratic conserved quantities / HNN + oracle symmetry, "
+        "matrix-normal guide, `symmetrised-hnn` model (`models/symmetrised_hnn.py`). Ours at the settings "
+        "listed per system (reduced unless marked paper); talk's numbers in the rows marked *talk*. "
+        "MSEs are per state coordinate; −ELBO/N, NLL/N, KL/N per training pair. Energy drift: median over "
+        "rollouts of the mean relative change of the true H along 20-step rollouts from test states "
+        "(not reported in the talk).",
+        "",
+        "Regenerate: `.venv/bin/python benchmarks/noether_tables.py --systems sho` (then `oscillators`, `nbody`, "
+        "`--timing-only`); `--paper` for paper settings.",
+        "",
+    ]
     info_done, results = False, {}
     for system in ("sho", "oscillators", "nbody"):
         path = RESULTS_DIR / f"noether_{system}.json"
@@ -199,10 +277,24 @@ def markdown() -> str:
         if not info_done:
             parts += ["Machine: " + ", ".join(f"{k} `{v}`" for k, v in res["machine"].items()), ""]
             info_done = True
-        parts += [f"Settings ({'paper' if res.get('paper') else 'reduced'}): `{res['settings']}`; command `{res['command']}`", ""]
+        parts += [
+            f"Settings ({'paper' if res.get('paper') else 'reduced'}): `{res['settings']}`; command `{res['command']}`",
+            "",
+        ]
         if res.get("note"):
             parts += [f"Note: {res['note']}", ""]
-        header = ["model", "Train MSE", "NLL/N", "KL/N", "−ELBO/N ↓", "Test MSE ↓", "wider MSE", "moved MSE", "energy drift", "fit s"]
+        header = [
+            "model",
+            "Train MSE",
+            "NLL/N",
+            "KL/N",
+            "−ELBO/N ↓",
+            "Test MSE ↓",
+            "wider MSE",
+            "moved MSE",
+            "energy drift",
+            "fit s",
+        ]
         rows = []
         for sym in ("none", "learned", "oracle"):
             r = res["rows"].get(sym)
@@ -213,30 +305,51 @@ def markdown() -> str:
         parts += [md_table(header, rows), ""]
         r = res["rows"]
         if all(k in r for k in ("none", "learned", "oracle")):
-            parts += [f"- learned / oracle test MSE = {r['learned']['test_mse'] / r['oracle']['test_mse']:.2f}, "
-                      f"−ELBO/N gap learned − oracle = {r['learned']['neg_elbo'] - r['oracle']['neg_elbo']:.3g}"]
+            parts += [
+                f"- learned / oracle test MSE = {r['learned']['test_mse'] / r['oracle']['test_mse']:.2f}, "
+                f"−ELBO/N gap learned − oracle = {r['learned']['neg_elbo'] - r['oracle']['neg_elbo']:.3g}"
+            ]
         a = res.get("analysis")
         if a:
             sv = ", ".join(f"{v:.3g}" for v in a["singular_values"][:12])
             par = ", ".join(f"{v:.2f}" for v in a["parallelness"][: max(a["target"], a["num_significant"]) + 2])
             ang = ", ".join(f"{v:.1f}" for v in a["principal_angles_deg"])
-            parts += [f"- learned generators: **{a['num_significant']} significant singular values** "
-                      f"(> 0.1 × max; target {a['target']}); singular values: {sv}",
-                      f"- parallelness |cos| of the leading singular vectors to the oracle span: {par}; "
-                      f"principal angles (deg) between the significant span and the oracle span: {ang}",
-                      f"- plot: `noether_{system}_svd.png`"]
+            parts += [
+                f"- learned generators: **{a['num_significant']} significant singular values** "
+                f"(> 0.1 × max; target {a['target']}); singular values: {sv}",
+                f"- parallelness |cos| of the leading singular vectors to the oracle span: {par}; "
+                f"principal angles (deg) between the significant span and the oracle span: {ang}",
+                f"- plot: `noether_{system}_svd.png`",
+            ]
         parts.append("")
     tpath = RESULTS_DIR / "noether_timing.json"
     parts += ["## Time per SVI step (not a claim of the talk)", ""]
     if tpath.exists():
         t = json.loads(tpath.read_text())
-        parts += ["Median seconds per SVI step (TraceMeanField_ELBO + backward + Adam, matrix-normal guide, 1 thread). "
-                  "Ratio = t(symmetrised, S samples) / (S × t(HNN)): the cost per symmetry sample relative to the HNN "
-                  "(1 = no overhead beyond the S-fold batch; < 1 = the S-fold batch is cheaper than S HNN steps "
-                  "because per-step overheads are shared).", ""]
-        parts += [md_table(["setting", "HNN s", "S=8 s", "S=32 s", "ratio S=8", "ratio S=32"],
-                           [[r["setting"], f"{r['hnn']:.4f}", f"{r['sym-8']:.4f}", f"{r['sym-32']:.4f}",
-                             f"{r['ratio_8']:.2f}", f"{r['ratio_32']:.2f}"] for r in t["rows"]]), ""]
+        parts += [
+            "Median seconds per SVI step (TraceMeanField_ELBO + backward + Adam, matrix-normal guide, 1 thread). "
+            "Ratio = t(symmetrised, S samples) / (S × t(HNN)): the cost per symmetry sample relative to the HNN "
+            "(1 = no overhead beyond the S-fold batch; < 1 = the S-fold batch is cheaper than S HNN steps "
+            "because per-step overheads are shared).",
+            "",
+        ]
+        parts += [
+            md_table(
+                ["setting", "HNN s", "S=8 s", "S=32 s", "ratio S=8", "ratio S=32"],
+                [
+                    [
+                        r["setting"],
+                        f"{r['hnn']:.4f}",
+                        f"{r['sym-8']:.4f}",
+                        f"{r['sym-32']:.4f}",
+                        f"{r['ratio_8']:.2f}",
+                        f"{r['ratio_32']:.2f}",
+                    ]
+                    for r in t["rows"]
+                ],
+            ),
+            "",
+        ]
     else:
         parts += ["Not run yet.", ""]
     return "\n".join(parts + [verdict(results)])
@@ -249,12 +362,14 @@ def system_verdict(system: str, res: dict[str, Any] | None) -> tuple[str, str]:
         return "not run", "not run"
     r, a = res["rows"], res["analysis"]
     learned, hnn = r["learned"], r["none"]
-    checks = {f"−ELBO/N below the HNN's ({fmt(learned['neg_elbo'])} vs {fmt(hnn['neg_elbo'])})":
-                  learned["neg_elbo"] < hnn["neg_elbo"],
-              f"test MSE at most the HNN's ({fmt(learned['test_mse'])} vs {fmt(hnn['test_mse'])})":
-                  learned["test_mse"] <= hnn["test_mse"],
-              f"{a['num_significant']} significant generator directions, target {a['target']}":
-                  a["num_significant"] == a["target"]}  # fmt: skip
+    checks = {
+        f"−ELBO/N below the HNN's ({fmt(learned['neg_elbo'])} vs {fmt(hnn['neg_elbo'])})": learned["neg_elbo"]
+        < hnn["neg_elbo"],
+        f"test MSE at most the HNN's ({fmt(learned['test_mse'])} vs {fmt(hnn['test_mse'])})": learned["test_mse"]
+        <= hnn["test_mse"],
+        f"{a['num_significant']} significant generator directions, target {a['target']}": a["num_significant"]
+        == a["target"],
+    }
     text = "; ".join(f"{name}: {'yes' if ok else 'no'}" for name, ok in checks.items())
     return common.verdict_of(list(checks.values())), text
 
@@ -284,8 +399,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--timing-only", action="store_true")
     ap.add_argument("--timing-reps", type=int, default=20)
     ap.add_argument("--no-timing", action="store_true")
-    ap.add_argument("--models", default="none,learned,oracle",
-                    help="subset to (re)run; rows of the others are kept from the existing JSON if its settings match")
+    ap.add_argument(
+        "--models",
+        default="none,learned,oracle",
+        help="subset to (re)run; rows of the others are kept from the existing JSON if its settings match",
+    )
     ap.add_argument("--eta-lr", type=float, default=None, help="override the η learning rate")
     ap.add_argument("--markdown-only", action="store_true", help="rebuild noether_tables.md from the JSON files")
     args = ap.parse_args(argv)
@@ -306,13 +424,16 @@ def main(argv: list[str] | None = None) -> None:
             if len(models) < 3 and old_path.exists():
                 old = json.loads(old_path.read_text())
                 same = {k: v for k, v in old["settings"].items() if k != "eta_lr"} == json.loads(
-                    json.dumps({k: v for k, v in res["settings"].items() if k != "eta_lr"}))
+                    json.dumps({k: v for k, v in res["settings"].items() if k != "eta_lr"})
+                )
                 if not same:
                     raise SystemExit("existing results were made with other settings; rerun all models")
                 res["rows"] = {**old["rows"], **res["rows"]}
                 res["analysis"] = res["analysis"] or old.get("analysis")
-                res["settings"]["eta_lr_per_model"] = {m: (res["settings"]["eta_lr"] if m in models else old["settings"].get("eta_lr"))
-                                                      for m in ("none", "learned", "oracle")}
+                res["settings"]["eta_lr_per_model"] = {
+                    m: (res["settings"]["eta_lr"] if m in models else old["settings"].get("eta_lr"))
+                    for m in ("none", "learned", "oracle")
+                }
             res.update(machine=machine_info(), command=command_line(), paper=args.paper)
             (RESULTS_DIR / f"noether_{system}.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
             (RESULTS_DIR / "noether_tables.md").write_text(markdown())

@@ -44,7 +44,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common  # noqa: E402
-
 import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
@@ -63,32 +62,73 @@ from pyro_invariance.symmetry.conserved import analyse_generators, oracle_genera
 #: Training data (both dts use the same initial states: the data seed is the run's seed).
 DATA = {"n": 3, "train_trajectories": 50, "train_steps": 20}
 #: The network and the symmetrisation (K, ball sampling and 2 weight samples are the reference's).
-MODEL = {"hidden": (64, 64, 64), "num_transforms": 16, "euler_steps": 10, "num_generators": 10, "sampling": "ball",
-         "eta_init_std": 0.01}
+MODEL = {
+    "hidden": (64, 64, 64),
+    "num_transforms": 16,
+    "euler_steps": 10,
+    "num_generators": 10,
+    "sampling": "ball",
+    "eta_init_std": 0.01,
+}
 #: Warm-up HNN: dt 0.1 and batch 100 as the reference; the prior is fixed for the first steps, then
 #: updated in closed form after every step (from a narrow guide at once it collapses, see noether_tables.py).
-WARMUP = {"dt": 0.1, "steps": 5000, "batch_size": 100, "lr": 0.01, "init_scale": 0.01, "prior_warmup": 500,
-          "num_particles": 2}
+WARMUP = {
+    "dt": 0.1,
+    "steps": 5000,
+    "batch_size": 100,
+    "lr": 0.01,
+    "init_scale": 0.01,
+    "prior_warmup": 500,
+    "num_particles": 2,
+}
 #: The three rows: dt 1.0 and batch 20 as the reference; η rate 0.01 = the reference's lr_cyper.
-ROWS = {"dt": 1.0, "steps": 8000, "batch_size": 20, "lr": 0.005, "eta_lr": 0.01, "init_scale": 0.01,
-        "num_particles": 2, "damping": 0.5}
+ROWS = {
+    "dt": 1.0,
+    "steps": 8000,
+    "batch_size": 20,
+    "lr": 0.005,
+    "eta_lr": 0.01,
+    "init_scale": 0.01,
+    "num_particles": 2,
+    "damping": 0.5,
+}
 SYMMETRY = {"none": "none", "learned": "quadratic", "oracle": "se2"}
 LABEL = {"none": "HNN", "learned": "HNN + learned symmetry", "oracle": "HNN + SE(2) oracle"}
-COLUMNS = [("train_mse", "Train MSE"), ("nll", "NLL/N"), ("kl", "KL/N"), ("neg_elbo", "−ELBO/N ↓"),
-           ("test_mse", "Test MSE ↓"), ("wider_mse", "wider MSE"), ("moved_mse", "moved MSE")]
+COLUMNS = [
+    ("train_mse", "Train MSE"),
+    ("nll", "NLL/N"),
+    ("kl", "KL/N"),
+    ("neg_elbo", "−ELBO/N ↓"),
+    ("test_mse", "Test MSE ↓"),
+    ("wider_mse", "wider MSE"),
+    ("moved_mse", "moved MSE"),
+]
 #: The talk's 3-body table (docs/methods.md §4), printed beside ours.
 TALK = {
-    "none": dict(train_mse=0.0028, nll=-13.87, kl=13.34, neg_elbo=-9.52, test_mse=0.0016, moved_mse=0.0035, wider_mse=0.0016),
-    "learned": dict(train_mse=0.0017, nll=-20.09, kl=7.28, neg_elbo=-12.81, test_mse=0.0006, moved_mse=0.0004, wider_mse=0.0006),
-    "oracle": dict(train_mse=0.0019, nll=-19.27, kl=7.96, neg_elbo=-11.32, test_mse=0.0006, moved_mse=0.0006, wider_mse=0.0006),
+    "none": dict(
+        train_mse=0.0028, nll=-13.87, kl=13.34, neg_elbo=-9.52, test_mse=0.0016, moved_mse=0.0035, wider_mse=0.0016
+    ),
+    "learned": dict(
+        train_mse=0.0017, nll=-20.09, kl=7.28, neg_elbo=-12.81, test_mse=0.0006, moved_mse=0.0004, wider_mse=0.0006
+    ),
+    "oracle": dict(
+        train_mse=0.0019, nll=-19.27, kl=7.96, neg_elbo=-11.32, test_mse=0.0006, moved_mse=0.0006, wider_mse=0.0006
+    ),
 }
 ANGLE_TOL = 15.0  # the issue's criterion: span of the 3 significant directions within 15° of SE(2)'s
 STEM = "threebody_recipe"
 
 
 def _model(symmetry: str, dt: float, seed: int) -> SymmetrisedHNN:
-    return SymmetrisedHNN(4 * DATA["n"], MODEL["hidden"], symmetry=symmetry, dt=dt, prior="closed-form",
-                          init_seed=seed, **{k: v for k, v in MODEL.items() if k != "hidden"})
+    return SymmetrisedHNN(
+        4 * DATA["n"],
+        MODEL["hidden"],
+        symmetry=symmetry,
+        dt=dt,
+        prior="closed-form",
+        init_seed=seed,
+        **{k: v for k, v in MODEL.items() if k != "hidden"},
+    )
 
 
 def _guide(model: SymmetrisedHNN, init_scale: float, data: Any) -> Any:
@@ -98,9 +138,20 @@ def _guide(model: SymmetrisedHNN, init_scale: float, data: Any) -> Any:
 
 
 def _fit(model: Any, guide: Any, data: Any, settings: dict[str, Any], seed: int, callbacks: list[Any], device: str):
-    return fit(model, guide, data, steps=settings["steps"], batch_size=settings["batch_size"], lr=settings["lr"],
-               eta_lr=settings.get("eta_lr", 0.1), num_particles=settings["num_particles"], seed=seed, progress=False,
-               callbacks=callbacks, device=device)
+    return fit(
+        model,
+        guide,
+        data,
+        steps=settings["steps"],
+        batch_size=settings["batch_size"],
+        lr=settings["lr"],
+        eta_lr=settings.get("eta_lr", 0.1),
+        num_particles=settings["num_particles"],
+        seed=seed,
+        progress=False,
+        callbacks=callbacks,
+        device=device,
+    )
 
 
 def run_seed(seed: int, rows: list[str], cache_dir: str | None, device: str = "cpu") -> dict[str, Any]:
@@ -113,10 +164,14 @@ def run_seed(seed: int, rows: list[str], cache_dir: str | None, device: str = "c
     model = _model("none", WARMUP["dt"], seed)
     guide = _guide(model, WARMUP["init_scale"], warm_data)
     t0 = time.perf_counter()
-    warm = _fit(model, guide, warm_data, WARMUP, seed, [ClosedFormPriorUpdate(0.5, warmup=WARMUP["prior_warmup"])],
-                device)
-    out["warmup"] = {"seconds": time.perf_counter() - t0, "final_loss_per_datum": warm.history["elbo"][-1],
-                     "prior_var": model.prior_var.tolist()}
+    warm = _fit(
+        model, guide, warm_data, WARMUP, seed, [ClosedFormPriorUpdate(0.5, warmup=WARMUP["prior_warmup"])], device
+    )
+    out["warmup"] = {
+        "seconds": time.perf_counter() - t0,
+        "final_loss_per_datum": warm.history["elbo"][-1],
+        "prior_var": model.prior_var.tolist(),
+    }
     _common.log(f"seed {seed} warm-up: {out['warmup']['seconds']:.0f}s, prior var {out['warmup']['prior_var']}")
 
     for row in rows:
@@ -136,10 +191,13 @@ def run_seed(seed: int, rows: list[str], cache_dir: str | None, device: str = "c
         if row == "learned":
             a = symmetry_analysis(model, system="nbody")
             angles = a.principal_angles_deg()
-            out["analysis"] = {"singular_values": a.singular_values.tolist(), "num_significant": a.num_significant,
-                               "parallelness": a.parallelness.tolist(),
-                               "principal_angles_deg": [] if angles is None else angles.tolist(),
-                               "generators": model.generators().detach().cpu().tolist()}
+            out["analysis"] = {
+                "singular_values": a.singular_values.tolist(),
+                "num_significant": a.num_significant,
+                "parallelness": a.parallelness.tolist(),
+                "principal_angles_deg": [] if angles is None else angles.tolist(),
+                "generators": model.generators().detach().cpu().tolist(),
+            }
     return out
 
 
@@ -150,9 +208,13 @@ def criteria(seeds: list[dict[str, Any]]) -> tuple[list[str], list[bool]]:
     if full:
         gaps = [s["rows"]["none"]["neg_elbo"] - s["rows"]["learned"]["neg_elbo"] for s in full]
         mse_ok = [s["rows"]["learned"]["test_mse"] <= s["rows"]["none"]["test_mse"] for s in full]
-        lines.append(f"- −ELBO/N, HNN − learned per seed (positive: learned better): "
-                     f"{', '.join(f'{g:+.3g}' for g in gaps)} → learned better in {sum(g > 0 for g in gaps)}/{len(full)} seeds")
-        pairs = "; ".join(f"{s['rows']['learned']['test_mse']:.4g} vs {s['rows']['none']['test_mse']:.4g}" for s in full)
+        lines.append(
+            f"- −ELBO/N, HNN − learned per seed (positive: learned better): "
+            f"{', '.join(f'{g:+.3g}' for g in gaps)} → learned better in {sum(g > 0 for g in gaps)}/{len(full)} seeds"
+        )
+        pairs = "; ".join(
+            f"{s['rows']['learned']['test_mse']:.4g} vs {s['rows']['none']['test_mse']:.4g}" for s in full
+        )
         lines.append(f"- test MSE learned ≤ HNN: {sum(mse_ok)}/{len(full)} seeds ({pairs})")
         checks += [3 * sum(g > 0 for g in gaps) >= 2 * len(full), 3 * sum(mse_ok) >= 2 * len(full)]
     analysed = [s for s in seeds if s.get("analysis")]
@@ -162,10 +224,15 @@ def criteria(seeds: list[dict[str, Any]]) -> tuple[list[str], list[bool]]:
             a = s["analysis"]
             angles = a["principal_angles_deg"]
             ok.append(a["num_significant"] == 3 and bool(angles) and max(angles) <= ANGLE_TOL)
-        desc = "; ".join(f"seed {s['seed']}: {s['analysis']['num_significant']} significant, angles "
-                         f"{', '.join(f'{v:.0f}' for v in s['analysis']['principal_angles_deg'])}°" for s in analysed)
-        lines.append(f"- 3 significant directions within {ANGLE_TOL:.0f}° of SE(2): {sum(ok)}/{len(analysed)} seeds "
-                     f"(needs ≥ 2 of 3) — {desc}")
+        desc = "; ".join(
+            f"seed {s['seed']}: {s['analysis']['num_significant']} significant, angles "
+            f"{', '.join(f'{v:.0f}' for v in s['analysis']['principal_angles_deg'])}°"
+            for s in analysed
+        )
+        lines.append(
+            f"- 3 significant directions within {ANGLE_TOL:.0f}° of SE(2): {sum(ok)}/{len(analysed)} seeds "
+            f"(needs ≥ 2 of 3) — {desc}"
+        )
         checks.append(3 * sum(ok) >= 2 * len(analysed))
     return lines, checks
 
@@ -178,8 +245,10 @@ def oracle_angles(analysis: dict[str, Any]) -> list[tuple[str, float]]:
     a = analyse_generators(learned)
     span = a.vectors[: a.num_significant]
     names = ("translation x", "translation y", "rotation")
-    return [(name, float(torch.rad2deg(torch.arccos(principal_cosines(o.reshape(1, -1), span)[0]))))
-            for name, o in zip(names, oracle)]  # fmt: skip
+    return [
+        (name, float(torch.rad2deg(torch.arccos(principal_cosines(o.reshape(1, -1), span)[0]))))
+        for name, o in zip(names, oracle)
+    ]
 
 
 def _fmt(values: list[float]) -> str:
@@ -196,17 +265,30 @@ def _fmt(values: list[float]) -> str:
 
 def markdown(seeds: list[dict[str, Any]], info: dict[str, Any], command: str) -> str:
     settings = {"data": DATA, "model": MODEL, "warm-up": WARMUP, "rows": ROWS}
-    intro = (__doc__.split("\n\n")[1] + "\n\nSeeds: " + ", ".join(str(s["seed"]) for s in seeds)
-             + " (mean ± sd over seeds). The talk's rows are at the paper size (4 × 250, 10 000 pairs, 1000 epochs).")
-    parts = [_common.header_markdown("3-body with the reference's recipe (reduced size)", info, settings, command, intro)]
+    intro = (
+        __doc__.split("\n\n")[1]
+        + "\n\nSeeds: "
+        + ", ".join(str(s["seed"]) for s in seeds)
+        + " (mean ± sd over seeds). The talk's rows are at the paper size (4 × 250, 10 000 pairs, 1000 epochs)."
+    )
+    parts = [
+        _common.header_markdown("3-body with the reference's recipe (reduced size)", info, settings, command, intro)
+    ]
     header = ["model"] + [c[1] for c in COLUMNS] + ["s/step"]
     rows = []
     for row in ("none", "learned", "oracle"):
         done = [s["rows"][row] for s in seeds if row in s["rows"]]
         if done:
-            rows.append([LABEL[row]] + [_fmt([d.get(c) for d in done]) for c, _ in COLUMNS]
-                        + [_fmt([d["seconds_per_step"] for d in done])])
-        rows.append([f"*talk: {LABEL[row]}*"] + [_fmt([TALK[row].get(c)]) if c in TALK[row] else "–" for c, _ in COLUMNS] + ["–"])
+            rows.append(
+                [LABEL[row]]
+                + [_fmt([d.get(c) for d in done]) for c, _ in COLUMNS]
+                + [_fmt([d["seconds_per_step"] for d in done])]
+            )
+        rows.append(
+            [f"*talk: {LABEL[row]}*"]
+            + [_fmt([TALK[row].get(c)]) if c in TALK[row] else "–" for c, _ in COLUMNS]
+            + ["–"]
+        )
     lines, checks = criteria(seeds)
     parts += [_common.md_table(header, rows), "", "## Criteria (the talk's claims at this size)", "", *lines]
     parts += ["", "## Learned generators (SVD against SE(2))", ""]
@@ -216,11 +298,18 @@ def markdown(seeds: list[dict[str, Any]], info: dict[str, Any], command: str) ->
             sv = ", ".join(f"{v:.3g}" for v in a["singular_values"][:10])
             par = ", ".join(f"{v:.2f}" for v in a["parallelness"][:6])
             parts.append(f"- seed {s['seed']}: singular values {sv}; |cos| of the leading vectors to SE(2) {par}")
-    per_generator = [f"- seed {s['seed']}: " + ", ".join(f"{name} {angle:.1f}°" for name, angle in oracle_angles(s["analysis"]))
-                     for s in seeds if s.get("analysis", {}) and s["analysis"].get("generators")]  # fmt: skip
+    per_generator = [
+        f"- seed {s['seed']}: " + ", ".join(f"{name} {angle:.1f}°" for name, angle in oracle_angles(s["analysis"]))
+        for s in seeds
+        if s.get("analysis", {}) and s["analysis"].get("generators")
+    ]
     if per_generator:
-        parts += ["", "Angle between each SE(2) generator and the span of the significant learned directions "
-                  "(seeds whose run kept the generators):", ""] + per_generator
+        parts += [
+            "",
+            "Angle between each SE(2) generator and the span of the significant learned directions "
+            "(seeds whose run kept the generators):",
+            "",
+        ] + per_generator
     parts += ["", f"Figure: `{STEM}_svd.png` (one row per seed).", ""]
     word = _common.verdict_of(checks) if checks else "not run"
     seeds_text = f"{len(seeds)} of 3 seeds; a criterion holds in ≥ 2 of them"
@@ -256,8 +345,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--out", default=None, help="output folder (default benchmarks/results)")
     parser.add_argument("--collect", action="store_true", help="only rebuild the table from the per-seed files")
-    parser.add_argument("--smoke", type=int, default=None, metavar="STEPS",
-                        help="a run of STEPS steps per fit, to check the script (use with --out elsewhere)")
+    parser.add_argument(
+        "--smoke",
+        type=int,
+        default=None,
+        metavar="STEPS",
+        help="a run of STEPS steps per fit, to check the script (use with --out elsewhere)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -277,8 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no per-seed results in {out_dir}")
     command = ".venv/bin/python benchmarks/threebody_recipe.py --seeds " + " ".join(str(s["seed"]) for s in seeds)
     md = markdown(seeds, _common.machine_info(), command)
-    _common.publish(STEM, md, {"seeds": seeds, "settings": {"data": DATA, "model": MODEL, "warmup": WARMUP, "rows": ROWS}},
-                    out_dir)
+    _common.publish(
+        STEM, md, {"seeds": seeds, "settings": {"data": DATA, "model": MODEL, "warmup": WARMUP, "rows": ROWS}}, out_dir
+    )
     figure(seeds, out_dir / f"{STEM}_svd.png")
     return 0
 

@@ -41,13 +41,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as common  # noqa: E402
-
 import pyro  # noqa: E402
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
@@ -66,8 +66,15 @@ from pyro_invariance.infer.training import is_factor_parameter, is_symmetry_para
 from pyro_invariance.models import InvariantMLP  # noqa: E402
 from pyro_invariance.models.layerwise import LayerwiseNet, make_init_loc_fn  # noqa: E402
 from pyro_invariance.models.symmetrised_hnn import SymmetrisedHNN  # noqa: E402
-from pyro_invariance.symmetry.affine import affine_det, invert_affine, lie_exp, sample_epsilon  # noqa: E402
-from pyro_invariance.symmetry.affine import transform_weight_rows, warp_stack  # noqa: E402
+from pyro_invariance.symmetry.affine import (  # noqa: E402  # noqa: E402
+    affine_det,
+    invert_affine,
+    lie_exp,
+    sample_epsilon,
+    transform_weight_rows,
+    warp_stack,
+)
+
 
 # ------------------------------------------------------------------------------------------------
 # Shared machinery: statistics, minibatches, the plain Pyro step, fit timed between its callbacks
@@ -78,17 +85,24 @@ def summary(ts: Sequence[float]) -> dict[str, float]:
     if not ts:
         return {}
     q = statistics.quantiles(ts, n=4, method="inclusive") if len(ts) >= 2 else [ts[0]] * 3
-    return {"median": statistics.median(ts), "mean": statistics.fmean(ts), "min": min(ts), "q1": q[0], "q3": q[2],
-            "n": len(ts)}  # fmt: skip
+    return {
+        "median": statistics.median(ts),
+        "mean": statistics.fmean(ts),
+        "min": min(ts),
+        "q1": q[0],
+        "q3": q[2],
+        "n": len(ts),
+    }
 
 
 def rotated(names: Sequence[str], k: int) -> list[str]:
     names = list(names)
-    return names[k % len(names):] + names[: k % len(names)] if names else []
+    return names[k % len(names) :] + names[: k % len(names)] if names else []
 
 
-def interleaved(steppers: dict[str, Callable[[], Any]], warmup: int, reps: int,
-                sync: Callable[[], None] = lambda: None) -> dict[str, list[float]]:  # fmt: skip
+def interleaved(
+    steppers: dict[str, Callable[[], Any]], warmup: int, reps: int, sync: Callable[[], None] = lambda: None
+) -> dict[str, list[float]]:
     """Wall time of each call over ``warmup + reps`` rounds (the first ``warmup`` untimed), the order rotating."""
     times: dict[str, list[float]] = {n: [] for n in steppers}
     for rep in range(warmup + reps):
@@ -136,14 +150,23 @@ def fit_groups(model: nn.Module, guide: nn.Module, cfg: pi.FitConfig) -> list[di
     other = [p for p in model.parameters() if not any(p is e for e in eta)]
     taken = {id(p) for p in eta + other}
     named = [(n, p) for n, p in guide.named_parameters() if id(p) not in taken]
-    groups = [{"params": [p for n, p in named if not is_factor_parameter(n)], "lr": cfg.lr},
-              {"params": [p for n, p in named if is_factor_parameter(n)], "lr": cfg.factor_lr},
-              {"params": other, "lr": cfg.model_lr or cfg.lr}, {"params": eta, "lr": cfg.eta_lr}]  # fmt: skip
+    groups = [
+        {"params": [p for n, p in named if not is_factor_parameter(n)], "lr": cfg.lr},
+        {"params": [p for n, p in named if is_factor_parameter(n)], "lr": cfg.factor_lr},
+        {"params": other, "lr": cfg.model_lr or cfg.lr},
+        {"params": eta, "lr": cfg.eta_lr},
+    ]
     return [g for g in groups if g["params"]]
 
 
-def torch_step(loss: Callable[[Tensor, Tensor, int], Tensor], groups: list[dict[str, Any]], case: dict[str, Any],
-               total: int, seed: int, device: torch.device) -> Callable[[], None]:  # fmt: skip
+def torch_step(
+    loss: Callable[[Tensor, Tensor, int], Tensor],
+    groups: list[dict[str, Any]],
+    case: dict[str, Any],
+    total: int,
+    seed: int,
+    device: torch.device,
+) -> Callable[[], None]:
     """One step of a hand-written twin per call: fit's minibatches, fused Adam, cosine schedule, no host reads."""
     optim = adam(groups)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(optim, T_max=total, eta_min=0.0)
@@ -160,8 +183,16 @@ def torch_step(loss: Callable[[Tensor, Tensor, int], Tensor], groups: list[dict[
     return step
 
 
-def pyro_step(case: dict[str, Any], total: int, seed: int, device: torch.device, *, particles: int = 1,
-              vectorise: bool = False, validation: bool = True) -> Callable[[], float]:  # fmt: skip
+def pyro_step(
+    case: dict[str, Any],
+    total: int,
+    seed: int,
+    device: torch.device,
+    *,
+    particles: int = 1,
+    vectorise: bool = False,
+    validation: bool = True,
+) -> Callable[[], float]:
     """One plain Pyro SVI step per call, as a Pyro user writes it: ``TraceMeanField_ELBO.differentiable_loss`` +
     ``backward`` + per-tensor Adam over fit's groups + cosine schedule, with Pyro's validation on, a finiteness check
     and ``loss.item()`` per step (``fit``'s loop before it was made lean)."""
@@ -188,8 +219,16 @@ def pyro_step(case: dict[str, Any], total: int, seed: int, device: torch.device,
     return step
 
 
-def time_fit(case: dict[str, Any], others: dict[str, Callable[[], Any]], warmup: int, steps: int, seed: int,
-             device: torch.device, fit_fn: Callable[..., Any] = pi.fit, **fit_kw: Any) -> dict[str, Any]:  # fmt: skip
+def time_fit(
+    case: dict[str, Any],
+    others: dict[str, Callable[[], Any]],
+    warmup: int,
+    steps: int,
+    seed: int,
+    device: torch.device,
+    fit_fn: Callable[..., Any] = pi.fit,
+    **fit_kw: Any,
+) -> dict[str, Any]:
     """``fit_fn`` for 1 + warmup + steps (+ 1 on CUDA, for the allocator's peak) steps timed between its callbacks,
     one step of each of ``others`` inside each callback. Returns times, their statistics, the paired ratio of each
     to ``twin`` (median over callbacks of its step over the twin's step of the same callback), CUDA peak MiB of the
@@ -233,13 +272,31 @@ def time_fit(case: dict[str, Any], others: dict[str, Callable[[], Any]], warmup:
         clock["end"] = time.perf_counter()
 
     t0 = time.perf_counter()
-    result = fit_fn(case["model"], case["guide"], (case["x"], case["y"]), steps=end_step, progress=False, seed=seed,
-                    callbacks=[callback], device=str(device), **case.get("fit", {}), **fit_kw)  # fmt: skip
+    result = fit_fn(
+        case["model"],
+        case["guide"],
+        (case["x"], case["y"]),
+        steps=end_step,
+        progress=False,
+        seed=seed,
+        callbacks=[callback],
+        device=str(device),
+        **case.get("fit", {}),
+        **fit_kw,
+    )
     wall = time.perf_counter() - t0
     paired = {k: summary([a / b for a, b in zip(times[k], times["twin"])]) for k in times} if "twin" in times else {}
     stats = {k: summary(v) for k, v in times.items()}
-    return {"times": times, "stats": stats, "paired_to_twin": paired, "peak_mib": peaks, "wall_s": wall,
-            "step_stats": result.step_stats, "warmup": warmup, "steps": steps}  # fmt: skip
+    return {
+        "times": times,
+        "stats": stats,
+        "paired_to_twin": paired,
+        "peak_mib": peaks,
+        "wall_s": wall,
+        "step_stats": result.step_stats,
+        "warmup": warmup,
+        "steps": steps,
+    }
 
 
 def steps_of(args: argparse.Namespace, full: tuple[int, int], quick: tuple[int, int] | None = None) -> tuple[int, int]:
@@ -272,16 +329,23 @@ def verdict(lines: Sequence[str] = ()) -> str:
     return common.verdict_section("no claim", "a timing of this library; compare ratios within one run", lines)
 
 
-def publish(args: argparse.Namespace, base: str, title: str, intro: str, settings: dict[str, Any], body: str,
-            payload: dict[str, Any], lines: Sequence[str] = ()) -> Path:  # fmt: skip
+def publish(
+    args: argparse.Namespace,
+    base: str,
+    title: str,
+    intro: str,
+    settings: dict[str, Any],
+    body: str,
+    payload: dict[str, Any],
+    lines: Sequence[str] = (),
+) -> Path:
     """Write ``<out-dir>/<stem>.md`` (header: path, mode, device, steps and settings, machine, command; ``body``; the
     verdict with ``lines``) and ``.json``."""
     stem = args.stem or base + {"full": "", "quick": "_quick", "smoke": "_smoke"}[args.mode]
     path = Path(args.out_dir) / f"{stem}.md"
     with contextlib.suppress(ValueError):
         path = path.resolve().relative_to(common.REPO_ROOT)
-    settings = {"result file": str(path), "mode": args.mode, "device": args.device, "threads": args.threads,
-                **settings}  # fmt: skip
+    settings = {"result file": str(path), "mode": args.mode, "device": args.device, "threads": args.threads, **settings}
     info, command = machine(args), common.command_line()
     md = common.header_markdown(title, info, settings, command, intro) + "\n" + body.rstrip() + "\n\n" + verdict(lines)
     payload = {"machine": info, "settings": settings, "command": command, **payload}
@@ -328,8 +392,11 @@ class InvariantMLPTwin(nn.Module):
             self.register_buffer("w1", model.w1.clone())
             self.register_buffer("b1", model.b1.clone())
         w2 = guide.structured.out_weight
-        self.w2_loc, self.w2_scale_u, self.w2_tril = p(w2.loc_unconstrained), p(w2.scale_unconstrained), p(
-            w2.scale_tril_unconstrained)  # fmt: skip
+        self.w2_loc, self.w2_scale_u, self.w2_tril = (
+            p(w2.loc_unconstrained),
+            p(w2.scale_unconstrained),
+            p(w2.scale_tril_unconstrained),
+        )
         self.b2_loc, self.b2_scale_u = p(guide.locs.out_bias_unconstrained), p(guide.scales.out_bias_unconstrained)
         self.sp_loc = p(guide.locs.prior_scale_unconstrained)
         self.sp_scale_u = p(guide.scales.prior_scale_unconstrained)
@@ -372,8 +439,12 @@ class InvariantMLPTwin(nn.Module):
             features = self._phi(F.linear(warped, self.w1, self.b1)).mean(1)
         nll = F.cross_entropy(features @ w2.T + b2, y, reduction="sum") * (num_data / b)
         kl_sigma = -torch.log(sp_scale) + 0.5 * (sp_scale**2 + (self.sp_loc - self.prior_scale_loc) ** 2) - 0.5
-        kl_w2 = 0.5 * (((chol.pow(2).sum(-1) + self.w2_loc**2) / sigma**2).sum() - C * H
-                       + C * H * torch.log(sigma**2) - 2.0 * torch.log(s).sum())  # fmt: skip
+        kl_w2 = 0.5 * (
+            ((chol.pow(2).sum(-1) + self.w2_loc**2) / sigma**2).sum()
+            - C * H
+            + C * H * torch.log(sigma**2)
+            - 2.0 * torch.log(s).sum()
+        )
         kl_b2 = (torch.log(sigma / b2_scale) + (b2_scale**2 + self.b2_loc**2) / (2 * sigma**2) - 0.5).sum()
         return nll + kl_sigma + kl_w2 + kl_b2
 
@@ -384,8 +455,15 @@ def mlp_case(cfg: dict[str, int], activation: str, seed: int) -> dict[str, Any]:
     x = torch.rand(cfg["batch"], 1, cfg["side"], cfg["side"], generator=gen)
     y = torch.randint(0, cfg["classes"], (cfg["batch"],), generator=gen)
     pyro.set_rng_seed(seed)
-    model = InvariantMLP(image_shape=(1, cfg["side"], cfg["side"]), num_classes=cfg["classes"], hidden=cfg["hidden"],
-                         activation=activation, symmetry="rotation", learn_symmetry=True, num_transforms=cfg["samples"])
+    model = InvariantMLP(
+        image_shape=(1, cfg["side"], cfg["side"]),
+        num_classes=cfg["classes"],
+        hidden=cfg["hidden"],
+        activation=activation,
+        symmetry="rotation",
+        learn_symmetry=True,
+        num_transforms=cfg["samples"],
+    )
     guide = guides.get("block-cholesky", model)
     with poutine.block():
         guide(x, y, num_data=cfg["num_data"])
@@ -405,9 +483,11 @@ def check_same_elbo(case: dict[str, Any], twin: InvariantMLPTwin, seed: int) -> 
     pyro.set_rng_seed(seed)
     loss_h = twin.loss(x, y, n)
     loss_h.backward()
-    pairs = {"eta": (model.symmetry_parameters()[0], twin.eta_u),
-             "W2 loc": (guide.structured.out_weight.loc_unconstrained, twin.w2_loc),
-             "sigma_p loc": (guide.locs.prior_scale_unconstrained, twin.sp_loc)}  # fmt: skip
+    pairs = {
+        "eta": (model.symmetry_parameters()[0], twin.eta_u),
+        "W2 loc": (guide.structured.out_weight.loc_unconstrained, twin.w2_loc),
+        "sigma_p loc": (guide.locs.prior_scale_unconstrained, twin.sp_loc),
+    }
     lp, lh = loss_p.item(), loss_h.item()
     out = {"loss_pyro": lp, "loss_hand": lh, "loss_rel_diff": abs(1 - lh / lp)}
     for name, (a, b) in pairs.items():
@@ -453,36 +533,65 @@ def render_mlp(res: dict[str, Any], flops: float = 0, matmul: float = 1) -> tupl
             twin = entry["stats"].get("twin")
             for name, st in entry["stats"].items():
                 pr = entry["paired_to_twin"].get(name)
-                row = [act.upper(), f"`{run_name if name == 'fit' else f'{name} (in {run_name})'}`", _ms(st),
-                       _ms(st, "mean"), f"{_ms(st, 'q1')}–{_ms(st, 'q3')}",
-                       f"{st['median'] / twin['median']:.2f}×" if twin and st else "–",
-                       f"{pr['median']:.2f}× ({pr['q1']:.2f}–{pr['q3']:.2f})" if pr else "–",
-                       _mib(entry["peak_mib"].get(name))]  # fmt: skip
+                row = [
+                    act.upper(),
+                    f"`{run_name if name == 'fit' else f'{name} (in {run_name})'}`",
+                    _ms(st),
+                    _ms(st, "mean"),
+                    f"{_ms(st, 'q1')}–{_ms(st, 'q3')}",
+                    f"{st['median'] / twin['median']:.2f}×" if twin and st else "–",
+                    f"{pr['median']:.2f}× ({pr['q1']:.2f}–{pr['q3']:.2f})" if pr else "–",
+                    _mib(entry["peak_mib"].get(name)),
+                ]
                 if flops:
                     row.append(f"{flops / st['median'] / 1e9:.1f} ({100 * flops / st['median'] / 1e9 / matmul:.0f}%)")
                 rows.append(row)
             ss = entry.get("step_stats", {})
             if run_name != "fit" and ss:
-                rows.append([act.upper(), f"`{run_name}` first lean step", "", "", "", "", "",
-                             f"capture {ss.get('capture_seconds', float('nan')):.1f} s"
-                             + (f", compile {ss['compile_seconds']:.1f} s" if ss.get("compile_seconds") else "")
-                             + (f", fell back: {ss['fallback']}" if ss.get("fallback") else "")]
-                            + [""] * bool(flops))  # fmt: skip
+                rows.append(
+                    [
+                        act.upper(),
+                        f"`{run_name}` first lean step",
+                        "",
+                        "",
+                        "",
+                        "",
+                        "",
+                        f"capture {ss.get('capture_seconds', float('nan')):.1f} s"
+                        + (f", compile {ss['compile_seconds']:.1f} s" if ss.get("compile_seconds") else "")
+                        + (f", fell back: {ss['fallback']}" if ss.get("fallback") else ""),
+                    ]
+                    + [""] * bool(flops)
+                )
             fit = entry["stats"]["fit"]
             if twin and fit:
-                line = (f"- {act.upper()}, `{run_name}`: fit / twin = {fit['median'] / twin['median']:.2f}× "
-                        f"(ratio of medians), {entry['paired_to_twin']['fit']['median']:.2f}× paired")  # fmt: skip
+                line = (
+                    f"- {act.upper()}, `{run_name}`: fit / twin = {fit['median'] / twin['median']:.2f}× "
+                    f"(ratio of medians), {entry['paired_to_twin']['fit']['median']:.2f}× paired"
+                )
                 for slow in ("pyro", "before"):
                     if entry["stats"].get(slow):
                         line += f"; the plain Pyro step / fit = {entry['stats'][slow]['median'] / fit['median']:.2f}×"
                 found.append(line + _fell_back(entry) + ".")
-        header = ["act.", "variant", "median ms", "mean ms", "IQR ms", "ratio of medians to twin",
-                  "paired ratio to twin (IQR)", "peak MiB", *["GFLOP/s (of matmul rate)"] * bool(flops)]  # fmt: skip
+        header = [
+            "act.",
+            "variant",
+            "median ms",
+            "mean ms",
+            "IQR ms",
+            "ratio of medians to twin",
+            "paired ratio to twin (IQR)",
+            "peak MiB",
+            *["GFLOP/s (of matmul rate)"] * bool(flops),
+        ]
         out += [common.md_table(header, rows), ""]
         checks = {k: v for k, v in runs.get("fit", {}).get("check", {}).items()}
         if checks:
-            out += ["Same ELBO (same parameters and seed, relative differences): "
-                    + ", ".join(f"{k} {v:.3g}" for k, v in checks.items()), ""]  # fmt: skip
+            out += [
+                "Same ELBO (same parameters and seed, relative differences): "
+                + ", ".join(f"{k} {v:.3g}" for k, v in checks.items()),
+                "",
+            ]
     return out, found
 
 
@@ -499,57 +608,166 @@ def section_step(args: argparse.Namespace) -> Path:
     matmul = common.matmul_gflops(256 if args.mode == "smoke" else 2048)
     res = run_mlp(args, cfg, warmup, steps, check=True)
     tables, lines = render_mlp(res, flops, matmul)
-    body = "\n".join([f"Measured float32 matmul rate ({args.threads} thread(s)): **{matmul:.1f} GFLOP/s**.", "",
-                      "## Time per step", "", *tables])  # fmt: skip
-    settings = {"sizes": cfg, "warm-up / timed steps": f"{warmup} / {steps}", "activations": args.activations,
-                "compile modes": args.compile_modes or "off",
-                "dominant FLOPs per step (4·B·S·H·D)": flops}  # fmt: skip
-    intro = ("The invariant MLP of paper 003 (rotation learned, block-Cholesky guide): `fit`'s own loop, with a "
-             "hand-written PyTorch twin of the same ELBO (`twin`: same transforms, one reparameterised draw, analytic "
-             "KLs, fit's Adam groups, fused) and a plain Pyro step (`pyro`: validation on, per-tensor Adam, a host "
-             "read per step) interleaved in its callbacks. GFLOP/s counts only 4·B·S·H·D.")  # fmt: skip
-    return publish(args, "step_time", "SVI step time of InvariantMLP: fit vs hand-written PyTorch", intro, settings,
-                   body, {"matmul_gflops": matmul, "flops_per_step": flops, "results": res}, lines)  # fmt: skip
+    body = "\n".join(
+        [
+            f"Measured float32 matmul rate ({args.threads} thread(s)): **{matmul:.1f} GFLOP/s**.",
+            "",
+            "## Time per step",
+            "",
+            *tables,
+        ]
+    )
+    settings = {
+        "sizes": cfg,
+        "warm-up / timed steps": f"{warmup} / {steps}",
+        "activations": args.activations,
+        "compile modes": args.compile_modes or "off",
+        "dominant FLOPs per step (4·B·S·H·D)": flops,
+    }
+    intro = (
+        "The invariant MLP of paper 003 (rotation learned, block-Cholesky guide): `fit`'s own loop, with a "
+        "hand-written PyTorch twin of the same ELBO (`twin`: same transforms, one reparameterised draw, analytic "
+        "KLs, fit's Adam groups, fused) and a plain Pyro step (`pyro`: validation on, per-tensor Adam, a host "
+        "read per step) interleaved in its callbacks. GFLOP/s counts only 4·B·S·H·D."
+    )
+    return publish(
+        args,
+        "step_time",
+        "SVI step time of InvariantMLP: fit vs hand-written PyTorch",
+        intro,
+        settings,
+        body,
+        {"matmul_gflops": matmul, "flops_per_step": flops, "results": res},
+        lines,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
 # The symmetrised HNN, the JAX reference and the GPU report (section gpu)
 # ------------------------------------------------------------------------------------------------
 HNN = {
-    "hnn-sho": {"state_dim": 2, "hidden": (200, 200), "num_generators": 1, "num_transforms": 200, "euler_steps": 20,
-                "dt": 0.2, "sampling": "cube", "batch": 28, "particles": (1, 20)},
-    "hnn-3body": {"state_dim": 12, "hidden": (250, 250, 250), "num_generators": 10, "num_transforms": 100,
-                  "euler_steps": 10, "dt": 1.0, "sampling": "ball", "batch": 20, "particles": (2,)},
-    "smoke": {"state_dim": 2, "hidden": (8, 8), "num_generators": 1, "num_transforms": 3, "euler_steps": 2, "dt": 0.2,
-              "sampling": "cube", "batch": 6, "particles": (1, 2)},
-}  # fmt: skip
+    "hnn-sho": {
+        "state_dim": 2,
+        "hidden": (200, 200),
+        "num_generators": 1,
+        "num_transforms": 200,
+        "euler_steps": 20,
+        "dt": 0.2,
+        "sampling": "cube",
+        "batch": 28,
+        "particles": (1, 20),
+    },
+    "hnn-3body": {
+        "state_dim": 12,
+        "hidden": (250, 250, 250),
+        "num_generators": 10,
+        "num_transforms": 100,
+        "euler_steps": 10,
+        "dt": 1.0,
+        "sampling": "ball",
+        "batch": 20,
+        "particles": (2,),
+    },
+    "smoke": {
+        "state_dim": 2,
+        "hidden": (8, 8),
+        "num_generators": 1,
+        "num_transforms": 3,
+        "euler_steps": 2,
+        "dt": 0.2,
+        "sampling": "cube",
+        "batch": 6,
+        "particles": (1, 2),
+    },
+}
 #: the JAX reference's command-line settings for the same two systems (scripts/*/table*.sh of the reference)
 REFERENCE_ARGS = {
-    "hnn-sho": ["--group", "quadratic_learn1", "--train_size", "7", "--train_steps", "4", "--steps", "20",
-                "--stepsize", "0.20", "--sym_steps", "50", "--vi", "--dynamics", "harmonic-oscillator", "--act_fun",
-                "elu2", "--n_layers", "3", "--n_hidden", "200", "--sym_samples", "200", "--sym_over_path",
-                "--mc_samples", "20"],
-    "hnn-3body": ["--group", "quadratic_learn10", "--batch_size", "20", "--vi", "--dynamics", "nbody_2d_3b",
-                  "--train_size", "200", "--train_steps", "50", "--stepsize", "1.0", "--act_fun", "elu", "--n_hidden",
-                  "250", "--n_layers", "4", "--sym_samples", "100", "--sym_over_path", "--mc_samples", "2",
-                  "--measure_dist", "ball"],
-}  # fmt: skip
+    "hnn-sho": [
+        "--group",
+        "quadratic_learn1",
+        "--train_size",
+        "7",
+        "--train_steps",
+        "4",
+        "--steps",
+        "20",
+        "--stepsize",
+        "0.20",
+        "--sym_steps",
+        "50",
+        "--vi",
+        "--dynamics",
+        "harmonic-oscillator",
+        "--act_fun",
+        "elu2",
+        "--n_layers",
+        "3",
+        "--n_hidden",
+        "200",
+        "--sym_samples",
+        "200",
+        "--sym_over_path",
+        "--mc_samples",
+        "20",
+    ],
+    "hnn-3body": [
+        "--group",
+        "quadratic_learn10",
+        "--batch_size",
+        "20",
+        "--vi",
+        "--dynamics",
+        "nbody_2d_3b",
+        "--train_size",
+        "200",
+        "--train_steps",
+        "50",
+        "--stepsize",
+        "1.0",
+        "--act_fun",
+        "elu",
+        "--n_hidden",
+        "250",
+        "--n_layers",
+        "4",
+        "--sym_samples",
+        "100",
+        "--sym_over_path",
+        "--mc_samples",
+        "2",
+        "--measure_dist",
+        "ball",
+    ],
+}
 GPU_PARTS = ("mlp-overhead", "mlp-paper", "hnn-sho", "hnn-3body", "layerwise", "reference")
 
 
 def hnn_case(h: dict[str, Any], seed: int, particles: int) -> dict[str, Any]:
     """The symmetrised HNN (quadratic symmetry) with its matrix-normal guide set up; full batch."""
     pyro.set_rng_seed(seed)
-    model = SymmetrisedHNN(h["state_dim"], h["hidden"], symmetry="quadratic", num_generators=h["num_generators"],
-                           num_transforms=h["num_transforms"], euler_steps=h["euler_steps"], dt=h["dt"],
-                           sampling=h["sampling"])  # fmt: skip
+    model = SymmetrisedHNN(
+        h["state_dim"],
+        h["hidden"],
+        symmetry="quadratic",
+        num_generators=h["num_generators"],
+        num_transforms=h["num_transforms"],
+        euler_steps=h["euler_steps"],
+        dt=h["dt"],
+        sampling=h["sampling"],
+    )
     gen = torch.Generator().manual_seed(seed)
     x, y = (torch.randn(h["batch"], h["state_dim"], generator=gen) for _ in range(2))
     guide = guides.get("matrix-normal", model, init_scale=0.01)
     with poutine.block():
         guide(x, y, num_data=h["batch"])
-    return {"model": model, "guide": guide, "x": x, "y": y, "batch": None,
-            "fit": {"batch_size": None, "num_particles": particles}}  # fmt: skip
+    return {
+        "model": model,
+        "guide": guide,
+        "x": x,
+        "y": y,
+        "batch": None,
+        "fit": {"batch_size": None, "num_particles": particles},
+    }
 
 
 def run_hnn(args: argparse.Namespace, part: str) -> dict[str, Any]:
@@ -564,8 +782,16 @@ def run_hnn(args: argparse.Namespace, part: str) -> dict[str, Any]:
         if p == 1 or args.hnn_pyro_20 or part != "hnn-sho":
             others["pyro"] = pyro_step(hnn_case(h, seed, p), warmup + steps + 3, seed, device, particles=p)
         for mode in ["off", *args.compile_modes]:
-            entry = time_fit(hnn_case(h, seed, p), others if mode == "off" else {}, warmup, steps, seed, device,
-                             compile=mode, **_tf32(args))  # fmt: skip
+            entry = time_fit(
+                hnn_case(h, seed, p),
+                others if mode == "off" else {},
+                warmup,
+                steps,
+                seed,
+                device,
+                compile=mode,
+                **_tf32(args),
+            )
             out["particles"][str(p) if mode == "off" else f"{p} ({mode})"] = entry
             common.log(f"[{part}] P={p} compile {mode}: {_brief(entry)}")
     return out
@@ -603,15 +829,25 @@ def run_reference(args: argparse.Namespace) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             Path(tmp, "wandb.py").write_text(WANDB_STUB)
             log_path = Path(tmp, "epochs.json")
-            env = {**os.environ, "PYTHONPATH": tmp + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   "TIMING_WANDB_OUT": str(log_path)}  # fmt: skip
+            env = {
+                **os.environ,
+                "PYTHONPATH": tmp + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                "TIMING_WANDB_OUT": str(log_path),
+            }
             if args.device == "cpu":
                 env["JAX_PLATFORMS"] = "cpu"
             else:  # this process's torch holds GPU memory: JAX must not claim 75 % of it up front
                 env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
                 torch.cuda.empty_cache()
-            cmd = [sys.executable, "main.py", *REFERENCE_ARGS[part], "--n_epochs", str(warmup + steps + 1),
-                   "--seed", str(args.seed)]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "main.py",
+                *REFERENCE_ARGS[part],
+                "--n_epochs",
+                str(warmup + steps + 1),
+                "--seed",
+                str(args.seed),
+            ]
             proc = subprocess.run(cmd, cwd=ref, env=env, capture_output=True, text=True, check=False)
             if proc.returncode != 0 or not log_path.exists():
                 out[part] = {"error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
@@ -619,8 +855,12 @@ def run_reference(args: argparse.Namespace) -> dict[str, Any]:
             marks = json.loads(log_path.read_text())
             gaps = [b[1] - a[1] for a, b in zip(marks, marks[1:]) if a[0] >= 1 + warmup]
             per_epoch = 1 if part == "hnn-sho" else 10  # 7 trajectories full batch; 200 / batch 20
-            out[part] = {"epoch_seconds": gaps, "s_per_step": statistics.median(gaps) / per_epoch if gaps else None,
-                         "steps_per_epoch": per_epoch, "command": cmd}  # fmt: skip
+            out[part] = {
+                "epoch_seconds": gaps,
+                "s_per_step": statistics.median(gaps) / per_epoch if gaps else None,
+                "steps_per_epoch": per_epoch,
+                "command": cmd,
+            }
     return out
 
 
@@ -629,25 +869,45 @@ def render_hnn(part: str, res: dict[str, Any], reference: dict[str, Any], cuda: 
     for p, entry in res["particles"].items():
         for name, st in entry["stats"].items():
             if st:
-                rows.append([p, f"`{name}`", _ms(st), _ms(st, "mean"), f"{_ms(st, 'q1')}–{_ms(st, 'q3')}", st["n"],
-                             _mib(entry["peak_mib"].get(name))])  # fmt: skip
+                rows.append(
+                    [
+                        p,
+                        f"`{name}`",
+                        _ms(st),
+                        _ms(st, "mean"),
+                        f"{_ms(st, 'q1')}–{_ms(st, 'q3')}",
+                        st["n"],
+                        _mib(entry["peak_mib"].get(name)),
+                    ]
+                )
         fit, slow = entry["stats"]["fit"], entry["stats"].get("pyro") or entry["stats"].get("before")
         if slow:
-            found.append(f"- {part}, {p} weight sample(s): the plain Pyro step / fit = "
-                         f"{slow['median'] / fit['median']:.2f}× (ratio of medians).")  # fmt: skip
+            found.append(
+                f"- {part}, {p} weight sample(s): the plain Pyro step / fit = "
+                f"{slow['median'] / fit['median']:.2f}× (ratio of medians)."
+            )
         if cuda and part == "hnn-3body":
             met = "met" if fit["median"] <= 0.05 and not _fell_back(entry) else "not met"
-            found.append(f"- hnn-3body, {p} weight samples: fit {fit['median'] * 1e3:.1f} ms/step — GPU criterion "
-                         f"≤ 50 ms: {met}{_fell_back(entry)}.")  # fmt: skip
+            found.append(
+                f"- hnn-3body, {p} weight samples: fit {fit['median'] * 1e3:.1f} ms/step — GPU criterion "
+                f"≤ 50 ms: {met}{_fell_back(entry)}."
+            )
         ref = reference.get(part, {})
         if ref.get("s_per_step"):
             ratio = fit["median"] / ref["s_per_step"]
-            crit = (f" — criterion ≤ 0.5× at 20 samples: {'met' if ratio <= 0.5 else 'not met'}"
-                    if part == "hnn-sho" and p.split()[0] == "20" else "")  # fmt: skip
-            found.append(f"- {part}, {p} weight sample(s): fit / JAX reference ({ref['s_per_step'] * 1e3:.1f} ms, "
-                           f"its own weight samples) = {ratio:.2f}×{crit}.")  # fmt: skip
-    title = (f"## Symmetrised HNN, {part.split('-')[1]} (hidden {h['hidden']}, S = {h['num_transforms']}, "
-             f"E = {h['euler_steps']}, K = {h['num_generators']}, B = {h['batch']})")  # fmt: skip
+            crit = (
+                f" — criterion ≤ 0.5× at 20 samples: {'met' if ratio <= 0.5 else 'not met'}"
+                if part == "hnn-sho" and p.split()[0] == "20"
+                else ""
+            )
+            found.append(
+                f"- {part}, {p} weight sample(s): fit / JAX reference ({ref['s_per_step'] * 1e3:.1f} ms, "
+                f"its own weight samples) = {ratio:.2f}×{crit}."
+            )
+    title = (
+        f"## Symmetrised HNN, {part.split('-')[1]} (hidden {h['hidden']}, S = {h['num_transforms']}, "
+        f"E = {h['euler_steps']}, K = {h['num_generators']}, B = {h['batch']})"
+    )
     table = common.md_table(["weight samples", "variant", "median ms", "mean ms", "IQR ms", "steps", "peak MiB"], rows)
     return [title, "", table, ""], found
 
@@ -658,8 +918,13 @@ def render_gpu(results: dict[str, Any], device: str) -> tuple[str, list[str]]:
     for part in ("mlp-overhead", "mlp-paper"):
         if part in results:
             c = results[part]["sizes"]
-            out += [(f"## Invariant MLP, {part.split('-')[1]} size (B = {c['batch']}, S = {c['samples']}, "
-                     f"H = {c['hidden']}, {c['side']}×{c['side']}, N = {c['num_data']})"), ""]  # fmt: skip
+            out += [
+                (
+                    f"## Invariant MLP, {part.split('-')[1]} size (B = {c['batch']}, S = {c['samples']}, "
+                    f"H = {c['hidden']}, {c['side']}×{c['side']}, N = {c['num_data']})"
+                ),
+                "",
+            ]
             tables, found = render_mlp(results[part])
             out += tables
             lines += [f"- {part.split('-')[1]} size," + v[1:] for v in found]
@@ -671,18 +936,27 @@ def render_gpu(results: dict[str, Any], device: str) -> tuple[str, list[str]]:
         out += [render_layerwise(results["layerwise"].get("rows", [])), ""]
     if "reference" in results:
         ref = results["reference"]
-        rows = [[s, f"{e['s_per_step'] * 1e3:.1f}" if e.get("s_per_step") else e.get("error", "–")]
-                for s, e in ref.items() if isinstance(e, dict)]  # fmt: skip
-        out += ["## JAX reference (tychovdo/noethers-razor)", "",
-                f"Not run: {ref['skipped']}." if "skipped" in ref else common.md_table(["system", "ms/step"], rows), ""]
+        rows = [
+            [s, f"{e['s_per_step'] * 1e3:.1f}" if e.get("s_per_step") else e.get("error", "–")]
+            for s, e in ref.items()
+            if isinstance(e, dict)
+        ]
+        out += [
+            "## JAX reference (tychovdo/noethers-razor)",
+            "",
+            f"Not run: {ref['skipped']}." if "skipped" in ref else common.md_table(["system", "ms/step"], rows),
+            "",
+        ]
     return "\n".join(out), lines
 
 
 GPU_TITLE = "Training step time on {}: fit's loop vs a hand-written twin, compiled"
-GPU_INTRO = ("Every `fit` row is `pyro_invariance.fit`'s own loop, timed between its callbacks; the other variants "
-             "run one step each inside those callbacks, interleaved: `twin` (a hand-written PyTorch twin of the same "
-             "ELBO), `pyro` (a plain Pyro step). `fit-<mode>` rows are separate runs with `compile=<mode>`, each with "
-             "its own twin. Compare ratios within a run, not absolute times across runs.")  # fmt: skip
+GPU_INTRO = (
+    "Every `fit` row is `pyro_invariance.fit`'s own loop, timed between its callbacks; the other variants "
+    "run one step each inside those callbacks, interleaved: `twin` (a hand-written PyTorch twin of the same "
+    "ELBO), `pyro` (a plain Pyro step). `fit-<mode>` rows are separate runs with `compile=<mode>`, each with "
+    "its own twin. Compare ratios within a run, not absolute times across runs."
+)
 
 
 def section_gpu(args: argparse.Namespace) -> Path:
@@ -701,14 +975,27 @@ def section_gpu(args: argparse.Namespace) -> Path:
         elif part == "reference":
             results[part] = run_reference(args)
         common.log(f"[{part}] done in {time.perf_counter() - t0:.0f} s")
-    settings = {"parts": ",".join(args.parts), "activations": ",".join(args.activations),
-                "compile modes": ",".join(args.compile_modes) or "none", "warm-up / timed steps":
-                f"{args.warmup} / {args.steps} (None: each part's default)", "seed": args.seed,
-                "TF32 (CUDA)": bool(_tf32(args)), "fit settings": "library defaults, progress off"}  # fmt: skip
+    settings = {
+        "parts": ",".join(args.parts),
+        "activations": ",".join(args.activations),
+        "compile modes": ",".join(args.compile_modes) or "none",
+        "warm-up / timed steps": f"{args.warmup} / {args.steps} (None: each part's default)",
+        "seed": args.seed,
+        "TF32 (CUDA)": bool(_tf32(args)),
+        "fit settings": "library defaults, progress off",
+    }
     body, lines = render_gpu(results, args.device)
     kind = torch.device(args.device).type
-    return publish(args, f"gpu_step_time_{kind}", GPU_TITLE.format(kind.upper()), GPU_INTRO, settings, body,
-                   {"results": results}, lines)  # fmt: skip
+    return publish(
+        args,
+        f"gpu_step_time_{kind}",
+        GPU_TITLE.format(kind.upper()),
+        GPU_INTRO,
+        settings,
+        body,
+        {"results": results},
+        lines,
+    )
 
 
 def rerender_gpu(args: argparse.Namespace) -> Path:
@@ -796,8 +1083,14 @@ class TwinNet(nn.Module):
         self.head0 = nn.Linear(arch.head_in, arch.head_hidden)
         self.head1 = nn.Linear(arch.head_hidden, arch.num_classes)
         self.coef = {f"blocks.{i}.{k}": v for i, b in enumerate(self.blocks) for k, v in b.coef.items()}
-        self.coef.update({"head0.weight": arch.head_in / 2.0, "head0.bias": 1.0, "head1.weight": arch.head_hidden / 1.0,
-                          "head1.bias": 1.0})  # fmt: skip
+        self.coef.update(
+            {
+                "head0.weight": arch.head_in / 2.0,
+                "head0.bias": 1.0,
+                "head1.weight": arch.head_hidden / 1.0,
+                "head1.bias": 1.0,
+            }
+        )
 
     def loss(self, x: Tensor, y: Tensor, num_data: int) -> Tensor:
         h = x
@@ -814,8 +1107,12 @@ class TwinNet(nn.Module):
 
     @staticmethod
     def pyro_site(name: str) -> str:
-        return (name.replace("ffc_out", "ffc.weight_out").replace("ffc_in", "ffc.weight_in")
-                .replace("head0", "head.0").replace("head1", "head.1"))  # fmt: skip
+        return (
+            name.replace("ffc_out", "ffc.weight_out")
+            .replace("ffc_in", "ffc.weight_in")
+            .replace("head0", "head.0")
+            .replace("head1", "head.1")
+        )
 
     @torch.no_grad()
     def load_sites(self, values: dict[str, Tensor]) -> TwinNet:
@@ -844,14 +1141,21 @@ def check_twin(case: dict[str, Any], twin: TwinNet) -> dict[str, Any]:
     lt = float(loss_t.detach()) + sum(v.numel() for v in values.values()) * 0.5 * math.log(2 * math.pi)
     guide.zero_grad(set_to_none=True)
     twin.zero_grad(set_to_none=True)
-    return {"loss_pyro": lp, "loss_twin_plus_const": lt, "loss_rel_diff": abs(lp - lt) / abs(lp),
-            "max_grad_rel_diff": worst[0], "max_grad_rel_diff_site": worst[1]}  # fmt: skip
+    return {
+        "loss_pyro": lp,
+        "loss_twin_plus_const": lt,
+        "loss_rel_diff": abs(lp - lt) / abs(lp),
+        "max_grad_rel_diff": worst[0],
+        "max_grad_rel_diff_site": worst[1],
+    }
 
 
 def layerwise_size(args: argparse.Namespace) -> dict[str, Any]:
-    return {"full": {"alpha": args.alpha, "batch": 128, "image": (3, 32, 32)},
-            "quick": {"alpha": 2, "batch": 32, "image": (3, 32, 32)},
-            "smoke": {"alpha": 1, "batch": 8, "image": (3, 8, 8)}}[args.mode]  # fmt: skip
+    return {
+        "full": {"alpha": args.alpha, "batch": 128, "image": (3, 32, 32)},
+        "quick": {"alpha": 2, "batch": 32, "image": (3, 32, 32)},
+        "smoke": {"alpha": 1, "batch": 8, "image": (3, 8, 8)},
+    }[args.mode]
 
 
 def measure_layerwise(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -871,26 +1175,54 @@ def measure_layerwise(args: argparse.Namespace) -> list[dict[str, Any]]:
             guide = guides.get("map", model)
             with poutine.block():
                 guide(x[: size["batch"]], y[: size["batch"]], num_data=n)
-            case = {"model": model, "guide": guide, "x": x, "y": y, "batch": size["batch"],
-                    "fit": {"batch_size": size["batch"]}}  # fmt: skip
+            case = {
+                "model": model,
+                "guide": guide,
+                "x": x,
+                "y": y,
+                "batch": size["batch"],
+                "fit": {"batch_size": size["batch"]},
+            }
             twin = TwinNet(model.arch).load_sites({k: v.detach() for k, v in guide.median().items()})
             check = check_twin(case, twin)
             twin.to(device)
-            others = {"twin": torch_step(twin.loss, [{"params": list(twin.parameters()), "lr": 1e-2}], case,
-                                         warmup + steps + 3, seed, device)}  # fmt: skip
-            fit_fn = functools.partial(pi.fit_laplace, every=LAPLACE_EVERY, warmup=0, curvature="diagonal",
-                                       delta_update="mackay") if variant == "fit-laplace" else pi.fit  # fmt: skip
+            others = {
+                "twin": torch_step(
+                    twin.loss, [{"params": list(twin.parameters()), "lr": 1e-2}], case, warmup + steps + 3, seed, device
+                )
+            }
+            fit_fn = (
+                functools.partial(
+                    pi.fit_laplace, every=LAPLACE_EVERY, warmup=0, curvature="diagonal", delta_update="mackay"
+                )
+                if variant == "fit-laplace"
+                else pi.fit
+            )
             mode = variant.removeprefix("fit-") if variant not in ("fit", "fit-laplace") else "off"
             e = time_fit(case, others, warmup, steps, seed, device, fit_fn=fit_fn, compile=mode)
             fit, tw = e["stats"]["fit"], e["stats"]["twin"]
-            rows.append({"model": name, "variant": variant, "device": str(device), "alpha": size["alpha"],
-                         "batch": size["batch"], "train_size": n, "params": model.num_parameters(),
-                         "ms_per_step": fit["mean"] * 1e3, "step_ms_median": fit["median"] * 1e3,
-                         "ms_q1": fit["q1"] * 1e3, "ms_q3": fit["q3"] * 1e3, "twin_ms": tw["median"] * 1e3,
-                         "ratio_to_twin": fit["median"] / tw["median"],
-                         "paired_ratio_to_twin": e["paired_to_twin"]["fit"]["median"],
-                         "peak_mem_mib": e["peak_mib"].get("fit"), "steps": fit["n"], "check": check,
-                         "step_stats": e["step_stats"]})  # fmt: skip
+            rows.append(
+                {
+                    "model": name,
+                    "variant": variant,
+                    "device": str(device),
+                    "alpha": size["alpha"],
+                    "batch": size["batch"],
+                    "train_size": n,
+                    "params": model.num_parameters(),
+                    "ms_per_step": fit["mean"] * 1e3,
+                    "step_ms_median": fit["median"] * 1e3,
+                    "ms_q1": fit["q1"] * 1e3,
+                    "ms_q3": fit["q3"] * 1e3,
+                    "twin_ms": tw["median"] * 1e3,
+                    "ratio_to_twin": fit["median"] / tw["median"],
+                    "paired_ratio_to_twin": e["paired_to_twin"]["fit"]["median"],
+                    "peak_mem_mib": e["peak_mib"].get("fit"),
+                    "steps": fit["n"],
+                    "check": check,
+                    "step_stats": e["step_stats"],
+                }
+            )
             common.log(f"[layerwise {name} {variant}] {_brief(e)}")
     return rows
 
@@ -898,38 +1230,95 @@ def measure_layerwise(args: argparse.Namespace) -> list[dict[str, Any]]:
 def render_layerwise(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "No layer-wise rows."
-    table = [[f"α={r['alpha']}, B={r['batch']}", f"`{r['model']}`", f"`{r['variant']}`", f"{r['params']:,}",
-              f"{r['ms_per_step']:.1f}", f"{r.get('step_ms_median', float('nan')):.1f}",
-              f"{r.get('twin_ms', float('nan')):.1f}", f"{r.get('ratio_to_twin', float('nan')):.2f}×",
-              f"{r.get('paired_ratio_to_twin', float('nan')):.2f}×", _mib(r.get("peak_mem_mib"))]
-             for r in rows]  # fmt: skip
-    checks = [[f"`{r['model']}`", f"{c['loss_pyro']:.6g}", f"{c['loss_twin_plus_const']:.6g}",
-               f"{c['loss_rel_diff']:.1e}", f"{c['max_grad_rel_diff']:.1e} ({c['max_grad_rel_diff_site']})"]
-              for r in rows if (c := r.get("check")) and r["variant"] == rows[0]["variant"]]  # fmt: skip
-    return "\n".join([
-        f"## Layer-wise networks, α = {rows[0]['alpha']}", "",
-        common.md_table(["size", "model", "variant", "params", "ms/step (mean: amortised)", "median ms", "twin ms",
-                         "× twin (medians)", "paired × twin", "peak MiB"], table), "",
-        "Twin check (the twin loaded with the MAP point, one minibatch, before timing):", "",
-        common.md_table(["model", "Pyro loss", "twin loss + normaliser", "rel. diff", "max rel. grad diff (site)"],
-                        checks), ""])  # fmt: skip
+    table = [
+        [
+            f"α={r['alpha']}, B={r['batch']}",
+            f"`{r['model']}`",
+            f"`{r['variant']}`",
+            f"{r['params']:,}",
+            f"{r['ms_per_step']:.1f}",
+            f"{r.get('step_ms_median', float('nan')):.1f}",
+            f"{r.get('twin_ms', float('nan')):.1f}",
+            f"{r.get('ratio_to_twin', float('nan')):.2f}×",
+            f"{r.get('paired_ratio_to_twin', float('nan')):.2f}×",
+            _mib(r.get("peak_mem_mib")),
+        ]
+        for r in rows
+    ]
+    checks = [
+        [
+            f"`{r['model']}`",
+            f"{c['loss_pyro']:.6g}",
+            f"{c['loss_twin_plus_const']:.6g}",
+            f"{c['loss_rel_diff']:.1e}",
+            f"{c['max_grad_rel_diff']:.1e} ({c['max_grad_rel_diff_site']})",
+        ]
+        for r in rows
+        if (c := r.get("check")) and r["variant"] == rows[0]["variant"]
+    ]
+    return "\n".join(
+        [
+            f"## Layer-wise networks, α = {rows[0]['alpha']}",
+            "",
+            common.md_table(
+                [
+                    "size",
+                    "model",
+                    "variant",
+                    "params",
+                    "ms/step (mean: amortised)",
+                    "median ms",
+                    "twin ms",
+                    "× twin (medians)",
+                    "paired × twin",
+                    "peak MiB",
+                ],
+                table,
+            ),
+            "",
+            "Twin check (the twin loaded with the MAP point, one minibatch, before timing):",
+            "",
+            common.md_table(
+                ["model", "Pyro loss", "twin loss + normaliser", "rel. diff", "max rel. grad diff (site)"], checks
+            ),
+            "",
+        ]
+    )
 
 
 def section_layerwise(args: argparse.Namespace) -> Path:
     rows = measure_layerwise(args)
-    lines = [f"- α = {r['alpha']}, `{r['model']}`, `{r['variant']}`: fit / twin = {r['paired_ratio_to_twin']:.2f}× "
-               f"(paired), {r['ratio_to_twin']:.2f}× (ratio of medians)." for r in rows]  # fmt: skip
+    lines = [
+        f"- α = {r['alpha']}, `{r['model']}`, `{r['variant']}`: fit / twin = {r['paired_ratio_to_twin']:.2f}× "
+        f"(paired), {r['ratio_to_twin']:.2f}× (ratio of medians)."
+        for r in rows
+    ]
     size = layerwise_size(args)
-    settings = {"size": size, "models": args.models, "variants": args.layerwise_variants,
-                "warm-up / timed steps": "{} / {}".format(*steps_of(args, (10, 20))), "train_size N": "2·batch",
-                "twin": "one Adam group (lr 0.01, fused), cosine, no host reads"}  # fmt: skip
-    intro = ("`fit` (the `map` guide, `prior=\"fixed\"`: δ = 1) or `fit_laplace` (diagonal GGN, MacKay's update "
-             f"every {LAPLACE_EVERY} steps) timed between its callbacks; a plain torch twin (`nn.Conv2d` with "
-             "circular padding at stride 1 + the same polyphase selection, the same F-FC einsums and head; loss "
-             "(N/B)·CE + ½ Σ δ‖θ‖²) steps inside them. The mean over the timed steps is the amortised time "
-             "(Laplace updates included).")  # fmt: skip
-    return publish(args, "layerwise_step_time", "Layer-wise networks: time per training step vs a plain torch twin",
-                   intro, settings, render_layerwise(rows), {"rows": rows}, lines)
+    settings = {
+        "size": size,
+        "models": args.models,
+        "variants": args.layerwise_variants,
+        "warm-up / timed steps": "{} / {}".format(*steps_of(args, (10, 20))),
+        "train_size N": "2·batch",
+        "twin": "one Adam group (lr 0.01, fused), cosine, no host reads",
+    }
+    intro = (
+        '`fit` (the `map` guide, `prior="fixed"`: δ = 1) or `fit_laplace` (diagonal GGN, MacKay\'s update '
+        f"every {LAPLACE_EVERY} steps) timed between its callbacks; a plain torch twin (`nn.Conv2d` with "
+        "circular padding at stride 1 + the same polyphase selection, the same F-FC einsums and head; loss "
+        "(N/B)·CE + ½ Σ δ‖θ‖²) steps inside them. The mean over the timed steps is the amortised time "
+        "(Laplace updates included)."
+    )
+    return publish(
+        args,
+        "layerwise_step_time",
+        "Layer-wise networks: time per training step vs a plain torch twin",
+        intro,
+        settings,
+        render_layerwise(rows),
+        {"rows": rows},
+        lines,
+    )
 
 
 def in_child(args: argparse.Namespace, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -949,8 +1338,12 @@ def section_noether_flow(args: argparse.Namespace) -> Path:
     S symmetry samples: the quadratic symmetry (matrix exponentials) vs the learned non-quadratic C (32 hidden units
     + a quadratic form; RK4 flows of n steps), and the plain HNN."""
     smoke = args.mode == "smoke"
-    base = {"hidden": (8, 8) if smoke else (64, 64), "euler_steps": 2 if smoke else 5, "num_generators": 3,
-            "sampling": "ball"}  # fmt: skip
+    base = {
+        "hidden": (8, 8) if smoke else (64, 64),
+        "euler_steps": 2 if smoke else 5,
+        "num_generators": 3,
+        "sampling": "ball",
+    }
     warmup, steps = steps_of(args, (2, 10))
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(100, 4, generator=gen)
@@ -959,8 +1352,13 @@ def section_noether_flow(args: argparse.Namespace) -> Path:
     for s in (2,) if smoke else (8, 32):
         variants.append((f"quadratic (expm), S = {s}", s, {"symmetry": "quadratic"}))
         for k in (2,) if smoke else (4, 8):
-            variants.append((f"non-quadratic (RK4 × {k}), S = {s}", s,
-                             {"symmetry": "neural", "flow_steps": k, "conserved_hidden": (32,)}))  # fmt: skip
+            variants.append(
+                (
+                    f"non-quadratic (RK4 × {k}), S = {s}",
+                    s,
+                    {"symmetry": "neural", "flow_steps": k, "conserved_hidden": (32,)},
+                )
+            )
     rows = []
     for label, s, extra in variants:
         pyro.set_rng_seed(0)
@@ -968,33 +1366,57 @@ def section_noether_flow(args: argparse.Namespace) -> Path:
         if kw["symmetry"] == "none":
             kw.pop("num_generators"), kw.pop("sampling")
         model = SymmetrisedHNN(4, num_transforms=s, dt=0.5, **kw)
-        case = {"model": model, "guide": guides.get("matrix-normal", model, init_scale=0.01), "x": x, "y": y,
-                "fit": {"batch_size": None}}  # fmt: skip
+        case = {
+            "model": model,
+            "guide": guides.get("matrix-normal", model, init_scale=0.01),
+            "x": x,
+            "y": y,
+            "fit": {"batch_size": None},
+        }
         e = time_fit(case, {}, warmup, steps, 0, torch.device(args.device))
         st = e["stats"]["fit"]
         rows.append({"variant": label, "S": s, "s_per_step": st["mean"], "median_s": st["median"]})
         common.log(f"{label}: {rows[-1]['s_per_step'] * 1e3:.0f} ms/step")
     quad = {r["S"]: r["s_per_step"] for r in rows if r["variant"].startswith("quadratic")}
-    table = [[r["variant"], f"{r['s_per_step'] * 1e3:.0f}",
-              f"{r['s_per_step'] / quad[r['S']]:.1f}×" if r["S"] in quad and r["variant"] != "HNN" else "–"]
-             for r in rows]  # fmt: skip
+    table = [
+        [
+            r["variant"],
+            f"{r['s_per_step'] * 1e3:.0f}",
+            f"{r['s_per_step'] / quad[r['S']]:.1f}×" if r["S"] in quad and r["variant"] != "HNN" else "–",
+        ]
+        for r in rows
+    ]
     settings = {**base, "state_dim": 4, "batch": 100, "timed_steps": steps, "warmup": warmup}
-    return publish(args, "noether_flow_step_time", "Symmetrised HNN: ODE-flow vs matrix-exponential symmetry samples, "
-                   "time per step", section_noether_flow.__doc__ or "", settings,
-                   common.md_table(["variant", "ms/step (mean)", "vs quadratic at the same S"], table) + "\n",
-                   {"rows": rows})  # fmt: skip
+    return publish(
+        args,
+        "noether_flow_step_time",
+        "Symmetrised HNN: ODE-flow vs matrix-exponential symmetry samples, time per step",
+        section_noether_flow.__doc__ or "",
+        settings,
+        common.md_table(["variant", "ms/step (mean)", "vs quadratic at the same S"], table) + "\n",
+        {"rows": rows},
+    )
 
 
-TRANSFORM_SIZES = {"paper": {"batch": 128, "samples": 32, "hidden": 1024, "side": 28},
-                   "small": {"batch": 32, "samples": 4, "hidden": 64, "side": 28},
-                   "smoke": {"batch": 8, "samples": 2, "hidden": 16, "side": 8}}  # fmt: skip
+TRANSFORM_SIZES = {
+    "paper": {"batch": 128, "samples": 32, "hidden": 1024, "side": 28},
+    "small": {"batch": 32, "samples": 4, "hidden": 64, "side": 28},
+    "smoke": {"batch": 8, "samples": 2, "hidden": 16, "side": 8},
+}
 
 
 def _features_steps(cfg: dict[str, int], activation: str, seed: int) -> dict[str, Callable[[], Any]]:
     """Per path: ``features(x)`` forward + ``autograd.grad`` of ⟨features(x), g⟩ (train) and the forward under
     ``no_grad`` (eval), for a model with rotation learned at η = 0.5."""
-    model = InvariantMLP(image_shape=(1, cfg["side"], cfg["side"]), hidden=cfg["hidden"], activation=activation,
-                         symmetry="rotation", eta_init=0.5, num_transforms=cfg["samples"], init_seed=seed)  # fmt: skip
+    model = InvariantMLP(
+        image_shape=(1, cfg["side"], cfg["side"]),
+        hidden=cfg["hidden"],
+        activation=activation,
+        symmetry="rotation",
+        eta_init=0.5,
+        num_transforms=cfg["samples"],
+        init_seed=seed,
+    )
     gen = torch.Generator().manual_seed(seed)
     x = torch.rand(cfg["batch"], cfg["side"] ** 2, generator=gen)
     g = torch.randn(cfg["batch"], cfg["hidden"], generator=gen)
@@ -1024,8 +1446,9 @@ def section_transform_path(args: argparse.Namespace) -> Path:
     reps = {"paper": 15, "small": 200, "smoke": 2}
     for size in ("smoke",) if smoke else ("paper", "small"):
         for act in args.activations:
-            times = interleaved(_features_steps(TRANSFORM_SIZES[size], act, args.seed),
-                                1 if smoke else 2, args.steps or reps[size])  # fmt: skip
+            times = interleaved(
+                _features_steps(TRANSFORM_SIZES[size], act, args.seed), 1 if smoke else 2, args.steps or reps[size]
+            )
             results[f"{size}/{act}"] = {"stats": {k: summary(v) for k, v in times.items()}}
     grid = {16: [4, 32]} if smoke else {256: [32, 64, 128, 256, 512, 1024], 1024: [256, 512, 1024, 2048]}
     for act in args.activations:
@@ -1033,27 +1456,76 @@ def section_transform_path(args: argparse.Namespace) -> Path:
             for b in batches:
                 cfg = {"batch": b, "samples": 2 if smoke else 8, "hidden": hidden, "side": 8 if smoke else 28}
                 times = interleaved(_features_steps(cfg, act, args.seed), 1, 1 if smoke else 7)
-                sweep.append({"batch": b, "hidden": hidden, "activation": act,
-                              "median_s": {k: statistics.median(v) for k, v in times.items()}})  # fmt: skip
+                sweep.append(
+                    {
+                        "batch": b,
+                        "hidden": hidden,
+                        "activation": act,
+                        "median_s": {k: statistics.median(v) for k, v in times.items()},
+                    }
+                )
     parts = ["## features: median ms (IQR)", ""]
-    rows = [[key, *(f"{v['median'] * 1e3:.2f} ({v['q1'] * 1e3:.2f}–{v['q3'] * 1e3:.2f})"
-                    for v in e["stats"].values()),
-             f"{e['stats']['train weights']['median'] / e['stats']['train inputs']['median']:.2f}"]
-            for key, e in results.items()]  # fmt: skip
-    parts += [common.md_table(["size/activation", "train weights", "train inputs", "eval weights", "eval inputs",
-                               "train w/i"], rows), "",
-              "## Crossover over B (median ms; w/i > 1: inputs faster)", ""]  # fmt: skip
-    rows = [[r["activation"], r["hidden"], r["batch"], f"{r['batch'] / r['hidden']:.3g}",
-             *(f"{r['median_s'][f'{m} {p}'] * 1e3:.2f}" for m in ("train", "eval") for p in ("weights", "inputs")),
-             f"{r['median_s']['train weights'] / r['median_s']['train inputs']:.2f}",
-             f"{r['median_s']['eval weights'] / r['median_s']['eval inputs']:.2f}"] for r in sweep]  # fmt: skip
-    parts += [common.md_table(["activation", "H", "B", "B/H", "train weights", "train inputs", "eval weights",
-                               "eval inputs", "train w/i", "eval w/i"], rows), ""]  # fmt: skip
-    settings = {"sizes": TRANSFORM_SIZES, "repetitions": args.steps or reps, "sweep": f"S = 8, B per H: {grid}",
-                "symmetry": "rotation, η learned (init 0.5)"}  # fmt: skip
-    return publish(args, "transform_path", "Transform path of InvariantMLP: warp weights or inputs",
-                   section_transform_path.__doc__ or "", settings, "\n".join(parts),
-                   {"results": {"features": results, "sweep": sweep}})  # fmt: skip
+    rows = [
+        [
+            key,
+            *(f"{v['median'] * 1e3:.2f} ({v['q1'] * 1e3:.2f}–{v['q3'] * 1e3:.2f})" for v in e["stats"].values()),
+            f"{e['stats']['train weights']['median'] / e['stats']['train inputs']['median']:.2f}",
+        ]
+        for key, e in results.items()
+    ]
+    parts += [
+        common.md_table(
+            ["size/activation", "train weights", "train inputs", "eval weights", "eval inputs", "train w/i"], rows
+        ),
+        "",
+        "## Crossover over B (median ms; w/i > 1: inputs faster)",
+        "",
+    ]
+    rows = [
+        [
+            r["activation"],
+            r["hidden"],
+            r["batch"],
+            f"{r['batch'] / r['hidden']:.3g}",
+            *(f"{r['median_s'][f'{m} {p}'] * 1e3:.2f}" for m in ("train", "eval") for p in ("weights", "inputs")),
+            f"{r['median_s']['train weights'] / r['median_s']['train inputs']:.2f}",
+            f"{r['median_s']['eval weights'] / r['median_s']['eval inputs']:.2f}",
+        ]
+        for r in sweep
+    ]
+    parts += [
+        common.md_table(
+            [
+                "activation",
+                "H",
+                "B",
+                "B/H",
+                "train weights",
+                "train inputs",
+                "eval weights",
+                "eval inputs",
+                "train w/i",
+                "eval w/i",
+            ],
+            rows,
+        ),
+        "",
+    ]
+    settings = {
+        "sizes": TRANSFORM_SIZES,
+        "repetitions": args.steps or reps,
+        "sweep": f"S = 8, B per H: {grid}",
+        "symmetry": "rotation, η learned (init 0.5)",
+    }
+    return publish(
+        args,
+        "transform_path",
+        "Transform path of InvariantMLP: warp weights or inputs",
+        section_transform_path.__doc__ or "",
+        settings,
+        "\n".join(parts),
+        {"results": {"features": results, "sweep": sweep}},
+    )
 
 
 KFAC_VARIANTS = ("fc", "conv", "fc+conv", "f-fc+conv", "s-fc+s-conv", "fc+conv+gconv")
@@ -1082,10 +1554,15 @@ def child_kfac(spec: dict[str, Any]) -> dict[str, Any]:
             curv = kfac_curvature(model, values, x, batch_size=32, labels=spec["method"].split("-")[1], generator=rng)
             gradient_update(model, values, curv, steps=100, lr=0.1)
         times.append(time.perf_counter() - t0)
-    return {"variant": spec["variant"], "method": spec["method"], "params": model.num_parameters(),
-            "seconds": sorted(times)[len(times) // 2], "model_loaded_rss_mb": loaded / 1024,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "baseline_rss_mb": baseline / 1024}  # fmt: skip
+    return {
+        "variant": spec["variant"],
+        "method": spec["method"],
+        "params": model.num_parameters(),
+        "seconds": sorted(times)[len(times) // 2],
+        "model_loaded_rss_mb": loaded / 1024,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "baseline_rss_mb": baseline / 1024,
+    }
 
 
 def section_kfac(args: argparse.Namespace) -> Path:
@@ -1096,21 +1573,59 @@ def section_kfac(args: argparse.Namespace) -> Path:
     sizes = {"full": (512, 3, 2, 16), "quick": (128, 1, 2, 16), "smoke": (16, 1, 1, 8)}
     num_data, repeats, alpha, size = sizes[args.mode]
     variants = ("fc", "conv") if args.mode == "smoke" else KFAC_VARIANTS
-    rows = [in_child(args, "kfac", {"variant": v, "method": m, "num_data": num_data, "repeats": repeats, "alpha": alpha,
-                                    "size": size}) for v in variants for m in KFAC_METHODS]  # fmt: skip
+    rows = [
+        in_child(
+            args,
+            "kfac",
+            {"variant": v, "method": m, "num_data": num_data, "repeats": repeats, "alpha": alpha, "size": size},
+        )
+        for v in variants
+        for m in KFAC_METHODS
+    ]
     body = []
     for r in rows:
         diag = next(d for d in rows if d["variant"] == r["variant"] and d["method"] == "diagonal")
-        body.append([r["variant"], f"{r['params']:,}", r["method"], f"{r['seconds']:.2f}",
-                     f"{r['seconds'] / diag['seconds']:.1f}×", f"{r['peak_rss_mb']:.0f}",
-                     f"{r['peak_rss_mb'] - r['model_loaded_rss_mb']:+.0f}"])  # fmt: skip
-    settings = {"alpha": alpha, "input": f"1×{size}×{size}", "classes": 10, "num_data": num_data, "minibatch": 32,
-                "repeats (median)": repeats,
-                "delta update": "KFAC: 100 Adam steps on log δ; diagonal: MacKay"}  # fmt: skip
-    table = common.md_table(["variant", "params", "curvature", "seconds / update", "vs diagonal", "peak RSS (MB)",
-                             "peak above the loaded model (MB)"], body)  # fmt: skip
-    return publish(args, "kfac_update_cost", "Layer-wise Laplace: cost of one curvature + δ update, KFAC vs diagonal",
-                   section_kfac.__doc__ or "", settings, table + "\n", {"rows": rows})  # fmt: skip
+        body.append(
+            [
+                r["variant"],
+                f"{r['params']:,}",
+                r["method"],
+                f"{r['seconds']:.2f}",
+                f"{r['seconds'] / diag['seconds']:.1f}×",
+                f"{r['peak_rss_mb']:.0f}",
+                f"{r['peak_rss_mb'] - r['model_loaded_rss_mb']:+.0f}",
+            ]
+        )
+    settings = {
+        "alpha": alpha,
+        "input": f"1×{size}×{size}",
+        "classes": 10,
+        "num_data": num_data,
+        "minibatch": 32,
+        "repeats (median)": repeats,
+        "delta update": "KFAC: 100 Adam steps on log δ; diagonal: MacKay",
+    }
+    table = common.md_table(
+        [
+            "variant",
+            "params",
+            "curvature",
+            "seconds / update",
+            "vs diagonal",
+            "peak RSS (MB)",
+            "peak above the loaded model (MB)",
+        ],
+        body,
+    )
+    return publish(
+        args,
+        "kfac_update_cost",
+        "Layer-wise Laplace: cost of one curvature + δ update, KFAC vs diagonal",
+        section_kfac.__doc__ or "",
+        settings,
+        table + "\n",
+        {"rows": rows},
+    )
 
 
 GUIDE_NAMES = ("map", "mean-field", "matrix-normal", "block-cholesky", "full-rank")
@@ -1129,10 +1644,10 @@ def section_guides(args: argparse.Namespace) -> Path:
         cases = {}
         for g in GUIDE_NAMES:
             pyro.set_rng_seed(args.seed)
-            model = InvariantMLP(image_shape=(1, 8, 8), num_classes=10, hidden=h, num_transforms=samples,
-                                 symmetry="rotation")  # fmt: skip
-            cases[g] = {"model": model, "guide": guides.get(g, model), "x": x, "y": y,
-                        "fit": {"batch_size": 128}}  # fmt: skip
+            model = InvariantMLP(
+                image_shape=(1, 8, 8), num_classes=10, hidden=h, num_transforms=samples, symmetry="rotation"
+            )
+            cases[g] = {"model": model, "guide": guides.get(g, model), "x": x, "y": y, "fit": {"batch_size": 128}}
         times: dict[str, list[float]] = {g: [] for g in GUIDE_NAMES}
         for r in range(rounds):
             for g in rotated(GUIDE_NAMES, r):
@@ -1140,22 +1655,56 @@ def section_guides(args: argparse.Namespace) -> Path:
         base = statistics.median(times["map"])
         for g in GUIDE_NAMES:
             st = summary(times[g])
-            rows.append({"hidden": h, "latents": 10 * h + 11, "guide": g, "median_s": st["median"],
-                         "params": guides.num_guide_parameters(cases[g]["guide"]), "iqr_s": st["q3"] - st["q1"],
-                         "overhead_s": st["median"] - base})  # fmt: skip
+            rows.append(
+                {
+                    "hidden": h,
+                    "latents": 10 * h + 11,
+                    "guide": g,
+                    "median_s": st["median"],
+                    "params": guides.num_guide_parameters(cases[g]["guide"]),
+                    "iqr_s": st["q3"] - st["q1"],
+                    "overhead_s": st["median"] - base,
+                }
+            )
             common.log(f"H={h} {g}: {st['median'] * 1e3:.1f} ms/step")
     by = {(r["hidden"], r["guide"]): r for r in rows}
-    parts = ["## Median time per step (ms)", "", common.md_table(["H", "latents D", *GUIDE_NAMES], [
-        [h, 10 * h + 11, *(f"{by[h, g]['median_s'] * 1e3:.1f}" for g in GUIDE_NAMES)] for h in widths]), "",
-        "## Guide overhead per step, t(guide) − t(map) (ms)", "", common.md_table(["H", *GUIDE_NAMES[1:]], [
-            [h, *(f"{by[h, g]['overhead_s'] * 1e3:.1f}" for g in GUIDE_NAMES[1:])] for h in widths]), "",
-        "## Guide parameters (effective free coordinates)", "", common.md_table(["H", *GUIDE_NAMES], [
-            [h, *(f"{by[h, g]['params']:,}" for g in GUIDE_NAMES)] for h in widths]), ""]  # fmt: skip
-    settings = {"model": "invariant-mlp (RFF, rotation learned, hierarchical prior)", "data": "rotated-digits",
-                "widths H": widths, "batch B": 128, "transform samples S": samples,
-                "rounds × (warm-up / timed steps)": f"{rounds} × ({warmup} / {steps})"}  # fmt: skip
-    return publish(args, "guide_cost", "Guide cost per SVI step as the model grows (InvariantMLP, rotated digits)",
-                   section_guides.__doc__ or "", settings, "\n".join(parts), {"rows": rows})  # fmt: skip
+    parts = [
+        "## Median time per step (ms)",
+        "",
+        common.md_table(
+            ["H", "latents D", *GUIDE_NAMES],
+            [[h, 10 * h + 11, *(f"{by[h, g]['median_s'] * 1e3:.1f}" for g in GUIDE_NAMES)] for h in widths],
+        ),
+        "",
+        "## Guide overhead per step, t(guide) − t(map) (ms)",
+        "",
+        common.md_table(
+            ["H", *GUIDE_NAMES[1:]],
+            [[h, *(f"{by[h, g]['overhead_s'] * 1e3:.1f}" for g in GUIDE_NAMES[1:])] for h in widths],
+        ),
+        "",
+        "## Guide parameters (effective free coordinates)",
+        "",
+        common.md_table(["H", *GUIDE_NAMES], [[h, *(f"{by[h, g]['params']:,}" for g in GUIDE_NAMES)] for h in widths]),
+        "",
+    ]
+    settings = {
+        "model": "invariant-mlp (RFF, rotation learned, hierarchical prior)",
+        "data": "rotated-digits",
+        "widths H": widths,
+        "batch B": 128,
+        "transform samples S": samples,
+        "rounds × (warm-up / timed steps)": f"{rounds} × ({warmup} / {steps})",
+    }
+    return publish(
+        args,
+        "guide_cost",
+        "Guide cost per SVI step as the model grows (InvariantMLP, rotated digits)",
+        section_guides.__doc__ or "",
+        settings,
+        "\n".join(parts),
+        {"rows": rows},
+    )
 
 
 def digits(mode: str, n: int | None = None) -> tuple[Tensor, Tensor]:
@@ -1171,8 +1720,9 @@ def digits(mode: str, n: int | None = None) -> tuple[Tensor, Tensor]:
 def ddp_fit(spec: dict[str, Any], **kw: Any) -> tuple[list[float], list[float]]:
     """A fit of the invariant MLP (block-Cholesky): its per-step ELBO history and the step intervals after warm-up."""
     data = digits(spec["mode"], spec["train_size"])
-    model = pi.MODELS.get("invariant-mlp", image_shape=(1, 8, 8), hidden=spec["hidden"],
-                          num_transforms=spec["transforms"])  # fmt: skip
+    model = pi.MODELS.get(
+        "invariant-mlp", image_shape=(1, 8, 8), hidden=spec["hidden"], num_transforms=spec["transforms"]
+    )
     stamps: list[float] = []
     sync = sync_of(torch.device(spec["device"]))
 
@@ -1180,10 +1730,21 @@ def ddp_fit(spec: dict[str, Any], **kw: Any) -> tuple[list[float], list[float]]:
         sync()
         stamps.append(time.perf_counter())
 
-    res = pi.fit(model, "block-cholesky", data, steps=spec["steps"], batch_size=spec["batch"], seed=0, progress=False,
-                 device=spec["device"], log_every=spec["steps"], callbacks=[clock], **kw)  # fmt: skip
+    res = pi.fit(
+        model,
+        "block-cholesky",
+        data,
+        steps=spec["steps"],
+        batch_size=spec["batch"],
+        seed=0,
+        progress=False,
+        device=spec["device"],
+        log_every=spec["steps"],
+        callbacks=[clock],
+        **kw,
+    )
     w = spec["warmup"]
-    return res.history["elbo"], [b - a for a, b in zip(stamps[w:], stamps[w + 1:])]
+    return res.history["elbo"], [b - a for a, b in zip(stamps[w:], stamps[w + 1 :])]
 
 
 def ddp_rank(rank: int, world: int, spec: dict[str, Any], rendezvous: str, out: str) -> None:
@@ -1204,9 +1765,17 @@ def section_ddp(args: argparse.Namespace) -> Path:
     one shard each. A step is the median interval between callbacks after the warm-up. On one GPU both ranks share the
     card: a simulated 2-rank run (its overhead, not a speed-up)."""
     smoke = args.mode == "smoke"
-    spec = {"train_size": 64 if smoke else 1024, "hidden": 8 if smoke else 256, "transforms": 2 if smoke else 8,
-            "batch": 16 if smoke else 256, "steps": 4 if smoke else 40, "warmup": 1 if smoke else 5,
-            "device": args.device, "backend": args.backend, "mode": args.mode}  # fmt: skip
+    spec = {
+        "train_size": 64 if smoke else 1024,
+        "hidden": 8 if smoke else 256,
+        "transforms": 2 if smoke else 8,
+        "batch": 16 if smoke else 256,
+        "steps": 4 if smoke else 40,
+        "warmup": 1 if smoke else 5,
+        "device": args.device,
+        "backend": args.backend,
+        "mode": args.mode,
+    }
     runs: dict[str, list[float]] = {"1 process, 1 shard": [], "1 process, 2 shards": [], "2 ranks, 2 shards": []}
     max_diff = 0.0
     for rep in range(3 if args.mode == "full" else 1):
@@ -1224,14 +1793,29 @@ def section_ddp(args: argparse.Namespace) -> Path:
         a, b = histories["1 process, 2 shards"], histories["2 ranks, 2 shards"]
         max_diff = max(max_diff, max(abs(u - v) for u, v in zip(a, b)))
     base = statistics.median(runs["1 process, 1 shard"])
-    rows = [[name, f"{1e3 * statistics.median(t):.1f}", " / ".join(f"{1e3 * v:.1f}" for v in t),
-             f"{statistics.median(t) / base:.2f}×"] for name, t in runs.items()]  # fmt: skip
-    body = (common.md_table(["run", "ms/step (median)", "per repetition", "vs 1 shard"], rows) + "\n\nLargest "
-            "difference between the per-step ELBO/N of the 1-process 2-shard run and the 2-rank run: "
-            f"{max_diff:.2e}.\n")
-    return publish(args, "ddp_throughput", "Data-parallel SVI: time per step, 1 process vs 2 ranks",
-                   section_ddp.__doc__ or "", spec, body,
-                   {"ms_per_step": {k: [1e3 * v for v in t] for k, t in runs.items()}, "max_elbo_difference": max_diff})
+    rows = [
+        [
+            name,
+            f"{1e3 * statistics.median(t):.1f}",
+            " / ".join(f"{1e3 * v:.1f}" for v in t),
+            f"{statistics.median(t) / base:.2f}×",
+        ]
+        for name, t in runs.items()
+    ]
+    body = (
+        common.md_table(["run", "ms/step (median)", "per repetition", "vs 1 shard"], rows) + "\n\nLargest "
+        "difference between the per-step ELBO/N of the 1-process 2-shard run and the 2-rank run: "
+        f"{max_diff:.2e}.\n"
+    )
+    return publish(
+        args,
+        "ddp_throughput",
+        "Data-parallel SVI: time per step, 1 process vs 2 ranks",
+        section_ddp.__doc__ or "",
+        spec,
+        body,
+        {"ms_per_step": {k: [1e3 * v for v in t] for k, t in runs.items()}, "max_elbo_difference": max_diff},
+    )
 
 
 def section_particles(args: argparse.Namespace) -> Path:
@@ -1240,9 +1824,14 @@ def section_particles(args: argparse.Namespace) -> Path:
     sub-step one ``autograd.grad`` over particles, symmetry samples and rows): the same estimator. The step is the
     plain Pyro step (Pyro's ELBO is what differs here); the two interleaved."""
     smoke = args.mode == "smoke"
-    settings = {"SHO (8,8) S=2 E=2": {"hidden": (8, 8), "num_transforms": 2, "euler_steps": 2}} if smoke else {
-        "SHO (32,32) S=8 E=4": {"hidden": (32, 32), "num_transforms": 8, "euler_steps": 4},
-        "SHO (64,64) S=16 E=5": {"hidden": (64, 64), "num_transforms": 16, "euler_steps": 5}}  # fmt: skip
+    settings = (
+        {"SHO (8,8) S=2 E=2": {"hidden": (8, 8), "num_transforms": 2, "euler_steps": 2}}
+        if smoke
+        else {
+            "SHO (32,32) S=8 E=4": {"hidden": (32, 32), "num_transforms": 8, "euler_steps": 4},
+            "SHO (64,64) S=16 E=5": {"hidden": (64, 64), "num_transforms": 16, "euler_steps": 5},
+        }
+    )
     particles = (1, 2) if smoke else (1, 20)
     warmup, reps = steps_of(args, (3, 30))
     x, y = train_arrays(pi.DATASETS.get("sho", cache_dir=False))
@@ -1254,13 +1843,15 @@ def section_particles(args: argparse.Namespace) -> Path:
             steppers = {}
             for v in ("sequential", "vectorised"):
                 pyro.set_rng_seed(args.seed)
-                model = pi.MODELS.get("symmetrised-hnn", symmetry="quadratic", num_generators=1, sampling="cube",
-                                      **setting)  # fmt: skip
+                model = pi.MODELS.get(
+                    "symmetrised-hnn", symmetry="quadratic", num_generators=1, sampling="cube", **setting
+                )
                 guide = guides.get("matrix-normal", model, init_scale=0.01)
                 guide(x, y, num_data=x.shape[0])
                 case = {"model": model, "guide": guide, "x": x, "y": y, "batch": None}
-                steppers[v] = pyro_step(case, warmup + reps + 3, args.seed, torch.device("cpu"), particles=p,
-                                        vectorise=v == "vectorised")  # fmt: skip
+                steppers[v] = pyro_step(
+                    case, warmup + reps + 3, args.seed, torch.device("cpu"), particles=p, vectorise=v == "vectorised"
+                )
             times = interleaved(steppers, warmup, reps)
             row: dict[str, Any] = {"setting": label, "particles": p}
             for v, ts in times.items():
@@ -1269,14 +1860,28 @@ def section_particles(args: argparse.Namespace) -> Path:
             row["speedup"] = row["sequential"]["median_s"] / row["vectorised"]["median_s"]
             rows.append(row)
     cell = "{:.1f} ({:.1f}–{:.1f})"
-    table = [[r["setting"], r["particles"], *(cell.format(*(1e3 * t for t in (r[v]["median_s"], *r[v]["iqr_s"])))
-                                              for v in ("sequential", "vectorised")), f"×{r['speedup']:.2f}"]
-             for r in rows]  # fmt: skip
+    table = [
+        [
+            r["setting"],
+            r["particles"],
+            *(
+                cell.format(*(1e3 * t for t in (r[v]["median_s"], *r[v]["iqr_s"])))
+                for v in ("sequential", "vectorised")
+            ),
+            f"×{r['speedup']:.2f}",
+        ]
+        for r in rows
+    ]
     header = ["setting", "particles", "sequential ms/step (IQR)", "vectorised ms/step (IQR)", "speed-up"]
-    return publish(args, "hnn_particles", "symmetrised-hnn: time per step, sequential vs vectorised particles",
-                   section_particles.__doc__ or "", {"settings": settings, "particles": particles, "warmup": warmup,
-                                                     "reps": reps}, common.md_table(header, table),
-                   {"rows": rows, "train_pairs": int(x.shape[0])})  # fmt: skip
+    return publish(
+        args,
+        "hnn_particles",
+        "symmetrised-hnn: time per step, sequential vs vectorised particles",
+        section_particles.__doc__ or "",
+        {"settings": settings, "particles": particles, "warmup": warmup, "reps": reps},
+        common.md_table(header, table),
+        {"rows": rows, "train_pairs": int(x.shape[0])},
+    )
 
 
 def section_determinism(args: argparse.Namespace) -> Path:
@@ -1296,16 +1901,31 @@ def section_determinism(args: argparse.Namespace) -> Path:
     def run(**kw: Any) -> tuple[Any, Any]:
         pyro.set_rng_seed(0)
         model = LayerwiseNet("fc+conv", (1, 16, 16), 10, alpha=1 if smoke else 2, prior="fixed")
-        return model, pi.fit_laplace(model, "map", (x, y), steps=steps, every=every, warmup=every, progress=False,
-                                     batch_size=16 if smoke else 64, lr=1e-2, device=args.device,
-                                     curvature="diagonal", delta_update="mackay", **kw)  # fmt: skip
+        return model, pi.fit_laplace(
+            model,
+            "map",
+            (x, y),
+            steps=steps,
+            every=every,
+            warmup=every,
+            progress=False,
+            batch_size=16 if smoke else 64,
+            lr=1e-2,
+            device=args.device,
+            curvature="diagonal",
+            delta_update="mackay",
+            **kw,
+        )
 
     def same(a: tuple[Any, Any], b: tuple[Any, Any]) -> bool:
         (ma, ra), (mb, rb) = a, b
         ga, gb = ra.guide.median(), rb.guide.median()
         deltas = zip(ma.symmetry_summary().values(), mb.symmetry_summary().values())
-        return all(torch.equal(u, v) for u, v in deltas) and all(torch.equal(ga[k], gb[k]) for k in ga) and (
-            ra.log_evidence == rb.log_evidence)  # fmt: skip
+        return (
+            all(torch.equal(u, v) for u, v in deltas)
+            and all(torch.equal(ga[k], gb[k]) for k in ga)
+            and (ra.log_evidence == rb.log_evidence)
+        )
 
     first, second = run(), run()
     run(checkpoint_path=tmp / "ck.pt", until_step=steps // 2)
@@ -1314,19 +1934,48 @@ def section_determinism(args: argparse.Namespace) -> Path:
     if args.deterministic and not smoke:
         histories = []
         for name in ("r1", "r2"):
-            cli = ["fit", "--model", "layerwise-fc+conv", "--objective", "laplace", "--data", "quadrant-digits",
-                   "--device", args.device, "--deterministic", "--steps", "30", "--laplace-every", "10",
-                   "--laplace-warmup", "10", "--model-arg", "alpha=2", "--train-size", "300", "--no-progress",
-                   "--eval-samples", "1", "--out", str(tmp / name)]  # fmt: skip
+            cli = [
+                "fit",
+                "--model",
+                "layerwise-fc+conv",
+                "--objective",
+                "laplace",
+                "--data",
+                "quadrant-digits",
+                "--device",
+                args.device,
+                "--deterministic",
+                "--steps",
+                "30",
+                "--laplace-every",
+                "10",
+                "--laplace-warmup",
+                "10",
+                "--model-arg",
+                "alpha=2",
+                "--train-size",
+                "300",
+                "--no-progress",
+                "--eval-samples",
+                "1",
+                "--out",
+                str(tmp / name),
+            ]
             code = f"import sys; from pyro_invariance.cli import main; sys.exit(main({cli!r}))"
             subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
             histories.append(json.loads((tmp / name / "result.json").read_text())["history"])
         found["CLI histories identical"] = histories[0] == histories[1]
     common.log(str(found))
     body = common.md_table(["check", "result"], [[k, str(v)] for k, v in found.items()]) + "\n"
-    return publish(args, "gpu_determinism", "Do layer-wise MAP / Laplace fits repeat and resume bit for bit?",
-                   section_determinism.__doc__ or "", {"deterministic kernels": args.deterministic, "steps": steps,
-                                                      "Laplace every": every}, body, {"found": found})  # fmt: skip
+    return publish(
+        args,
+        "gpu_determinism",
+        "Do layer-wise MAP / Laplace fits repeat and resume bit for bit?",
+        section_determinism.__doc__ or "",
+        {"deterministic kernels": args.deterministic, "steps": steps, "Laplace every": every},
+        body,
+        {"found": found},
+    )
 
 
 IMPORT_CODE = "import time; t = time.perf_counter(); import {}; print(time.perf_counter() - t)"
@@ -1343,37 +1992,66 @@ def section_import(args: argparse.Namespace) -> Path:
         inner, outer = [], []
         for _ in range(reps):
             t0 = time.perf_counter()
-            out = subprocess.run([sys.executable, "-c", IMPORT_CODE.format(module)], capture_output=True, text=True,
-                                 check=True)  # fmt: skip
+            out = subprocess.run(
+                [sys.executable, "-c", IMPORT_CODE.format(module)], capture_output=True, text=True, check=True
+            )
             outer.append(time.perf_counter() - t0)
             inner.append(float(out.stdout.strip().splitlines()[-1]))
         found[label] = {"import_s": inner, "process_s": outer}
-        rows.append([f"`import {module}`", f"{statistics.median(inner):.2f}", f"{statistics.median(outer):.2f}",
-                     " / ".join(f"{v:.2f}" for v in inner)])  # fmt: skip
-    trace = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {module}"], capture_output=True,
-                           text=True, check=True).stderr  # fmt: skip
+        rows.append(
+            [
+                f"`import {module}`",
+                f"{statistics.median(inner):.2f}",
+                f"{statistics.median(outer):.2f}",
+                " / ".join(f"{v:.2f}" for v in inner),
+            ]
+        )
+    trace = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", f"import {module}"], capture_output=True, text=True, check=True
+    ).stderr
     top = []
     for line in trace.splitlines():
         cells = line.removeprefix("import time:").split("|")
         if len(cells) == 3 and cells[1].strip().isdigit() and "." not in cells[2].strip():
             top.append((int(cells[1]) / 1e6, cells[2].strip()))
     top = sorted(top, reverse=True)[:12]
-    body = "\n".join([common.md_table(["what", "import s (median)", "process s (median)", "each import s"], rows), "",
-                      "Slowest top-level packages in the import (`python -X importtime`, cumulative seconds):", "",
-                      common.md_table(["module", "s"], [[f"`{m}`", f"{s:.2f}"] for s, m in top]), ""])  # fmt: skip
-    return publish(args, "import_time", "Import time of the package", section_import.__doc__ or "",
-                   {"repetitions": reps}, body, {"found": found, "top_level": top})  # fmt: skip
+    body = "\n".join(
+        [
+            common.md_table(["what", "import s (median)", "process s (median)", "each import s"], rows),
+            "",
+            "Slowest top-level packages in the import (`python -X importtime`, cumulative seconds):",
+            "",
+            common.md_table(["module", "s"], [[f"`{m}`", f"{s:.2f}"] for s, m in top]),
+            "",
+        ]
+    )
+    return publish(
+        args,
+        "import_time",
+        "Import time of the package",
+        section_import.__doc__ or "",
+        {"repetitions": reps},
+        body,
+        {"found": found, "top_level": top},
+    )
 
 
 # ------------------------------------------------------------------------------------------------
 # Command line
 # ------------------------------------------------------------------------------------------------
 SECTIONS: dict[str, Callable[[argparse.Namespace], Path]] = {
-    "step": section_step, "gpu": section_gpu, "layerwise": section_layerwise,
-    "noether-flow": section_noether_flow, "transform-path": section_transform_path, "kfac": section_kfac,
-    "guides": section_guides, "ddp": section_ddp, "particles": section_particles, "determinism": section_determinism,
+    "step": section_step,
+    "gpu": section_gpu,
+    "layerwise": section_layerwise,
+    "noether-flow": section_noether_flow,
+    "transform-path": section_transform_path,
+    "kfac": section_kfac,
+    "guides": section_guides,
+    "ddp": section_ddp,
+    "particles": section_particles,
+    "determinism": section_determinism,
     "import": section_import,
-}  # fmt: skip
+}
 CHILDREN: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"kfac": child_kfac}
 
 
@@ -1396,11 +2074,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
     p.add_argument("--stem", default=None, help="result file stem instead of the section's")
     p.add_argument("--activations", default="rff", help="invariant MLP: comma-separated rff, relu")
-    p.add_argument("--compile-modes", default="", help="step, gpu, layerwise: extra fit runs with compile= capture, "
-                   "inductor, cudagraphs")  # fmt: skip
+    p.add_argument(
+        "--compile-modes",
+        default="",
+        help="step, gpu, layerwise: extra fit runs with compile= capture, inductor, cudagraphs",
+    )
     p.add_argument("--tf32", action="store_true", help="CUDA: fit(tf32=True)")
-    p.add_argument("--parts", default="mlp-overhead,mlp-paper,hnn-sho,hnn-3body,layerwise",
-                   help=f"gpu: comma-separated, of {', '.join(GPU_PARTS)}")  # fmt: skip
+    p.add_argument(
+        "--parts",
+        default="mlp-overhead,mlp-paper,hnn-sho,hnn-3body,layerwise",
+        help=f"gpu: comma-separated, of {', '.join(GPU_PARTS)}",
+    )
     p.add_argument("--sho-particles", default="", help="gpu: SHO weight samples (default 1,20)")
     p.add_argument("--hnn-pyro-20", action="store_true", help="gpu: also the plain Pyro step at 20 SHO samples (slow)")
     p.add_argument("--alpha", type=int, default=10, help="layerwise: width α")

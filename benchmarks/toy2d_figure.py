@@ -14,14 +14,21 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
 import pyro_invariance as pi
 from pyro_invariance import guides  # noqa: F401  (registers the guides fit() takes by name)
-from pyro_invariance.data.toy2d import Toy2DDataset, in_sector, make_rotation_toy, plot_extrapolation, predictive_probabilities
+from pyro_invariance.data.toy2d import (
+    Toy2DDataset,
+    in_sector,
+    make_rotation_toy,
+    plot_extrapolation,
+    predictive_probabilities,
+)
 from pyro_invariance.diagnostics.evaluation import elbo_per_datum
 from pyro_invariance.diagnostics.plots import save_figure
 
@@ -62,7 +69,9 @@ def run_figure(
     data = make_rotation_toy()
     panels, rows = {}, []
     for label, eta in settings:
-        kwargs = {"learn_symmetry": True, "eta_init": 0.1} if eta is None else {"learn_symmetry": False, "eta_init": eta}
+        kwargs = (
+            {"learn_symmetry": True, "eta_init": 0.1} if eta is None else {"learn_symmetry": False, "eta_init": eta}
+        )
         model = pi.models.get("rotation-toy-2d", **kwargs)
         start = time.perf_counter()
         result = pi.fit(

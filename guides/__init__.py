@@ -22,7 +22,8 @@ evidence bounds refuse it, before any step, with a model of another class or wit
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pyro_invariance.models.base import CatalogueModel
 from pyro_invariance.registry import GUIDES

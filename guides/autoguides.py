@@ -26,8 +26,8 @@ is valid in a plain ``pyro.infer.SVI`` loop too, not only inside the package's c
 from __future__ import annotations
 
 import math
-
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from pyro.infer.autoguide import AutoDelta, AutoLowRankMultivariateNormal, AutoMultivariateNormal
 from pyro.infer.autoguide.initialization import init_to_feasible, init_to_median
@@ -63,9 +63,11 @@ def _check_dense_factor(guide: Any) -> None:
     dims = sum(math.prod(shape) for shape, _ in built.sites.values())
     need = dims * dims * 4
     if need > DENSE_FACTOR_BYTES:
-        raise ValueError(f"full-rank needs a dense {dims}×{dims} covariance factor ({need / 2**30:.0f} GiB in float32, "
-                         f"four times that to train) for this model's {dims} latent dimensions, over the "
-                         f"{DENSE_FACTOR_BYTES // 2**30} GiB limit: use 'low-rank' or 'block-cholesky', or a smaller model")  # fmt: skip
+        raise ValueError(
+            f"full-rank needs a dense {dims}×{dims} covariance factor ({need / 2**30:.0f} GiB in float32, "
+            f"four times that to train) for this model's {dims} latent dimensions, over the "
+            f"{DENSE_FACTOR_BYTES // 2**30} GiB limit: use 'low-rank' or 'block-cholesky', or a smaller model"
+        )
 
 
 class FullRankNormal(_DensityDeltaSites, CatalogueGuide, AutoMultivariateNormal):
@@ -81,8 +83,9 @@ class FullRankNormal(_DensityDeltaSites, CatalogueGuide, AutoMultivariateNormal)
     fit_defaults = {"factor_lr": 0.05}
     catalogue_name = "full-rank"
 
-    def __init__(self, model: Callable, *, init_loc_fn: InitLocFn = init_to_median,
-                 init_scale: float = DEFAULT_INIT_SCALE) -> None:  # fmt: skip
+    def __init__(
+        self, model: Callable, *, init_loc_fn: InitLocFn = init_to_median, init_scale: float = DEFAULT_INIT_SCALE
+    ) -> None:
         super().__init__(model, init_loc_fn=init_loc_fn, init_scale=init_scale)
         _check_dense_factor(self)
 
@@ -119,7 +122,7 @@ def full_rank(
 def low_rank(
     model: Callable,
     *,
-    rank: Optional[int] = None,
+    rank: int | None = None,
     init_loc_fn: InitLocFn = init_to_median,
     init_scale: float = DEFAULT_INIT_SCALE,
 ) -> LowRankNormal:
@@ -129,9 +132,7 @@ def low_rank(
     """
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0):
         raise ValueError(f"rank must be a positive int or None, got {rank!r}")
-    return LowRankNormal(
-        model, init_loc_fn=init_loc_fn, init_scale=check_init_scale(init_scale), rank=rank
-    )
+    return LowRankNormal(model, init_loc_fn=init_loc_fn, init_scale=check_init_scale(init_scale), rank=rank)
 
 
 @GUIDES.register("map", summary="point estimates (AutoDelta): MAP, no posterior width")

@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
 from itertools import chain
 from operator import attrgetter
-from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, ClassVar, Union
 
 import pyro
 import pyro.distributions as dist
@@ -50,8 +51,8 @@ from pyro.infer.autoguide import AutoGuide, AutoNormal
 from pyro.infer.autoguide.initialization import InitMessenger, init_to_feasible
 from pyro.infer.autoguide.utils import deep_setattr, helpful_support_errors
 from pyro.nn import PyroModule, PyroParam
-from pyro.poutine.messenger import Messenger
 from pyro.ops.tensor_utils import periodic_repeat
+from pyro.poutine.messenger import Messenger
 from torch import Tensor
 from torch.distributions import biject_to
 from torch.distributions.transforms import AffineTransform, ComposeTransform, IndependentTransform, Transform
@@ -116,12 +117,7 @@ def is_matrix_site(site: dict) -> bool:
     These are the sites the matrix-normal and block-Cholesky guides structure; every other
     latent site gets a mean-field Normal."""
     fn = site["fn"]
-    return (
-        site["value"].dim() == 2
-        and fn.event_dim == 2
-        and len(fn.batch_shape) == 0
-        and _is_real_support(fn.support)
-    )
+    return site["value"].dim() == 2 and fn.event_dim == 2 and len(fn.batch_shape) == 0 and _is_real_support(fn.support)
 
 
 #: where Pyro's site-wise autoguides keep a site's own parameters: ``<container>.<site>``
@@ -135,12 +131,18 @@ def own_site_parameters(guide: torch.nn.Module, sites: Sequence[str]) -> list[Te
     named = list(guide.named_parameters())
     out = []
     for site in sites:
-        own = [p for n, p in named for c in OWN_SITE_CONTAINERS
-               if n in (f"{c}.{site}", f"{c}.{site}_unconstrained") or n.startswith(f"{c}.{site}.")]  # fmt: skip
+        own = [
+            p
+            for n, p in named
+            for c in OWN_SITE_CONTAINERS
+            if n in (f"{c}.{site}", f"{c}.{site}_unconstrained") or n.startswith(f"{c}.{site}.")
+        ]
         if not own:
-            raise ValueError(f"{type(guide).__name__} has no parameters of its own for site {site!r} (it draws "
-                             "it jointly with other latents, or is not set up yet); use a site-wise guide "
-                             "(mean-field, symmetry-conditional)")  # fmt: skip
+            raise ValueError(
+                f"{type(guide).__name__} has no parameters of its own for site {site!r} (it draws "
+                "it jointly with other latents, or is not set up yet); use a site-wise guide "
+                "(mean-field, symmetry-conditional)"
+            )
         out.extend(own)
     return out
 
@@ -160,7 +162,7 @@ class CatalogueGuide:
     """
 
     fit_defaults: ClassVar[Mapping[str, Any]] = {}
-    catalogue_name: ClassVar[Optional[str]] = None
+    catalogue_name: ClassVar[str | None] = None
 
     def __init__(self, model: Callable, *args: Any, **kwargs: Any) -> None:
         super().__init__(model, *args, **kwargs)  # type: ignore[call-arg]  (the autoguide's)
@@ -216,7 +218,7 @@ class StructuredGuide(CatalogueGuide, AutoNormal):
         *,
         init_loc_fn: InitLocFn = init_to_feasible,
         init_scale: float = DEFAULT_INIT_SCALE,
-        create_plates: Optional[Callable] = None,
+        create_plates: Callable | None = None,
     ) -> None:
         super().__init__(
             model, init_loc_fn=init_loc_fn, init_scale=check_init_scale(init_scale), create_plates=create_plates
@@ -339,7 +341,7 @@ class StructuredGuide(CatalogueGuide, AutoNormal):
         return medians
 
     @torch.no_grad()
-    def quantiles(self, quantiles: Union[list, Tensor], *args: Any, **kwargs: Any) -> dict[str, Tensor]:
+    def quantiles(self, quantiles: list | Tensor, *args: Any, **kwargs: Any) -> dict[str, Tensor]:
         """Marginal posterior quantiles of every latent site, shape ``(len(quantiles),) + site shape``."""
         results = {}
         for name, site in self.prototype_trace.iter_stochastic_nodes():
@@ -455,8 +457,15 @@ def latent_sites(model: PyroModule) -> dict[str, SiteSignature]:
     context = model._pyro_context  # the cache of one model call: a prior read twice is one site
     used = context.used  # (a module never called may still become another one's submodule: keep it so)
     try:
-        with pyro_scope(), torch.no_grad(), torch.random.fork_rng(devices=cuda), poutine.block(), \
-                poutine.trace() as tracer, InitMessenger(_zero_point), context:  # fmt: skip
+        with (
+            pyro_scope(),
+            torch.no_grad(),
+            torch.random.fork_rng(devices=cuda),
+            poutine.block(),
+            poutine.trace() as tracer,
+            InitMessenger(_zero_point),
+            context,
+        ):
             for module in model.modules():
                 if isinstance(module, PyroModule):
                     for name in list(module.__dict__.get("_pyro_samples", {})):
@@ -464,12 +473,14 @@ def latent_sites(model: PyroModule) -> dict[str, SiteSignature]:
                         PyroModule.__getattr__(module, name)
     finally:
         context.used = used
-    return {name: (tuple(site["value"].shape), site["value"].dtype)
-            for name, site in tracer.trace.nodes.items()
-            if site["type"] == "sample" and not site["is_observed"]}  # fmt: skip
+    return {
+        name: (tuple(site["value"].shape), site["value"].dtype)
+        for name, site in tracer.trace.nodes.items()
+        if site["type"] == "sample" and not site["is_observed"]
+    }
 
 
-def model_signature(model: Any) -> Optional[ModelSignature]:
+def model_signature(model: Any) -> ModelSignature | None:
     """The :class:`ModelSignature` of a ``PyroModule``; ``None`` for anything else, or for a module whose
     priors cannot be drawn without a model call (they read state that ``forward`` sets): no verdict."""
     if not isinstance(model, PyroModule):
@@ -479,15 +490,16 @@ def model_signature(model: Any) -> Optional[ModelSignature]:
     except Exception:  # noqa: BLE001  (a user's model: the guide then goes unchecked, as before)
         return None
     plain = (bool, int, float, str, type(None), tuple)
-    settings = {k: v for k, v in vars(model).items()
-                if not k.startswith("_") and k != "training" and isinstance(v, plain)}  # fmt: skip
+    settings = {
+        k: v for k, v in vars(model).items() if not k.startswith("_") and k != "training" and isinstance(v, plain)
+    }
     return ModelSignature(type(model), settings, sites)
 
 
-def _site_difference(built: dict[str, SiteSignature], now: dict[str, SiteSignature]) -> Optional[tuple[str, str]]:
+def _site_difference(built: dict[str, SiteSignature], now: dict[str, SiteSignature]) -> tuple[str, str] | None:
     """The first latent site in which two models differ, as ``(built model's, this model's)`` words."""
 
-    def words(name: str, sig: Optional[SiteSignature], other: Optional[SiteSignature]) -> str:
+    def words(name: str, sig: SiteSignature | None, other: SiteSignature | None) -> str:
         if sig is None:
             return f"no site {name!r}"
         if other is not None and sig[0] == other[0]:
@@ -531,8 +543,10 @@ def check_guide_for(model: Any, guide: Any) -> None:
     label = name or type(guide).__name__
     remedy = "build the guide for this model with " + (f"pi.guides.get({name!r}, model)" if name else f"{label}(model)")
     if type(model) is not built.cls:
-        raise ValueError(f"guide {label!r} was built for another model ({built.cls.__name__}); this model is "
-                         f"a {type(model).__name__}: {remedy}")  # fmt: skip
+        raise ValueError(
+            f"guide {label!r} was built for another model ({built.cls.__name__}); this model is "
+            f"a {type(model).__name__}: {remedy}"
+        )
     now = model_signature(model)
     difference = None if now is None else _site_difference(built.sites, now.sites)
     if now is None or difference is None:
@@ -541,5 +555,7 @@ def check_guide_for(model: Any, guide: Any) -> None:
     changed = [k for k in before if k in after and before[k] != after[k]][:3]  # e.g. hidden=16 vs hidden=32
     was = " with " + ", ".join(f"{k}={before[k]!r}" for k in changed) if changed else ""
     has = ", ".join(f"{k}={after[k]!r}" for k in changed) + " and " if changed else ""
-    raise ValueError(f"guide {label!r} was built for another model ({built.cls.__name__}{was}: {difference[0]}); "
-                     f"this model has {has}{difference[1]}: {remedy}")  # fmt: skip
+    raise ValueError(
+        f"guide {label!r} was built for another model ({built.cls.__name__}{was}: {difference[0]}); "
+        f"this model has {has}{difference[1]}: {remedy}"
+    )

@@ -19,7 +19,7 @@ Every other latent site gets a mean-field Normal.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from pyro.distributions import constraints
@@ -52,9 +52,7 @@ class BlockCholeskySite(PyroModule):
         like = dict(dtype=init_loc.dtype, device=init_loc.device)
         self.loc = PyroParam(init_loc.clone(), constraints.real, event_dim=2)
         self.scale = PyroParam(torch.full((C, H), init_scale, **like), constraints.softplus_positive, 2)
-        self.scale_tril = PyroParam(
-            torch.eye(H, **like).expand(C, H, H).clone(), constraints.unit_lower_cholesky, 3
-        )
+        self.scale_tril = PyroParam(torch.eye(H, **like).expand(C, H, H).clone(), constraints.unit_lower_cholesky, 3)
 
     def cholesky_factor(self) -> Tensor:
         """``L_c = diag(s_c) T_c``, shape (C, H, H)."""
@@ -90,7 +88,7 @@ class BlockCholeskyGuide(StructuredGuide):
         *,
         init_loc_fn: InitLocFn = init_to_feasible,
         init_scale: float = DEFAULT_INIT_SCALE,
-        create_plates: Optional[Callable] = None,
+        create_plates: Callable | None = None,
     ) -> None:
         super().__init__(model, init_loc_fn=init_loc_fn, init_scale=init_scale, create_plates=create_plates)
 

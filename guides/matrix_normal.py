@@ -26,7 +26,8 @@ Initialisation: ``M`` from ``init_loc_fn`` (default 0), ``L_U = init_scale·I``,
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from pyro.distributions import constraints
@@ -121,7 +122,7 @@ class DiagonalFactors:
     """
 
     def __init__(self, spec: SiteSelector) -> None:
-        self.names: Optional[frozenset] = None
+        self.names: frozenset | None = None
         if isinstance(spec, str):
             spec = [spec]
         if spec is None or isinstance(spec, bool):
@@ -139,8 +140,7 @@ class DiagonalFactors:
                 names = None
             if names is None or not all(isinstance(n, str) for n in names):
                 raise ValueError(
-                    "diagonal_factors must be a bool, an int size threshold, site names or a callable, "
-                    f"got {spec!r}"
+                    f"diagonal_factors must be a bool, an int size threshold, site names or a callable, got {spec!r}"
                 )
             self.spec = self.names = names
 
@@ -186,7 +186,7 @@ class MatrixNormalGuide(StructuredGuide):
         init_scale: float = DEFAULT_INIT_SCALE,
         diagonal_factors: SiteSelector = None,
         freeze_row_factor: bool = False,
-        create_plates: Optional[Callable] = None,
+        create_plates: Callable | None = None,
     ) -> None:
         self.diagonal_factors = DiagonalFactors(diagonal_factors)
         self.freeze_row_factor = bool(freeze_row_factor)
@@ -202,8 +202,7 @@ class MatrixNormalGuide(StructuredGuide):
             unknown = sorted(names - set(matrix_sites))
             if unknown:
                 raise ValueError(
-                    f"diagonal_factors names {unknown}, which are not weight-matrix sites; "
-                    f"matrix sites: {matrix_sites}"
+                    f"diagonal_factors names {unknown}, which are not weight-matrix sites; matrix sites: {matrix_sites}"
                 )
 
     def _make_structured(self, name: str, site: dict, init_loc: Tensor) -> MatrixNormalSite:

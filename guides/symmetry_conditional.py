@@ -64,25 +64,24 @@ U(0, π)'s logistic spread in u, π/√3, q(η) starts as wide as the prior.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from operator import attrgetter
-from typing import Any, Callable, Sequence
-
-import math
+from typing import Any
 
 import pyro
 import pyro.distributions as dist
 import pyro.distributions.transforms as T
 import torch
 from pyro.distributions import constraints
-from pyro.nn import PyroModule, PyroParam
-from torch.distributions.transforms import AffineTransform
 from pyro.infer.autoguide import AutoStructured
-from pyro.infer.autoguide.utils import deep_setattr
 from pyro.infer.autoguide.initialization import init_to_feasible
-
+from pyro.infer.autoguide.utils import deep_setattr
+from pyro.nn import PyroModule, PyroParam
 from torch import Tensor
 from torch.distributions import biject_to
+from torch.distributions.transforms import AffineTransform
 
 from pyro_invariance.distributions import DensityDelta
 from pyro_invariance.models.base import CatalogueModel
@@ -148,7 +147,7 @@ class RBFDependence(torch.nn.Module):
     noise ``u_η − m_η``; the absolute ``u_η`` adds the guide's current ``m_η`` back. The guide is held
     outside the module tree (no parameter is registered twice; a deep copy of the guide carries it)."""
 
-    def __init__(self, guide: "SymmetryConditional", upstream: str, in_dim: int, out_dim: int) -> None:
+    def __init__(self, guide: SymmetryConditional, upstream: str, in_dim: int, out_dim: int) -> None:
         super().__init__()
         self.__dict__["_guide"] = guide
         self.upstream = upstream
@@ -180,30 +179,46 @@ class SymmetryConditional(CatalogueGuide, AutoStructured):
     fit_defaults = {"elbo": "trace"}
     catalogue_name = "symmetry-conditional"
 
-    def __init__(self, model: Callable, *, init_loc_fn: InitLocFn = init_to_feasible,
-                 init_scale: float = DEFAULT_INIT_SCALE, symmetry_density: str = "normal", weight_covariance: str = "normal",
-                 symmetry_dependence: str = "linear", symmetry_init_scale: float | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        init_loc_fn: InitLocFn = init_to_feasible,
+        init_scale: float = DEFAULT_INIT_SCALE,
+        symmetry_density: str = "normal",
+        weight_covariance: str = "normal",
+        symmetry_dependence: str = "linear",
+        symmetry_init_scale: float | None = None,
+    ) -> None:
         if symmetry_density not in SYMMETRY_DENSITIES:
             raise ValueError(f"unknown symmetry_density {symmetry_density!r}; use one of {list(SYMMETRY_DENSITIES)}")
         if symmetry_dependence not in SYMMETRY_DEPENDENCES:
-            raise ValueError(f"unknown symmetry_dependence {symmetry_dependence!r}; use one of "
-                             f"{list(SYMMETRY_DEPENDENCES)}")  # fmt: skip
+            raise ValueError(
+                f"unknown symmetry_dependence {symmetry_dependence!r}; use one of {list(SYMMETRY_DEPENDENCES)}"
+            )
         self.symmetry_dependence = symmetry_dependence
         self.symmetry_init_scale = check_init_scale(init_scale if symmetry_init_scale is None else symmetry_init_scale)
         self._symmetry_sites = list(model.symmetry_sites()) if isinstance(model, CatalogueModel) else []
         if weight_covariance not in WEIGHT_COVARIANCES:
             raise ValueError(f"unknown weight_covariance {weight_covariance!r}; use one of {list(WEIGHT_COVARIANCES)}")
         self.symmetry_density, self.weight_covariance = symmetry_density, weight_covariance
-        super().__init__(model, conditionals="normal", dependencies={}, init_loc_fn=init_loc_fn,
-                         init_scale=check_init_scale(init_scale))  # fmt: skip
+        super().__init__(
+            model,
+            conditionals="normal",
+            dependencies={},
+            init_loc_fn=init_loc_fn,
+            init_scale=check_init_scale(init_scale),
+        )
 
     def _auto_config(self, sample_sites: dict[str, Any], args: tuple, kwargs: dict) -> None:
         """Every latent site that is not a symmetry site depends linearly on every symmetry site."""
         missing = [s for s in self._symmetry_sites if s not in sample_sites]
         if missing:
             raise ValueError(f"the model declares symmetry sites {missing} that its trace does not sample")
-        numel = {name: biject_to(site["fn"].support).inv(site["value"].detach()).numel()
-                 for name, site in sample_sites.items()}  # fmt: skip
+        numel = {
+            name: biject_to(site["fn"].support).inv(site["value"].detach()).numel()
+            for name, site in sample_sites.items()
+        }
 
         def dependence(name: str, upstream: str) -> str | RBFDependence:
             if self.symmetry_dependence == "linear":
@@ -295,10 +310,15 @@ class SymmetryConditional(CatalogueGuide, AutoStructured):
         q = torch.as_tensor(quantiles)
         if self.symmetry_dependence != "linear":
             return self._sampled_quantiles(q)
-        spline = {name: attrgetter(name)(self.conds) for name, _ in self._sorted_sites
-                  if isinstance(self.conditionals.get(name), SplineNoise)}  # fmt: skip
-        moments = {name: (spline[name].moments() if name in spline else (0.0, self._own_variance(name)))
-                   for name, _ in self._sorted_sites}  # fmt: skip
+        spline = {
+            name: attrgetter(name)(self.conds)
+            for name, _ in self._sorted_sites
+            if isinstance(self.conditionals.get(name), SplineNoise)
+        }
+        moments = {
+            name: (spline[name].moments() if name in spline else (0.0, self._own_variance(name)))
+            for name, _ in self._sorted_sites
+        }
         out = {}
         for name, site in self._sorted_sites:
             loc = attrgetter(name)(self.locs)
@@ -334,11 +354,18 @@ class SymmetryConditional(CatalogueGuide, AutoStructured):
         return out
 
 
-@GUIDES.register("symmetry-conditional",
-                 summary="q(η) q(θ | η): weights linear-Gaussian in a latent η (AutoStructured); mean-field without one")
+@GUIDES.register(
+    "symmetry-conditional",
+    summary="q(η) q(θ | η): weights linear-Gaussian in a latent η (AutoStructured); mean-field without one",
+)
 def symmetry_conditional(
-    model: Callable, *, init_loc_fn: InitLocFn = init_to_feasible, init_scale: float = DEFAULT_INIT_SCALE,
-    symmetry_density: str = "normal", weight_covariance: str = "normal", symmetry_dependence: str = "linear",
+    model: Callable,
+    *,
+    init_loc_fn: InitLocFn = init_to_feasible,
+    init_scale: float = DEFAULT_INIT_SCALE,
+    symmetry_density: str = "normal",
+    weight_covariance: str = "normal",
+    symmetry_dependence: str = "linear",
     symmetry_init_scale: float | None = None,
 ) -> SymmetryConditional:
     """Diagonal Normal per site, with every weight site's location linear in the latent η's coordinates;
@@ -346,7 +373,12 @@ def symmetry_conditional(
     the location also a sum of fixed Gaussian bumps in η; ``symmetry_init_scale``: q(η)'s initial
     scale (module docstring). On a model without latent symmetry sites (``model.symmetry_sites()``;
     none for a model that is not a catalogue model) it is the ``mean-field`` family: no dependency."""
-    return SymmetryConditional(model, init_loc_fn=init_loc_fn, init_scale=init_scale,
-                               symmetry_density=symmetry_density, weight_covariance=weight_covariance,
-                               symmetry_dependence=symmetry_dependence,
-                               symmetry_init_scale=symmetry_init_scale)  # fmt: skip
+    return SymmetryConditional(
+        model,
+        init_loc_fn=init_loc_fn,
+        init_scale=init_scale,
+        symmetry_density=symmetry_density,
+        weight_covariance=weight_covariance,
+        symmetry_dependence=symmetry_dependence,
+        symmetry_init_scale=symmetry_init_scale,
+    )

@@ -8,11 +8,14 @@ from typing import Any
 
 from pyro_invariance.registry import MODELS
 
+from . import (  # noqa: F401  (each registers itself)
+    basis_regression,
+    invariant_mlp,
+    layerwise,  # noqa: F401  (layerwise-* entries, paper 004)
+    symmetrised_hnn,  # noqa: F401
+    toy2d,  # noqa: F401
+)
 from .base import PRIORS, CatalogueModel
-from . import basis_regression, invariant_mlp  # noqa: F401  (each registers itself)
-from . import symmetrised_hnn  # noqa: F401
-from . import layerwise  # noqa: F401  (layerwise-* entries, paper 004)
-from . import toy2d  # noqa: F401
 from .basis_regression import BasisRegression
 from .invariant_mlp import InvariantMLP
 

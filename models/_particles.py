@@ -17,7 +17,7 @@ A weight prior whose scale is itself batched over particles (a hierarchical prio
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from pyro.poutine.runtime import get_plates
@@ -70,4 +70,3 @@ def drop_data_dim(value: Tensor, event_dim: int) -> Tensor:
 def num_particles(shape: Sequence[int]) -> int:
     """Number of particles of a particle shape (1 for ``()``)."""
     return math.prod(shape)
-

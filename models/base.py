@@ -33,9 +33,10 @@ recommendations), and :func:`pyro_invariance.diagnostics.evaluation.task_for` pi
 from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pyro
@@ -48,13 +49,26 @@ from pyro_invariance._pyro_scope import own_params_in_store, pyro_scope
 from pyro_invariance.data.arrays import PreparesInputs
 from pyro_invariance.symmetry.priors import check_symmetry_prior
 from pyro_invariance.validation import (
-    as_real_tensor, check_trailing_shape, coerce_pair, model_dtype, num_classes_of,
-)  # fmt: skip
+    as_real_tensor,
+    check_trailing_shape,
+    coerce_pair,
+    model_dtype,
+    num_classes_of,
+)
 
 if TYPE_CHECKING:
     from pyro_invariance.tasks import Task
 
-__all__ = ["PRIORS", "CatalogueModel", "PrecisionGroup", "check_prior", "symmetry_parameters", "symmetry_sites", "symmetry_summary", "vectorizable_particles"]
+__all__ = [
+    "PRIORS",
+    "CatalogueModel",
+    "PrecisionGroup",
+    "check_prior",
+    "symmetry_parameters",
+    "symmetry_sites",
+    "symmetry_summary",
+    "vectorizable_particles",
+]
 
 #: Every prior mode of the catalogue (each model takes the subset in its ``priors``):
 #: ``"fixed"`` — the prior scale is a constant (a buffer);
@@ -96,7 +110,7 @@ class CatalogueModel(PyroModule, PreparesInputs, metaclass=_CatalogueMeta):
         symmetry_prior: ``None`` (η a point estimate) or the prior of a latent η.
     """
 
-    task: ClassVar["Task"]
+    task: ClassVar[Task]
     fit_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     priors: ClassVar[tuple[str, ...]] = ()
     symmetry_priors: ClassVar[tuple[str, ...]] = ()
@@ -118,8 +132,9 @@ class CatalogueModel(PyroModule, PreparesInputs, metaclass=_CatalogueMeta):
         """Sample the latents, observe ``y`` (``None``: sample it) through :meth:`observe`; return the
         prediction for ``x`` (logits, mean or next states; leading dim B)."""
 
-    def observe(self, fn: Distribution, y: Tensor | None, x: Tensor, num_data: int | None = None,
-                name: str = "obs") -> Tensor:  # fmt: skip
+    def observe(
+        self, fn: Distribution, y: Tensor | None, x: Tensor, num_data: int | None = None, name: str = "obs"
+    ) -> Tensor:
         """Score ``y ~ fn`` for the B rows of the minibatch ``x`` inside ``pyro.plate("data", N,
         subsample=arange(B))`` with ``N = num_data or B``.
 
@@ -132,8 +147,9 @@ class CatalogueModel(PyroModule, PreparesInputs, metaclass=_CatalogueMeta):
             ValueError: ``num_data`` is not an integer ≥ B (one line naming it).
         """
         batch = x.shape[0]
-        if num_data is not None and (isinstance(num_data, bool) or not isinstance(num_data, (int, np.integer))
-                                     or num_data < batch):  # fmt: skip
+        if num_data is not None and (
+            isinstance(num_data, bool) or not isinstance(num_data, (int, np.integer)) or num_data < batch
+        ):
             raise ValueError(f"num_data must be an integer >= batch size {batch}, got {num_data!r}")
         with pyro.plate("data", size=int(num_data or batch), subsample=torch.arange(batch, device=x.device)):
             return pyro.sample(name, fn, obs=y)

@@ -10,7 +10,8 @@ guide and objective can be checked against it.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import pyro.distributions as dist
 import torch
@@ -492,7 +493,7 @@ class BasisRegression(CatalogueModel):
             chol = torch.linalg.cholesky(phi.transpose(1, 2) @ phi / s2 + eye / p2)
             z = torch.linalg.solve_triangular(chol, phi.transpose(1, 2) @ y / s2, upper=False)  # (g, F, D)
             logdet = n * math.log(s2) + f * math.log(p2) + 2.0 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
-            quad = (y.pow(2).sum() / s2 - z.pow(2).sum((-2, -1)))
+            quad = y.pow(2).sum() / s2 - z.pow(2).sum((-2, -1))
             out.append(-0.5 * (y.shape[1] * (n * _LOG_2PI + logdet) + quad))
         return torch.cat(out) if out else lams.new_zeros(0)
 

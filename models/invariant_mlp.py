@@ -58,8 +58,9 @@ forward) are the same; the warps differ. Benchmarks: ``benchmarks/results/transf
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import pyro.distributions as dist
 import torch
@@ -69,7 +70,6 @@ from pyro.nn import PyroParam, PyroSample
 from torch import Tensor, nn
 
 from pyro_invariance.registry import MODELS
-from pyro_invariance.symmetry.priors import BOUNDED_PRIORS, bounded_prior
 from pyro_invariance.symmetry.affine import (
     GENERATOR_NAMES,
     SUBGROUPS,
@@ -84,6 +84,7 @@ from pyro_invariance.symmetry.affine import (
     transform_weight_rows,
     warp_stack,
 )
+from pyro_invariance.symmetry.priors import BOUNDED_PRIORS, bounded_prior
 from pyro_invariance.tasks import CLASSIFICATION
 from pyro_invariance.validation import check_label_shape, check_positive_int, check_seed, check_trailing_shape
 from pyro_invariance.weight_priors import add_prior_scale, normal_prior
@@ -204,8 +205,10 @@ class InvariantMLP(CatalogueModel):
         self.register_buffer("eta_upper", upper)
         init = _eta_init_tensor(eta_init, self.generator_names)
         if torch.any(init < 0) or torch.any(init > upper):
-            raise ValueError(f"eta_init {_per_generator(init, self.generator_names)} outside [0, eta_max] with eta_max "
-                             f"{_per_generator(upper, self.generator_names)}")  # fmt: skip
+            raise ValueError(
+                f"eta_init {_per_generator(init, self.generator_names)} outside [0, eta_max] with eta_max "
+                f"{_per_generator(upper, self.generator_names)}"
+            )
         if self.symmetry_prior is not None and k > 0:
             self.eta = PyroSample(lambda m: bounded_prior(m.symmetry_prior, m.eta_upper))
         elif self.learn_symmetry and k > 0:
@@ -229,8 +232,9 @@ class InvariantMLP(CatalogueModel):
         # --- read-out prior -----------------------------------------------------------
         # σ_p: a buffer, a PyroParam or the site "prior_scale" ~ LogNormal(log prior_scale, 1), whose
         # location is the double-precision log and whose scale 1 is a constant (not a buffer)
-        add_prior_scale(self, "prior_scale", prior, prior_scale, log_init=math.log(prior_scale),
-                        hyperprior_buffer=False)  # fmt: skip
+        add_prior_scale(
+            self, "prior_scale", prior, prior_scale, log_init=math.log(prior_scale), hyperprior_buffer=False
+        )
         c, h = self.num_classes, self.hidden
         # normal_prior: a hierarchical σ_p is batched over vectorised particles, (P, 1)
         self.out_weight = PyroSample(lambda m: normal_prior(m.prior_scale, [c, h]))
@@ -294,8 +298,13 @@ class InvariantMLP(CatalogueModel):
 
     def arviz_dims(self) -> dict[str, list[str]]:
         """ArviZ dim names of the sample sites' own dims (:func:`pyro_invariance.diagnostics.inference_data.to_inference_data`)."""
-        return {"out_weight": ["class", "hidden"], "out_bias": ["class"], "prior_scale": [], "obs": ["obs_dim_0"],
-                "eta": ["generator"]}
+        return {
+            "out_weight": ["class", "hidden"],
+            "out_bias": ["class"],
+            "prior_scale": [],
+            "obs": ["obs_dim_0"],
+            "eta": ["generator"],
+        }
 
     def sample_transforms(self, num_transforms: int | None = None, eta: Tensor | None = None) -> Tensor:
         """S affine matrices T_s = expm(Σ ε_si η_i G_i), shape ``(S, 3, 3)`` (Eq. 3); ``eta`` ``(k,)`` in place of
@@ -304,7 +313,9 @@ class InvariantMLP(CatalogueModel):
         if eta is None:
             eta = self.eta
         elif eta.shape != (len(self.generator_names),):
-            raise ValueError(f"eta must have shape ({len(self.generator_names)},), one value per generator, got {tuple(eta.shape)}")
+            raise ValueError(
+                f"eta must have shape ({len(self.generator_names)},), one value per generator, got {tuple(eta.shape)}"
+            )
         eps = sample_epsilon(s, len(self.generator_names), self.sampling, dtype=eta.dtype, device=eta.device)
         return lie_exp(eta, eps, self.generators)
 
@@ -467,8 +478,10 @@ def _check_symmetry_spec(symmetry: Any) -> None:
     """``symmetry`` must be a subgroup name or a sequence of names (``"none"``: no symmetry)."""
     names_ok = isinstance(symmetry, (list, tuple)) and all(isinstance(s, str) for s in symmetry)
     if not (isinstance(symmetry, str) or names_ok):
-        raise ValueError(f"symmetry must be a subgroup name such as 'rotation' or 'tx+rot', or a list of names "
-                         f"('none' for no symmetry; subgroups: {', '.join(SUBGROUPS)}), got {symmetry!r}")  # fmt: skip
+        raise ValueError(
+            f"symmetry must be a subgroup name such as 'rotation' or 'tx+rot', or a list of names "
+            f"('none' for no symmetry; subgroups: {', '.join(SUBGROUPS)}), got {symmetry!r}"
+        )
 
 
 def _per_generator_mapping(arg: str, value: Any, names: Sequence[str]) -> dict[str, float]:
@@ -478,8 +491,10 @@ def _per_generator_mapping(arg: str, value: Any, names: Sequence[str]) -> dict[s
         raise ValueError(f"{arg} must be a mapping generator -> number, got {value!r}")
     unknown = sorted(map(str, set(value) - set(names)))
     if unknown:
-        raise ValueError(f"{arg} names {unknown}, which are not in the subgroup {list(names)} of the model's symmetry "
-                         f"(generators: {', '.join(GENERATOR_NAMES)})")  # fmt: skip
+        raise ValueError(
+            f"{arg} names {unknown}, which are not in the subgroup {list(names)} of the model's symmetry "
+            f"(generators: {', '.join(GENERATOR_NAMES)})"
+        )
     return {key: _finite_number(f"{arg}[{key!r}]", v) for key, v in value.items()}
 
 
@@ -501,8 +516,7 @@ def _eta_max_overrides(eta_max: Mapping[str, float] | None, names: Sequence[str]
     caps = _per_generator_mapping("eta_max", eta_max, names)
     for key, v in caps.items():
         if v <= 0:
-            raise ValueError(f"eta_max[{key!r}] must be a positive number (the upper bound of η), "
-                             f"got {eta_max[key]!r}")  # fmt: skip
+            raise ValueError(f"eta_max[{key!r}] must be a positive number (the upper bound of η), got {eta_max[key]!r}")
     return caps
 
 

@@ -85,8 +85,9 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import pyro.distributions as dist
 import torch
@@ -94,8 +95,8 @@ import torch.nn.functional as F
 from pyro.nn import PyroModule
 from torch import Tensor, nn
 
-from pyro_invariance.symmetry import equivariant_layers as L
 from pyro_invariance.registry import MODELS
+from pyro_invariance.symmetry import equivariant_layers as L
 from pyro_invariance.tasks import CLASSIFICATION
 from pyro_invariance.validation import check_label_shape, check_positive_int, check_seed, check_trailing_shape
 
@@ -326,7 +327,7 @@ def init_weights_from_prior(site: dict) -> Tensor:
 STARTS: tuple[str, ...] = ("equivariant", "prior")
 
 
-def make_init_loc_fn(arch: "Architecture", start: str = "equivariant") -> Any:
+def make_init_loc_fn(arch: Architecture, start: str = "equivariant") -> Any:
     """Pyro ``init_loc_fn`` for a network built from ``arch``.
 
     ``"prior"``: :func:`init_weights_from_prior` (every weight a prior draw, biases 0).
@@ -414,7 +415,11 @@ class LayerwiseNet(CatalogueModel):
         self.check_prior(prior)
         check_seed(init_seed, "init_seed")
         for name, value in (("prior_scale", prior_scale), ("hyperprior_scale", hyperprior_scale)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not (math.isfinite(value) and value > 0)
+            ):
                 raise ValueError(f"{name} must be a positive finite number, got {value!r}")
         arch = architecture(
             variant,
@@ -503,7 +508,9 @@ class LayerwiseNet(CatalogueModel):
                 raise ValueError(f"head layers are blocks {nblocks} and {nblocks + 1}, got {block}")
             return self.head[block - nblocks], f"head.{block - nblocks}", ("precision",)
         if kind not in self.arch.kinds:
-            raise ValueError(f"this {self.variant!r} network has pathways {list(self.arch.kinds)} and 'head', not {kind!r}")
+            raise ValueError(
+                f"this {self.variant!r} network has pathways {list(self.arch.kinds)} and 'head', not {kind!r}"
+            )
         if isinstance(block, bool) or not isinstance(block, int) or not 0 <= block < nblocks:
             raise ValueError(f"block must be an integer in [0, {nblocks}) for kind {kind!r}, got {block!r}")
         module = self.blocks[block].pathway(kind)
@@ -538,10 +545,15 @@ class LayerwiseNet(CatalogueModel):
                     sites.setdefault(precision, []).append(f"blocks.{spec.index}.{kind}.{site}")
                 for precision, names in sites.items():
                     out.append(PrecisionGroup(f"blocks.{spec.index}.{kind}.{precision}", module, precision, names))
-            out.append(PrecisionGroup(f"blocks.{spec.index}.bias_precision", block, "bias_precision",
-                                      [f"blocks.{spec.index}.bias"]))  # fmt: skip
+            out.append(
+                PrecisionGroup(
+                    f"blocks.{spec.index}.bias_precision", block, "bias_precision", [f"blocks.{spec.index}.bias"]
+                )
+            )
         for j, layer in enumerate(self.head):
-            out.append(PrecisionGroup(f"head.{j}.precision", layer, "precision", [f"head.{j}.weight", f"head.{j}.bias"]))
+            out.append(
+                PrecisionGroup(f"head.{j}.precision", layer, "precision", [f"head.{j}.weight", f"head.{j}.bias"])
+            )
         return out
 
     def guide_defaults(self, guide_name: str) -> dict[str, Any]:
@@ -559,8 +571,11 @@ class LayerwiseNet(CatalogueModel):
         """The learned precisions δ (``prior="learned"``: every pathway, block-bias and head precision, as
         the unconstrained parameters of their ``PyroParam`` s), which ``fit`` trains with ``eta_lr``;
         empty for fixed (buffers) and hierarchical (latent) precisions."""
-        return [p for name, p in self.named_parameters()
-                if name.rsplit(".", 1)[-1].removesuffix("_unconstrained") in L.PRECISION_NAMES]  # fmt: skip
+        return [
+            p
+            for name, p in self.named_parameters()
+            if name.rsplit(".", 1)[-1].removesuffix("_unconstrained") in L.PRECISION_NAMES
+        ]
 
     def symmetry_summary(self, sites: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
         """δ of every block pathway tensor (``"delta.<block>.<kind>[.out|.in]"``) for point-estimate
@@ -651,7 +666,9 @@ def _make_factory(variant: str) -> Any:
         prior: str = "learned",
         **kwargs: Any,
     ) -> LayerwiseNet:
-        model = LayerwiseNet(variant, image_shape=image_shape, num_classes=num_classes, alpha=alpha, prior=prior, **kwargs)
+        model = LayerwiseNet(
+            variant, image_shape=image_shape, num_classes=num_classes, alpha=alpha, prior=prior, **kwargs
+        )
         model.catalogue_name = f"layerwise-{variant}"  # the registry entry (one class, several entries)
         return model
 

@@ -31,7 +31,8 @@ variance gives O(1) activations at any width; the first layer's learned scalar s
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pyro.distributions as dist
 import torch
@@ -41,6 +42,8 @@ from pyro.nn import PyroSample
 from torch import Tensor, nn
 
 from pyro_invariance.data import physics  # noqa: F401  (registers the physics datasets)
+from pyro_invariance.data.physics import symplectic
+from pyro_invariance.registry import MODELS
 from pyro_invariance.symmetry.conserved import (
     ORACLES,
     apply_flow,
@@ -49,9 +52,7 @@ from pyro_invariance.symmetry.conserved import (
     oracle_generators,
     sample_weights,
 )
-from pyro_invariance.data.physics import symplectic
 from pyro_invariance.symmetry.ode_flow import NeuralConserved, NeuralFlow
-from pyro_invariance.registry import MODELS
 from pyro_invariance.symmetry.priors import UNBOUNDED_PRIORS, unbounded_prior
 from pyro_invariance.tasks import DYNAMICS
 from pyro_invariance.validation import check_positive_float, check_positive_int, check_seed, check_trailing_shape
@@ -66,7 +67,9 @@ SYMMETRIES = ("none", "quadratic", "neural") + ORACLES
 SAMPLINGS = ("cube", "ball", "grid")
 
 
-@MODELS.register("symmetrised-hnn", summary="Bayesian HNN symmetrised by learned conserved quantities (Noether's razor)")
+@MODELS.register(
+    "symmetrised-hnn", summary="Bayesian HNN symmetrised by learned conserved quantities (Noether's razor)"
+)
 class SymmetrisedHNN(CatalogueModel):
     """Bayesian Hamiltonian MLP averaged over the flows of (learned) quadratic conserved quantities.
 
@@ -125,7 +128,7 @@ class SymmetrisedHNN(CatalogueModel):
         sampling: str = "cube",
         euler_steps: int = 5,
         dt: float = 0.2,
-        noise_scale: float = 1e-3 ** 0.5,
+        noise_scale: float = 1e-3**0.5,
         learn_noise: bool = False,
         prior: str = "fixed",
         prior_scale: float = 1.0,
@@ -154,7 +157,12 @@ class SymmetrisedHNN(CatalogueModel):
         check_positive_int("num_transforms", num_transforms)
         check_positive_int("euler_steps", euler_steps)
         check_positive_int("flow_steps", flow_steps)
-        for name, value in (("elu_alpha", elu_alpha), ("dt", dt), ("noise_scale", noise_scale), ("prior_scale", prior_scale)):
+        for name, value in (
+            ("elu_alpha", elu_alpha),
+            ("dt", dt),
+            ("noise_scale", noise_scale),
+            ("prior_scale", prior_scale),
+        ):
             check_positive_float(name, value)
         if not (eta_init_std >= 0 and math.isfinite(eta_init_std)):
             raise ValueError(f"eta_init_std must be >= 0, got {eta_init_std}")
@@ -185,8 +193,14 @@ class SymmetrisedHNN(CatalogueModel):
         elif symmetry == "neural":
             self._num_generators = int(num_generators)
             self.flow_steps = int(flow_steps)
-            self.conserved = NeuralConserved(m, self._num_generators, conserved_hidden, quadratic=True,
-                                             init_std=max(eta_init_std, 1e-3), generator=gen)  # fmt: skip
+            self.conserved = NeuralConserved(
+                m,
+                self._num_generators,
+                conserved_hidden,
+                quadratic=True,
+                init_std=max(eta_init_std, 1e-3),
+                generator=gen,
+            )
             if not self.learn_symmetry:
                 self.conserved.requires_grad_(False)
         elif symmetry in ORACLES:
@@ -203,11 +217,19 @@ class SymmetrisedHNN(CatalogueModel):
         self.register_buffer("prior_var", torch.full((self.num_layers,), float(prior_scale) ** 2))
         for i in range(self.num_layers):
             if prior == "hierarchical":  # √v_l ~ LogNormal(log √v₀, 1), read from the buffer at each call
-                setattr(self, f"prior_scale_{i}", PyroSample(
-                    lambda mod, i=i: scale_hyperprior(0.5 * mod.prior_var[i].log())))
+                setattr(
+                    self,
+                    f"prior_scale_{i}",
+                    PyroSample(lambda mod, i=i: scale_hyperprior(0.5 * mod.prior_var[i].log())),
+                )
             # normal_prior: a hierarchical scale is batched over vectorised particles, (P, 1)
-            setattr(self, f"weight_{i}", PyroSample(
-                lambda mod, i=i, shape=(sizes[i + 1], sizes[i]): normal_prior(mod.layer_prior_scale(i), shape)))
+            setattr(
+                self,
+                f"weight_{i}",
+                PyroSample(
+                    lambda mod, i=i, shape=(sizes[i + 1], sizes[i]): normal_prior(mod.layer_prior_scale(i), shape)
+                ),
+            )
         self.learn_noise = bool(learn_noise)
         log_noise_var = torch.tensor(2.0 * math.log(noise_scale))
         if learn_noise:
@@ -248,8 +270,10 @@ class SymmetrisedHNN(CatalogueModel):
         """Current generators ``(K, M+1, M+1)`` (quadratic: from η; oracle: fixed; none: empty). A
         ``"neural"`` model has no generator matrices: its C are functions (``self.conserved``)."""
         if self.symmetry == "neural":
-            raise ValueError("symmetry='neural' has no generator matrices: its conserved quantities are the functions "
-                             "model.conserved(x) (K values per state); analyse them on states instead")
+            raise ValueError(
+                "symmetry='neural' has no generator matrices: its conserved quantities are the functions "
+                "model.conserved(x) (K values per state); analyse them on states instead"
+            )
         if self.symmetry == "quadratic":
             return generator_from_params(self.eta_W, self.eta_b)
         if self.symmetry in ORACLES:
@@ -339,7 +363,9 @@ class SymmetrisedHNN(CatalogueModel):
         z = flows(x) if isinstance(flows, NeuralFlow) else apply_flow(x, flows)
         return self.observable(z, weights).mean(0)
 
-    def vector_field(self, x: Tensor, weights: Sequence[Tensor], flows: Tensor | NeuralFlow | None, create_graph: bool) -> Tensor:
+    def vector_field(
+        self, x: Tensor, weights: Sequence[Tensor], flows: Tensor | NeuralFlow | None, create_graph: bool
+    ) -> Tensor:
         """``J∇H̄(x)`` by autograd, shape ``(B, M)``."""
         with torch.enable_grad():
             if not x.requires_grad:
@@ -448,8 +474,9 @@ class SymmetrisedHNN(CatalogueModel):
         s = z.shape[1]
         return self._particle_observable(z.reshape(n, s * b, m), weights).reshape(n, s, b).mean(1)
 
-    def _particle_vector_field(self, x: Tensor, weights: Sequence[Tensor], flows: Tensor | NeuralFlow | None,
-                               create_graph: bool) -> Tensor:  # fmt: skip
+    def _particle_vector_field(
+        self, x: Tensor, weights: Sequence[Tensor], flows: Tensor | NeuralFlow | None, create_graph: bool
+    ) -> Tensor:
         """``J∇H̄`` of each particle, ``(n, B, M)``: one ``autograd.grad`` for all particles and flows."""
         with torch.enable_grad():
             if not x.requires_grad:

@@ -8,7 +8,8 @@ read-out. Data: :func:`pyro_invariance.data.toy2d.make_rotation_toy` (registered
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import pyro.distributions as dist
 import torch

@@ -20,16 +20,30 @@ own parameters, so several models train in one process without sharing names in 
 store) and a corrected ``KL(Delta ‖ ·)`` -- for their duration only: :func:`pyro_scope`.
 """
 
-from pyro_invariance.registry import DATASETS, GUIDES, MODELS
-from pyro_invariance._pyro_scope import pyro_scope
 from pyro_invariance import data, guides, models  # (each registers its entries)
-from pyro_invariance.infer import FitConfig, FitResult, fit, fit_laplace
-from pyro_invariance.diagnostics import GuideComparison, compare_guides, evaluate, to_inference_data
+from pyro_invariance._pyro_scope import pyro_scope
 from pyro_invariance.data import load_dataset
+from pyro_invariance.diagnostics import GuideComparison, compare_guides, evaluate, to_inference_data
+from pyro_invariance.infer import FitConfig, FitResult, fit, fit_laplace
+from pyro_invariance.registry import DATASETS, GUIDES, MODELS
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "DATASETS", "GUIDES", "MODELS", "FitConfig", "FitResult", "GuideComparison", "compare_guides", "data",
-    "evaluate", "fit", "fit_laplace", "guides", "load_dataset", "models", "pyro_scope", "to_inference_data",
-]  # fmt: skip
+    "DATASETS",
+    "GUIDES",
+    "MODELS",
+    "FitConfig",
+    "FitResult",
+    "GuideComparison",
+    "compare_guides",
+    "data",
+    "evaluate",
+    "fit",
+    "fit_laplace",
+    "guides",
+    "load_dataset",
+    "models",
+    "pyro_scope",
+    "to_inference_data",
+]

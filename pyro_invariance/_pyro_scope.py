@@ -46,7 +46,8 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import pyro
 import torch
@@ -100,7 +101,7 @@ def pyro_scope() -> Iterator[None]:
 
 #: the catalogue models and guides that have run in Pyro's global mode, whose tensors the store may hold;
 #: weak, so that a module that is gone no longer counts (the store may then hand its values on by name)
-_STORE_USERS: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+_STORE_USERS: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
 def _parameter_ids(modules: Iterable[torch.nn.Module]) -> set[int]:
@@ -135,6 +136,7 @@ def own_params_in_store(module: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         back = {n: tc for n, tc in hidden.items() if n not in store}
-        store.set_state({"params": {n: t for n, (t, _) in back.items()},
-                         "constraints": {n: c for n, (_, c) in back.items()}})  # fmt: skip
+        store.set_state(
+            {"params": {n: t for n, (t, _) in back.items()}, "constraints": {n: c for n, (_, c) in back.items()}}
+        )
         _STORE_USERS.add(module)

@@ -30,8 +30,9 @@ import os
 import re
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -45,8 +46,14 @@ from pyro_invariance.diagnostics.evaluation import evaluate, task_for
 from pyro_invariance.diagnostics.plots import model_figures, plot_eta_history, save_figure
 from pyro_invariance.infer.checkpoint import atomic_write_text, peek_step
 from pyro_invariance.infer.config import config_overrides, config_parent
-from pyro_invariance.infer.distributed import (Ranks, current_ranks, launch_rank, record_failure, setup_ranks,
-                                                under_torchrun)
+from pyro_invariance.infer.distributed import (
+    Ranks,
+    current_ranks,
+    launch_rank,
+    record_failure,
+    setup_ranks,
+    under_torchrun,
+)
 from pyro_invariance.infer.fast_step import torch_threads
 from pyro_invariance.infer.interrupts import FitInterrupted
 from pyro_invariance.infer.laplace import fit_laplace
@@ -129,17 +136,23 @@ def check_out_folder(out: Path) -> Path:
     return out
 
 
-def prepare_out(out: Path, *, resume: bool = False, overwrite: bool = False,
-                products: Sequence[str] = ("checkpoint.pt", "result.json"),
-                can_resume: bool = True) -> Path:  # fmt: skip
+def prepare_out(
+    out: Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    products: Sequence[str] = ("checkpoint.pt", "result.json"),
+    can_resume: bool = True,
+) -> Path:
     """Check an output folder before any compute: a writable folder (:func:`check_out_folder`) not
     holding a run (any of ``products``) unless ``resume`` (which needs its checkpoint) or ``overwrite``.
     ``can_resume``: the command has ``--resume`` (the refusal suggests only options the command has)."""
     return _check_out_contents(check_out_folder(out), resume, overwrite, products, can_resume)
 
 
-def _check_out_contents(out: Path, resume: bool, overwrite: bool, products: Sequence[str],
-                        can_resume: bool = True) -> Path:  # fmt: skip
+def _check_out_contents(
+    out: Path, resume: bool, overwrite: bool, products: Sequence[str], can_resume: bool = True
+) -> Path:
     """The part of :func:`prepare_out` after the folder check (what ``out`` already holds)."""
     existing = [name for name in products if (out / name).exists()]
     if resume:
@@ -149,8 +162,9 @@ def _check_out_contents(out: Path, resume: bool, overwrite: bool, products: Sequ
         step = peek_step(out / "checkpoint.pt") if "checkpoint.pt" in existing else None
         held = f" (checkpoint at step {step})" if step is not None else ""
         options = "use --resume to continue it, --overwrite" if can_resume else "use --overwrite"
-        raise ValueError(f"--out {str(out)!r} already holds {', '.join(existing)}{held}: "
-                         f"{options} to replace it, or another --out")  # fmt: skip
+        raise ValueError(
+            f"--out {str(out)!r} already holds {', '.join(existing)}{held}: {options} to replace it, or another --out"
+        )
     elif existing:
         print(f"pyro-invariance: --overwrite: replacing {', '.join(existing)} in {str(out)!r}", file=sys.stderr)
     return out
@@ -164,9 +178,13 @@ def _build_spec(args: argparse.Namespace) -> dict[str, Any]:
     if objective == "laplace":
         # MAP weights; the precisions are buffers the evidence updates set (pyro_invariance.infer.laplace)
         if guide != "map":
-            raise ValueError(f"--objective laplace trains MAP weights: use --guide map (or leave it out), not {guide!r}")
+            raise ValueError(
+                f"--objective laplace trains MAP weights: use --guide map (or leave it out), not {guide!r}"
+            )
         if model_kwargs.setdefault("prior", "fixed") != "fixed":
-            raise ValueError("--objective laplace sets the precisions itself: leave out --model-arg prior=... or use 'fixed'")
+            raise ValueError(
+                "--objective laplace sets the precisions itself: leave out --model-arg prior=... or use 'fixed'"
+            )
     spec = {
         "model": args.model,
         "model_kwargs": model_kwargs,
@@ -190,8 +208,13 @@ def _save_plots(result: Any, out: Path, data: Any = None) -> list[str]:
     return [str(f) for f in files]
 
 
-def run_fit(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eval_samples: int = 16,
-            eval_seed: int | None = None) -> dict[str, Any]:  # fmt: skip
+def run_fit(
+    spec: dict[str, Any],
+    out: Path,
+    fit_kwargs: dict[str, Any],
+    num_eval_samples: int = 16,
+    eval_seed: int | None = None,
+) -> dict[str, Any]:
     """Build the spec, fit, evaluate, write result.json + plots to ``out``; returns the summary.
 
     ``fit_kwargs``: FitConfig overrides and ``fit``'s run options; ``eval_seed`` (default: the
@@ -208,28 +231,51 @@ def run_fit(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eva
         def claim() -> Path:  # the folder must exist for its lock; then what it holds
             folder = check_out_folder(Path(out))
             stack.enter_context(RunLock(folder / "checkpoint.pt"))
-            _check_out_contents(folder, bool(fit_kwargs.get("resume")), bool(fit_kwargs.get("overwrite")),
-                                ("checkpoint.pt", "result.json"))  # fmt: skip
+            _check_out_contents(
+                folder,
+                bool(fit_kwargs.get("resume")),
+                bool(fit_kwargs.get("overwrite")),
+                ("checkpoint.pt", "result.json"),
+            )
             return folder
 
         folder = ranks.together(claim if ranks.is_main else lambda: Path(out))
         return _run_fit_locked(spec, folder, fit_kwargs, num_eval_samples, eval_seed, ranks)
 
 
-def _run_fit_locked(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any], num_eval_samples: int,
-                    eval_seed: int | None, ranks: Ranks) -> dict[str, Any]:  # fmt: skip
+def _run_fit_locked(
+    spec: dict[str, Any],
+    out: Path,
+    fit_kwargs: dict[str, Any],
+    num_eval_samples: int,
+    eval_seed: int | None,
+    ranks: Ranks,
+) -> dict[str, Any]:
     data, model, guide = build(spec)
     fit_kwargs = dict(fit_kwargs)  # FitConfig overrides + run options; fit resolves model/guide defaults
-    laplace_kw = {k: fit_kwargs.pop(k) for k in ("laplace_every", "laplace_warmup", "laplace_curvature",
-                                                 "laplace_delta_update") if k in fit_kwargs}  # fmt: skip
+    laplace_kw = {
+        k: fit_kwargs.pop(k)
+        for k in ("laplace_every", "laplace_warmup", "laplace_curvature", "laplace_delta_update")
+        if k in fit_kwargs
+    }
     extra: dict[str, Any] = {}
     if spec.get("objective") == "laplace":
-        result = fit_laplace(model, guide, data, checkpoint_path=out / "checkpoint.pt", spec=spec,
-                             every=laplace_kw.get("laplace_every", 50), warmup=laplace_kw.get("laplace_warmup", 100),
-                             curvature=laplace_kw.get("laplace_curvature", "kfac"),
-                             delta_update=laplace_kw.get("laplace_delta_update", "gradient"), **fit_kwargs)  # fmt: skip
-        extra = {"laplace_log_evidence_per_datum": result.log_evidence / result.num_data,
-                 "laplace_evidence_log": result.evidence_log}  # fmt: skip
+        result = fit_laplace(
+            model,
+            guide,
+            data,
+            checkpoint_path=out / "checkpoint.pt",
+            spec=spec,
+            every=laplace_kw.get("laplace_every", 50),
+            warmup=laplace_kw.get("laplace_warmup", 100),
+            curvature=laplace_kw.get("laplace_curvature", "kfac"),
+            delta_update=laplace_kw.get("laplace_delta_update", "gradient"),
+            **fit_kwargs,
+        )
+        extra = {
+            "laplace_log_evidence_per_datum": result.log_evidence / result.num_data,
+            "laplace_evidence_log": result.evidence_log,
+        }
     else:
         result = fit(model, guide, data, checkpoint_path=out / "checkpoint.pt", spec=spec, **fit_kwargs)
     seed = result.config.seed if eval_seed is None else eval_seed
@@ -257,7 +303,9 @@ def _run_fit_locked(spec: dict[str, Any], out: Path, fit_kwargs: dict[str, Any],
     return summary
 
 
-def _metrics(model: Any, guide: Any, data: Any, num_samples: int, device: Any = None, seed: int = 0) -> dict[str, float]:
+def _metrics(
+    model: Any, guide: Any, data: Any, num_samples: int, device: Any = None, seed: int = 0
+) -> dict[str, float]:
     """Held-out metrics as the model's task defines them
     (:func:`~pyro_invariance.diagnostics.evaluation.evaluate`), seeded by ``seed``: ``fit`` passes the
     run's seed, as ``compare_guides`` does, so both report the same numbers."""
@@ -267,13 +315,20 @@ def _metrics(model: Any, guide: Any, data: Any, num_samples: int, device: Any = 
 def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """``fit``'s arguments from the ``fit`` command: the FitConfig settings the user gave
     (:func:`~pyro_invariance.infer.config.config_overrides`) and the run options."""
-    kw: dict[str, Any] = {**config_overrides(args), "progress": not args.no_progress, "resume": args.resume,
-                          "checkpoint_every": args.checkpoint_every, "overwrite": args.overwrite}  # fmt: skip
+    kw: dict[str, Any] = {
+        **config_overrides(args),
+        "progress": not args.no_progress,
+        "resume": args.resume,
+        "checkpoint_every": args.checkpoint_every,
+        "overwrite": args.overwrite,
+    }
     if args.allow_change:
         changes = [c.strip().replace("-", "_") for c in args.allow_change.split(",") if c.strip()]
         if not args.resume or any(c not in LR_SETTINGS for c in changes):
-            raise ValueError(f"--allow-change takes learning rates ({','.join(LR_SETTINGS)}) with --resume, got "
-                             f"{args.allow_change!r}" + ("" if args.resume else " without --resume"))
+            raise ValueError(
+                f"--allow-change takes learning rates ({','.join(LR_SETTINGS)}) with --resume, got "
+                f"{args.allow_change!r}" + ("" if args.resume else " without --resume")
+            )
         kw["allow_changes"] = changes
     if args.objective == "laplace":
         kw["laplace_every"] = check_positive_int("--laplace-every", args.laplace_every)
@@ -290,8 +345,16 @@ def _print_summaries(summaries: list[dict[str, Any]]) -> None:
     rows = [("model", "guide", "data", "η", *(c.title for c in columns), "time")]
     for s in summaries:
         m = s["metrics"]
-        rows.append((s.get("label", s["model"]), s["guide"], s["data"], s["eta_readable"],
-                     *(c.render(m.get(c.key)) for c in columns), f"{s['seconds']:.0f}s"))  # fmt: skip
+        rows.append(
+            (
+                s.get("label", s["model"]),
+                s["guide"],
+                s["data"],
+                s["eta_readable"],
+                *(c.render(m.get(c.key)) for c in columns),
+                f"{s['seconds']:.0f}s",
+            )
+        )
     print(_table(rows))
 
 
@@ -354,7 +417,9 @@ def _guide_kwargs(items: Sequence[str] | None, guides: Sequence[str]) -> dict[st
         if ":" in head:
             name, rest = item.split(":", 1)
             if name not in guides:
-                raise ValueError(f"--guide-arg {item!r} names guide {name!r}, which is not in --guides {','.join(guides)}")
+                raise ValueError(
+                    f"--guide-arg {item!r} names guide {name!r}, which is not in --guides {','.join(guides)}"
+                )
             out.setdefault(name, {}).update(_parse_kv([rest], "--guide-arg"))
         else:
             for name in guides:
@@ -371,15 +436,28 @@ def cmd_compare(args: argparse.Namespace) -> int:
         GUIDES.entry(name)
     Ks = _int_list(args.K, "--K")
     if args.out:  # checked before any compute, so the table cannot be lost at the end
-        prepare_out(Path(args.out), overwrite=args.overwrite, products=("table.md", "table.json", "bounds.png"),
-                    can_resume=False)  # fmt: skip
+        prepare_out(
+            Path(args.out),
+            overwrite=args.overwrite,
+            products=("table.md", "table.json", "bounds.png"),
+            can_resume=False,
+        )
     log = None if args.no_progress else (lambda msg: print(msg, file=sys.stderr, flush=True))
     cmp = compare_guides(
-        args.model, args.data, guides, K=Ks,
-        bound_samples=args.bound_samples, eval_subset=args.eval_subset, eval_samples=args.eval_samples,
+        args.model,
+        args.data,
+        guides,
+        K=Ks,
+        bound_samples=args.bound_samples,
+        eval_subset=args.eval_subset,
+        eval_samples=args.eval_samples,
         bound_vectorize=args.vectorize_bounds,
-        guide_kwargs=_guide_kwargs(args.guide_arg, guides), model_kwargs=_parse_kv(args.model_arg, "--model-arg"),
-        data_kwargs=_data_kwargs(args), progress=not args.no_progress, log=log, **config_overrides(args),
+        guide_kwargs=_guide_kwargs(args.guide_arg, guides),
+        model_kwargs=_parse_kv(args.model_arg, "--model-arg"),
+        data_kwargs=_data_kwargs(args),
+        progress=not args.no_progress,
+        log=log,
+        **config_overrides(args),
     )
     if args.format == "json":
         print(cmp.to_json())
@@ -458,21 +536,40 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fit", help="fit a model × guide × dataset", parents=[catalogue, config])
     p.add_argument("--guide", default=None, help="default: block-cholesky (map with --objective laplace)")
     p.add_argument("--guide-arg", action="append", metavar="KEY=VALUE", help="guide keyword (JSON value or bare word)")
-    p.add_argument("--objective", default="elbo", choices=["elbo", "laplace"],
-                   help="laplace: MAP weights, prior precisions by the Laplace evidence (layer-wise models)")
+    p.add_argument(
+        "--objective",
+        default="elbo",
+        choices=["elbo", "laplace"],
+        help="laplace: MAP weights, prior precisions by the Laplace evidence (layer-wise models)",
+    )
     p.add_argument("--laplace-every", type=int, default=50, help="steps between Laplace evidence updates")
     p.add_argument("--laplace-warmup", type=int, default=100, help="MAP steps before the first update")
-    p.add_argument("--laplace-curvature", default="kfac", choices=["kfac", "diagonal"],
-                   help="Laplace curvature: KFAC (paper 004 Eq. 9; default) or a diagonal GGN")
-    p.add_argument("--laplace-delta-update", default="gradient", choices=["gradient", "mackay"],
-                   help="how δ follows the evidence: MacKay's fixed point or Adam steps on log δ")
-    p.add_argument("--deterministic", action="store_true",
-                   help="deterministic CUDA kernels, so GPU runs repeat and resume bit-for-bit (slower)")
+    p.add_argument(
+        "--laplace-curvature",
+        default="kfac",
+        choices=["kfac", "diagonal"],
+        help="Laplace curvature: KFAC (paper 004 Eq. 9; default) or a diagonal GGN",
+    )
+    p.add_argument(
+        "--laplace-delta-update",
+        default="gradient",
+        choices=["gradient", "mackay"],
+        help="how δ follows the evidence: MacKay's fixed point or Adam steps on log δ",
+    )
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="deterministic CUDA kernels, so GPU runs repeat and resume bit-for-bit (slower)",
+    )
     p.add_argument("--checkpoint-every", type=int, default=None)
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same settings)")
     p.add_argument("--overwrite", action="store_true", help="replace a run that OUT already holds")
-    p.add_argument("--allow-change", default=None, metavar="lr,eta_lr,...",
-                   help="with --resume: learning rates that may differ from the saved run (rescue a diverged run)")
+    p.add_argument(
+        "--allow-change",
+        default=None,
+        metavar="lr,eta_lr,...",
+        help="with --resume: learning rates that may differ from the saved run (rescue a diverged run)",
+    )
     p.add_argument("--out", default="results/run")
     p.set_defaults(func=cmd_fit)
 
@@ -484,26 +581,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the evaluation's guide and symmetry draws")
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("compare", help="fit several guides alike; table of ELBO, IWAE_K, PSIS k̂, η, metrics, cost",
-                       parents=[catalogue, config])  # fmt: skip
-    p.add_argument("--guides", default="mean-field,matrix-normal,block-cholesky",
-                   help="comma-separated guide names (pyro-invariance list guides)")
+    p = sub.add_parser(
+        "compare",
+        help="fit several guides alike; table of ELBO, IWAE_K, PSIS k̂, η, metrics, cost",
+        parents=[catalogue, config],
+    )
+    p.add_argument(
+        "--guides",
+        default="mean-field,matrix-normal,block-cholesky",
+        help="comma-separated guide names (pyro-invariance list guides)",
+    )
     p.add_argument("--K", default="10,100,1000", help="importance sample sizes of the IWAE bounds, e.g. 10,100,1000")
-    p.add_argument("--bound-samples", type=int, default=None,
-                   help="guide draws for the bounds (default max(2 × max K, 46): every IWAE_K gets a standard error)")
-    p.add_argument("--eval-subset", type=int, default=None,
-                   help="bound the evidence of the first N training points only (default: all)")
-    p.add_argument("--vectorize-bounds", action="store_true",
-                   help="draw the bound's particles in vectorised batches (models that broadcast over latents)")
+    p.add_argument(
+        "--bound-samples",
+        type=int,
+        default=None,
+        help="guide draws for the bounds (default max(2 × max K, 46): every IWAE_K gets a standard error)",
+    )
+    p.add_argument(
+        "--eval-subset",
+        type=int,
+        default=None,
+        help="bound the evidence of the first N training points only (default: all)",
+    )
+    p.add_argument(
+        "--vectorize-bounds",
+        action="store_true",
+        help="draw the bound's particles in vectorised batches (models that broadcast over latents)",
+    )
     p.add_argument("--format", default="text", choices=["text", "markdown", "json"])
     p.add_argument("--out", default=None, help="write table.md, table.json and bounds.png here")
     p.add_argument("--overwrite", action="store_true", help="replace a table that OUT already holds")
-    p.add_argument("--guide-arg", action="append", metavar="[GUIDE:]KEY=VALUE",
-                   help="guide keyword (JSON value) for every guide, or for GUIDE only")
+    p.add_argument(
+        "--guide-arg",
+        action="append",
+        metavar="[GUIDE:]KEY=VALUE",
+        help="guide keyword (JSON value) for every guide, or for GUIDE only",
+    )
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("demo", help="the main job on embedded data (rotated digits)",
-                       parents=[config_parent(only=("steps", "seed", "threads"))])
+    p = sub.add_parser(
+        "demo",
+        help="the main job on embedded data (rotated digits)",
+        parents=[config_parent(only=("steps", "seed", "threads"))],
+    )
     p.set_defaults(steps=1000, seed=0, threads=1)  # the demo's own defaults: 1 thread is fastest here
     p.add_argument("--out", default="results/demo")
     p.add_argument("--overwrite", action="store_true", help="replace the runs an earlier demo left in OUT")
@@ -523,8 +644,10 @@ def _resume_hint(args: argparse.Namespace) -> str:
     if shards == 1:
         return "; continue with --resume"
     if getattr(args, "strategy", "single") == "ddp":
-        return (f"; continue with the same command and --resume, or in one process with --resume --shards {shards} "
-                "(without --strategy ddp)")  # fmt: skip
+        return (
+            f"; continue with the same command and --resume, or in one process with --resume --shards {shards} "
+            "(without --strategy ddp)"
+        )
     return f"; continue with --resume --shards {shards}"
 
 

@@ -66,7 +66,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from pyro.distributions import Delta
@@ -176,12 +177,12 @@ class MatrixNormal(TorchDistribution):
     def __init__(
         self,
         loc: Tensor,
-        scale_tril_row: Optional[Tensor] = None,
-        scale_tril_col: Optional[Tensor] = None,
+        scale_tril_row: Tensor | None = None,
+        scale_tril_col: Tensor | None = None,
         *,
-        scale_row: Optional[Tensor] = None,
-        scale_col: Optional[Tensor] = None,
-        validate_args: Optional[bool] = None,
+        scale_row: Tensor | None = None,
+        scale_col: Tensor | None = None,
+        validate_args: bool | None = None,
     ) -> None:
         if not torch.is_tensor(loc) or loc.dim() < 2:
             raise ValueError("MatrixNormal: loc must be a tensor with at least 2 dims (..., r, c)")
@@ -205,11 +206,11 @@ class MatrixNormal(TorchDistribution):
             self.scale_col = col
         else:
             self.scale_tril_col = col
-        self._noise_cache: Optional[tuple[Tensor, Tensor]] = None
+        self._noise_cache: tuple[Tensor, Tensor] | None = None
         super().__init__(batch_shape, torch.Size((r, c)), validate_args=validate_args)
 
     @staticmethod
-    def _pick_factor(which: str, tril: Optional[Tensor], vec: Optional[Tensor], n: int) -> tuple[Tensor, bool]:
+    def _pick_factor(which: str, tril: Tensor | None, vec: Tensor | None, n: int) -> tuple[Tensor, bool]:
         if (tril is None) == (vec is None):
             raise ValueError(f"MatrixNormal: give exactly one of scale_tril_{which} and scale_{which}")
         if tril is not None:
@@ -267,7 +268,7 @@ class MatrixNormal(TorchDistribution):
         return K.reshape(K.shape[:-4] + (r * c, r * c))
 
     # -- distribution API ---------------------------------------------------------------------
-    def expand(self, batch_shape, _instance=None) -> "MatrixNormal":
+    def expand(self, batch_shape, _instance=None) -> MatrixNormal:
         new = self._get_checked_instance(MatrixNormal, _instance)
         batch_shape = torch.Size(batch_shape)
         r, c = self.event_shape
@@ -305,7 +306,9 @@ class MatrixNormal(TorchDistribution):
         """``W = M + L_U E L_Vᵀ`` with ``E`` standard normal, shape sample_shape + batch + (r, c)."""
         shape = self._extended_shape(sample_shape)
         eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
-        value = self.loc + _right_mul_t(_left_mul(self.row_factor, self._row_diag, eps), self.col_factor, self._col_diag)
+        value = self.loc + _right_mul_t(
+            _left_mul(self.row_factor, self._row_diag, eps), self.col_factor, self._col_diag
+        )
         self._noise_cache = (value, eps)
         return value
 
@@ -361,7 +364,7 @@ class RowwiseMultivariateNormal(TorchDistribution):
     support = constraints.independent(constraints.real, 2)
     has_rsample = True
 
-    def __init__(self, loc: Tensor, scale_tril: Tensor, validate_args: Optional[bool] = None) -> None:
+    def __init__(self, loc: Tensor, scale_tril: Tensor, validate_args: bool | None = None) -> None:
         if not torch.is_tensor(loc) or loc.dim() < 2:
             raise ValueError("RowwiseMultivariateNormal: loc must have shape (..., C, H)")
         C, H = loc.shape[-2:]
@@ -380,10 +383,10 @@ class RowwiseMultivariateNormal(TorchDistribution):
             raise ValueError(f"RowwiseMultivariateNormal: batch shapes do not broadcast: {e}") from None
         self.loc = loc
         self.scale_tril = scale_tril.expand(scale_tril.shape[:-3] + (C, H, H))
-        self._noise_cache: Optional[tuple[Tensor, Tensor]] = None
+        self._noise_cache: tuple[Tensor, Tensor] | None = None
         super().__init__(batch_shape, torch.Size((C, H)), validate_args=validate_args)
 
-    def expand(self, batch_shape, _instance=None) -> "RowwiseMultivariateNormal":
+    def expand(self, batch_shape, _instance=None) -> RowwiseMultivariateNormal:
         new = self._get_checked_instance(RowwiseMultivariateNormal, _instance)
         batch_shape = torch.Size(batch_shape)
         C, H = self.event_shape
@@ -553,7 +556,7 @@ class DensityDelta(Delta):
     """
 
     @classmethod
-    def of(cls, delta: Delta) -> "DensityDelta":
+    def of(cls, delta: Delta) -> DensityDelta:
         """The same point mass, value, log-density and event dim as ``delta``."""
         return cls(delta.v, delta.log_density, delta.event_dim)
 

@@ -29,7 +29,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -57,8 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     """torchrun's parser, whose script argument is the CLI's command and its options."""
     parser = torchrun.get_args_parser()
     parser.prog = "python -m pyro_invariance.launch"
-    parser.description = ("torchrun's options, then a pyro-invariance command and its options; "
-                          "exits as the one-process CLI does (130 / 143 when interrupted, 2 for an input error)")  # fmt: skip
+    parser.description = (
+        "torchrun's options, then a pyro-invariance command and its options; "
+        "exits as the one-process CLI does (130 / 143 when interrupted, 2 for an input error)"
+    )
     for action in parser._actions:  # noqa: SLF001 - argparse offers no public way to rename a positional
         if action.dest == "training_script":
             action.metavar, action.help = "COMMAND", "a pyro-invariance command (fit, evaluate, compare, demo, list)"
@@ -95,7 +97,7 @@ def _reason(rank: int, failure: ProcessFailure) -> str:
         message = message.get("message", "")
     line = str(message).strip().splitlines()[0] if _recorded(failure) and str(message).strip() else ""
     if line.startswith("pyro-invariance: "):
-        line = line[len("pyro-invariance: "):]
+        line = line[len("pyro-invariance: ") :]
     if failure.exitcode < 0:
         line = line or f"killed by {failure.signal_name()}"
     return f"pyro-invariance: rank {rank}: {line or f'exited with code {failure.exitcode}'}"

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import difflib
 import inspect
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 
 class UnknownNameError(KeyError):
@@ -64,9 +65,7 @@ class Registry:
         if not isinstance(name, str) or name not in self._entries:
             close = difflib.get_close_matches(str(name), list(self._entries), n=3)
             hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise UnknownNameError(
-                f"unknown {self.kind} {name!r}.{hint} Known {self.kind}s: {', '.join(self.names())}"
-            )
+            raise UnknownNameError(f"unknown {self.kind} {name!r}.{hint} Known {self.kind}s: {', '.join(self.names())}")
         return self._entries[name]
 
     def get(self, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -93,8 +92,10 @@ class Registry:
             return
         close = difflib.get_close_matches(unknown[0], valid or [], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise TypeError(f"{self.kind} {entry.name!r} takes no argument {', '.join(map(repr, unknown))}{hint}; its "
-                        f"arguments: {', '.join(valid or []) or 'none'}")  # fmt: skip
+        raise TypeError(
+            f"{self.kind} {entry.name!r} takes no argument {', '.join(map(repr, unknown))}{hint}; its "
+            f"arguments: {', '.join(valid or []) or 'none'}"
+        )
 
     def names(self) -> list[str]:
         return sorted(self._entries)

@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator, Mapping
+from typing import Any, ClassVar
 
 import torch
 from pyro import poutine
@@ -49,9 +50,21 @@ from pyro_invariance._pyro_scope import pyro_scope
 from pyro_invariance.validation import check_device, check_positive_int, check_seed
 
 __all__ = [
-    "CLASSIFICATION", "Classification", "Column", "DYNAMICS", "Dynamics", "REGRESSION", "Regression", "TASKS", "Task",
-    "evaluation_device", "get", "model_device", "posterior_predictive", "seeded_rng",
-]  # fmt: skip
+    "CLASSIFICATION",
+    "Classification",
+    "Column",
+    "DYNAMICS",
+    "Dynamics",
+    "REGRESSION",
+    "Regression",
+    "TASKS",
+    "Task",
+    "evaluation_device",
+    "get",
+    "model_device",
+    "posterior_predictive",
+    "seeded_rng",
+]
 
 
 @dataclass(frozen=True)
@@ -85,8 +98,9 @@ class Task(ABC):
     columns: ClassVar[tuple[Column, ...]]
     predictive_batch_size: ClassVar[int] = 1024
 
-    def posterior_predictive(self, model: Any, guide: Any, x: Tensor, num_samples: int = 16,
-                             batch_size: int | None = None) -> Tensor:  # fmt: skip
+    def posterior_predictive(
+        self, model: Any, guide: Any, x: Tensor, num_samples: int = 16, batch_size: int | None = None
+    ) -> Tensor:
         """:func:`posterior_predictive` with this task's batch size: the model's output under
         ``num_samples`` guide draws, ``(S, N, *out)``."""
         return posterior_predictive(model, guide, x, num_samples, batch_size or self.predictive_batch_size)
@@ -109,8 +123,11 @@ class Classification(Task):
     """
 
     name = "classification"
-    columns = (Column("accuracy", "test acc", ".3f"), Column("nll", "test NLL", ".3f"),
-               Column("elbo_per_datum", "ELBO/N", ".3f", bound=True))  # fmt: skip
+    columns = (
+        Column("accuracy", "test acc", ".3f"),
+        Column("nll", "test NLL", ".3f"),
+        Column("elbo_per_datum", "ELBO/N", ".3f", bound=True),
+    )
 
 
 class Regression(Task):
@@ -123,8 +140,11 @@ class Regression(Task):
     """
 
     name = "regression"
-    columns = (Column("rmse", "test RMSE", ".3f"), Column("nll", "test NLL", ".3f"),
-               Column("log_evidence_per_datum", "log Z/N", ".3f", bound=True))  # fmt: skip
+    columns = (
+        Column("rmse", "test RMSE", ".3f"),
+        Column("nll", "test NLL", ".3f"),
+        Column("log_evidence_per_datum", "log Z/N", ".3f", bound=True),
+    )
 
 
 class Dynamics(Task):
@@ -137,9 +157,14 @@ class Dynamics(Task):
     """
 
     name = "dynamics"
-    columns = (Column("train_mse", "train MSE", ".3g"), Column("neg_elbo", "-ELBO/N", ".4g", bound=True),
-               Column("test_mse", "test MSE", ".3g"), Column("wider_mse", "wider MSE", ".3g"),
-               Column("moved_mse", "moved MSE", ".3g"), Column("energy_drift", "energy drift", ".3g"))  # fmt: skip
+    columns = (
+        Column("train_mse", "train MSE", ".3g"),
+        Column("neg_elbo", "-ELBO/N", ".4g", bound=True),
+        Column("test_mse", "test MSE", ".3g"),
+        Column("wider_mse", "wider MSE", ".3g"),
+        Column("moved_mse", "moved MSE", ".3g"),
+        Column("energy_drift", "energy drift", ".3g"),
+    )
     predictive_batch_size = 4096
 
 
@@ -206,6 +231,6 @@ def posterior_predictive(model: Any, guide: Any, x: Tensor, num_samples: int = 1
     for _ in range(num_samples):
         guide_trace = poutine.trace(guide).get_trace(x[:1])
         conditioned = poutine.replay(model, trace=guide_trace)
-        chunks = [poutine.block(conditioned)(x[i:i + batch_size]) for i in range(0, x.shape[0], batch_size)]
+        chunks = [poutine.block(conditioned)(x[i : i + batch_size]) for i in range(0, x.shape[0], batch_size)]
         out.append(torch.cat(chunks))
     return torch.stack(out)

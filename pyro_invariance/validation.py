@@ -20,7 +20,8 @@ from __future__ import annotations
 import inspect
 import math
 import os
-from typing import Any, Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -140,8 +141,11 @@ def check_device(value: object, name: str = "device") -> str:
     allowed = available_devices()
     why = ""
     if isinstance(text, str) and text.strip().startswith("cuda"):
-        why = (" (torch.cuda.is_available() is False here)" if not torch.cuda.is_available()
-               else f" (this machine has {torch.cuda.device_count()} CUDA device(s))")  # fmt: skip
+        why = (
+            " (torch.cuda.is_available() is False here)"
+            if not torch.cuda.is_available()
+            else f" (this machine has {torch.cuda.device_count()} CUDA device(s))"
+        )
     raise DeviceError(f"{name} must be one of {', '.join(map(repr, allowed))} on this machine, got {value!r}{why}")
 
 
@@ -242,11 +246,19 @@ def first_overflowed_state(optimizer: torch.optim.Optimizer, owners: dict[str, A
     that parameter's updates are zero for good while the loss stays finite, so a run would go on
     without learning it. ``owners`` (e.g. ``{"model": model, "guide": guide}``) name the parameters.
     """
-    names = {id(p): f"{owner} parameter {n!r}" for owner, module in owners.items()
-             if isinstance(module, torch.nn.Module) for n, p in module.named_parameters()}  # fmt: skip
-    entries = [(p, key, t) for group in optimizer.param_groups for p in group["params"]
-               for key, t in optimizer.state.get(p, {}).items()
-               if isinstance(t, Tensor) and t.is_floating_point() and t.numel()]  # fmt: skip
+    names = {
+        id(p): f"{owner} parameter {n!r}"
+        for owner, module in owners.items()
+        if isinstance(module, torch.nn.Module)
+        for n, p in module.named_parameters()
+    }
+    entries = [
+        (p, key, t)
+        for group in optimizer.param_groups
+        for p in group["params"]
+        for key, t in optimizer.state.get(p, {}).items()
+        if isinstance(t, Tensor) and t.is_floating_point() and t.numel()
+    ]
     if not entries:
         return None
     finite = torch.stack([torch.isfinite(t).all().to(entries[0][2].device) for _, _, t in entries])
@@ -254,9 +266,11 @@ def first_overflowed_state(optimizer: torch.optim.Optimizer, owners: dict[str, A
         return None
     p, key, t = entries[int((~finite).nonzero()[0, 0])]
     limit = math.sqrt(torch.finfo(t.dtype).max)
-    return (f"the optimiser state {key!r} of {names.get(id(p), 'a parameter')} overflowed to inf (gradients above "
-            f"{limit:.3g}, whose squares {t.dtype} cannot hold): that parameter stops learning while the loss "
-            "stays finite; the data are likely too large for this model: rescale them (e.g. standardise x and y)")
+    return (
+        f"the optimiser state {key!r} of {names.get(id(p), 'a parameter')} overflowed to inf (gradients above "
+        f"{limit:.3g}, whose squares {t.dtype} cannot hold): that parameter stops learning while the loss "
+        "stays finite; the data are likely too large for this model: rescale them (e.g. standardise x and y)"
+    )
 
 
 def coerce_targets(name: str, y: Tensor, dtype: torch.dtype) -> Tensor:
@@ -279,8 +293,7 @@ def coerce_labels(y: Tensor, num_classes: int, name: str = "y") -> Tensor:
         if bad.any():
             row = int(bad.nonzero()[0, 0])
             raise ValueError(
-                f"{name} must hold integer class labels, got the value {float(y[row])!r} in row {row} "
-                f"(dtype {y.dtype})"
+                f"{name} must hold integer class labels, got the value {float(y[row])!r} in row {row} (dtype {y.dtype})"
             )
     _check_label_range(y, num_classes, name)
     return y.to(torch.int64)

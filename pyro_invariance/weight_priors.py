@@ -22,7 +22,7 @@ parameters η.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import pyro.distributions as dist
 import torch

@@ -29,7 +29,9 @@ else:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "plain_pyro: run with Pyro's default settings, outside pyro_invariance.pyro_scope()")
+    config.addinivalue_line(
+        "markers", "plain_pyro: run with Pyro's default settings, outside pyro_invariance.pyro_scope()"
+    )
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -49,7 +51,8 @@ def _plain_pyro(request: pytest.FixtureRequest):
         yield
         return
     import pyro
-    from pyro.distributions import Delta, kl as pyro_kl
+    from pyro.distributions import Delta
+    from pyro.distributions import kl as pyro_kl
     from pyro.distributions.distribution import Distribution
     from torch.distributions import kl as torch_kl
 

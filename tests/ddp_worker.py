@@ -43,10 +43,25 @@ def laplace_run(**kw: Any) -> Any:
     _, _, x, y = layerwise_setup()
     pyro.set_rng_seed(0)
     model = LayerwiseNet("fc+conv", SHAPE, 3, alpha=1, prior="fixed")
-    res = fit_laplace(model, "map", (x, y), steps=12, every=4, warmup=4, ggn_batch_size=8, batch_size=16,
-                      progress=False, lr=1e-2, delta_steps=5, **kw)  # fmt: skip
-    return {"delta": {k: v.detach().clone() for k, v in model.symmetry_summary().items()},
-            "log_evidence": res.log_evidence, "elbo": res.history["elbo"]}  # fmt: skip
+    res = fit_laplace(
+        model,
+        "map",
+        (x, y),
+        steps=12,
+        every=4,
+        warmup=4,
+        ggn_batch_size=8,
+        batch_size=16,
+        progress=False,
+        lr=1e-2,
+        delta_steps=5,
+        **kw,
+    )
+    return {
+        "delta": {k: v.detach().clone() for k, v in model.symmetry_summary().items()},
+        "log_evidence": res.log_evidence,
+        "elbo": res.history["elbo"],
+    }
 
 
 def run(rank: int, world: int, tmp: str) -> None:
@@ -87,8 +102,13 @@ def run(rank: int, world: int, tmp: str) -> None:
     model, guide, x, y = layerwise_setup()
     update = LaplaceEvidenceUpdate(x, y, batch_size=8)
     values, curv = update.compute_curvature(model, guide, step=1)
-    save("kfac", {"blocks": {b.sites: (b.factors.G, b.factors.A, b.factors.num_data) for b in curv.blocks},
-                  "log_lik": update.log_likelihood(model, values)})  # fmt: skip
+    save(
+        "kfac",
+        {
+            "blocks": {b.sites: (b.factors.G, b.factors.A, b.factors.num_data) for b in curv.blocks},
+            "log_lik": update.log_likelihood(model, values),
+        },
+    )
     # 4. Laplace-evidence training (curvature reduced over the ranks inside the fit)
     save("laplace", laplace_run(**ddp))
     # 5. log weights of the evidence bounds: each rank draws its share, all gathered

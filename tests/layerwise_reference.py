@@ -106,6 +106,8 @@ def network_logits(net, x, values):
 def sample_sites(module, *args, **kwargs):
     """Names and values of the (unobserved) sample sites of one call, in the order visited."""
     trace = poutine.trace(module).get_trace(*args, **kwargs)
-    return {n: site["value"] for n, site in trace.nodes.items()
-            if site["type"] == "sample" and not site["is_observed"]
-            and type(site["fn"]).__name__ != "_Subsample"}  # fmt: skip
+    return {
+        n: site["value"]
+        for n, site in trace.nodes.items()
+        if site["type"] == "sample" and not site["is_observed"] and type(site["fn"]).__name__ != "_Subsample"
+    }

@@ -34,8 +34,10 @@ def small_fit(data: Any, model_kw: dict | None = None, guide: str = "block-chole
 
 def fit_state(result: Any) -> dict[str, torch.Tensor]:
     """Model and guide state of a fit result, keys prefixed ``m.`` / ``g.``."""
-    return {**{f"m.{k}": v for k, v in result.model.state_dict().items()},
-            **{f"g.{k}": v for k, v in result.guide.state_dict().items()}}  # fmt: skip
+    return {
+        **{f"m.{k}": v for k, v in result.model.state_dict().items()},
+        **{f"g.{k}": v for k, v in result.guide.state_dict().items()},
+    }
 
 
 def basis_lambda_conditional(**guide_kw: Any) -> tuple[Any, Any, torch.Tensor, torch.Tensor]:

@@ -127,8 +127,13 @@ def _toy_small():
 def test_groups_dims_coords_attrs():
     data = _build(_draws(_toy_small(), 2, 5))
     assert set(ac.group_names(data)) == {
-        "posterior", "log_likelihood", "posterior_predictive", "observed_data", "sample_stats", "constant_data",
-    }  # fmt: skip
+        "posterior",
+        "log_likelihood",
+        "posterior_predictive",
+        "observed_data",
+        "sample_stats",
+        "constant_data",
+    }
     post = ac.get_group(data, "posterior")
     assert post["mu"].dims == ("chain", "draw") and post["mu"].shape == (2, 5)
     assert post["w"].dims == ("chain", "draw", "row", "col") and post["w"].shape == (2, 5, 3, 2)

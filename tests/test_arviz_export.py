@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import arviz as az
 import matplotlib.pyplot as plt
@@ -19,10 +19,10 @@ import pyro.distributions as dist
 import pytest
 import torch
 from pyro.nn import PyroModule, PyroSample
+from small_runs import small_digits, small_fit
 
 import pyro_invariance as pi
 from pyro_invariance.diagnostics import inference_data as diagnostics
-from small_runs import small_digits, small_fit
 
 
 class BayesLinear(PyroModule):

@@ -84,7 +84,9 @@ def _precision_data() -> tuple[torch.Tensor, torch.Tensor, float]:
     g = torch.Generator().manual_seed(1)
     x, y = torch.zeros(N, 1), DATA_SCALE * torch.randn(N, generator=g)
     a, b = SHAPE + N / 2, RATE + float(y.square().sum()) / 2
-    log_z = SHAPE * math.log(RATE) - math.lgamma(SHAPE) + math.lgamma(a) - a * math.log(b) - N / 2 * math.log(2 * math.pi)
+    log_z = (
+        SHAPE * math.log(RATE) - math.lgamma(SHAPE) + math.lgamma(a) - a * math.log(b) - N / 2 * math.log(2 * math.pi)
+    )
     return x, y, log_z
 
 
@@ -170,7 +172,9 @@ def test_symmetry_conditional_without_a_symmetry_site_is_the_mean_field_family()
     ``TraceMeanField_ELBO``) an ELBO estimate equal to ``mean-field``'s analytic one within Monte-Carlo error."""
     x, y, _ = _regression_data()
     model = BayesianRegression()
-    conditional, mean_field = (guides.get(name, model, init_scale=0.1) for name in ("symmetry-conditional", "mean-field"))
+    conditional, mean_field = (
+        guides.get(name, model, init_scale=0.1) for name in ("symmetry-conditional", "mean-field")
+    )
     pyro.clear_param_store()
     conditional(x, y), mean_field(x, y)
     assert not list(conditional.deps.parameters())
@@ -193,8 +197,11 @@ def test_density_delta_kl_keeps_the_log_density_with_or_without_the_scope():
     for ``Delta`` and inside ``pyro_scope`` (no ambiguous dispatch), and ``expand`` keeps the type."""
     v, log_density = torch.randn(3, 4), torch.randn(3)
     delta = DensityDelta(v, log_density, event_dim=1)
-    priors = [dist.Normal(0.0, 2.0).expand([3, 4]).to_event(1), dist.LogNormal(torch.zeros(3, 4), 1.0).to_event(1).mask(False),
-              dist.MultivariateNormal(torch.zeros(4), torch.eye(4)).expand([3])]  # fmt: skip
+    priors = [
+        dist.Normal(0.0, 2.0).expand([3, 4]).to_event(1),
+        dist.LogNormal(torch.zeros(3, 4), 1.0).to_event(1).mask(False),
+        dist.MultivariateNormal(torch.zeros(4), torch.eye(4)).expand([3]),
+    ]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for prior in priors:
@@ -202,5 +209,7 @@ def test_density_delta_kl_keeps_the_log_density_with_or_without_the_scope():
             kl = kl_divergence(DensityDelta(v.abs(), log_density, event_dim=1), prior)
             torch.testing.assert_close(kl, expected)
             with pi.pyro_scope():
-                torch.testing.assert_close(kl_divergence(DensityDelta(v.abs(), log_density, event_dim=1), prior), expected)
+                torch.testing.assert_close(
+                    kl_divergence(DensityDelta(v.abs(), log_density, event_dim=1), prior), expected
+                )
     assert type(delta.expand([2, 3])) is DensityDelta and isinstance(delta, dist.Delta)

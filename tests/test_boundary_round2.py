@@ -8,16 +8,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from small_runs import small_digits, small_model
 
 import pyro_invariance as pi
-from pyro_invariance import guides
+from pyro_invariance import guides, validation
 from pyro_invariance.catalogue import build
 from pyro_invariance.cli import main
 from pyro_invariance.diagnostics.inference_data import to_inference_data
 from pyro_invariance.infer import training
 from pyro_invariance.infer.config import FitConfig
-from pyro_invariance import validation
-from small_runs import small_digits, small_model
 
 torch.set_num_threads(1)
 
@@ -58,8 +57,14 @@ def test_a_device_this_machine_lacks_is_refused_in_one_line_at_every_entry(entry
         "FitConfig": lambda: FitConfig(device=device).validate(),
         "fit": lambda: pi.fit(fitted.model, fitted.guide, data, steps=1, progress=False, device=device),
         "evaluate": lambda: pi.evaluate(fitted, data, num_samples=2, device=device),
-        "compare_guides": lambda: pi.compare_guides("invariant-mlp", data, ["mean-field"], steps=1, device=device,
-                                                    model_kwargs={"hidden": 4, "num_transforms": 2}),
+        "compare_guides": lambda: pi.compare_guides(
+            "invariant-mlp",
+            data,
+            ["mean-field"],
+            steps=1,
+            device=device,
+            model_kwargs={"hidden": 4, "num_transforms": 2},
+        ),
     }
     with pytest.raises(ValueError, match=rf"^device must be one of 'cpu'.* on this machine, got '{device}'") as info:
         calls[entry]()
@@ -107,8 +112,13 @@ def test_init_seed_outside_the_range_is_refused_by_every_model(name):
         pi.MODELS.get(name, init_seed=2**70)
 
 
-@pytest.mark.parametrize("argv", [["fit", "--model", "invariant-mlp", "--data", "digits", "--seed", "-1"],
-                                  ["evaluate", "--run", "/nonexistent/run", "--seed", "-1"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["fit", "--model", "invariant-mlp", "--data", "digits", "--seed", "-1"],
+        ["evaluate", "--run", "/nonexistent/run", "--seed", "-1"],
+    ],
+)
 def test_cli_refuses_a_negative_seed_naming_it(argv, tmp_path, capsys):
     extra = ["--out", str(tmp_path / "o"), "--no-progress"] if argv[0] == "fit" else []
     assert main([*argv, *extra]) == 2
@@ -118,9 +128,17 @@ def test_cli_refuses_a_negative_seed_naming_it(argv, tmp_path, capsys):
 
 def test_the_largest_seed_runs_compare_guides_end_to_end(monkeypatch):
     """compare_guides derives seeds seed + 1, seed + 2: from the largest seed they wrap, not overflow numpy."""
-    cmp = pi.compare_guides("basis-regression", "basis-toy", ["mean-field"], steps=2, K=2, eval_samples=2,
-                            seed=SEED_MAX, data_kwargs={"train_size": 8, "test_size": 4},
-                            model_kwargs={"num_features": 4})  # fmt: skip
+    cmp = pi.compare_guides(
+        "basis-regression",
+        "basis-toy",
+        ["mean-field"],
+        steps=2,
+        K=2,
+        eval_samples=2,
+        seed=SEED_MAX,
+        data_kwargs={"train_size": 8, "test_size": 4},
+        model_kwargs={"num_features": 4},
+    )
     assert cmp.settings["seed"] == SEED_MAX and len(cmp.rows) == 1
 
 
@@ -147,7 +165,10 @@ def test_a_symmetry_that_is_not_a_name_is_refused_naming_symmetry(symmetry):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"eta_max": {"foo": 1.0}}, r"^eta_max names \['foo'\], which are not in the subgroup \['rot'\] of the model's symmetry"),
+        (
+            {"eta_max": {"foo": 1.0}},
+            r"^eta_max names \['foo'\], which are not in the subgroup \['rot'\] of the model's symmetry",
+        ),
         ({"eta_max": {"tx": 0.5}}, r"^eta_max names \['tx'\]"),  # a generator, but not of this subgroup
         ({"eta_max": {"rot": -1.0}}, r"^eta_max\['rot'\] must be a positive number .*got -1.0$"),
         ({"eta_max": {"rot": "pi"}}, r"^eta_max\['rot'\] must be a finite number, got 'pi'$"),
@@ -170,16 +191,24 @@ def test_eta_max_with_an_unknown_name_is_refused_and_with_known_names_sets_the_b
 @pytest.mark.parametrize(
     "build_it, message",
     [
-        (lambda: pi.MODELS.get("invariant-mlp", hidden_size=8),
-         r"^model 'invariant-mlp' takes no argument 'hidden_size' \(did you mean 'hidden'\?\); its arguments: image_shape, "
-         r"num_classes, hidden, .*init_seed, symmetry_prior$"),
-        (lambda: pi.MODELS.get("layerwise-fc", alpah=1),
-         r"^model 'layerwise-fc' takes no argument 'alpah' \(did you mean 'alpha'\?\); its arguments: .*alpha.*init_seed"),
-        (lambda: guides.get("mean-field", small_model(), init_scal=0.1),
-         r"^guide 'mean-field' takes no argument 'init_scal' \(did you mean 'init_scale'\?\); its arguments: init_loc_fn, "
-         r"init_scale$"),
-        (lambda: guides.get("map", small_model(), init_scale=0.1),
-         r"^guide 'map' takes no argument 'init_scale'; its arguments: init_loc_fn$"),
+        (
+            lambda: pi.MODELS.get("invariant-mlp", hidden_size=8),
+            r"^model 'invariant-mlp' takes no argument 'hidden_size' \(did you mean 'hidden'\?\); its arguments: image_shape, "
+            r"num_classes, hidden, .*init_seed, symmetry_prior$",
+        ),
+        (
+            lambda: pi.MODELS.get("layerwise-fc", alpah=1),
+            r"^model 'layerwise-fc' takes no argument 'alpah' \(did you mean 'alpha'\?\); its arguments: .*alpha.*init_seed",
+        ),
+        (
+            lambda: guides.get("mean-field", small_model(), init_scal=0.1),
+            r"^guide 'mean-field' takes no argument 'init_scal' \(did you mean 'init_scale'\?\); its arguments: init_loc_fn, "
+            r"init_scale$",
+        ),
+        (
+            lambda: guides.get("map", small_model(), init_scale=0.1),
+            r"^guide 'map' takes no argument 'init_scale'; its arguments: init_loc_fn$",
+        ),
     ],
 )
 def test_a_misspelt_keyword_lists_the_valid_ones_in_one_line(build_it, message):
@@ -190,25 +219,61 @@ def test_a_misspelt_keyword_lists_the_valid_ones_in_one_line(build_it, message):
 def test_compare_guides_refuses_a_misspelt_guide_keyword_before_fitting_any_guide(data, monkeypatch):
     monkeypatch.setattr(training, "fit", _no_fit)
     with pytest.raises(TypeError, match=r"^guide 'map' takes no argument 'init_scale'"):
-        pi.compare_guides("invariant-mlp", data, ["mean-field", "map"], steps=1, guide_kwargs={"map": {"init_scale": 0.1}},
-                          model_kwargs={"hidden": 4, "num_transforms": 2})  # fmt: skip
+        pi.compare_guides(
+            "invariant-mlp",
+            data,
+            ["mean-field", "map"],
+            steps=1,
+            guide_kwargs={"map": {"init_scale": 0.1}},
+            model_kwargs={"hidden": 4, "num_transforms": 2},
+        )
 
 
 @pytest.mark.parametrize(
     "model, dataset, fits",
     [
-        ("symmetrised-hnn", "rotated-digits", "a dynamics model on vectors; datasets that fit: kepler, nbody, nbody-3, oscillators, oscillators-3, sho"),
-        ("basis-regression", "rotated-digits", "basis-regression is a regression model on vectors; datasets that fit: basis-toy"),
-        ("invariant-mlp", "basis-toy", "invariant-mlp is a classification model on images; datasets that fit: cifar10, digits"),
+        (
+            "symmetrised-hnn",
+            "rotated-digits",
+            "a dynamics model on vectors; datasets that fit: kepler, nbody, nbody-3, oscillators, oscillators-3, sho",
+        ),
+        (
+            "basis-regression",
+            "rotated-digits",
+            "basis-regression is a regression model on vectors; datasets that fit: basis-toy",
+        ),
+        (
+            "invariant-mlp",
+            "basis-toy",
+            "invariant-mlp is a classification model on images; datasets that fit: cifar10, digits",
+        ),
     ],
     ids=["hnn-on-images", "regression-on-images", "images-model-on-regression"],
 )
-def test_a_model_on_data_it_cannot_take_names_the_datasets_that_fit(model, dataset, fits, tmp_path, capsys, monkeypatch):
+def test_a_model_on_data_it_cannot_take_names_the_datasets_that_fit(
+    model, dataset, fits, tmp_path, capsys, monkeypatch
+):
     spec = {"model": model, "guide": "mean-field", "data": dataset, "data_kwargs": {"train_size": 8, "test_size": 4}}
     with pytest.raises(ValueError, match=rf"^model '{model}' does not fit dataset '{dataset}' \(x must have shape"):
         build(spec)
-    code = main(["fit", "--model", model, "--data", dataset, "--train-size", "8", "--test-size", "4", "--steps", "1",
-                 "--out", str(tmp_path / "o"), "--no-progress"])  # fmt: skip
+    code = main(
+        [
+            "fit",
+            "--model",
+            model,
+            "--data",
+            dataset,
+            "--train-size",
+            "8",
+            "--test-size",
+            "4",
+            "--steps",
+            "1",
+            "--out",
+            str(tmp_path / "o"),
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and fits in err and err.count("\n") == 1
     monkeypatch.setattr(training, "fit", _no_fit)
@@ -223,7 +288,17 @@ def test_a_model_on_data_it_cannot_take_names_the_datasets_that_fit(model, datas
 def test_refusing_an_existing_out_suggests_only_options_the_command_has(command, tmp_path, capsys):
     if command == "compare":
         (tmp_path / "table.md").write_text("an earlier table")
-        argv = ["compare", "--model", "invariant-mlp", "--data", "digits", "--guides", "mean-field", "--out", str(tmp_path)]
+        argv = [
+            "compare",
+            "--model",
+            "invariant-mlp",
+            "--data",
+            "digits",
+            "--guides",
+            "mean-field",
+            "--out",
+            str(tmp_path),
+        ]
     else:
         (tmp_path / "learned-rotation").mkdir()
         (tmp_path / "learned-rotation" / "result.json").write_text("{}")
@@ -238,7 +313,9 @@ def test_refusing_an_existing_out_suggests_only_options_the_command_has(command,
 
 def test_to_inference_data_converts_inputs_as_fit_does(data, fitted):
     as_float32 = to_inference_data(fitted, data, num_samples=2)
-    as_numpy64 = to_inference_data(fitted, (data.x_train.numpy().astype(np.float64), data.y_train.numpy()), num_samples=2)
+    as_numpy64 = to_inference_data(
+        fitted, (data.x_train.numpy().astype(np.float64), data.y_train.numpy()), num_samples=2
+    )
     for group in ("log_likelihood", "posterior_predictive"):
         np.testing.assert_array_equal(np.asarray(as_numpy64[group]["obs"]), np.asarray(as_float32[group]["obs"]))
 
@@ -262,10 +339,19 @@ def test_first_gradients_that_overflow_the_optimiser_state_stop_the_run_at_step_
     second moment: refused after the first step instead of freezing the parameter silently."""
     model = small_model(activation="relu")
     x = torch.cat([data.x_train] * 4) * 5e18  # 1024 rows: the likelihood's gradient is scaled by N/B = 16
-    with pytest.raises(FloatingPointError, match=r"^at step 1, the first of this call: the optimiser state 'exp_avg_sq' "
-                                                 r"of (model|guide) parameter '.*' overflowed to inf"):  # fmt: skip
-        pi.fit(model, guides.get("mean-field", model), (x, torch.cat([data.y_train] * 4)), steps=3, batch_size=64,
-               progress=False)  # fmt: skip
+    with pytest.raises(
+        FloatingPointError,
+        match=r"^at step 1, the first of this call: the optimiser state 'exp_avg_sq' "
+        r"of (model|guide) parameter '.*' overflowed to inf",
+    ):
+        pi.fit(
+            model,
+            guides.get("mean-field", model),
+            (x, torch.cat([data.y_train] * 4)),
+            steps=3,
+            batch_size=64,
+            progress=False,
+        )
 
 
 def test_an_optimiser_state_that_overflows_later_is_reported_when_fit_returns(data):
@@ -273,5 +359,11 @@ def test_an_optimiser_state_that_overflows_later_is_reported_when_fit_returns(da
     the result comes back with a warning that names the parameter that stopped learning."""
     model = small_model(activation="relu")
     with pytest.warns(RuntimeWarning, match=r"^after step 8: the optimiser state 'exp_avg_sq' of .* overflowed to inf"):
-        pi.fit(model, guides.get("mean-field", model), (data.x_train * 2e18, data.y_train), steps=8, batch_size=64,
-               progress=False)  # fmt: skip
+        pi.fit(
+            model,
+            guides.get("mean-field", model),
+            (data.x_train * 2e18, data.y_train),
+            steps=8,
+            batch_size=64,
+            progress=False,
+        )

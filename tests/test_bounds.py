@@ -43,8 +43,15 @@ def toy():
 def _model():
     # rbf features with strongly correlated neighbours: mean-field cannot represent the posterior
     return pi.models.get(
-        "basis-regression", in_features=1, out_features=3, num_features=8, lengthscale=0.6,
-        prior_scale=0.5, noise_scale=0.3, eta_init=1.0, learn_symmetry=False,
+        "basis-regression",
+        in_features=1,
+        out_features=3,
+        num_features=8,
+        lengthscale=0.6,
+        prior_scale=0.5,
+        noise_scale=0.3,
+        eta_init=1.0,
+        learn_symmetry=False,
     )
 
 

@@ -49,7 +49,7 @@ def test_every_model_has_an_example():
     assert sorted(EXAMPLES) == NAMES
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _dataset(name: str):
     return pi.DATASETS.get(name, **SIZES, **DATA_KWARGS.get(name, {}))
 
@@ -134,9 +134,28 @@ def test_likelihood_is_scaled_by_n_over_b(name):
 def test_cli_fits_and_evaluates_every_model(name, tmp_path, capsys):
     data_name, kwargs = EXAMPLES[name]
     task = _built(name)[1].task
-    args = ["fit", "--model", name, "--guide", "mean-field", "--data", data_name, "--steps", "2", "--batch-size", "8",
-            "--train-size", str(SIZES["train_size"]), "--test-size", str(SIZES["test_size"]),
-            "--no-progress", "--eval-samples", "1", "--out", str(tmp_path)]  # fmt: skip
+    args = [
+        "fit",
+        "--model",
+        name,
+        "--guide",
+        "mean-field",
+        "--data",
+        data_name,
+        "--steps",
+        "2",
+        "--batch-size",
+        "8",
+        "--train-size",
+        str(SIZES["train_size"]),
+        "--test-size",
+        str(SIZES["test_size"]),
+        "--no-progress",
+        "--eval-samples",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
     for key, value in kwargs.items():
         args += ["--model-arg", f"{key}={value}".replace(" ", "")]
     for key, value in DATA_KWARGS.get(data_name, {}).items():
@@ -155,9 +174,23 @@ def test_cli_fits_and_evaluates_every_model(name, tmp_path, capsys):
 # ------------------------------------------------------------------------------------------------
 # no probing, no switches
 
-PROTOCOL = ("symmetry_parameters", "symmetry_summary", "symmetry_param_names", "fit_defaults", "guide_defaults",
-            "arviz_dims", "arviz_coords", "prepare_inputs", "input_shapes", "target_shapes", "task", "log_evidence",
-            "figures", "filter_bank", "observe")  # fmt: skip
+PROTOCOL = (
+    "symmetry_parameters",
+    "symmetry_summary",
+    "symmetry_param_names",
+    "fit_defaults",
+    "guide_defaults",
+    "arviz_dims",
+    "arviz_coords",
+    "prepare_inputs",
+    "input_shapes",
+    "target_shapes",
+    "task",
+    "log_evidence",
+    "figures",
+    "filter_bank",
+    "observe",
+)
 PROBE = re.compile(r"\b(?:getattr|hasattr)\([^()]*?,\s*[\"'](" + "|".join(PROTOCOL) + r")[\"']")
 _KINDS = r"[\"'](?:classification|regression|dynamics)[\"']"
 SWITCH = re.compile(rf"(?:==|!=)\s*{_KINDS}|{_KINDS}\s*(?:==|!=|if\b)")
@@ -172,6 +205,8 @@ def test_no_getattr_probing_for_protocol_members_and_no_task_switches():
     sources = _library_sources()
     assert any(p.name == "base.py" and p.parent.name == "models" for p in sources)
     probes = [f"{p}:{i}" for p in sources for i, line in enumerate(p.read_text().splitlines(), 1) if PROBE.search(line)]
-    switches = [f"{p}:{i}" for p in sources for i, line in enumerate(p.read_text().splitlines(), 1) if SWITCH.search(line)]
+    switches = [
+        f"{p}:{i}" for p in sources for i, line in enumerate(p.read_text().splitlines(), 1) if SWITCH.search(line)
+    ]
     assert not probes, probes
     assert not switches, switches

@@ -38,7 +38,9 @@ def small_disk(tmp_path: Path):
     disk.mkdir()
     if shutil.which("mount") is None:
         pytest.skip("no mount command: cannot make a small file system")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a 64 KiB tmpfs here: {done.stderr.strip() or done.returncode}")
     try:
@@ -53,7 +55,9 @@ def test_a_real_full_disk_keeps_the_previous_checkpoint_and_says_so(small_disk):
         save_checkpoint(path, _payload(40_000))  # 160 kB on a 64 KiB disk
     assert list(small_disk.iterdir()) == []  # no temp file left
     save_checkpoint(path, _payload(2_000, step=3))
-    with pytest.raises(CheckpointError, match=r"^could not write .*: no space left on device; the previous file is kept$"):
+    with pytest.raises(
+        CheckpointError, match=r"^could not write .*: no space left on device; the previous file is kept$"
+    ):
         save_checkpoint(path, _payload(20_000, step=6))
     assert load_checkpoint(path)["step"] == 3
     assert [p.name for p in small_disk.iterdir()] == ["c.pt"]
@@ -101,7 +105,9 @@ def test_a_truncated_checkpoint_is_called_truncated(tmp_path, keep):
     raw = _saved(tmp_path)
     cut = raw[: int(len(raw) * keep) if isinstance(keep, float) else keep]
     (tmp_path / "c.pt").write_bytes(cut)
-    with pytest.raises(CheckpointError, match=rf"is truncated \({len(cut)} bytes, the end of its zip archive is missing\)"):
+    with pytest.raises(
+        CheckpointError, match=rf"is truncated \({len(cut)} bytes, the end of its zip archive is missing\)"
+    ):
         load_checkpoint(tmp_path / "c.pt")
 
 

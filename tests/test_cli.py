@@ -12,15 +12,33 @@ from pyro_invariance.cli import _parse_kv, main
 
 torch.set_num_threads(1)
 
-SMALL = ["--model-arg", "hidden=16", "--model-arg", "num_transforms=4", "--train-size", "200", "--test-size", "50",
-         "--no-progress", "--eval-samples", "2"]
+SMALL = [
+    "--model-arg",
+    "hidden=16",
+    "--model-arg",
+    "num_transforms=4",
+    "--train-size",
+    "200",
+    "--test-size",
+    "50",
+    "--no-progress",
+    "--eval-samples",
+    "2",
+]
 
 
 def test_list_shows_models_guides_datasets(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    for name in ("invariant-mlp", "basis-regression", "block-cholesky", "matrix-normal", "mean-field",
-                 "rotated-digits", "fashion-mnist"):
+    for name in (
+        "invariant-mlp",
+        "basis-regression",
+        "block-cholesky",
+        "matrix-normal",
+        "mean-field",
+        "rotated-digits",
+        "fashion-mnist",
+    ):
         assert name in out
     assert main(["list", "guides"]) == 0
     assert "invariant-mlp" not in capsys.readouterr().out
@@ -28,8 +46,22 @@ def test_list_shows_models_guides_datasets(capsys):
 
 def test_fit_writes_result_checkpoint_plots_and_evaluate_reads_them(tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["fit", "--model", "invariant-mlp", "--guide", "mean-field", "--data", "rotated-digits",
-                 "--steps", "6", "--out", str(out), *SMALL])
+    code = main(
+        [
+            "fit",
+            "--model",
+            "invariant-mlp",
+            "--guide",
+            "mean-field",
+            "--data",
+            "rotated-digits",
+            "--steps",
+            "6",
+            "--out",
+            str(out),
+            *SMALL,
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "test acc" in printed and "rot=" in printed
@@ -65,7 +97,10 @@ def test_fit_resume_continues_the_run(tmp_path):
         (["fit", "--model", "invariant-mlp", "--data", "digits", "--steps", "-1"], "steps must be"),
         (["fit", "--model", "invariant-mlp", "--data", "digits", "--model-arg", "num_transforms=-2"], "num_transforms"),
         (["fit", "--model", "invariant-mlp", "--data", "digits", "--model-arg", "symmetry=spin"], "unknown symmetry"),
-        (["fit", "--model", "invariant-mlp", "--data", "fashion-mnist", "--data-dir", "/nonexistent"], "apt-get install"),
+        (
+            ["fit", "--model", "invariant-mlp", "--data", "fashion-mnist", "--data-dir", "/nonexistent"],
+            "apt-get install",
+        ),
         (["evaluate", "--run", "/nonexistent/run"], "does not exist"),
     ],
 )
@@ -83,7 +118,11 @@ def test_corrupt_checkpoint_on_evaluate(tmp_path, capsys):
 
 def test_parse_key_values():
     assert _parse_kv(["a=1", "b=rotation", "c=[1, 8, 8]", "learn-symmetry=false"]) == {
-        "a": 1, "b": "rotation", "c": [1, 8, 8], "learn_symmetry": False}
+        "a": 1,
+        "b": "rotation",
+        "c": [1, 8, 8],
+        "learn_symmetry": False,
+    }
     with pytest.raises(ValueError, match="KEY=VALUE"):
         _parse_kv(["oops"])
 
@@ -91,9 +130,22 @@ def test_parse_key_values():
 def test_console_script_demo_runs(tmp_path):
     """The installed entry point runs the main job end to end (tiny number of steps)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "pyro_invariance.cli", "demo", "--steps", "5", "--threads", "1",
-         "--out", str(tmp_path / "demo"), "--no-progress"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pyro_invariance.cli",
+            "demo",
+            "--steps",
+            "5",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path / "demo"),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert "learned rotation" in proc.stdout and "no invariance" in proc.stdout
@@ -103,10 +155,32 @@ def test_console_script_demo_runs(tmp_path):
 
 def test_fit_and_evaluate_symmetrised_hnn_on_physics_data(tmp_path, capsys):
     out = tmp_path / "hnn"
-    args = ["fit", "--model", "symmetrised-hnn", "--guide", "matrix-normal", "--data", "sho", "--steps", "4",
-            "--batch-size", "28", "--out", str(out), "--no-progress", "--eval-samples", "2",
-            "--model-arg", "hidden=[8,8]", "--model-arg", "num_transforms=2", "--model-arg", "euler_steps=2",
-            "--data-arg", f"cache_dir={json.dumps(str(tmp_path / 'cache'))}"]
+    args = [
+        "fit",
+        "--model",
+        "symmetrised-hnn",
+        "--guide",
+        "matrix-normal",
+        "--data",
+        "sho",
+        "--steps",
+        "4",
+        "--batch-size",
+        "28",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--eval-samples",
+        "2",
+        "--model-arg",
+        "hidden=[8,8]",
+        "--model-arg",
+        "num_transforms=2",
+        "--model-arg",
+        "euler_steps=2",
+        "--data-arg",
+        f"cache_dir={json.dumps(str(tmp_path / 'cache'))}",
+    ]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "test MSE" in printed and "G0=" in printed
@@ -119,10 +193,35 @@ def test_fit_and_evaluate_symmetrised_hnn_on_physics_data(tmp_path, capsys):
 @pytest.mark.parametrize("curvature", [[], ["--laplace-curvature", "diagonal", "--laplace-delta-update", "mackay"]])
 def test_fit_with_the_laplace_objective_on_a_layerwise_model(tmp_path, capsys, curvature):
     out = tmp_path / "run"
-    code = main(["fit", "--model", "layerwise-fc+conv", "--objective", "laplace", "--data", "quadrant-digits",
-                 "--model-arg", "alpha=1", "--train-size", "200", "--test-size", "100", "--steps", "12",
-                 "--laplace-every", "4", "--laplace-warmup", "4", "--eval-samples", "1", "--out", str(out),
-                 "--no-progress", *curvature])  # fmt: skip
+    code = main(
+        [
+            "fit",
+            "--model",
+            "layerwise-fc+conv",
+            "--objective",
+            "laplace",
+            "--data",
+            "quadrant-digits",
+            "--model-arg",
+            "alpha=1",
+            "--train-size",
+            "200",
+            "--test-size",
+            "100",
+            "--steps",
+            "12",
+            "--laplace-every",
+            "4",
+            "--laplace-warmup",
+            "4",
+            "--eval-samples",
+            "1",
+            "--out",
+            str(out),
+            "--no-progress",
+            *curvature,
+        ]
+    )
     assert code == 0
     result = json.loads((out / "result.json").read_text())
     summary = result["summary"]
@@ -144,8 +243,23 @@ def test_fit_with_the_laplace_objective_on_a_layerwise_model(tmp_path, capsys, c
     ],
 )
 def test_laplace_objective_bad_input(tmp_path, capsys, extra, message):
-    code = main(["fit", "--model", "layerwise-fc+conv", "--objective", "laplace", "--data", "quadrant-digits",
-                 "--steps", "2", "--out", str(tmp_path / "o"), "--no-progress", *extra])  # fmt: skip
+    code = main(
+        [
+            "fit",
+            "--model",
+            "layerwise-fc+conv",
+            "--objective",
+            "laplace",
+            "--data",
+            "quadrant-digits",
+            "--steps",
+            "2",
+            "--out",
+            str(tmp_path / "o"),
+            "--no-progress",
+            *extra,
+        ]
+    )
     assert code == 2
     assert message in capsys.readouterr().err
 
@@ -153,8 +267,21 @@ def test_laplace_objective_bad_input(tmp_path, capsys, extra, message):
 def test_deterministic_flag_switches_on_deterministic_algorithms(tmp_path):
     before = torch.are_deterministic_algorithms_enabled()
     try:
-        code = main(["fit", "--model", "invariant-mlp", "--data", "digits", "--deterministic", "--steps", "2",
-                     "--out", str(tmp_path / "o"), *SMALL])  # fmt: skip
+        code = main(
+            [
+                "fit",
+                "--model",
+                "invariant-mlp",
+                "--data",
+                "digits",
+                "--deterministic",
+                "--steps",
+                "2",
+                "--out",
+                str(tmp_path / "o"),
+                *SMALL,
+            ]
+        )
         assert code == 0
         assert torch.are_deterministic_algorithms_enabled()
     finally:

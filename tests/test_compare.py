@@ -18,8 +18,17 @@ THREE = ["mean-field", "matrix-normal", "block-cholesky"]
 
 
 def _toy_model():
-    return pi.models.get("basis-regression", in_features=1, out_features=2, num_features=8, lengthscale=0.6,
-                         prior_scale=0.5, noise_scale=0.3, eta_init=0.4, learn_symmetry=True)
+    return pi.models.get(
+        "basis-regression",
+        in_features=1,
+        out_features=2,
+        num_features=8,
+        lengthscale=0.6,
+        prior_scale=0.5,
+        noise_scale=0.3,
+        eta_init=0.4,
+        learn_symmetry=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +39,20 @@ def toy():
 @pytest.fixture(scope="module")
 def comparison(toy):
     model = _toy_model()
-    cmp = pi.compare_guides(model, toy, THREE + ["map"], steps=60, batch_size=None, lr=0.1, seed=3, K=(10, 100),
-                            bound_samples=300, eval_samples=4, bound_vectorize=True, guide_kwargs={"mean-field": {"init_scale": 0.1}})
+    cmp = pi.compare_guides(
+        model,
+        toy,
+        THREE + ["map"],
+        steps=60,
+        batch_size=None,
+        lr=0.1,
+        seed=3,
+        K=(10, 100),
+        bound_samples=300,
+        eval_samples=4,
+        bound_vectorize=True,
+        guide_kwargs={"mean-field": {"init_scale": 0.1}},
+    )
     return model, cmp
 
 
@@ -116,10 +137,40 @@ def test_api_bad_input(toy):
 
 def test_cli_compare_three_guides_on_rotated_digits(tmp_path, capsys):
     out = tmp_path / "cmp"
-    code = main(["compare", "--model", "invariant-mlp", "--data", "rotated-digits", "--guides", ",".join(THREE),
-                 "--steps", "30", "--model-arg", "hidden=32", "--model-arg", "num_transforms=4", "--train-size", "200",
-                 "--test-size", "50", "--eval-samples", "2", "--K", "10,100", "--eval-subset", "100",
-                 "--format", "markdown", "--no-progress", "--threads", "1", "--out", str(out)])
+    code = main(
+        [
+            "compare",
+            "--model",
+            "invariant-mlp",
+            "--data",
+            "rotated-digits",
+            "--guides",
+            ",".join(THREE),
+            "--steps",
+            "30",
+            "--model-arg",
+            "hidden=32",
+            "--model-arg",
+            "num_transforms=4",
+            "--train-size",
+            "200",
+            "--test-size",
+            "50",
+            "--eval-samples",
+            "2",
+            "--K",
+            "10,100",
+            "--eval-subset",
+            "100",
+            "--format",
+            "markdown",
+            "--no-progress",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "| guide | params | s/step | ELBO/N | IWAE10/N | IWAE100/N |" in printed
@@ -143,7 +194,18 @@ def test_cli_compare_three_guides_on_rotated_digits(tmp_path, capsys):
     ],
 )
 def test_cli_compare_bad_input_exit_2(args, message, capsys):
-    code = main(["compare", "--model", "invariant-mlp", "--data", "rotated-digits", "--guides", "mean-field,map",
-                 "--no-progress", *args])
+    code = main(
+        [
+            "compare",
+            "--model",
+            "invariant-mlp",
+            "--data",
+            "rotated-digits",
+            "--guides",
+            "mean-field,map",
+            "--no-progress",
+            *args,
+        ]
+    )
     assert code == 2
     assert message in capsys.readouterr().err

@@ -8,9 +8,9 @@ import math
 import warnings
 
 import matplotlib.pyplot as plt
-from matplotlib.container import BarContainer
 import pytest
 import torch
+from matplotlib.container import BarContainer
 
 import pyro_invariance as pi
 from pyro_invariance.cli import main
@@ -33,8 +33,17 @@ def table():
     """Stopped after 40 steps: the mean-field guide's ELBO is still rising, and it is a poor proposal (k̂ = inf)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return pi.compare_guides("basis-regression", "basis-toy", ["mean-field", "map"], steps=40, seed=2, K=(5, 20),
-                                 eval_samples=2, bound_vectorize=True, model_kwargs={"num_features": 6})  # fmt: skip
+        return pi.compare_guides(
+            "basis-regression",
+            "basis-toy",
+            ["mean-field", "map"],
+            steps=40,
+            seed=2,
+            K=(5, 20),
+            eval_samples=2,
+            bound_vectorize=True,
+            model_kwargs={"num_features": 6},
+        )
 
 
 def _synthetic(rows, Ks=(10,)):
@@ -60,8 +69,15 @@ def test_every_bound_has_its_standard_error_in_text_markdown_and_json(table):
             assert any(line.startswith(f"| {r['guide']} |") and cell in line for line in md_rows), (cell, key)
     payload = json.loads(table.to_json())
     for r in payload["rows"]:
-        assert {"elbo_se", *(f"iwae{k}_se" for k in table.Ks), "elbo_minus_best", "elbo_minus_best_se",
-                f"iwae{kmax}_minus_best", f"iwae{kmax}_minus_best_se", "flags"} <= set(r)  # fmt: skip
+        assert {
+            "elbo_se",
+            *(f"iwae{k}_se" for k in table.Ks),
+            "elbo_minus_best",
+            "elbo_minus_best_se",
+            f"iwae{kmax}_minus_best",
+            f"iwae{kmax}_minus_best_se",
+            "flags",
+        } <= set(r)
 
 
 def test_one_unit_per_datum_said_in_the_header(table):
@@ -81,13 +97,43 @@ def test_one_unit_per_datum_said_in_the_header(table):
 
 def test_difference_to_the_best_row_against_a_hand_computation():
     rows = [
-        {"guide": "a", "is_bound": True, "elbo": -1.0, "elbo_se": 0.03, "iwae10": -0.5, "iwae10_se": 0.06, "k_hat": 0.3},
-        {"guide": "b", "is_bound": True, "elbo": -1.2, "elbo_se": 0.04, "iwae10": -0.4, "iwae10_se": 0.03, "k_hat": 0.4},
-        {"guide": "c", "is_bound": True, "elbo": -1.1, "elbo_se": float("nan"), "iwae10": -0.9, "iwae10_se": 0.01,
-         "k_hat": 0.2},
-        {"guide": "map", "is_bound": False, "elbo": 0.5, "elbo_se": 0.0, "iwae10": 0.5, "iwae10_se": 0.0,
-         "k_hat": float("nan")},  # highest number, but not a bound: never the best
-    ]  # fmt: skip
+        {
+            "guide": "a",
+            "is_bound": True,
+            "elbo": -1.0,
+            "elbo_se": 0.03,
+            "iwae10": -0.5,
+            "iwae10_se": 0.06,
+            "k_hat": 0.3,
+        },
+        {
+            "guide": "b",
+            "is_bound": True,
+            "elbo": -1.2,
+            "elbo_se": 0.04,
+            "iwae10": -0.4,
+            "iwae10_se": 0.03,
+            "k_hat": 0.4,
+        },
+        {
+            "guide": "c",
+            "is_bound": True,
+            "elbo": -1.1,
+            "elbo_se": float("nan"),
+            "iwae10": -0.9,
+            "iwae10_se": 0.01,
+            "k_hat": 0.2,
+        },
+        {
+            "guide": "map",
+            "is_bound": False,
+            "elbo": 0.5,
+            "elbo_se": 0.0,
+            "iwae10": 0.5,
+            "iwae10_se": 0.0,
+            "k_hat": float("nan"),
+        },  # highest number, but not a bound: never the best
+    ]
     cmp = _synthetic(rows)
     elbo = difference_to_best(cmp.rows, "elbo")
     assert elbo[0] == (0.0, 0.0) and elbo[3] is None
@@ -102,7 +148,9 @@ def test_difference_to_the_best_row_against_a_hand_computation():
     assert [cells[g][col] for g in "abc"] == ["best", "-0.2000 ± 0.0500", "-0.1000 ± n/a"] and cells["map"][col] == "-"
     assert cells["a"][col + 1] == "-0.1000 ± 0.0671"
     payload = cmp.to_dict()["rows"]
-    assert payload[1]["elbo_minus_best"] == pytest.approx(-0.2) and payload[1]["elbo_minus_best_se"] == pytest.approx(0.05)
+    assert payload[1]["elbo_minus_best"] == pytest.approx(-0.2) and payload[1]["elbo_minus_best_se"] == pytest.approx(
+        0.05
+    )
     assert payload[3]["elbo_minus_best"] is None
     notes = "\n".join(cmp.notes())
     assert "Highest ELBO/N: a; no usable error to compare with: c." in notes  # b is 4 se below: separated
@@ -148,7 +196,7 @@ def test_the_rule_reads_learning_rate_time_so_an_annealed_rate_does_not_hide_a_r
     steps are flat (the rate is ≈ 0 there), the last 10 % of Σ lr is not."""
     n = 300
     lr = [0.5 * (1 + math.cos(math.pi * t / n)) for t in range(n)]
-    tau = [sum(lr[:t + 1]) / sum(lr) for t in range(n)]
+    tau = [sum(lr[: t + 1]) / sum(lr) for t in range(n)]
     history = {"elbo": [5.0 * t + e for t, e in zip(tau, _noise(n, seed=3, sd=0.05))], "lr": lr}
     trace = elbo_trace_change(history)
     assert trace["last_steps"] > 0.3 * n  # the annealed tail holds most of the last 10 % of the rate's time
@@ -179,8 +227,14 @@ def test_saved_tables_round_trip_and_old_ones_still_render(table):
     assert again.to_markdown() == table.to_markdown()
     old = json.loads(table.to_json())
     for r in old["rows"]:  # a table written before flags, differences and convergence existed
-        for key in ("flags", "convergence", "elbo_minus_best", "elbo_minus_best_se", "iwae20_minus_best",
-                    "iwae20_minus_best_se"):  # fmt: skip
+        for key in (
+            "flags",
+            "convergence",
+            "elbo_minus_best",
+            "elbo_minus_best_se",
+            "iwae20_minus_best",
+            "iwae20_minus_best_se",
+        ):
             r.pop(key)
     text = GuideComparison.from_dict(old).to_text()
     assert "moving" not in text.split("\n\n")[1] and "ELBO/N − best" in text
@@ -191,11 +245,27 @@ def test_saved_tables_round_trip_and_old_ones_still_render(table):
 
 def test_plot_has_error_bars_of_one_standard_error_and_marks_flagged_rows():
     rows = [
-        {"guide": "a", "is_bound": True, "elbo": -1.0, "elbo_se": 0.05, "iwae10": -0.5, "iwae10_se": float("nan"),
-         "k_hat": 0.9, "convergence": {"converged": False}},
-        {"guide": "b", "is_bound": True, "elbo": -1.2, "elbo_se": 0.1, "iwae10": -0.4, "iwae10_se": 0.02, "k_hat": 0.3,
-         "convergence": {"converged": True}},
-    ]  # fmt: skip
+        {
+            "guide": "a",
+            "is_bound": True,
+            "elbo": -1.0,
+            "elbo_se": 0.05,
+            "iwae10": -0.5,
+            "iwae10_se": float("nan"),
+            "k_hat": 0.9,
+            "convergence": {"converged": False},
+        },
+        {
+            "guide": "b",
+            "is_bound": True,
+            "elbo": -1.2,
+            "elbo_se": 0.1,
+            "iwae10": -0.4,
+            "iwae10_se": 0.02,
+            "k_hat": 0.3,
+            "convergence": {"converged": True},
+        },
+    ]
     fig = _synthetic(rows).plot()
     ax = fig.axes[0]
     elbo_bars = next(c for c in ax.containers if isinstance(c, BarContainer))  # the first bound: the ELBO
@@ -213,15 +283,48 @@ def test_plot_has_error_bars_of_one_standard_error_and_marks_flagged_rows():
 
 def test_fit_and_compare_report_the_same_held_out_numbers_for_the_same_run(tmp_path, capsys):
     out = tmp_path / "run"
-    args = ["fit", "--model", "basis-regression", "--data", "basis-toy", "--guide", "mean-field", "--steps", "15",
-            "--seed", "5", "--eval-samples", "3", "--train-size", "12", "--test-size", "6", "--model-arg",
-            "num_features=4", "--no-progress", "--threads", "1", "--out", str(out)]  # fmt: skip
+    args = [
+        "fit",
+        "--model",
+        "basis-regression",
+        "--data",
+        "basis-toy",
+        "--guide",
+        "mean-field",
+        "--steps",
+        "15",
+        "--seed",
+        "5",
+        "--eval-samples",
+        "3",
+        "--train-size",
+        "12",
+        "--test-size",
+        "6",
+        "--model-arg",
+        "num_features=4",
+        "--no-progress",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     summary = json.loads((out / "result.json").read_text())["summary"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # too few draws for PSIS here
-        cmp = pi.compare_guides("basis-regression", "basis-toy", ["mean-field"], steps=15, seed=5, eval_samples=3,
-                                K=(2,), data_kwargs=SMALL_DATA, model_kwargs=SMALL_MODEL, threads=1)  # fmt: skip
+        cmp = pi.compare_guides(
+            "basis-regression",
+            "basis-toy",
+            ["mean-field"],
+            steps=15,
+            seed=5,
+            eval_samples=3,
+            K=(2,),
+            data_kwargs=SMALL_DATA,
+            model_kwargs=SMALL_MODEL,
+            threads=1,
+        )
     row = cmp.rows[0]
     assert row["train_elbo_minibatch"] == summary["final_elbo_per_datum_train_minibatch"]  # the same run
     assert row["metrics"] == summary["metrics"]

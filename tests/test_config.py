@@ -23,8 +23,15 @@ torch.set_num_threads(1)
 
 def _basis_model():
     # the reference configuration of tests/test_evidence.py (correlated RBF features, exact log Z)
-    return pi.models.get("basis-regression", in_features=1, out_features=3, num_features=8, lengthscale=0.6,
-                         prior_scale=0.5, noise_scale=0.3)  # fmt: skip
+    return pi.models.get(
+        "basis-regression",
+        in_features=1,
+        out_features=3,
+        num_features=8,
+        lengthscale=0.6,
+        prior_scale=0.5,
+        noise_scale=0.3,
+    )
 
 
 def test_precedence_explicit_then_model_then_guide_then_library():
@@ -33,7 +40,11 @@ def test_precedence_explicit_then_model_then_guide_then_library():
     assert FitConfig.recommended().factor_lr == FitConfig().factor_lr == 1e-3  # library
     assert FitConfig.recommended(guide=full_rank).factor_lr == 0.05  # guide over library
     both = FitConfig.recommended(model, full_rank)
-    assert (both.lr, both.eta_lr, both.factor_lr) == (FIT_DEFAULTS["lr"], FIT_DEFAULTS["eta_lr"], 0.05)  # model over guide
+    assert (both.lr, both.eta_lr, both.factor_lr) == (
+        FIT_DEFAULTS["lr"],
+        FIT_DEFAULTS["eta_lr"],
+        0.05,
+    )  # model over guide
     assert FitConfig.recommended(model, full_rank, lr=0.3).lr == 0.3  # explicit over all
     given = FitConfig(steps=7)
     assert pi.infer.config.resolve_config(given, model, full_rank, {"lr": 0.2}) == FitConfig(steps=7, lr=0.2)
@@ -73,8 +84,16 @@ def test_fit_laplace_takes_fits_arguments_and_returns_its_result_type():
     gen = torch.Generator().manual_seed(0)
     x, y = torch.rand(24, 1, 8, 8, generator=gen), torch.randint(0, 3, (24,), generator=gen)
     model = LayerwiseNet("fc+conv", (1, 8, 8), 3, alpha=1, prior="fixed")
-    result = fit_laplace(model, "map", (x, y), FitConfig(steps=4, batch_size=8, lr=1e-2), every=2, warmup=2,
-                         ggn_batch_size=8, progress=False)  # fmt: skip
+    result = fit_laplace(
+        model,
+        "map",
+        (x, y),
+        FitConfig(steps=4, batch_size=8, lr=1e-2),
+        every=2,
+        warmup=2,
+        ggn_batch_size=8,
+        progress=False,
+    )
     assert isinstance(result, LaplaceFitResult) and isinstance(result, pi.FitResult)
     assert result.config.steps == 4 and math.isfinite(result.log_evidence) and result.evidence_log
 
@@ -94,9 +113,13 @@ def test_step_settings_are_checked_and_generated_for_the_cli():
     """Issue 14's settings: how a step runs (validation, compile, log_every, tf32)."""
     assert FitConfig(compile=True).compile == "inductor" and FitConfig(compile=False).compile == "off"
     assert FitConfig().replace(compile=True).compile == "inductor"
-    for bad, message in (({"validation": "never"}, "unknown validation 'never'"), ({"compile": "jit"}, "unknown compile 'jit'"),
-                         ({"log_every": 0}, "log_every must be an integer >= 1"), ({"tf32": "yes"}, "tf32 must be True or False"),
-                         ({"compile": "capture", "validation": "always"}, "needs validation='first-step'")):  # fmt: skip
+    for bad, message in (
+        ({"validation": "never"}, "unknown validation 'never'"),
+        ({"compile": "jit"}, "unknown compile 'jit'"),
+        ({"log_every": 0}, "log_every must be an integer >= 1"),
+        ({"tf32": "yes"}, "tf32 must be True or False"),
+        ({"compile": "capture", "validation": "always"}, "needs validation='first-step'"),
+    ):
         with pytest.raises(ValueError, match=message):
             FitConfig(**bad).validate()
     parser = argparse.ArgumentParser(parents=[config_parent()])

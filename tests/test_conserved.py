@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from pyro_invariance.symmetry import conserved as C
 from pyro_invariance.data import physics as P
+from pyro_invariance.symmetry import conserved as C
 
 torch.set_num_threads(1)
 DT = torch.float64

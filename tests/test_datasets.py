@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from pyro_invariance.data.idx import read_idx
 from pyro_invariance.data.images import (
     BASES,
     DEFAULT_FASHION_MNIST_DIR,
@@ -24,7 +25,6 @@ from pyro_invariance.data.images import (
     load_dataset,
     warp_images,
 )
-from pyro_invariance.data.idx import read_idx
 from pyro_invariance.registry import DATASETS, UnknownNameError
 
 torch.set_num_threads(1)
@@ -34,9 +34,7 @@ _IDX_CODES = {np.dtype(np.uint8): 0x08, np.dtype(np.int8): 0x09, np.dtype(np.int
 
 def write_idx(path: Path, array: np.ndarray) -> Path:
     """Write ``array`` as an IDX file (gzipped when ``path`` ends in .gz), independently of read_idx."""
-    header = struct.pack(">HBB", 0, _IDX_CODES[array.dtype], array.ndim) + struct.pack(
-        f">{array.ndim}I", *array.shape
-    )
+    header = struct.pack(">HBB", 0, _IDX_CODES[array.dtype], array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
     payload = header + array.astype(array.dtype.newbyteorder(">")).tobytes()
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".gz":

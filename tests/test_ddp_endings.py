@@ -32,8 +32,24 @@ from pyro_invariance.infer.runlock import RunLock
 torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = ["fit", "--model", "invariant-mlp", "--data", "digits", "--model-arg", "hidden=16", "--model-arg",
-         "num_transforms=4", "--train-size", "128", "--test-size", "32", "--no-progress", "--eval-samples", "2"]  # fmt: skip
+SMALL = [
+    "fit",
+    "--model",
+    "invariant-mlp",
+    "--data",
+    "digits",
+    "--model-arg",
+    "hidden=16",
+    "--model-arg",
+    "num_transforms=4",
+    "--train-size",
+    "128",
+    "--test-size",
+    "32",
+    "--no-progress",
+    "--eval-samples",
+    "2",
+]
 DDP = ["--strategy", "ddp", "--shards", "2", "--log-every", "2"]
 
 
@@ -56,8 +72,22 @@ def test_ctrl_c_on_two_ranks_ends_with_one_message_and_exit_130(tmp_path):
     """SIGINT to the launcher: the ranks stop together with a checkpoint; rank 0 alone says where,
     and how to resume (in one process too: ``--shards 2``); exit 130, no traceback, no lock file."""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "pyro_invariance.launch", "--standalone", "--nproc-per-node", "2", *SMALL, *DDP,
-           "--steps", "2000", "--checkpoint-every", "2", "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pyro_invariance.launch",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        *SMALL,
+        *DDP,
+        "--steps",
+        "2000",
+        "--checkpoint-every",
+        "2",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     t0 = time.time()
     while not (out / "checkpoint.pt").exists():
@@ -83,8 +113,22 @@ def test_a_refused_run_under_torchrun_names_its_reason_in_the_root_cause(tmp_pat
     out = tmp_path / "run"
     out.mkdir()
     (out / "result.json").write_text("{}")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-           "pyro_invariance.cli", *SMALL, *DDP, "--steps", "4", "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "pyro_invariance.cli",
+        *SMALL,
+        *DDP,
+        "--steps",
+        "4",
+        "--out",
+        str(out),
+    ]
     done = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr[-3000:]  # torchrun's own code for a failed worker
     reason = f"pyro-invariance: error: --out {str(out)!r} already holds result.json"
@@ -114,14 +158,17 @@ def test_the_launcher_exits_as_the_cli_does_when_torchrun_is_signalled(monkeypat
 def _failure(tmp_path: Path, rank: int, exitcode: int, message: str | None) -> ProcessFailure:
     path = tmp_path / f"error-{rank}.json"
     if message is not None:
-        path.write_text(json.dumps({"message": {"message": message, "extraInfo": {"timestamp": str(int(time.time()))}}}))
+        path.write_text(
+            json.dumps({"message": {"message": message, "extraInfo": {"timestamp": str(int(time.time()))}}})
+        )
     return ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=exitcode, error_file=str(path))
 
 
 def test_the_launcher_reports_a_failure_rank_0_did_not_print(monkeypatch, capsys, tmp_path):
     def failed(args):
-        raise ChildFailedError("pyro_invariance.cli", {1: _failure(tmp_path, 1, -9, None),
-                                                        0: _failure(tmp_path, 0, -15, None)})  # fmt: skip
+        raise ChildFailedError(
+            "pyro_invariance.cli", {1: _failure(tmp_path, 1, -9, None), 0: _failure(tmp_path, 0, -15, None)}
+        )
 
     monkeypatch.setattr(launch.torchrun, "run", failed)
     assert launch.main(["--nproc-per-node", "2", "fit"]) == 128 + 9
@@ -162,15 +209,20 @@ def test_an_uncaught_error_under_torchrun_reaches_the_summary_with_its_traceback
     with pytest.raises(ValueError):
         main(["--traceback", *SMALL, "--model-arg", "hidden=[16,", "--out", str(tmp_path / "o")])
     recorded = json.loads(error_file.read_text())["message"]
-    assert recorded["message"].startswith("ValueError: --model-arg") and "Traceback" in recorded["extraInfo"]["py_callstack"]
+    assert (
+        recorded["message"].startswith("ValueError: --model-arg")
+        and "Traceback" in recorded["extraInfo"]["py_callstack"]
+    )
 
 
 @pytest.mark.parametrize(
     "extra, hint",
     [
         (["--shards", "2"], "; continue with --resume --shards 2"),
-        (["--shards", "4", "--strategy", "ddp"],
-         "; continue with the same command and --resume, or in one process with --resume --shards 4 (without --strategy ddp)"),
+        (
+            ["--shards", "4", "--strategy", "ddp"],
+            "; continue with the same command and --resume, or in one process with --resume --shards 4 (without --strategy ddp)",
+        ),
     ],
 )
 def test_the_resume_hint_names_the_shards_a_resume_needs(monkeypatch, capsys, tmp_path, extra, hint):
@@ -202,7 +254,13 @@ def test_a_finished_run_lists_its_plots_and_leaves_no_lock(tmp_path):
     plots = json.loads((out / "result.json").read_text())["summary"]["plots"]
     assert sorted(Path(p).name for p in plots) == ["eta.png", "filters.png", "orbits.png"]
     assert all(Path(p).is_file() for p in plots)
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "eta.png", "filters.png", "orbits.png", "result.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "checkpoint.pt",
+        "eta.png",
+        "filters.png",
+        "orbits.png",
+        "result.json",
+    ]
 
 
 def test_a_refused_run_leaves_no_lock(tmp_path, capsys):

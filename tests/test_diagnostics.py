@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from functools import lru_cache
+from functools import cache
 
 import torch
 
@@ -35,7 +35,7 @@ STEPS = 30
 DRAWS = 7
 
 
-@lru_cache(maxsize=None)
+@cache
 def digits():
     return pyro_invariance.data.images.load_dataset("digits", train_size=200, test_size=100)
 
@@ -97,11 +97,14 @@ BUILDERS = {
     "basis-regression": build_basis_regression,
     "symmetrised-hnn": build_symmetrised_hnn,
     "rotation-toy-2d": build_rotation_toy_2d,
-    **{f"layerwise-{v}": build_layerwise(v) for v in ("fc", "conv", "fc+conv", "f-fc+conv", "s-fc+s-conv", "fc+conv+gconv")},
+    **{
+        f"layerwise-{v}": build_layerwise(v)
+        for v in ("fc", "conv", "fc+conv", "f-fc+conv", "s-fc+s-conv", "fc+conv+gconv")
+    },
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def fitted(name: str, guide: str = "mean-field"):
     model, data, sites, obs_dims = BUILDERS[name]()
     steps = 3 if name.startswith("layerwise-") else STEPS  # the conversion, not the fit, is under test
@@ -377,8 +380,13 @@ def test_datatree_container_when_on_arviz_1(monkeypatch):
     tree = to_inference_data(result, (x, y), num_samples=3)
     assert isinstance(tree, xr.DataTree)
     assert set(arviz_compat.group_names(tree)) == {
-        "posterior", "log_likelihood", "posterior_predictive", "observed_data", "sample_stats", "constant_data",
-    }  # fmt: skip
+        "posterior",
+        "log_likelihood",
+        "posterior_predictive",
+        "observed_data",
+        "sample_stats",
+        "constant_data",
+    }
     assert tree["posterior"]["weight"].dims == ("chain", "draw", "output", "feature")
     assert tree["posterior"]["weight"].shape == (1, 3, 2, 12)
     assert tree["log_likelihood"]["obs"].dims == ("chain", "draw", "data")
@@ -397,9 +405,9 @@ def _exact_loo(model, x, y):
         for i in range(x.shape[0]):
             keep = torch.arange(x.shape[0]) != i
             mean, cov = model.posterior(x[keep], y[keep])
-            phi = model.features(x[i:i + 1]).to(torch.float64)  # (1, F)
+            phi = model.features(x[i : i + 1]).to(torch.float64)  # (1, F)
             var = (phi @ cov @ phi.T).squeeze() + model.noise_scale**2
-            out.append(dist.Normal(phi @ mean.T, var.sqrt()).log_prob(y[i:i + 1].to(torch.float64)).sum())
+            out.append(dist.Normal(phi @ mean.T, var.sqrt()).log_prob(y[i : i + 1].to(torch.float64)).sum())
     return torch.stack(out).numpy()
 
 

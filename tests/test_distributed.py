@@ -12,13 +12,13 @@ import shutil
 import subprocess
 import sys
 
+import ddp_worker
 import pyro
 import pytest
 import torch
 import torch.multiprocessing as mp
 from small_runs import fit_state, small_digits, small_fit
 
-import ddp_worker
 from pyro_invariance.cli import main
 from pyro_invariance.infer.bounds import ranked_log_weights
 from pyro_invariance.infer.config import FitConfig
@@ -93,13 +93,52 @@ def test_a_signal_on_one_rank_stops_both_at_the_same_step(two_ranks):
 def test_cli_under_torchrun_matches_one_process(tmp_path):
     """``torchrun --nproc-per-node 2 -m pyro_invariance.cli fit ... --strategy ddp --shards 2``: rank 0
     alone writes the run, with the history of the one-process ``--shards 2`` run."""
-    args = ["fit", "--model", "invariant-mlp", "--data", "digits", "--steps", "4", "--shards", "2", "--log-every", "2",
-            "--model-arg", "hidden=16", "--model-arg", "num_transforms=4", "--train-size", "128", "--test-size", "32",
-            "--no-progress", "--eval-samples", "2"]  # fmt: skip
+    args = [
+        "fit",
+        "--model",
+        "invariant-mlp",
+        "--data",
+        "digits",
+        "--steps",
+        "4",
+        "--shards",
+        "2",
+        "--log-every",
+        "2",
+        "--model-arg",
+        "hidden=16",
+        "--model-arg",
+        "num_transforms=4",
+        "--train-size",
+        "128",
+        "--test-size",
+        "32",
+        "--no-progress",
+        "--eval-samples",
+        "2",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-                          "pyro_invariance.cli", *args, "--strategy", "ddp", "--out", str(tmp_path / "ddp")],
-                         capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    ddp = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "pyro_invariance.cli",
+            *args,
+            "--strategy",
+            "ddp",
+            "--out",
+            str(tmp_path / "ddp"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert ddp.stdout.count("test acc") == 1  # the summary is printed once, by rank 0
     assert main([*args, "--out", str(tmp_path / "one")]) == 0  # one process, in this one

@@ -3,13 +3,13 @@
 import itertools
 import math
 
+import layerwise_reference as R
 import pyro
 import pytest
 import torch
 import torch.nn.functional as F
 from pyro import poutine
 
-import layerwise_reference as R
 from pyro_invariance.symmetry import equivariant_layers as L
 
 torch.set_num_threads(1)
@@ -18,6 +18,7 @@ torch.set_num_threads(1)
 @pytest.fixture(autouse=True)
 def _seed():
     pyro.set_rng_seed(0)  # prior draws in these tests are reproducible
+
 
 OPTS = L.LayerOptions()
 
@@ -106,7 +107,7 @@ def test_polyphase_choice_is_per_example():
     f, _ = _frozen(block, x)
     y = f(x)
     for n in range(4):
-        assert torch.allclose(f(x[n:n + 1]), y[n:n + 1])
+        assert torch.allclose(f(x[n : n + 1]), y[n : n + 1])
 
 
 def test_fixed_stride_subsampling_would_fail_odd_shifts():
@@ -272,11 +273,20 @@ def test_polyphase_select_equals_the_stacked_reference_exactly(shape):
 
 
 BLOCK_CASES = [
-    (("conv",), 1, 1), (("conv",), 2, 1), (("fc",), 2, 1), (("ffc",), 1, 1),
-    (("fc", "conv"), 1, 1), (("fc", "conv"), 2, 1), (("ffc", "conv"), 1, 1), (("ffc", "conv"), 2, 1),
-    (("sfc", "sconv"), 2, 1), (("conv", "sconv"), 2, 1),
-    (("fc", "conv", "gconv"), 1, 1), (("fc", "conv", "gconv"), 2, 4), (("gconv",), 2, 4),
-]  # fmt: skip
+    (("conv",), 1, 1),
+    (("conv",), 2, 1),
+    (("fc",), 2, 1),
+    (("ffc",), 1, 1),
+    (("fc", "conv"), 1, 1),
+    (("fc", "conv"), 2, 1),
+    (("ffc", "conv"), 1, 1),
+    (("ffc", "conv"), 2, 1),
+    (("sfc", "sconv"), 2, 1),
+    (("conv", "sconv"), 2, 1),
+    (("fc", "conv", "gconv"), 1, 1),
+    (("fc", "conv", "gconv"), 2, 4),
+    (("gconv",), 2, 4),
+]
 
 
 @pytest.mark.parametrize("kinds, stride, g_in", BLOCK_CASES)

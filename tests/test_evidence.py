@@ -1,6 +1,5 @@
 """ELBO against exact evidence on the conjugate BasisRegression entry (issue 2, "Done when")."""
 
-
 import pytest
 import torch
 
@@ -23,15 +22,33 @@ def toy():
 def _model(learn_symmetry=False, lam=1.0):
     # rbf features with strongly correlated neighbours: mean-field cannot represent the posterior
     return pi.models.get(
-        "basis-regression", in_features=1, out_features=3, num_features=8, lengthscale=0.6,
-        prior_scale=0.5, noise_scale=0.3, eta_init=lam, learn_symmetry=learn_symmetry,
+        "basis-regression",
+        in_features=1,
+        out_features=3,
+        num_features=8,
+        lengthscale=0.6,
+        prior_scale=0.5,
+        noise_scale=0.3,
+        eta_init=lam,
+        learn_symmetry=learn_symmetry,
     )
 
 
 def _fit(model, guide_name, data, steps, **kw):
     guide = guides.get(guide_name, model, init_scale=0.1)
-    return pi.fit(model, guide, data, steps=steps, batch_size=None, lr=0.05, factor_lr=0.05, num_particles=1,
-                  progress=False, seed=1, **kw)
+    return pi.fit(
+        model,
+        guide,
+        data,
+        steps=steps,
+        batch_size=None,
+        lr=0.05,
+        factor_lr=0.05,
+        num_particles=1,
+        progress=False,
+        seed=1,
+        **kw,
+    )
 
 
 STEPS = {"matrix-normal": 2000, "full-rank": 3000, "mean-field": 1500}

@@ -20,6 +20,7 @@ import torch
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from pyro.infer.autoguide import AutoNormal
 from pyro.nn import PyroModule, PyroSample
+from small_runs import fit_state, small_digits, small_fit, small_model
 from torch.distributions import Distribution
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -29,7 +30,6 @@ from pyro_invariance.infer import fast_step, training
 from pyro_invariance.infer.checkpoint import CheckpointError, load_checkpoint
 from pyro_invariance.infer.fast_step import CapturedLoss, LeanTrace_ELBO, LeanTraceMeanField_ELBO, tf32_matmuls
 from pyro_invariance.infer.interrupts import FitInterrupted
-from small_runs import fit_state, small_digits, small_fit, small_model
 
 torch.set_num_threads(1)
 
@@ -48,8 +48,12 @@ def _same_run(a, b) -> None:
 
 
 def _validation_flags() -> tuple:
-    return (dist_util._VALIDATION_ENABLED, infer_util._VALIDATION_ENABLED, poutine_util._VALIDATION_ENABLED,
-            Distribution._validate_args)  # fmt: skip
+    return (
+        dist_util._VALIDATION_ENABLED,
+        infer_util._VALIDATION_ENABLED,
+        poutine_util._VALIDATION_ENABLED,
+        Distribution._validate_args,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -203,13 +207,19 @@ def test_compile_inductor_is_part_of_the_run_fingerprint(data, tmp_path):
 
 def test_divergence_is_located_at_the_same_step_and_site_as_a_checked_run(data):
     runs = {}
-    for label, kw in (("checked", {"validation": "always"}), ("bulk-10", {"log_every": 10}),
-                      ("bulk-3", {"log_every": 3})):  # fmt: skip
+    for label, kw in (
+        ("checked", {"validation": "always"}),
+        ("bulk-10", {"log_every": 10}),
+        ("bulk-3", {"log_every": 3}),
+    ):
         model = small_model()
         guide = guides.get("block-cholesky", model)
         with pytest.raises(FloatingPointError, match=r"at step (\d+): ") as info:
             pi.fit(model, guide, data, steps=30, batch_size=64, progress=False, seed=5, **WILD, **kw)
-        state = {**{f"m.{k}": v for k, v in model.state_dict().items()}, **{f"g.{k}": v for k, v in guide.state_dict().items()}}
+        state = {
+            **{f"m.{k}": v for k, v in model.state_dict().items()},
+            **{f"g.{k}": v for k, v in guide.state_dict().items()},
+        }
         runs[label] = (str(info.value), state)
     message, state = runs["checked"]
     for label in ("bulk-10", "bulk-3"):
@@ -296,7 +306,9 @@ class _CountsCalls(_ReadsAValue):
             return pyro.sample("obs", dist.Normal(x @ w, 1.0 + (type(self).calls % 2)), obs=y)
 
 
-@pytest.mark.parametrize("model_cls, reason", [(_ReadsAValue, "could not be traced"), (_CountsCalls, "differs from Pyro's")])
+@pytest.mark.parametrize(
+    "model_cls, reason", [(_ReadsAValue, "could not be traced"), (_CountsCalls, "differs from Pyro's")]
+)
 def test_capture_falls_back_to_eager_with_a_warning(data, model_cls, reason):
     x, y = data.x_train.float(), data.y_train.float()
     runs = []
@@ -372,7 +384,8 @@ def test_lean_iwae_is_pyros_renyi_elbo_at_alpha_zero(vectorize):
     from pyro_invariance.infer.fast_step import LeanIWAE_ELBO
 
     (l1, g1), (l2, g2) = _lean_and_pyro_losses(
-        LeanIWAE_ELBO, lambda kwargs: RenyiELBO(alpha=0.0, **kwargs).loss_and_grads, vectorize)
+        LeanIWAE_ELBO, lambda kwargs: RenyiELBO(alpha=0.0, **kwargs).loss_and_grads, vectorize
+    )
     assert l1 == pytest.approx(l2, rel=1e-6)
     for a, b in zip(g1, g2):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
@@ -421,8 +434,18 @@ def test_rws_moves_a_gaussian_guide_to_the_posteriors_moments():
     with pi.pyro_scope():
         model = Conjugate()
         guide = AutoNormal(model, init_scale=0.1 * post_var**0.5, init_loc_fn=lambda site: torch.tensor(-0.5))
-    result = pi.fit(model, guide, (torch.zeros(len(y), 1), y), steps=400, lr=0.05, batch_size=None,
-                    num_particles=16, elbo="rws", seed=0, progress=False)  # fmt: skip
+    result = pi.fit(
+        model,
+        guide,
+        (torch.zeros(len(y), 1), y),
+        steps=400,
+        lr=0.05,
+        batch_size=None,
+        num_particles=16,
+        elbo="rws",
+        seed=0,
+        progress=False,
+    )
     assert result.config.elbo == "rws"
     loc, scale = float(guide.locs.z), float(guide.scales.z)
     assert loc == pytest.approx(post_mean, abs=0.05) and scale == pytest.approx(post_var**0.5, rel=0.1)
@@ -534,13 +557,20 @@ def test_graph_on_device_leaves_no_host_tensors_in_the_graph(data):
         guide(x, y, num_data=256)
     with pi.pyro_scope(), fast_step.preserved_validation():  # the flags are process-wide: restored after
         pyro.enable_validation(False)
-        captured = CapturedLoss.capture(LeanTraceMeanField_ELBO(), model, guide, x, y, {"num_data": 256}, "capture",
-                                        torch.device("cpu"))  # fmt: skip
+        captured = CapturedLoss.capture(
+            LeanTraceMeanField_ELBO(), model, guide, x, y, {"num_data": 256}, "capture", torch.device("cpu")
+        )
     meta = torch.device("meta")
     moved = fast_step.graph_on_device(captured.graph, meta)
-    host = [n for n in captured.graph.graph.nodes if n.op == "call_function" and n.kwargs.get("device") == torch.device("cpu")]
+    host = [
+        n
+        for n in captured.graph.graph.nodes
+        if n.op == "call_function" and n.kwargs.get("device") == torch.device("cpu")
+    ]
     assert host  # the CPU trace has host factory calls (eye, randn, ...), so the test means something
-    assert not [n for n in moved.graph.nodes if n.op == "call_function" and n.kwargs.get("device") == torch.device("cpu")]
+    assert not [
+        n for n in moved.graph.nodes if n.op == "call_function" and n.kwargs.get("device") == torch.device("cpu")
+    ]
     constants = [getattr(moved, n.target) for n in moved.graph.nodes if n.op == "get_attr"]
     assert all(t.device == meta for t in constants if isinstance(t, torch.Tensor))
     seen = []
@@ -564,8 +594,12 @@ def test_graph_on_device_leaves_no_host_tensors_in_the_graph(data):
     # the diagnostic a failed recording reports: nothing on the moved graph, the host calls on the unmoved one
     assert fast_step.host_traffic(moved, inputs, meta) == []
     where = fast_step.host_traffic(captured.graph, inputs, meta, limit=3)
-    assert where and all("cpu" in w for w in where) and any("meta" in w for w in where) and where[0].split()[0] in {
-        n.name for n in captured.graph.graph.nodes}
+    assert (
+        where
+        and all("cpu" in w for w in where)
+        and any("meta" in w for w in where)
+        and where[0].split()[0] in {n.name for n in captured.graph.graph.nodes}
+    )
 
 
 def test_graph_on_device_leaves_no_host_tensors_in_the_symmetrised_hnn():

@@ -66,8 +66,11 @@ def trained(data):
 @pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
 def test_a_trained_guide_is_refused_with_another_model(entry, trained, data):
     _, guide = trained
-    with pytest.raises(ValueError, match=r"^guide 'mean-field' was built for another model \(InvariantMLP with "
-                                         r"hidden=4: site 'out_weight' shape \(10, 4\)\); this model has hidden=8"):
+    with pytest.raises(
+        ValueError,
+        match=r"^guide 'mean-field' was built for another model \(InvariantMLP with "
+        r"hidden=4: site 'out_weight' shape \(10, 4\)\); this model has hidden=8",
+    ):
         ENTRY_POINTS[entry](_mlp(hidden=8), guide, *data)
 
 
@@ -75,16 +78,22 @@ def test_a_guide_is_refused_with_a_model_of_another_class():
     guide = pi.guides.get("block-cholesky", _mlp())
     toy = pi.models.get("rotation-toy-2d")
     x, y = torch.randn(6, 2), torch.randint(0, 2, (6,))
-    with pytest.raises(ValueError, match=r"was built for another model \(InvariantMLP\); this model is a "
-                                         r"RotationToy2D: build the guide for this model with "
-                                         r"pi.guides.get\('block-cholesky', model\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"was built for another model \(InvariantMLP\); this model is a "
+        r"RotationToy2D: build the guide for this model with "
+        r"pi.guides.get\('block-cholesky', model\)$",
+    ):
         pi.fit(toy, guide, (x, y), steps=1, progress=False)
 
 
 def test_a_guide_is_refused_with_a_model_that_has_another_latent_site(data):
     guide = pi.guides.get("symmetry-conditional", _mlp())
-    with pytest.raises(ValueError, match=r"\(InvariantMLP with symmetry_prior=None: no site 'eta'\); this model "
-                                         r"has symmetry_prior='uniform' and site 'eta' shape \(1,\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"\(InvariantMLP with symmetry_prior=None: no site 'eta'\); this model "
+        r"has symmetry_prior='uniform' and site 'eta' shape \(1,\)",
+    ):
         pi.fit(_mlp(symmetry_prior="uniform"), guide, data, steps=1, progress=False)
 
 

@@ -16,14 +16,13 @@ import pytest
 import torch
 from pyro.infer import SVI, Trace_ELBO, TraceMeanField_ELBO
 from pyro.nn import PyroModule, PyroSample
+from test_catalogue_contract import DATA_KWARGS, EXAMPLES
 
 import pyro_invariance as pi
 from pyro_invariance import guides
 from pyro_invariance.catalogue import model_kwargs_for
-from pyro_invariance.infer.bounds import evidence_bounds
 from pyro_invariance.data.arrays import train_arrays
-
-from test_catalogue_contract import DATA_KWARGS, EXAMPLES
+from pyro_invariance.infer.bounds import evidence_bounds
 
 pytestmark = pytest.mark.plain_pyro  # Pyro's defaults, as a user's session has them (tests/conftest.py)
 
@@ -86,8 +85,12 @@ def _cases() -> list:
     """Every combination; the dense 4078×4078 factor of full-rank on the layer-wise network takes ~10 s
     a step here, so those three run with the slow tests."""
     slow = ("layerwise-conv", "full-rank")
-    return [pytest.param(f, g, m, marks=[pytest.mark.slow] if (f, g) == slow else [])
-            for f in FAMILIES for g in BOUND_GUIDES for m in MODES]  # fmt: skip
+    return [
+        pytest.param(f, g, m, marks=[pytest.mark.slow] if (f, g) == slow else [])
+        for f in FAMILIES
+        for g in BOUND_GUIDES
+        for m in MODES
+    ]
 
 
 @pytest.mark.filterwarnings("ignore:.*log weights are too few for PSIS")  # 20 draws: enough for a finite estimate
@@ -101,7 +104,9 @@ def test_every_guide_runs_or_refuses_in_one_line(family, guide_name, mode):
         if mode == "pi.fit":
             estimate, se = _pi_fit(model, guide, x, y)
         else:
-            estimate, se = _plain_svi(model, guide, {"Trace_ELBO": Trace_ELBO, "TraceMeanField_ELBO": TraceMeanField_ELBO}[mode], x, y)
+            estimate, se = _plain_svi(
+                model, guide, {"Trace_ELBO": Trace_ELBO, "TraceMeanField_ELBO": TraceMeanField_ELBO}[mode], x, y
+            )
     except Exception as exc:  # noqa: BLE001 - a refusal must be one line; anything else fails below
         assert _one_line_refusal(exc), f"{type(exc).__name__}: {exc}"
         return

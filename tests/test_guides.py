@@ -392,4 +392,6 @@ def test_state_dict_round_trip(name):
     for k, v in a.median().items():
         torch.testing.assert_close(b.median()[k], v)
     with torch.no_grad():
-        torch.testing.assert_close(b.get_distribution("linear.weight").variance, a.get_distribution("linear.weight").variance)
+        torch.testing.assert_close(
+            b.get_distribution("linear.weight").variance, a.get_distribution("linear.weight").variance
+        )

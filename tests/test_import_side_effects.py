@@ -23,6 +23,7 @@ import pytest
 import torch
 from pyro.distributions.distribution import Distribution as PyroDistribution
 from pyro.infer import SVI, Predictive, Trace_ELBO
+from small_runs import small_model
 from torch.distributions import kl as torch_kl
 
 import pyro_invariance as pi
@@ -30,7 +31,6 @@ from pyro_invariance import guides
 from pyro_invariance.data.arrays import train_arrays
 from pyro_invariance.infer.bounds import evidence_bounds
 from pyro_invariance.models.basis_regression import make_symmetric_toy
-from small_runs import small_model
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.plain_pyro  # Pyro's defaults, as a user's session has them (tests/conftest.py)
@@ -130,7 +130,9 @@ def test_fit_trains_two_models_of_one_kind_without_sharing(clean_store):
 
     pi.fit(m1, g1, (x, y), steps=30, batch_size=None, lr=0.05, progress=False, seed=1, callbacks=[during_fit])
     assert seen == {(True, False)}  # inside fit: module-local params and the corrected KL(Delta ‖ ·) ...
-    assert pyro.settings.get("module_local_params") is False and torch_kl._KL_REGISTRY[DELTA_KEY] is pyro_rule  # ... only
+    assert (
+        pyro.settings.get("module_local_params") is False and torch_kl._KL_REGISTRY[DELTA_KEY] is pyro_rule
+    )  # ... only
     fitted1 = _params(g1)
     pi.fit(m2, g2, (x, y), steps=30, batch_size=None, lr=0.05, progress=False, seed=2)
     p1, p2 = _params(g1), _params(g2)

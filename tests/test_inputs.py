@@ -10,17 +10,17 @@ import pyro
 import pytest
 import torch
 from pyro.infer import Trace_ELBO
+from small_runs import small_digits, small_model
 
 import pyro_invariance as pi
 from pyro_invariance import guides
-from pyro_invariance.diagnostics.compare import regression_metrics
 from pyro_invariance.data.arrays import test_arrays as held_out_arrays
 from pyro_invariance.data.arrays import train_arrays
 from pyro_invariance.data.images import load_dataset
+from pyro_invariance.diagnostics.compare import regression_metrics
 from pyro_invariance.diagnostics.hnn_metrics import evaluate_hnn
 from pyro_invariance.models.basis_regression import make_symmetric_toy
 from pyro_invariance.registry import DATASETS
-from small_runs import small_digits, small_model
 
 torch.set_num_threads(1)
 
@@ -142,6 +142,7 @@ def _no_tensor_reads():
     def refuse(n):
         def method(self, *args, **kwargs):
             raise AssertionError(f"forward read a tensor value (Tensor.{n}, shape {tuple(self.shape)})")
+
         return method
 
     try:
@@ -176,14 +177,13 @@ def test_forward_reads_no_tensor_values(name, kwargs, x, y):
 
 @pytest.mark.parametrize("kwargs", [{"batch_size": 0}, {"num_samples": 0}, {"num_particles": 0}, {"seed": 1.5}])
 def test_evaluate_refuses_bad_arguments_naming_them(fitted, data, kwargs):
-    (name, value), = kwargs.items()
+    ((name, value),) = kwargs.items()
     with pytest.raises(ValueError, match=rf"{name} must be an integer.*got {value!r}"):
         pi.evaluate(fitted, data, **kwargs)
 
 
 def test_evaluate_refuses_bad_labels(fitted, data):
-    bad = types.SimpleNamespace(x_train=data.x_train, y_train=data.y_train, x_test=data.x_test,
-                                y_test=data.y_test + 10)  # fmt: skip
+    bad = types.SimpleNamespace(x_train=data.x_train, y_train=data.y_train, x_test=data.x_test, y_test=data.y_test + 10)
     with pytest.raises(ValueError, match=r"y has labels in \[10, 19\]"):
         pi.evaluate(fitted, bad, num_samples=2, num_particles=1)
 
@@ -251,9 +251,19 @@ SMALL_PHYSICS = {"cache_dir": False, "train_trajectories": 2, "train_steps": 2, 
 
 @pytest.mark.parametrize(
     "name",
-    ["digits", "rotated-digits", "rotated-digits-16px", "quadrant-digits", "quadrant-digits-40", "fashion-mnist",
-     "rotated-mnist", "scaled-cifar10", "rotation-toy-2d", *PHYSICS],
-)  # fmt: skip
+    [
+        "digits",
+        "rotated-digits",
+        "rotated-digits-16px",
+        "quadrant-digits",
+        "quadrant-digits-40",
+        "fashion-mnist",
+        "rotated-mnist",
+        "scaled-cifar10",
+        "rotation-toy-2d",
+        *PHYSICS,
+    ],
+)
 def test_train_size_zero_refused_for_every_kind_of_dataset(name):
     with pytest.raises(ValueError, match=r"train_size must be .*got 0"):
         load_dataset(name, train_size=0)  # before any file is read or any trajectory integrated

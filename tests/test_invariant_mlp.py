@@ -63,8 +63,12 @@ def test_full_rotation_invariance_by_construction():
 
 def test_weights_and_inputs_transforms_agree_for_right_angles():
     """Rotating weight rows by ±90° (or inputs by ∓90°) is exact on the grid; features must agree."""
-    weights = _mlp(learn_symmetry=False, eta_init=math.pi / 2, sampling="deterministic", num_transforms=3, transform_on="weights")
-    inputs = _mlp(learn_symmetry=False, eta_init=math.pi / 2, sampling="deterministic", num_transforms=3, transform_on="inputs")
+    weights = _mlp(
+        learn_symmetry=False, eta_init=math.pi / 2, sampling="deterministic", num_transforms=3, transform_on="weights"
+    )
+    inputs = _mlp(
+        learn_symmetry=False, eta_init=math.pi / 2, sampling="deterministic", num_transforms=3, transform_on="inputs"
+    )
     x = _images()
     assert torch.allclose(weights.features(x.reshape(6, 64)), inputs.features(x.reshape(6, 64)), atol=1e-5)
 
@@ -157,8 +161,17 @@ def _blobs(n, side, seed):
 
 def _path_pair(side, symmetry, eta, **kw):
     """Two identical ReLU models (same smooth W1, b1, η) differing only in ``transform_on``."""
-    kw = {"image_shape": (1, side, side), "hidden": 16, "activation": "relu", "symmetry": symmetry,
-          "learn_symmetry": False, "eta_init": eta, "sampling": "deterministic", "num_transforms": 9, **kw}  # fmt: skip
+    kw = {
+        "image_shape": (1, side, side),
+        "hidden": 16,
+        "activation": "relu",
+        "symmetry": symmetry,
+        "learn_symmetry": False,
+        "eta_init": eta,
+        "sampling": "deterministic",
+        "num_transforms": 9,
+        **kw,
+    }
     weights, inputs = _mlp(transform_on="weights", **kw), _mlp(transform_on="inputs", **kw)
     with torch.no_grad():
         weights.w1.copy_(_blobs(16, side, seed=1))

@@ -40,10 +40,14 @@ def test_kepler_system_and_conserved_quantities_formulas() -> None:
     c = P.kepler_conserved(x)
     assert set(c) == set(QUANTITIES) and all(v.shape == (2,) for v in c.values())
     # circular orbit of radius 1: H = 1/2 − 1 = −1/2, L = 1, A = 0
-    torch.testing.assert_close(torch.stack([c[k][0] for k in QUANTITIES]), torch.tensor([-0.5, 1.0, 0.0, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(
+        torch.stack([c[k][0] for k in QUANTITIES]), torch.tensor([-0.5, 1.0, 0.0, 0.0], dtype=torch.float64)
+    )
     torch.testing.assert_close(system.energy(x), c["H"])
     # L = q_x p_y − q_y p_x = 0·0 − 2·(−0.5) = 1; A = (p_y L − q_x/r, −p_x L − q_y/r) = (0, 0.5 − 1)
-    torch.testing.assert_close(torch.stack([c[k][1] for k in QUANTITIES]), torch.tensor([0.125 - 0.5, 1.0, 0.0, -0.5], dtype=torch.float64))
+    torch.testing.assert_close(
+        torch.stack([c[k][1] for k in QUANTITIES]), torch.tensor([0.125 - 0.5, 1.0, 0.0, -0.5], dtype=torch.float64)
+    )
     # each quantity Poisson-commutes with H: ∇C · J∇H = 0 at random bound-ish states
     xs = torch.tensor(P.KeplerSplitSpec(32, 1, e_range=(0.0, 0.6)).initial_states(np.random.default_rng(1), system))
     field = system.vector_field(xs)
@@ -192,15 +196,34 @@ def test_bad_kepler_settings_give_one_line_errors() -> None:
 def test_existing_systems_keep_their_data_and_cache_keys(tmp_path) -> None:
     # file names (hash of every setting) from the module before Kepler was added
     expected = {
-        "sho": ({}, ["sho-train-0370b316fe2f64078d8b", "sho-test-208221c9a8b80b2f0745",
-                     "sho-wider-dde6519fe271e5e6dce8", "sho-moved-7d1d422f6b87f21ebcc2"]),
-        "nbody": (dict(n=3, train_trajectories=2, train_steps=2, test_trajectories=2, test_steps=2),
-                  ["nbody-train-d4744d1e2c2ff18d78c7", "nbody-test-946949a4c6a117420614",
-                   "nbody-wider-564e873c79bb122a69c2", "nbody-moved-1660344b00de833e8f45"]),
-        "oscillators": (dict(n=2, train_trajectories=3, train_steps=2, test_trajectories=4, test_steps=3),
-                        ["oscillators-train-adef01ed257a17e0eb07", "oscillators-test-c67ef846faf807a56deb",
-                         "oscillators-wider-0db166658ce100d47fcf", "oscillators-moved-1d4a290939cc883e11fd"]),
-    }  # fmt: skip
+        "sho": (
+            {},
+            [
+                "sho-train-0370b316fe2f64078d8b",
+                "sho-test-208221c9a8b80b2f0745",
+                "sho-wider-dde6519fe271e5e6dce8",
+                "sho-moved-7d1d422f6b87f21ebcc2",
+            ],
+        ),
+        "nbody": (
+            dict(n=3, train_trajectories=2, train_steps=2, test_trajectories=2, test_steps=2),
+            [
+                "nbody-train-d4744d1e2c2ff18d78c7",
+                "nbody-test-946949a4c6a117420614",
+                "nbody-wider-564e873c79bb122a69c2",
+                "nbody-moved-1660344b00de833e8f45",
+            ],
+        ),
+        "oscillators": (
+            dict(n=2, train_trajectories=3, train_steps=2, test_trajectories=4, test_steps=3),
+            [
+                "oscillators-train-adef01ed257a17e0eb07",
+                "oscillators-test-c67ef846faf807a56deb",
+                "oscillators-wider-0db166658ce100d47fcf",
+                "oscillators-moved-1d4a290939cc883e11fd",
+            ],
+        ),
+    }
     for name, (kwargs, stems) in expected.items():
         d = P.make_dataset(name, cache_dir=tmp_path / name, **kwargs)
         assert [f"{s}.npz" for s in stems] == [d.cache_files[s].rsplit("/", 1)[-1] for s in P.SPLITS], name

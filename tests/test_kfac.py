@@ -53,7 +53,9 @@ def test_categorical_hessian_sqrt():
     logits = torch.randn(6, 4, dtype=torch.float64)
     sqrt_h = categorical_hessian_sqrt(logits)
     p = torch.softmax(logits, -1)
-    torch.testing.assert_close(sqrt_h @ sqrt_h.transpose(-1, -2), torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2))
+    torch.testing.assert_close(
+        sqrt_h @ sqrt_h.transpose(-1, -2), torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
+    )
 
 
 def test_kfac_equals_the_exact_ggn_on_one_input():
@@ -139,8 +141,14 @@ def test_conv_factors_equal_their_definition_by_brute_force():
     for i in range(n):
         for r in range(h):
             for c in range(w):
-                patch = torch.stack([x[i, ch, (r + dr) % h, (c + dc) % w]
-                                     for ch in range(cin) for dr in (-1, 0, 1) for dc in (-1, 0, 1)])  # fmt: skip
+                patch = torch.stack(
+                    [
+                        x[i, ch, (r + dr) % h, (c + dc) % w]
+                        for ch in range(cin)
+                        for dr in (-1, 0, 1)
+                        for dc in (-1, 0, 1)
+                    ]
+                )
                 a = torch.cat([patch, torch.ones(1, dtype=torch.float64)])
                 a_sum += torch.outer(a, a)
                 for col in range(4):
@@ -164,8 +172,9 @@ def test_conv_kfc_against_the_exact_ggn_block_is_reported_not_exact():
 
     def logits(flat):
         wb = flat.reshape(w0.shape)
-        y = nn.functional.conv2d(nn.functional.pad(x, (1,) * 4, mode="circular"), wb[:, :-1].reshape(conv.weight.shape),
-                                 wb[:, -1])  # fmt: skip
+        y = nn.functional.conv2d(
+            nn.functional.pad(x, (1,) * 4, mode="circular"), wb[:, :-1].reshape(conv.weight.shape), wb[:, -1]
+        )
         return head(torch.tanh(y).flatten(1))
 
     jac = torch.autograd.functional.jacobian(logits, w0.flatten())
@@ -185,8 +194,9 @@ def test_conv_kfc_is_exact_with_one_location():
     y = conv(x)
     logits = head(torch.tanh(y).flatten(1))
     sqrt_h = categorical_hessian_sqrt(logits.detach())
-    grads = torch.stack([torch.autograd.grad(logits, y, grad_outputs=sqrt_h[:, :, c], retain_graph=True)[0]
-                         for c in range(4)], dim=1)  # fmt: skip
+    grads = torch.stack(
+        [torch.autograd.grad(logits, y, grad_outputs=sqrt_h[:, :, c], retain_graph=True)[0] for c in range(4)], dim=1
+    )
     fac = conv2d_factors(x, grads, 1)
     w0 = torch.cat([conv.weight.flatten(1), conv.bias.unsqueeze(1)], dim=1).detach()
 
@@ -218,8 +228,11 @@ def _pathway_problem(kind, spec, n, *, seed=0, classes=3, options=None, inputs=N
     pyro.set_rng_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     layer = L.PATHWAYS[kind](spec, options or L.LayerOptions()).double()
-    x = inputs if inputs is not None else torch.randn(n, spec.c_in, spec.g_in, spec.h_in, spec.w_in, generator=gen,
-                                                      dtype=torch.float64)  # fmt: skip
+    x = (
+        inputs
+        if inputs is not None
+        else torch.randn(n, spec.c_in, spec.g_in, spec.h_in, spec.w_in, generator=gen, dtype=torch.float64)
+    )
     trace = poutine.trace(layer).get_trace(x)
     drawn = {k: v["value"].detach() for k, v in trace.nodes.items() if v["type"] == "sample"}
     values = {**drawn, **(values or {})}
@@ -243,8 +256,9 @@ def _pathway_problem(kind, spec, n, *, seed=0, classes=3, options=None, inputs=N
 
     def exact(site):
         shape = values[site].shape
-        jac = torch.autograd.functional.jacobian(lambda flat: logits({**values, site: flat.reshape(shape)})[0],
-                                                 values[site].flatten())  # fmt: skip
+        jac = torch.autograd.functional.jacobian(
+            lambda flat: logits({**values, site: flat.reshape(shape)})[0], values[site].flatten()
+        )
         return torch.einsum("ncp,ncd,ndq->pq", jac, lam, jac)
 
     return layer, x, values, grads.detach(), exact
@@ -261,8 +275,17 @@ def _pathway_factors(kind, layer, x, values, grads, scale=1.0):
     if kind == "ffc":
         return ffc_factors(x, grads, values["weight_out"], values["weight_in"], scale=scale)
     if kind == "sfc":
-        return sfc_factors(x, grads, values["weight_out"], values["weight_in"], layer.basis_out, layer.basis_in,
-                           scale=scale, gain_out=layer.scale_out, gain_in=layer.scale_in)  # fmt: skip
+        return sfc_factors(
+            x,
+            grads,
+            values["weight_out"],
+            values["weight_in"],
+            layer.basis_out,
+            layer.basis_in,
+            scale=scale,
+            gain_out=layer.scale_out,
+            gain_in=layer.scale_in,
+        )
     if kind == "sconv":
         return sconv_factors(x, grads, layer.basis, scale=scale, gain=layer.scale)
     return gconv_factors(x, grads, scale=scale)
@@ -301,11 +324,14 @@ def test_factored_pathway_factors_equal_their_definition_by_brute_force(kind):
     n, k = grads.shape[:2]
     xs, gs = x.reshape(n, c, p), grads.reshape(n, k, c_out, q)
     g_in, a_in = torch.zeros(c_out, c_out, dtype=torch.float64), torch.zeros(c * m_in, c * m_in, dtype=torch.float64)
-    a_out, g_out = torch.zeros(c_out * c, c_out * c, dtype=torch.float64), torch.zeros(m_out, m_out, dtype=torch.float64)
+    a_out, g_out = (
+        torch.zeros(c_out * c, c_out * c, dtype=torch.float64),
+        torch.zeros(m_out, m_out, dtype=torch.float64),
+    )
     for i in range(n):
         for ch in range(c):
             a = torch.zeros(c * m_in, dtype=torch.float64)
-            a[ch * m_in:(ch + 1) * m_in] = gain2 * (b_in @ xs[i, ch])
+            a[ch * m_in : (ch + 1) * m_in] = gain2 * (b_in @ xs[i, ch])
             a_in += torch.outer(a, a)
             for col in range(k):
                 dz = torch.stack([(gs[i, col, o] * theta1[o, ch]).sum() for o in range(c_out)])
@@ -313,7 +339,7 @@ def test_factored_pathway_factors_equal_their_definition_by_brute_force(kind):
         for o in range(c_out):
             z = torch.stack([(xs[i, ch] * theta2[o, ch]).sum() for ch in range(c)])
             a = torch.zeros(c_out * c, dtype=torch.float64)
-            a[o * c:(o + 1) * c] = gain1 * z
+            a[o * c : (o + 1) * c] = gain1 * z
             a_out += torch.outer(a, a)
             for col in range(k):
                 g = b_out @ gs[i, col, o]
@@ -364,14 +390,17 @@ def _one_group_element_head(c_out):
     return mask
 
 
-@pytest.mark.parametrize("kind, site, spec_args, const_input", [
-    ("ffc", "weight_in", (1, 3, 4), False),   # one input channel: θ₂ is a plain linear layer
-    ("ffc", "weight_out", (2, 1, 4), False),  # one output channel: θ₁ is a plain linear layer
-    ("sfc", "weight_in", (1, 3, 4), False),   # ... and through the RBF bases
-    ("sfc", "weight_out", (2, 1, 4), False),
-    ("sconv", "weight", (2, 3, 1), False),    # a 1×1 map: one location
-    ("gconv", "weight", (2, 2, 1), True),     # one group element read, all rotated patches equal
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind, site, spec_args, const_input",
+    [
+        ("ffc", "weight_in", (1, 3, 4), False),  # one input channel: θ₂ is a plain linear layer
+        ("ffc", "weight_out", (2, 1, 4), False),  # one output channel: θ₁ is a plain linear layer
+        ("sfc", "weight_in", (1, 3, 4), False),  # ... and through the RBF bases
+        ("sfc", "weight_out", (2, 1, 4), False),
+        ("sconv", "weight", (2, 3, 1), False),  # a 1×1 map: one location
+        ("gconv", "weight", (2, 2, 1), True),  # one group element read, all rotated patches equal
+    ],
+)
 def test_pathway_kfac_is_exact_where_the_step_is_a_linear_layer(kind, site, spec_args, const_input):
     """Oracle (a): for one data point KFAC of a weight-shared step is the exact GGN block when the
     shared index has one element (Sec. 5.1: the sum over c in ``J_θᵀ = Σ_c a_c ⊗ g_c`` has one term),
@@ -380,8 +409,9 @@ def test_pathway_kfac_is_exact_where_the_step_is_a_linear_layer(kind, site, spec
     rotated patches coincide)."""
     c_in, c_out, hw = spec_args
     g_in = 4 if kind == "gconv" else 1
-    spec = _spec(c_in, c_out, hw, stride=2 if kind in ("ffc", "sfc") else 1, g_in=g_in,
-                 g_out=4 if kind == "gconv" else 1)  # fmt: skip
+    spec = _spec(
+        c_in, c_out, hw, stride=2 if kind in ("ffc", "sfc") else 1, g_in=g_in, g_out=4 if kind == "gconv" else 1
+    )
     inputs = None
     if const_input:
         inputs = torch.randn(1, c_in, 1, 1, 1, dtype=torch.float64).expand(1, c_in, g_in, hw, hw).clone()

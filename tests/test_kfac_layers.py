@@ -88,7 +88,9 @@ def test_kfac_sites_cover_every_precision_group_once(variant):
     model, values = _model_and_map(variant)
     x, _ = _data()
     curv = kfac_curvature(model, values, x[:4])
-    assert sorted(s for b in curv.blocks for s in b.sites) == sorted(s for g in model.precision_groups() for s in g.sites)
+    assert sorted(s for b in curv.blocks for s in b.sites) == sorted(
+        s for g in model.precision_groups() for s in g.sites
+    )
     for g in model.precision_groups():
         p = sum(values[s].numel() for s in g.sites)
         assert curv.eigenvalues(list(g.sites)).shape == (p,)
@@ -156,7 +158,9 @@ def test_empirical_labels_use_the_observed_labels():
     head = next(b for b in curv.blocks if b.sites[0].startswith("head.1"))
     with poutine.block(), poutine.condition(data={**values, "obs": y[:6]}):
         logits = model(x[:6])
-    g = torch.softmax(logits, -1) - torch.nn.functional.one_hot(y[:6], logits.shape[-1])  # dlogp/dlogits of head.1's output
+    g = torch.softmax(logits, -1) - torch.nn.functional.one_hot(
+        y[:6], logits.shape[-1]
+    )  # dlogp/dlogits of head.1's output
     assert torch.allclose(head.factors.G, (g.T @ g / 6).double(), rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="observed labels"):
         kfac_curvature(model, values, x[:6], labels="empirical")
@@ -168,13 +172,16 @@ def test_marginal_variances_are_the_diagonal_of_the_dense_inverse():
     curv = kfac_curvature(model, values, x[:6])
     block = next(b for b in curv.blocks if b.sites[0].startswith("head.1"))
     delta = 0.7
-    dense = torch.linalg.inv(block.factors.block().double() + delta * torch.eye(block.factors.num_params,
-                                                                                 dtype=torch.float64))  # fmt: skip
+    dense = torch.linalg.inv(
+        block.factors.block().double() + delta * torch.eye(block.factors.num_params, dtype=torch.float64)
+    )
     var = curv.marginal_variances(list(block.sites), delta, {k: v.shape for k, v in values.items()})
     # (rtol 1e-6, not 1e-12: the eigenvalues are clamped at 0, the float32 factors' rounding makes some -1e-8)
     order = _block_order(block, values)
     flat = torch.cat([var[s].reshape(-1) for s in block.sites])
-    assert torch.allclose(flat, dense.diagonal()[torch.argsort(order)], rtol=1e-6), float((flat - dense.diagonal()[torch.argsort(order)]).abs().max())
+    assert torch.allclose(flat, dense.diagonal()[torch.argsort(order)], rtol=1e-6), float(
+        (flat - dense.diagonal()[torch.argsort(order)]).abs().max()
+    )
 
 
 def test_delta_updates_on_the_kfac_evidence_reach_its_maximum():
@@ -224,8 +231,18 @@ def test_fit_laplace_with_kfac_and_gradient_resumes_bit_for_bit(tmp_path):
     from test_laplace import SHAPE, LayerwiseNet
 
     x, y = _data(n=40)
-    kw = dict(steps=12, every=4, warmup=4, ggn_batch_size=8, batch_size=16, progress=False, lr=1e-2,
-              curvature="kfac", delta_update="gradient", delta_steps=20)  # fmt: skip
+    kw = dict(
+        steps=12,
+        every=4,
+        warmup=4,
+        ggn_batch_size=8,
+        batch_size=16,
+        progress=False,
+        lr=1e-2,
+        curvature="kfac",
+        delta_update="gradient",
+        delta_steps=20,
+    )
 
     def run(**extra):
         import pyro
@@ -241,7 +258,8 @@ def test_fit_laplace_with_kfac_and_gradient_resumes_bit_for_bit(tmp_path):
     values = {k: v.detach() for k, v in guide.median().items()}
     fresh = kfac_curvature(model, values, x, batch_size=8)
     assert laplace_log_evidence(model, values, fresh, log_likelihood(model, values, x, y)) == pytest.approx(
-        full.log_evidence, rel=1e-9)
+        full.log_evidence, rel=1e-9
+    )
     run(checkpoint_path=tmp_path / "c.pt", until_step=6)
     resumed = run(checkpoint_path=tmp_path / "c.pt", resume=True)
     assert resumed.history == full.history
@@ -273,8 +291,19 @@ def kfac_quadrant_fits():
             pyro.set_rng_seed(seed)
             model = LayerwiseNet(variant, (1, 16, 16), 40, alpha=1, prior="fixed")
             # (ggn_batch_size only sets how the exact-label curvature sums are chunked: speed, not the result)
-            res = fit_laplace(model, "map", data, steps=200, every=50, warmup=50, batch_size=128, progress=False,
-                              lr=1e-2, seed=seed, ggn_batch_size=512)  # fmt: skip
+            res = fit_laplace(
+                model,
+                "map",
+                data,
+                steps=200,
+                every=50,
+                warmup=50,
+                batch_size=128,
+                progress=False,
+                lr=1e-2,
+                seed=seed,
+                ggn_batch_size=512,
+            )
             out[variant, seed] = (model, res, pi.evaluate(res, data, num_samples=1, num_particles=1)["accuracy"])
     return out
 
@@ -285,7 +314,10 @@ def test_kfac_laplace_learned_model_sees_the_quadrant_and_switches_off_fc_early(
     KFAC evidence raises δ_FC (switches the FC pathway towards off) in most early blocks (0-3)."""
     conv_acc = kfac_quadrant_fits["conv", seed][2]
     model, res, acc = kfac_quadrant_fits["fc+conv", seed]
-    print(f"seed {seed}: CONV {conv_acc:.3f}, FC+CONV {acc:.3f}, δ_FC", [f"{float(b.fc.precision):.3g}" for b in model.blocks])
+    print(
+        f"seed {seed}: CONV {conv_acc:.3f}, FC+CONV {acc:.3f}, δ_FC",
+        [f"{float(b.fc.precision):.3g}" for b in model.blocks],
+    )
     assert acc >= conv_acc + 0.20
     assert sum(float(model.blocks[b].fc.precision) > 1.0 for b in range(4)) >= 3
     assert all(math.isfinite(e) for _, e in res.evidence_log)

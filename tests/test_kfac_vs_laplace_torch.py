@@ -104,22 +104,26 @@ def _fc_factors(model: nn.Sequential, x: torch.Tensor) -> list[KroneckerFactors]
     return mlp_kfac([m for m in model if isinstance(m, nn.Linear)], torch.tanh, x)
 
 
-def _conv_factors(model: nn.Sequential, x: torch.Tensor, padding: int, padding_mode: str,
-                  stride: int) -> list[KroneckerFactors]:  # fmt: skip
+def _conv_factors(
+    model: nn.Sequential, x: torch.Tensor, padding: int, padding_mode: str, stride: int
+) -> list[KroneckerFactors]:
     """Our KFC factors of the conv layer (Hessian square-root columns backpropagated to its output by
     hand) and the head's from :func:`mlp_kfac` on the flattened features."""
     conv = next(m for m in model if isinstance(m, nn.Conv2d))
     head = model[-1]
     if padding_mode == "circular":
-        y = nn.functional.conv2d(nn.functional.pad(x, (padding,) * 4, mode="circular"), conv.weight, conv.bias,
-                                 stride=stride)  # fmt: skip
+        y = nn.functional.conv2d(
+            nn.functional.pad(x, (padding,) * 4, mode="circular"), conv.weight, conv.bias, stride=stride
+        )
     else:
         y = nn.functional.conv2d(x, conv.weight, conv.bias, stride=stride, padding=padding)
     feats = torch.tanh(y).flatten(1)
     logits = head(feats)
     sqrt_h = categorical_hessian_sqrt(logits.detach())
-    grads = torch.stack([torch.autograd.grad(logits, y, grad_outputs=sqrt_h[:, :, c], retain_graph=True)[0]
-                         for c in range(N_CLASSES)], dim=1)  # fmt: skip
+    grads = torch.stack(
+        [torch.autograd.grad(logits, y, grad_outputs=sqrt_h[:, :, c], retain_graph=True)[0] for c in range(N_CLASSES)],
+        dim=1,
+    )
     conv_fac = conv2d_factors(x, grads.detach(), 3, stride=stride, padding=padding, padding_mode=padding_mode)
     (head_fac,) = mlp_kfac([head], torch.tanh, feats.detach())
     return [conv_fac, head_fac]
@@ -142,8 +146,15 @@ def _ours(model: nn.Sequential, factors: list[KroneckerFactors], x, y, prior_pre
 def _laplace_torch(model: nn.Sequential, x, y, prior_precisions: torch.Tensor, backend=CurvlinopsGGN) -> torch.Tensor:
     # `asdl_fisher_kwargs` is what laplace-torch forwards to the backend's kron(): curvlinops' kfac_approx
     kron_kwargs = {"kfac_approx": "expand"} if backend is CurvlinopsGGN else None
-    la = KronLaplace(model, "classification", backend=backend, backend_kwargs={"stochastic": False},
-                     asdl_fisher_kwargs=kron_kwargs, temperature=1.0, sigma_noise=1.0)  # fmt: skip
+    la = KronLaplace(
+        model,
+        "classification",
+        backend=backend,
+        backend_kwargs={"stochastic": False},
+        asdl_fisher_kwargs=kron_kwargs,
+        temperature=1.0,
+        sigma_noise=1.0,
+    )
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=N_DATA)  # full batch
     la.fit(loader)
     return la.log_marginal_likelihood(prior_precision=prior_precisions)
@@ -181,9 +192,16 @@ def test_conv_log_marginal_likelihood_equals_laplace_torch_kron(padding, padding
 
 def _curvlinops_folded_factors(model: nn.Module, x, y) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """curvlinops' exact-expectation KFAC with the bias folded into A, as ours (laplace-torch's settings otherwise)."""
-    linop = curvlinops.KFACLinearOperator(model, nn.CrossEntropyLoss(reduction="sum"), list(model.parameters()),
-                                          [(x, y)], fisher_type=curvlinops.FisherType.TYPE2, kfac_approx="expand",
-                                          separate_weight_and_bias=False, check_deterministic=False)  # fmt: skip
+    linop = curvlinops.KFACLinearOperator(
+        model,
+        nn.CrossEntropyLoss(reduction="sum"),
+        list(model.parameters()),
+        [(x, y)],
+        fisher_type=curvlinops.FisherType.TYPE2,
+        kfac_approx="expand",
+        separate_weight_and_bias=False,
+        check_deterministic=False,
+    )
     linop.compute_kronecker_factors()
     names = [name for name, m in model.named_modules() if name in linop._mapping]
     return [(linop._gradient_covariances[n], linop._input_covariances[n]) for n in names]

@@ -10,6 +10,8 @@ from pyro import poutine
 
 import pyro_invariance as pi
 from pyro_invariance import guides
+from pyro_invariance.data.quadrant import build_quadrant_dataset
+from pyro_invariance.diagnostics.layerwise_analysis import analyse_pathways
 from pyro_invariance.infer.laplace import (
     DiagonalLaplacePosterior,
     LaplaceEvidenceUpdate,
@@ -19,9 +21,7 @@ from pyro_invariance.infer.laplace import (
     log_likelihood,
     mackay_update,
 )
-from pyro_invariance.diagnostics.layerwise_analysis import analyse_pathways
 from pyro_invariance.models.layerwise import LayerwiseNet, make_init_loc_fn
-from pyro_invariance.data.quadrant import build_quadrant_dataset
 
 torch.set_num_threads(1)
 
@@ -136,8 +136,19 @@ def test_fit_laplace_resumes_bit_for_bit(tmp_path):
     def run(**kw):
         pyro.set_rng_seed(0)
         model = LayerwiseNet("fc+conv", SHAPE, 3, alpha=1, prior="fixed")
-        res = fit_laplace(model, "map", (x, y), steps=12, every=4, warmup=4, ggn_batch_size=8, batch_size=16,
-                          progress=False, lr=1e-2, **kw)  # fmt: skip
+        res = fit_laplace(
+            model,
+            "map",
+            (x, y),
+            steps=12,
+            every=4,
+            warmup=4,
+            ggn_batch_size=8,
+            batch_size=16,
+            progress=False,
+            lr=1e-2,
+            **kw,
+        )
         return model, res
 
     model_a, res_a = run()
@@ -205,8 +216,11 @@ def test_equivariant_start_is_the_he_scaled_conv_network():
     model, guide, values = _init_values("fc+conv", "equivariant")
     pyro.set_rng_seed(0)
     conv = LayerwiseNet("conv", SHAPE, 3, alpha=1, prior="fixed")
-    conv_values = {k.replace(".conv.", ".conv."): v / math.sqrt(2) if ".conv.weight" in k else v
-                   for k, v in values.items() if ".fc." not in k}  # fmt: skip
+    conv_values = {
+        k.replace(".conv.", ".conv."): v / math.sqrt(2) if ".conv.weight" in k else v
+        for k, v in values.items()
+        if ".fc." not in k
+    }
     x, _ = _data(n=6)
     dummy = torch.zeros(6, dtype=torch.long)
     with poutine.block(), poutine.condition(data={**values, "obs": dummy}):
@@ -234,8 +248,19 @@ def quadrant_fits():
         for variant in ("conv", "fc+conv"):
             pyro.set_rng_seed(0)
             model = LayerwiseNet(variant, (1, 16, 16), task, alpha=2, prior="fixed")
-            res = fit_laplace(model, "map", data, steps=200, every=50, warmup=50, batch_size=128, progress=False, lr=1e-2,
-                              curvature="diagonal", delta_update="mackay")  # issue 4's method (KFAC: test_kfac_layers)
+            res = fit_laplace(
+                model,
+                "map",
+                data,
+                steps=200,
+                every=50,
+                warmup=50,
+                batch_size=128,
+                progress=False,
+                lr=1e-2,
+                curvature="diagonal",
+                delta_update="mackay",
+            )  # issue 4's method (KFAC: test_kfac_layers)
             acc = pi.evaluate(res, data, num_samples=1, num_particles=1)["accuracy"]
             out[variant, task] = (model, res, acc)
     return out

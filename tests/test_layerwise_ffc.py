@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from pyro import poutine
-from pyro_invariance.models.layerwise import LayerwiseNet, make_init_loc_fn
 
+from pyro_invariance.models.layerwise import LayerwiseNet, make_init_loc_fn
 from pyro_invariance.symmetry import equivariant_layers as L
 
 

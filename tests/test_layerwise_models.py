@@ -2,6 +2,7 @@
 
 import math
 
+import layerwise_reference as R
 import pyro
 import pytest
 import torch
@@ -9,12 +10,11 @@ from pyro import poutine
 from pyro.infer import SVI, TraceMeanField_ELBO
 from pyro.optim import Adam
 
-import layerwise_reference as R
 import pyro_invariance as pi
 from pyro_invariance import guides
+from pyro_invariance.infer.training import is_symmetry_parameter
 from pyro_invariance.models.layerwise import LayerwiseNet, count_parameters, resolve_strides
 from pyro_invariance.registry import UnknownNameError
-from pyro_invariance.infer.training import is_symmetry_parameter
 
 torch.set_num_threads(1)
 
@@ -124,7 +124,9 @@ def test_optimised_network_equals_the_reference_formula(variant):
     model = LayerwiseNet(variant, image_shape=(2, 16, 16), num_classes=5, alpha=1, prior="fixed").double()
     x, y = _images(3, shape=(2, 16, 16)), torch.tensor([0, 2, 4])
     values = R.sample_sites(model, x, y)  # a prior draw, biases at 0 (N(0, 1) biases kill the ReLUs)
-    leaves = {n: (torch.zeros_like(v) if n.endswith("bias") else v.detach()).requires_grad_() for n, v in values.items()}
+    leaves = {
+        n: (torch.zeros_like(v) if n.endswith("bias") else v.detach()).requires_grad_() for n, v in values.items()
+    }
     logits = poutine.condition(model, data=leaves)(x, y)
     ref = R.network_logits(model, x, leaves)
     assert torch.allclose(logits, ref, rtol=1e-10, atol=1e-12)
@@ -141,8 +143,7 @@ def test_site_order_is_the_formula_order_with_hierarchical_precisions():
     model = LayerwiseNet("fc+conv", image_shape=(1, 8, 8), alpha=1, prior="hierarchical")
     names = list(R.sample_sites(model, _images(2, shape=(1, 8, 8), dtype=torch.float32)))
     block0 = [n.removeprefix("blocks.0.") for n in names if n.startswith("blocks.0.")]
-    assert block0 == ["conv.precision", "conv.weight", "fc.precision", "fc.weight", "fc.bias",
-                      "bias_precision", "bias"]  # fmt: skip
+    assert block0 == ["conv.precision", "conv.weight", "fc.precision", "fc.weight", "fc.bias", "bias_precision", "bias"]
 
 
 def test_strides_auto():
@@ -232,9 +233,7 @@ def test_pathways_and_prior_precision():
         model.prior_precision(8, "conv")
     with pytest.raises(ValueError, match="head"):
         model.prior_precision(3, "head")
-    assert set(model.symmetry_summary()) == {
-        f"delta.{b}.{k}" for b in range(8) for k in ("ffc.out", "ffc.in", "conv")
-    }
+    assert set(model.symmetry_summary()) == {f"delta.{b}.{k}" for b in range(8) for k in ("ffc.out", "ffc.in", "conv")}
 
 
 def test_learned_precisions_are_trained_with_eta_lr():
@@ -259,7 +258,8 @@ def test_hierarchical_prior_needs_the_guide_for_precisions():
     assert delta.shape == (1,) and torch.allclose(delta, torch.ones(1))  # median exp(0) at init
     dims = model.arviz_dims()
     assert dims["blocks.3.conv.precision"] == [] and dims["blocks.3.conv.weight"] == [
-        "blocks.3.conv.weight.out", "blocks.3.conv.weight.in"
+        "blocks.3.conv.weight.out",
+        "blocks.3.conv.weight.in",
     ]
 
 

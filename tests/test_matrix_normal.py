@@ -114,7 +114,9 @@ def test_sample_covariance_matches_kron():
 def _diag_normal_prior(kind: str, batch: tuple, r: int = 3, c: int = 4):
     g = torch.Generator().manual_seed(7)
     if kind == "isotropic":  # scalar scale, as in Normal(0., s).expand([r, c]).to_event(2)
-        return dist.Normal(torch.tensor(0.0, dtype=F64), torch.tensor(0.7, dtype=F64)).expand(batch + (r, c)).to_event(2)
+        return (
+            dist.Normal(torch.tensor(0.0, dtype=F64), torch.tensor(0.7, dtype=F64)).expand(batch + (r, c)).to_event(2)
+        )
     if kind == "diagonal":
         loc = torch.randn(*batch, r, c, generator=g, dtype=F64)
         return dist.Normal(loc, rand_pos(*batch, r, c, gen=g)).to_event(2)
@@ -229,9 +231,7 @@ def test_validation_errors():
 # ---------------------------------------------------------------------------------------------
 def make_rowwise(batch: tuple = (), C: int = 3, H: int = 4, seed: int = 0) -> RowwiseMultivariateNormal:
     g = torch.Generator().manual_seed(seed)
-    return RowwiseMultivariateNormal(
-        torch.randn(*batch, C, H, generator=g, dtype=F64), rand_tril(*batch, C, H, gen=g)
-    )
+    return RowwiseMultivariateNormal(torch.randn(*batch, C, H, generator=g, dtype=F64), rand_tril(*batch, C, H, gen=g))
 
 
 def dense_rowwise(d: RowwiseMultivariateNormal) -> MultivariateNormal:

@@ -59,7 +59,9 @@ def test_rk4_of_a_linear_field_is_the_exponential_to_fourth_order():
     rot = torch.tensor([[0.0, 1.0], [-1.0, 0.0]], dtype=torch.float64)
     z = torch.tensor([[1.0, 0.5]], dtype=torch.float64)
     out = rk4_flow(lambda v: v @ rot.T, z, math.pi, 200)
-    torch.testing.assert_close(out, z @ torch.linalg.matrix_exp(math.pi * rot).T, atol=1e-8, rtol=0.0)  # (πh)⁴-order error
+    torch.testing.assert_close(
+        out, z @ torch.linalg.matrix_exp(math.pi * rot).T, atol=1e-8, rtol=0.0
+    )  # (πh)⁴-order error
     with pytest.raises(ValueError, match="flow_steps"):
         rk4_flow(lambda v: v, z, 1.0, 0)
 
@@ -95,8 +97,9 @@ def test_neural_conserved_quantities_learn_on_the_sho(tmp_path):
     towards a function of H)."""
     data = physics.make_dataset("sho", test_trajectories=5, cache_dir=tmp_path)
     pyro.set_rng_seed(0)
-    model = SymmetrisedHNN(2, (16, 16), symmetry="neural", num_transforms=8, euler_steps=4, flow_steps=4,
-                           conserved_hidden=(16,))  # fmt: skip
+    model = SymmetrisedHNN(
+        2, (16, 16), symmetry="neural", num_transforms=8, euler_steps=4, flow_steps=4, conserved_hidden=(16,)
+    )
     start = {k: v.clone() for k, v in model.conserved.state_dict().items()}
     guide = guides.get("matrix-normal", model, init_scale=0.01)
     result = fit(model, guide, data, steps=150, batch_size=None, lr=0.05, eta_lr=0.05, progress=False, seed=0)

@@ -13,11 +13,11 @@ import pyro
 import pytest
 import torch
 from pyro.infer import SVI, Predictive, Trace_ELBO
+from small_runs import fit_state, small_digits, small_fit, small_model
 
 import pyro_invariance as pi
 from pyro_invariance import guides
 from pyro_invariance.data.arrays import train_arrays
-from small_runs import fit_state, small_digits, small_fit, small_model
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.plain_pyro  # Pyro's defaults, as a user's session has them (tests/conftest.py)

@@ -78,7 +78,10 @@ def test_splits_use_independent_seeds(tmp_path) -> None:
     for i in range(4):
         for j in range(i + 1, 4):
             assert not np.allclose(z[i], z[j])
-    assert not np.allclose(d.trajectories["test"][:, 0], P.make_dataset("sho", seed=1, cache_dir=False, test_trajectories=5).trajectories["test"][:, 0])
+    assert not np.allclose(
+        d.trajectories["test"][:, 0],
+        P.make_dataset("sho", seed=1, cache_dir=False, test_trajectories=5).trajectories["test"][:, 0],
+    )
 
 
 def test_cache_is_keyed_by_every_setting(tmp_path) -> None:
@@ -98,7 +101,9 @@ def test_cache_is_keyed_by_every_setting(tmp_path) -> None:
 def test_registered_datasets() -> None:
     for name in ("sho", "oscillators", "oscillators-3", "nbody", "nbody-3", "kepler"):
         assert name in DATASETS
-    d = DATASETS.get("oscillators-3", train_trajectories=4, train_steps=3, test_trajectories=3, test_steps=2, cache_dir=False)
+    d = DATASETS.get(
+        "oscillators-3", train_trajectories=4, train_steps=3, test_trajectories=3, test_steps=2, cache_dir=False
+    )
     assert d.x_train.shape == (12, 6) and d.x_test.shape == (6, 6) and d.dt == 0.2
     n = DATASETS.get("nbody-3", train_trajectories=2, train_steps=2, test_trajectories=2, test_steps=2, cache_dir=False)
     assert n.x_train.shape == (4, 12) and n.dt == 1.0

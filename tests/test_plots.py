@@ -9,8 +9,9 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -155,8 +156,9 @@ def test_conserved_quantities():
 
 
 def test_conserved_quantities_of_a_model():
-    model = pi.models.get("symmetrised-hnn", state_dim=2, hidden=(8, 8), num_transforms=2, euler_steps=1,
-                          symmetry="quadratic")
+    model = pi.models.get(
+        "symmetrised-hnn", state_dim=2, hidden=(8, 8), num_transforms=2, euler_steps=1, symmetry="quadratic"
+    )
     assert len(plots.plot_conserved_quantities(model).axes) == model.num_generators
 
 
@@ -171,8 +173,16 @@ def test_filter_bank():
 
 
 def _invariant_mlp(activation: str, eta: float, symmetry: str = "rotation") -> Any:
-    return pi.models.get("invariant-mlp", image_shape=(1, 8, 8), hidden=6, num_transforms=2, activation=activation,
-                         symmetry=symmetry, learn_symmetry=False, eta_init=eta)
+    return pi.models.get(
+        "invariant-mlp",
+        image_shape=(1, 8, 8),
+        hidden=6,
+        num_transforms=2,
+        activation=activation,
+        symmetry=symmetry,
+        learn_symmetry=False,
+        eta_init=eta,
+    )
 
 
 def _panels(fig: Figure, steps: int) -> np.ndarray:
@@ -188,8 +198,13 @@ def test_orbits_at_eta_zero_are_the_identity():
     assert panels.shape == (3, steps, 8, 8)
     for j in range(steps):
         np.testing.assert_allclose(panels[:, j], panels[:, steps // 2], atol=1e-5)
-    assert [ax.get_title() for ax in fig.axes[:steps]] == ["ε = -1.00", "ε = -0.50", "ε = +0.00", "ε = +0.50",
-                                                          "ε = +1.00"]
+    assert [ax.get_title() for ax in fig.axes[:steps]] == [
+        "ε = -1.00",
+        "ε = -0.50",
+        "ε = +0.00",
+        "ε = +0.50",
+        "ε = +1.00",
+    ]
     assert fig.axes[0].get_ylabel() == "filter 0" and "rot ±0.0°" in fig._suptitle.get_text()
 
 
@@ -246,10 +261,29 @@ def _comparison() -> Any:
     from pyro_invariance.diagnostics.compare import GuideComparison
 
     nan = float("nan")
-    rows = [{"guide": "mean-field", "elbo": -1.2, "elbo_se": 0.01, "iwae10": -1.1, "iwae10_se": 0.01, "k_hat": 0.5,
-             "is_bound": True, "log_evidence": -1.0, "metrics": {}},
-            {"guide": "map", "elbo": -0.9, "elbo_se": nan, "iwae10": nan, "iwae10_se": nan, "k_hat": nan,
-             "is_bound": False, "metrics": {}}]  # fmt: skip
+    rows = [
+        {
+            "guide": "mean-field",
+            "elbo": -1.2,
+            "elbo_se": 0.01,
+            "iwae10": -1.1,
+            "iwae10_se": 0.01,
+            "k_hat": 0.5,
+            "is_bound": True,
+            "log_evidence": -1.0,
+            "metrics": {},
+        },
+        {
+            "guide": "map",
+            "elbo": -0.9,
+            "elbo_se": nan,
+            "iwae10": nan,
+            "iwae10_se": nan,
+            "k_hat": nan,
+            "is_bound": False,
+            "metrics": {},
+        },
+    ]
     return GuideComparison(rows, {"n_eval": 10, "model": "m", "data": "d"}, "regression", (10,))
 
 
@@ -262,8 +296,8 @@ def _idata() -> Any:
 
 def _cases() -> dict[str, tuple[str, Callable[..., Figure]]]:
     """Public plot function -> ("fig" or "ax", call taking fig=/ax= or nothing)."""
-    from pyro_invariance.data.toy2d import plot_extrapolation
     from pyro_invariance.data.physics import kepler_conserved
+    from pyro_invariance.data.toy2d import plot_extrapolation
     from pyro_invariance.diagnostics import arviz_compat, conserved_analysis, hnn_metrics, layerwise_analysis
 
     so2 = oracle_generators("so2", 2)
@@ -275,21 +309,33 @@ def _cases() -> dict[str, tuple[str, Callable[..., Figure]]]:
         "plots.plot_eta_history": ("fig", lambda **kw: plots.plot_eta_history(history, **kw)),
         "plots.plot_filter_bank": ("fig", lambda **kw: plots.plot_filter_bank(mlp, rows=(0,), num=2, **kw)),
         "plots.plot_filter_banks": ("fig", lambda **kw: plots.plot_filter_banks(sites, **kw)),
-        "plots.plot_generators": ("fig", lambda **kw: plots.plot_generators({"rot": 1.0}, image=torch.rand(8, 8),
-                                                                            num_examples=2, **kw)),
+        "plots.plot_generators": (
+            "fig",
+            lambda **kw: plots.plot_generators({"rot": 1.0}, image=torch.rand(8, 8), num_examples=2, **kw),
+        ),
         "plots.plot_conserved_quantities": ("fig", lambda **kw: plots.plot_conserved_quantities(so2, **kw)),
         "plots.plot_orbits": ("fig", lambda **kw: plots.plot_orbits(mlp, num=2, steps=3, **kw)),
         "hnn_metrics.plot_symmetry_analysis": ("fig", lambda **kw: hnn_metrics.plot_symmetry_analysis(analysis, **kw)),
         "hnn_metrics.plot_generators": ("fig", lambda **kw: hnn_metrics.plot_generators([so2[0]], ["G"], **kw)),
-        "layerwise_analysis.plot_pathways": ("fig", lambda **kw: layerwise_analysis.plot_pathways(
-            _layerwise_reports(), **kw)),
-        "conserved_analysis.plot_level_sets": ("fig", lambda **kw: conserved_analysis.plot_level_sets(
-            lambda x: x[:, :1] * x[:, 3:], kepler_conserved, torch.tensor([1.0, 0.0, 0.0, 1.0]), points=9, **kw)),
-        "toy2d.plot_extrapolation": ("fig", lambda **kw: plot_extrapolation(
-            {"p": np.full(121, 0.5)}, grid_size=11, **kw)),
+        "layerwise_analysis.plot_pathways": (
+            "fig",
+            lambda **kw: layerwise_analysis.plot_pathways(_layerwise_reports(), **kw),
+        ),
+        "conserved_analysis.plot_level_sets": (
+            "fig",
+            lambda **kw: conserved_analysis.plot_level_sets(
+                lambda x: x[:, :1] * x[:, 3:], kepler_conserved, torch.tensor([1.0, 0.0, 0.0, 1.0]), points=9, **kw
+            ),
+        ),
+        "toy2d.plot_extrapolation": (
+            "fig",
+            lambda **kw: plot_extrapolation({"p": np.full(121, 0.5)}, grid_size=11, **kw),
+        ),
         "compare.GuideComparison.plot": ("ax", lambda **kw: _comparison().plot(**kw)),
-        "arviz_compat.plot_posterior": ("ax", lambda **kw: arviz_compat.plot_posterior(
-            _idata(), var_names=["mu"], **kw)),
+        "arviz_compat.plot_posterior": (
+            "ax",
+            lambda **kw: arviz_compat.plot_posterior(_idata(), var_names=["mu"], **kw),
+        ),
         "arviz_compat.plot_forest": ("ax", lambda **kw: arviz_compat.plot_forest(_idata(), var_names=["mu"], **kw)),
     }
 
@@ -327,16 +373,24 @@ def test_plot_draws_into_the_given_figure_or_axes_and_returns_the_figure(name):
 
 
 def test_no_backend_switching_in_the_package():
-    offenders = [f"{path.relative_to(REPO)}:{i}" for folder in PACKAGE_DIRS for path in folder.rglob("*.py")
-                 for i, line in enumerate(path.read_text().splitlines(), 1) if "matplotlib.use" in line]  # fmt: skip
+    offenders = [
+        f"{path.relative_to(REPO)}:{i}"
+        for folder in PACKAGE_DIRS
+        for path in folder.rglob("*.py")
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if "matplotlib.use" in line
+    ]
     assert offenders == []
 
 
 def test_plotting_keeps_the_backend_chosen_by_the_user(tmp_path):
-    code = ("import matplotlib, pyro_invariance; from pyro_invariance.diagnostics import plots; "
-            "plots.save_figure(plots.plot_generators({'rot': 1.0}), 'g.svg'); print(matplotlib.get_backend())")
+    code = (
+        "import matplotlib, pyro_invariance; from pyro_invariance.diagnostics import plots; "
+        "plots.save_figure(plots.plot_generators({'rot': 1.0}), 'g.svg'); print(matplotlib.get_backend())"
+    )
     env = {**os.environ, "MPLBACKEND": "svg"}
-    proc = subprocess.run([sys.executable, "-c", code], check=False, cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", code], check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().lower() == "svg" and (tmp_path / "g.svg").stat().st_size > 0

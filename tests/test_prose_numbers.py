@@ -45,9 +45,7 @@ _DURATION = {  # a number (or a range "4–5") followed by the unit the notebook
     for unit, pattern in (("min", r"min(?:utes?)?\b"), ("s", r"(?:s|seconds?)\b"))
 }
 # Where another machine's files would show in a stored output.
-_MACHINE_PATH = re.compile(
-    r"/home/|/work/|/tmp/|/Users/|site-packages|dist-packages|[A-Z]:\\\\Users"
-)
+_MACHINE_PATH = re.compile(r"/home/|/work/|/tmp/|/Users/|site-packages|dist-packages|[A-Z]:\\\\Users")
 
 
 def _text(cell: dict) -> str:
@@ -111,9 +109,7 @@ def _quoted(markdown: str) -> list[str]:
 def prose_number_problems(notebook: dict) -> list[str]:
     """What in a notebook's markdown does not match its stored outputs (empty when all match)."""
     cells = notebook["cells"]
-    every_output = _output_numbers(
-        "\n".join(_outputs(c) for c in cells if c["cell_type"] == "code")
-    )
+    every_output = _output_numbers("\n".join(_outputs(c) for c in cells if c["cell_type"] == "code"))
     problems = []
     since_markdown: list[dict] = []
     for index, cell in enumerate(cells):
@@ -129,25 +125,16 @@ def prose_number_problems(notebook: dict) -> list[str]:
             local = _output_numbers("\n".join(_outputs(c) for c in since_markdown))
             for number in dict.fromkeys(_PROSE_DECIMAL.findall(_strip(markdown))):
                 if not _found(number, local):
-                    problems.append(
-                        f"cell {index}: {number} is not in the outputs of the code cells above it"
-                    )
+                    problems.append(f"cell {index}: {number} is not in the outputs of the code cells above it")
         since_markdown = []
     problems.extend(_run_time_problems(cells))
     return problems
 
 
 def _run_time_problems(cells: list[dict]) -> list[str]:
-    printed = [
-        m
-        for c in cells
-        if c["cell_type"] == "code"
-        for m in _RUN_TIME.findall(_outputs(c))
-    ]
+    printed = [m for c in cells if c["cell_type"] == "code" for m in _RUN_TIME.findall(_outputs(c))]
     runtime_cells = [
-        (i, _text(c))
-        for i, c in enumerate(cells)
-        if c["cell_type"] == "markdown" and "**Runtime.**" in _text(c)
+        (i, _text(c)) for i, c in enumerate(cells) if c["cell_type"] == "markdown" and "**Runtime.**" in _text(c)
     ]
     if not printed or not runtime_cells:
         return []
@@ -183,9 +170,7 @@ def machine_paths(notebook: dict) -> list[str]:
 
 def test_readme_fits_in_ten_minutes():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
-    assert lines <= README_MAX_LINES, (
-        f"README.md has {lines} lines (at most {README_MAX_LINES}); move detail to docs/"
-    )
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES}); move detail to docs/"
 
 
 @pytest.mark.parametrize("path", TUTORIALS, ids=lambda p: p.name)
@@ -206,15 +191,7 @@ def _cells(*cells: tuple[str, str, str]) -> dict:
             {
                 "cell_type": kind,
                 "source": [text],
-                **(
-                    {
-                        "outputs": [
-                            {"output_type": "stream", "name": "stdout", "text": [out]}
-                        ]
-                    }
-                    if kind == "code"
-                    else {}
-                ),
+                **({"outputs": [{"output_type": "stream", "name": "stdout", "text": [out]}]} if kind == "code" else {}),
             }
             for kind, text, out in cells
         ]
@@ -240,9 +217,7 @@ def test_the_check_catches_a_stale_reading_a_stale_quote_and_a_stale_run_time():
     assert any("quoted 2.93" in p for p in problems)
     assert any("−8.4" in p for p in problems) and any("−8.6" in p for p in problems)
     assert any("0.8 min" in p for p in problems)
-    assert not any(
-        "0.7" in p and "run time" not in p for p in problems
-    )  # math is not checked
+    assert not any("0.7" in p and "run time" not in p for p in problems)  # math is not checked
     fixed = _cells(
         ("markdown", "**Runtime.** 0.8 min on one thread.", ""),
         ("markdown", "## 1. Fit\n\n(the saved run: η = **2.63 rad**)", ""),
@@ -261,6 +236,4 @@ def test_the_check_catches_a_stale_reading_a_stale_quote_and_a_stale_run_time():
 
 
 def test_the_check_finds_a_machine_path():
-    assert machine_paths(
-        _cells(("code", "x", "warning in /home/someone/.venv/lib/site-packages/tqdm"))
-    )
+    assert machine_paths(_cells(("code", "x", "warning in /home/someone/.venv/lib/site-packages/tqdm")))

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_datasets import write_mnist_like
 
 from pyro_invariance.data.images import load_dataset
 from pyro_invariance.data.quadrant import build_quadrant_dataset, paste_in_quadrants, resize_images
 from pyro_invariance.registry import DATASETS, UnknownNameError
-
-from test_datasets import write_mnist_like
 
 torch.set_num_threads(1)
 

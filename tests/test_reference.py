@@ -97,8 +97,14 @@ def test_stored_reference_matches_its_entry(name):
 
 
 def test_catalogue_metadata():
-    assert names() == ["basis-regression", "rotation-toy-2d-full", "rotation-toy-2d-none", "invariant-mlp-digits",
-                       "basis-regression-lambda", "invariant-mlp-digits-eta"]  # fmt: skip
+    assert names() == [
+        "basis-regression",
+        "rotation-toy-2d-full",
+        "rotation-toy-2d-none",
+        "invariant-mlp-digits",
+        "basis-regression-lambda",
+        "invariant-mlp-digits-eta",
+    ]
     for e in ref_mod.ENTRIES.values():
         assert e.description and e.paper and e.symmetry
         assert e.model in pi.MODELS
@@ -109,7 +115,9 @@ def test_catalogue_metadata():
 
 def test_stored_references_are_package_data():
     """A wheel ships the draws and metadata: pyproject lists the subpackage and its posteriors folder."""
-    setuptools = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"]
+    setuptools = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["tool"][
+        "setuptools"
+    ]
     package = "pyro_invariance.diagnostics.reference"
     assert package in setuptools["packages"]
     patterns = setuptools["package-data"][package]
@@ -294,9 +302,10 @@ def test_regenerate_quick_writes_loadable_files(tmp_path, capsys):
     ref = load_reference("basis-regression", tmp_path)
     assert ref.num_chains == 2 and ref.num_draws == 100
     assert ref.metadata["quick"] is True and ref.metadata["command"].endswith("--quick")
-    assert ref.metadata["data"]["fingerprint_sha256"] == load_reference("basis-regression").metadata["data"][
-        "fingerprint_sha256"
-    ]
+    assert (
+        ref.metadata["data"]["fingerprint_sha256"]
+        == load_reference("basis-regression").metadata["data"]["fingerprint_sha256"]
+    )
     assert "wrote" in capsys.readouterr().out
     # `check` recomputes the diagnostics; quick draws fail the thresholds
     assert main(["check", "--dir", str(tmp_path), "--name", "basis-regression"]) in (0, 1)

@@ -35,8 +35,19 @@ def digits():
 
 def _fit(data, path, lr, steps, every=1, **kw):
     model = pi.models.get("invariant-mlp", image_shape=(1, 8, 8), hidden=64, num_transforms=4)
-    return pi.fit(model, guides.get("block-cholesky", model), data, lr=lr, steps=steps, batch_size=64, seed=0,
-                  progress=False, checkpoint_path=path, checkpoint_every=every, **kw)  # fmt: skip
+    return pi.fit(
+        model,
+        guides.get("block-cholesky", model),
+        data,
+        lr=lr,
+        steps=steps,
+        batch_size=64,
+        seed=0,
+        progress=False,
+        checkpoint_path=path,
+        checkpoint_every=every,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("lr", sorted(STEPS))
@@ -60,8 +71,11 @@ def test_a_run_no_kept_state_rescues_says_so_and_keeps_its_checkpoint(digits, tm
     with pytest.raises(FloatingPointError) as info:
         _fit(digits, tmp_path / "c.pt", 100.0, 30)
     message = str(info.value)
-    assert re.search(r"checkpoint '.*c\.pt' \(step 1\) is kept, but no kept state trains on .* through step 7 "
-                     r"\(from steps 1 and 0, 10x lower rates diverge again: .*\): start again", message), message
+    assert re.search(
+        r"checkpoint '.*c\.pt' \(step 1\) is kept, but no kept state trains on .* through step 7 "
+        r"\(from steps 1 and 0, 10x lower rates diverge again: .*\): start again",
+        message,
+    ), message
     assert load_checkpoint(tmp_path / "c.pt")["step"] == 1
 
 

@@ -14,20 +14,31 @@ from pathlib import Path
 
 import pytest
 import torch
+from small_runs import fit_state, small_digits, small_fit, small_model
 
 import pyro_invariance as pi
 from pyro_invariance import guides
-from pyro_invariance.infer.checkpoint import CheckpointError, load_checkpoint, payload_digest
 from pyro_invariance.cli import main
+from pyro_invariance.infer.checkpoint import CheckpointError, load_checkpoint, payload_digest
 from pyro_invariance.infer.interrupts import FitInterrupted
 from pyro_invariance.infer.runlock import RunLock, RunLockedError
-from small_runs import fit_state, small_digits, small_fit, small_model
 
 torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = ["--model-arg", "hidden=16", "--model-arg", "num_transforms=4", "--train-size", "200", "--test-size", "50",
-         "--no-progress", "--eval-samples", "2"]
+SMALL = [
+    "--model-arg",
+    "hidden=16",
+    "--model-arg",
+    "num_transforms=4",
+    "--train-size",
+    "200",
+    "--test-size",
+    "50",
+    "--no-progress",
+    "--eval-samples",
+    "2",
+]
 FIT = ["fit", "--model", "invariant-mlp", "--guide", "mean-field", "--data", "rotated-digits", *SMALL]
 
 
@@ -55,8 +66,15 @@ def _env():
 
 def _cli(*args, **popen_kw):
     """The CLI as its own process (as a user runs it)."""
-    return subprocess.Popen([sys.executable, "-m", "pyro_invariance.cli", *map(str, args)], cwd=REPO, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen_kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "pyro_invariance.cli", *map(str, args)],
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen_kw,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -90,7 +108,11 @@ def test_malicious_checkpoint_is_refused_by_fit_resume(data, tmp_path):
 def test_malicious_checkpoint_is_refused_by_the_cli(tmp_path, capsys, route):
     marker, out = tmp_path / "pwned", tmp_path / "run"
     _malicious(out / "checkpoint.pt", marker)
-    args = [*FIT, "--steps", "4", "--out", str(out), "--resume"] if route == "fit --resume" else ["evaluate", "--run", str(out)]
+    args = (
+        [*FIT, "--steps", "4", "--out", str(out), "--resume"]
+        if route == "fit --resume"
+        else ["evaluate", "--run", str(out)]
+    )
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "unsafe" in err and len(err.strip().splitlines()) == 1
@@ -140,8 +162,10 @@ def test_flipped_byte_in_tensor_storage_is_refused(data, tmp_path):
     raw = bytearray(path.read_bytes())
     with zipfile.ZipFile(path) as zf:
         info = max((i for i in zf.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
-        header = raw[info.header_offset:info.header_offset + 30]
-        start = info.header_offset + 30 + int.from_bytes(header[26:28], "little") + int.from_bytes(header[28:30], "little")
+        header = raw[info.header_offset : info.header_offset + 30]
+        start = (
+            info.header_offset + 30 + int.from_bytes(header[26:28], "little") + int.from_bytes(header[28:30], "little")
+        )
     raw[start + info.file_size // 2] ^= 0x10
     path.write_bytes(bytes(raw))
     with pytest.raises(CheckpointError, match="corrupt"):
@@ -207,8 +231,18 @@ def test_laplace_settings_are_part_of_the_run(tmp_path):
 
     def run(**kw):
         model = LayerwiseNet("fc+conv", (1, 8, 8), 3, alpha=1, prior="fixed")
-        return fit_laplace(model, "map", (x, y), steps=8, ggn_batch_size=8, batch_size=8, progress=False, lr=1e-2,
-                           checkpoint_path=tmp_path / "l.pt", **kw)  # fmt: skip
+        return fit_laplace(
+            model,
+            "map",
+            (x, y),
+            steps=8,
+            ggn_batch_size=8,
+            batch_size=8,
+            progress=False,
+            lr=1e-2,
+            checkpoint_path=tmp_path / "l.pt",
+            **kw,
+        )
 
     run(every=2, warmup=2, until_step=3)
     with pytest.raises(CheckpointError, match="run_settings"):
@@ -247,9 +281,18 @@ def test_cli_does_not_replace_a_finished_run(tmp_path, capsys):
 
 def test_a_second_writer_is_refused(data, tmp_path, capsys):
     path = tmp_path / "checkpoint.pt"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pyro_invariance.infer.runlock import RunLock; "
-                               f"RunLock({str(path)!r}).acquire(); print('locked', flush=True); time.sleep(60)"],
-                              cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pyro_invariance.infer.runlock import RunLock; "
+            f"RunLock({str(path)!r}).acquire(); print('locked', flush=True); time.sleep(60)",
+        ],
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(RunLockedError, match=f"pid {holder.pid}"):
@@ -312,15 +355,26 @@ def test_disk_full_keeps_the_previous_checkpoint(data, tmp_path, monkeypatch):
 def test_divergence_keeps_and_names_the_last_finite_checkpoint(data, tmp_path):
     path = tmp_path / "c.pt"
     wild = {"lr": 10.0, "eta_lr": 10.0, "factor_lr": 1.0}
-    with pytest.raises(FloatingPointError, match=r"step \d+.*last finite checkpoint .*c\.pt' \(step (\d+)\) is kept") as info:
+    with pytest.raises(
+        FloatingPointError, match=r"step \d+.*last finite checkpoint .*c\.pt' \(step (\d+)\) is kept"
+    ) as info:
         _run(data, checkpoint_path=path, checkpoint_every=5, steps=30, **wild)
     state = load_checkpoint(path)
     assert f"(step {state['step']})" in str(info.value)
     for part in ("model", "guide"):
         assert all(torch.isfinite(v).all() for v in state[part].values() if v.is_floating_point())
     # rescue: same run, lower learning rates from the kept checkpoint
-    rescued = _run(data, checkpoint_path=path, checkpoint_every=5, steps=30, resume=True,
-                   allow_changes=["lr", "eta_lr", "factor_lr"], lr=1e-2, eta_lr=1e-2, factor_lr=1e-3)
+    rescued = _run(
+        data,
+        checkpoint_path=path,
+        checkpoint_every=5,
+        steps=30,
+        resume=True,
+        allow_changes=["lr", "eta_lr", "factor_lr"],
+        lr=1e-2,
+        eta_lr=1e-2,
+        factor_lr=1e-3,
+    )
     assert rescued.history["step"][-1] == 30 and all(map(torch.isfinite, map(torch.tensor, rescued.history["elbo"])))
     assert rescued.history["changes"][0]["step"] == state["step"]
 
@@ -439,8 +493,22 @@ def test_cli_out_that_is_a_file_fails_before_compute(tmp_path, capsys, monkeypat
     import pyro_invariance.diagnostics.compare as compare
 
     monkeypatch.setattr(compare, "compare_guides", no_compute)
-    code = main(["compare", "--model", "invariant-mlp", "--data", "digits", "--guides", "mean-field", "--steps", "2",
-                 "--out", str(tmp_path / "file"), "--no-progress"])
+    code = main(
+        [
+            "compare",
+            "--model",
+            "invariant-mlp",
+            "--data",
+            "digits",
+            "--guides",
+            "mean-field",
+            "--steps",
+            "2",
+            "--out",
+            str(tmp_path / "file"),
+            "--no-progress",
+        ]
+    )
     assert code == 2 and "is a file, not a folder" in capsys.readouterr().err
 
 

@@ -9,13 +9,12 @@ import pytest
 import torch
 
 from pyro_invariance import fit, guides
-
 from pyro_invariance.data import physics
-from pyro_invariance.symmetry.conserved import flow_matrices, oracle_generators
 from pyro_invariance.diagnostics.hnn_metrics import evaluate_hnn, symmetry_analysis
-from pyro_invariance.models.symmetrised_hnn import SymmetrisedHNN
 from pyro_invariance.infer.prior_update import PriorUpdatingGuide, update_prior_variance
+from pyro_invariance.models.symmetrised_hnn import SymmetrisedHNN
 from pyro_invariance.registry import MODELS, UnknownNameError
+from pyro_invariance.symmetry.conserved import flow_matrices, oracle_generators
 
 torch.set_num_threads(1)
 
@@ -34,7 +33,9 @@ def test_registered_and_builds() -> None:
 
 
 def test_vector_field_and_euler_step_match_finite_differences() -> None:
-    m = SymmetrisedHNN(4, (16, 16), symmetry="quadratic", num_generators=2, eta_init_std=0.3, euler_steps=3, dt=0.3).double()
+    m = SymmetrisedHNN(
+        4, (16, 16), symmetry="quadratic", num_generators=2, eta_init_std=0.3, euler_steps=3, dt=0.3
+    ).double()
     w = _weights(m)
     flows = m.sample_flows()
     x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
@@ -79,7 +80,9 @@ def test_oracle_symmetrisation_over_full_orbit_is_invariant() -> None:
     assert torch.allclose(m.hamiltonian(rx, w, flows), h, atol=1e-10)
     for w_any in (0.123, -0.77):
         t = flow_matrices(g, torch.tensor([[w_any]], dtype=torch.float64))[0]
-        assert torch.allclose(m.hamiltonian(x @ t[:2, :2].T, w, flows), h, atol=2e-3 * float(h.detach().abs().max()))  # ELU(α=2) has a kink: O(1/S²)
+        assert torch.allclose(
+            m.hamiltonian(x @ t[:2, :2].T, w, flows), h, atol=2e-3 * float(h.detach().abs().max())
+        )  # ELU(α=2) has a kink: O(1/S²)
     # without symmetrisation the MLP is not invariant (the check can fail)
     plain = m.observable(x, w)
     assert (m.observable(rx, w) - plain).abs().max() > 1e-2
@@ -122,14 +125,27 @@ def test_closed_form_prior_update() -> None:
         update_prior_variance(SymmetrisedHNN(2, (8,)), g)
     # no update during the warm-up
     m.prior_var.fill_(1.0)
-    fit(m, PriorUpdatingGuide(guides.get("matrix-normal", m), m, warmup=5), (x, y), steps=3, batch_size=None, progress=False)
+    fit(
+        m,
+        PriorUpdatingGuide(guides.get("matrix-normal", m), m, warmup=5),
+        (x, y),
+        steps=3,
+        batch_size=None,
+        progress=False,
+    )
     assert torch.equal(m.prior_var, torch.ones(2))
 
 
 def test_hierarchical_prior_runs() -> None:
     m = SymmetrisedHNN(2, (8,), prior="hierarchical", num_transforms=4, euler_steps=2)
-    r = fit(m, guides.get("matrix-normal", m, init_scale=0.1), (torch.randn(6, 2), torch.randn(6, 2)),
-            steps=2, batch_size=None, progress=False)
+    r = fit(
+        m,
+        guides.get("matrix-normal", m, init_scale=0.1),
+        (torch.randn(6, 2), torch.randn(6, 2)),
+        steps=2,
+        batch_size=None,
+        progress=False,
+    )
     assert math.isfinite(r.history["elbo"][-1])
 
 
@@ -188,7 +204,9 @@ def test_learning_sho_slow_with_oracle(seed: int, tmp_path) -> None:
 
 
 def test_metrics_and_plots(tmp_path) -> None:
-    data = physics.make_dataset("sho", train_trajectories=3, train_steps=2, test_trajectories=2, test_steps=3, cache_dir=tmp_path)
+    data = physics.make_dataset(
+        "sho", train_trajectories=3, train_steps=2, test_trajectories=2, test_steps=3, cache_dir=tmp_path
+    )
     m = SymmetrisedHNN(2, (8,), num_transforms=4, euler_steps=2)
     g = guides.get("matrix-normal", m, init_scale=0.1)
     fit(m, g, data, steps=2, batch_size=None, progress=False)

@@ -61,7 +61,11 @@ def test_translation_and_scale_closed_forms():
     eps = torch.tensor([[0.5, -0.25, 0.0, 0.3, -0.2, 0.0]], dtype=torch.float64)
     t = lie_exp(torch.ones(6, dtype=torch.float64), eps, g)[0]
     expected = torch.tensor(
-        [[math.exp(0.3), 0, 0.5 * (math.exp(0.3) - 1) / 0.3], [0, math.exp(-0.2), -0.25 * (math.exp(-0.2) - 1) / -0.2], [0, 0, 1]],
+        [
+            [math.exp(0.3), 0, 0.5 * (math.exp(0.3) - 1) / 0.3],
+            [0, math.exp(-0.2), -0.25 * (math.exp(-0.2) - 1) / -0.2],
+            [0, 0, 1],
+        ],
         dtype=torch.float64,
     )
     assert torch.allclose(t, expected, atol=1e-12)
@@ -96,8 +100,14 @@ def test_translation_agrees_with_torchvision_affine():
     eta_tx = shift_px / ((size - 1) / 2)  # normalised units: 1 = half the side
     t = torch.linalg.matrix_exp(eta_tx * affine_generators()[0])
     ours = transform_images(img, t)
-    reference = TF.affine(img, angle=0.0, translate=[-int(shift_px), 0], scale=1.0, shear=[0.0, 0.0],
-                          interpolation=TF.InterpolationMode.BILINEAR)
+    reference = TF.affine(
+        img,
+        angle=0.0,
+        translate=[-int(shift_px), 0],
+        scale=1.0,
+        shear=[0.0, 0.0],
+        interpolation=TF.InterpolationMode.BILINEAR,
+    )
     assert (ours - reference).abs().max() < 1e-4
 
 

@@ -13,11 +13,11 @@ torch.set_num_threads(1)
 import pyro  # noqa: E402
 import pytest  # noqa: E402
 from pyro import poutine  # noqa: E402
+from small_runs import basis_lambda_conditional  # noqa: E402
 from torch.distributions import biject_to  # noqa: E402
 
 from pyro_invariance import guides  # noqa: E402
 from pyro_invariance.diagnostics.reference import entry  # noqa: E402
-from small_runs import basis_lambda_conditional  # noqa: E402
 
 WIDE = math.pi / math.sqrt(3.0)
 
@@ -67,8 +67,12 @@ def test_rbf_dependence_is_the_linear_guide_until_its_bumps_train_and_then_the_s
     dep = rbf.deps.weight.lam
     m_eta = rbf.locs.lam_unconstrained
     psi = torch.exp(-0.5 * (u[..., None] - dep.centres) ** 2).flatten(-2)
-    expected = (rbf.locs.weight_unconstrained + rbf.scales.weight * eps + dep.linear.weight @ (u - m_eta)
-                + dep.bumps.weight @ psi)  # fmt: skip
+    expected = (
+        rbf.locs.weight_unconstrained
+        + rbf.scales.weight * eps
+        + dep.linear.weight @ (u - m_eta)
+        + dep.bumps.weight @ psi
+    )
     assert torch.allclose(d["weight"], expected.detach(), atol=1e-5)
 
 

@@ -126,8 +126,9 @@ def test_exact_symmetry_posterior_matches_brute_force_normalisation(symmetry_pri
 
     def moment(k, a=lo, b=hi):
         f = lambda lam: lam**k * math.exp(log_joint(lam) - top)  # noqa: E731
-        return integrate.quad(f, a, b, points=[p for p in (0.8, 1.0, 1.2) if a < p < b], limit=200,
-                              epsabs=0.0, epsrel=1e-10)[0]  # fmt: skip
+        return integrate.quad(
+            f, a, b, points=[p for p in (0.8, 1.0, 1.2) if a < p < b], limit=200, epsabs=0.0, epsrel=1e-10
+        )[0]
 
     # on the grid's own range [λ_1, λ_G]: only the trapezoidal rule's error is left
     z = moment(0)

@@ -19,21 +19,41 @@ from pyro_invariance.diagnostics.symmetry_posterior import symmetry_draws
 from pyro_invariance.models import get
 from pyro_invariance.models.basis_regression import make_symmetric_toy
 from pyro_invariance.symmetry.priors import (
-    LOGIT_NORMAL_SCALE, ScaledLogitNormal, bounded_prior, check_symmetry_prior, unbounded_prior,
-)  # fmt: skip
+    LOGIT_NORMAL_SCALE,
+    ScaledLogitNormal,
+    bounded_prior,
+    check_symmetry_prior,
+    unbounded_prior,
+)
 
 matplotlib.use("Agg")
 
 #: model name -> (kwargs with a latent η, data, symmetry sites, their supports' upper bound or None)
 CASES = {
-    "invariant-mlp": (dict(symmetry_prior="uniform", hidden=16, num_transforms=2),
-                      lambda: (torch.rand(12, 1, 8, 8), torch.randint(0, 10, (12,))), ["eta"], math.pi),
-    "rotation-toy-2d": (dict(symmetry_prior="logit-normal", hidden=8),
-                        lambda: (torch.randn(12, 2), torch.randint(0, 2, (12,))), ["eta"], math.pi),
-    "basis-regression": (dict(symmetry_prior="uniform"),
-                         lambda: (torch.randn(12, 1), torch.randn(12, 1)), ["lam"], 2.0),
-    "symmetrised-hnn": (dict(symmetry_prior="normal", hidden=(8, 8), num_transforms=2),
-                        lambda: (torch.randn(12, 2), torch.randn(12, 2)), ["eta_W", "eta_b"], None),
+    "invariant-mlp": (
+        dict(symmetry_prior="uniform", hidden=16, num_transforms=2),
+        lambda: (torch.rand(12, 1, 8, 8), torch.randint(0, 10, (12,))),
+        ["eta"],
+        math.pi,
+    ),
+    "rotation-toy-2d": (
+        dict(symmetry_prior="logit-normal", hidden=8),
+        lambda: (torch.randn(12, 2), torch.randint(0, 2, (12,))),
+        ["eta"],
+        math.pi,
+    ),
+    "basis-regression": (
+        dict(symmetry_prior="uniform"),
+        lambda: (torch.randn(12, 1), torch.randn(12, 1)),
+        ["lam"],
+        2.0,
+    ),
+    "symmetrised-hnn": (
+        dict(symmetry_prior="normal", hidden=(8, 8), num_transforms=2),
+        lambda: (torch.randn(12, 2), torch.randn(12, 2)),
+        ["eta_W", "eta_b"],
+        None,
+    ),
 }
 
 
@@ -161,8 +181,9 @@ def test_basis_regression_log_marginal_evidence_matches_scipy_quadrature():
 
         def integrand(lams: np.ndarray) -> np.ndarray:  # one exact evidence per node, no batching
             values = [torch.tensor(v, dtype=torch.float64) for v in lams]
-            return np.array([math.exp(float(model.log_evidence(x, y, lam=v)) - shift + float(fn.log_prob(v)))
-                             for v in values])  # fmt: skip
+            return np.array(
+                [math.exp(float(model.log_evidence(x, y, lam=v)) - shift + float(fn.log_prob(v))) for v in values]
+            )
 
         # Gauss–Legendre with 300 nodes: a different rule from the model's trapezoid on 2001 points
         reference = math.log(integrate.fixed_quad(integrand, 0.0, 2.0, n=300)[0]) + shift
@@ -188,8 +209,15 @@ def test_symmetry_conditional_guide_learns_a_dependence_and_its_quantiles_are_ma
     torch.testing.assert_close(qs["weight"], empirical, atol=0.08, rtol=0.0)
 
 
-@pytest.mark.parametrize("options", [{"symmetry_density": "spline"}, {"weight_covariance": "mvn"},
-                                     {"symmetry_density": "spline", "weight_covariance": "mvn"}], ids=str)
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"symmetry_density": "spline"},
+        {"weight_covariance": "mvn"},
+        {"symmetry_density": "spline", "weight_covariance": "mvn"},
+    ],
+    ids=str,
+)
 def test_symmetry_conditional_options_quantiles_are_marginal(options):
     """A spline q(λ) (exact quantiles through the monotone flow) and a full covariance within each weight
     site (Pyro's "mvn"): after a short fit, the guide's quantiles of λ and of the weights match its draws."""
@@ -275,8 +303,15 @@ def test_symmetry_draws_and_arviz(fitted_mlp):
 
 
 def test_compare_guides_reports_point_and_latent_symmetry():
-    table = pi.compare_guides("basis-regression", "basis-toy", ["mean-field"], steps=30, K=(5,),
-                              symmetry_priors=(None, "uniform"), eval_samples=4)  # fmt: skip
+    table = pi.compare_guides(
+        "basis-regression",
+        "basis-toy",
+        ["mean-field"],
+        steps=30,
+        K=(5,),
+        symmetry_priors=(None, "uniform"),
+        eval_samples=4,
+    )
     assert [r["guide"] for r in table.rows] == ["mean-field / η point", "mean-field / η uniform"]
     assert [r["symmetry_prior"] for r in table.rows] == [None, "uniform"]
     latent = table.rows[1]
@@ -292,8 +327,23 @@ def test_cli_fits_a_latent_symmetry(tmp_path):
     from pyro_invariance.cli import main
 
     out = tmp_path / "run"
-    code = main(["fit", "--model", "basis-regression", "--data", "basis-toy", "--guide", "mean-field",
-                 "--steps", "5", "--model-arg", "symmetry_prior=uniform", "--out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "fit",
+            "--model",
+            "basis-regression",
+            "--data",
+            "basis-toy",
+            "--guide",
+            "mean-field",
+            "--steps",
+            "5",
+            "--model-arg",
+            "symmetry_prior=uniform",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     summary = json.loads((out / "result.json").read_text())["summary"]
     assert summary["eta_readable"].startswith("q-median lambda=")

@@ -5,20 +5,22 @@ from __future__ import annotations
 
 import pytest
 import torch
+from small_runs import small_digits, small_fit
 
 from pyro_invariance import cli
 from pyro_invariance.infer.checkpoint import CheckpointError
 from pyro_invariance.infer.config import FitConfig
 from pyro_invariance.infer.training import fingerprint_settings
 
-from small_runs import small_digits, small_fit
 
-
-@pytest.mark.parametrize("command", [
-    ["fit", "--model", "invariant-mlp", "--data", "digits"],
-    ["compare", "--model", "invariant-mlp", "--data", "digits"],
-    ["demo"],
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["fit", "--model", "invariant-mlp", "--data", "digits"],
+        ["compare", "--model", "invariant-mlp", "--data", "digits"],
+        ["demo"],
+    ],
+)
 def test_every_command_takes_threads(command):
     args = cli.build_parser().parse_args([*command, "--threads", "2"])
     assert args.threads == 2
@@ -35,7 +37,9 @@ def test_bad_thread_counts_are_refused(bad):
 
 
 def test_cli_refuses_zero_threads_in_one_line(capsys, tmp_path):
-    code = cli.main(["fit", "--model", "invariant-mlp", "--data", "digits", "--threads", "0", "--out", str(tmp_path / "r")])
+    code = cli.main(
+        ["fit", "--model", "invariant-mlp", "--data", "digits", "--threads", "0", "--out", str(tmp_path / "r")]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "threads must be an integer >= 1, got 0" in err[0]
 

@@ -17,7 +17,6 @@ from pyro.poutine.util import site_is_subsample  # noqa: E402
 import pyro_invariance as pi  # noqa: E402
 from pyro_invariance import guides  # noqa: E402,F401  (registers the guides fit() takes by name)
 from pyro_invariance.catalogue import model_kwargs_for  # noqa: E402
-from pyro_invariance.registry import DATASETS, MODELS  # noqa: E402
 from pyro_invariance.data.toy2d import (  # noqa: E402
     in_sector,
     make_rotation_toy,
@@ -25,6 +24,7 @@ from pyro_invariance.data.toy2d import (  # noqa: E402
     plot_extrapolation,
 )
 from pyro_invariance.models.toy2d import RotationToy2D, rotation_grid  # noqa: E402
+from pyro_invariance.registry import DATASETS, MODELS  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

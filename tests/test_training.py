@@ -4,12 +4,12 @@ import math
 
 import pytest
 import torch
+from small_runs import fit_state, small_digits, small_fit, small_model
 
 import pyro_invariance as pi
 from pyro_invariance import guides
 from pyro_invariance.infer.checkpoint import CheckpointError
-from pyro_invariance.infer.training import _param_groups, FitConfig
-from small_runs import fit_state, small_digits, small_fit, small_model
+from pyro_invariance.infer.training import FitConfig, _param_groups
 
 torch.set_num_threads(1)
 
@@ -63,8 +63,17 @@ def test_resume_into_another_model_is_refused(data, tmp_path):
     _run(data, tmp_path, checkpoint_path=tmp_path / "c.pt", until_step=3)
     model = pi.models.get("invariant-mlp", image_shape=(1, 8, 8), hidden=24, num_transforms=4)
     with pytest.raises(CheckpointError, match="model setting 'hidden': saved 16, now 24"):
-        pi.fit(model, guides.get("block-cholesky", model), data, steps=12, batch_size=64, progress=False,
-               seed=5, checkpoint_path=tmp_path / "c.pt", resume=True)
+        pi.fit(
+            model,
+            guides.get("block-cholesky", model),
+            data,
+            steps=12,
+            batch_size=64,
+            progress=False,
+            seed=5,
+            checkpoint_path=tmp_path / "c.pt",
+            resume=True,
+        )
 
 
 @pytest.mark.parametrize("content", [b"", b"not a checkpoint at all", b"PK\x03\x04garbage"])
@@ -135,8 +144,9 @@ def test_non_finite_loss_names_step_and_site(data):
     guide = guides.get("mean-field", model)
     pi.fit(model, guide, data, steps=1, progress=False)
     with torch.no_grad():
-        guide.locs.out_bias_unconstrained.fill_(float("nan")) if hasattr(guide.locs, "out_bias_unconstrained") \
-            else next(p for n, p in guide.named_parameters() if "out_bias" in n).fill_(float("nan"))
+        guide.locs.out_bias_unconstrained.fill_(float("nan")) if hasattr(
+            guide.locs, "out_bias_unconstrained"
+        ) else next(p for n, p in guide.named_parameters() if "out_bias" in n).fill_(float("nan"))
     with pytest.raises(FloatingPointError, match=r"step 1: .*out_bias.* non-finite"):
         pi.fit(model, guide, data, steps=3, progress=False)
 
@@ -178,7 +188,7 @@ def test_minibatch_elbo_is_unbiased_for_full_batch(data):
     full.compute_log_prob()
     parts = []
     for i in range(0, n, 64):
-        t = poutine.trace(poutine.replay(model, tr)).get_trace(x[i:i + 64], y[i:i + 64], num_data=n)
+        t = poutine.trace(poutine.replay(model, tr)).get_trace(x[i : i + 64], y[i : i + 64], num_data=n)
         t.compute_log_prob()
         parts.append(float(t.nodes["obs"]["log_prob_sum"].detach()))  # already scaled by N/B
     assert math.isclose(sum(parts) / len(parts), float(full.nodes["obs"]["log_prob_sum"].detach()), rel_tol=1e-4)

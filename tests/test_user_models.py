@@ -13,13 +13,12 @@ import warnings
 
 import pytest
 import torch
+from test_bound_validity import BayesianRegression, UnknownPrecision, _precision_data, _regression_data
 
 import pyro_invariance as pi
 from pyro_invariance import guides
 from pyro_invariance.infer.bounds import evidence_bounds
 from pyro_invariance.validation import num_data_kwargs, takes_num_data
-
-from test_bound_validity import BayesianRegression, UnknownPrecision, _precision_data, _regression_data
 
 BOUND_GUIDES = [name for name in guides.names() if name != "map"]
 
@@ -39,7 +38,9 @@ def test_the_protocol_tells_plain_models_from_catalogue_ones():
 
 def test_fit_runs_a_plain_model_full_batch_and_says_so():
     x, y = _more_rows()
-    with pytest.warns(UserWarning, match=r"fitting all 200 rows per step \(not batch_size=128\): the model takes no num_data"):
+    with pytest.warns(
+        UserWarning, match=r"fitting all 200 rows per step \(not batch_size=128\): the model takes no num_data"
+    ):
         result = pi.fit(BayesianRegression(), "mean-field", (x, y), steps=30, progress=False)
     assert result.config.batch_size is None and math.isfinite(result.final_elbo)
 
@@ -72,8 +73,10 @@ def test_compare_guides_on_a_plain_model():
 @pytest.mark.parametrize("guide_name", BOUND_GUIDES)
 @pytest.mark.parametrize("model_name", ["regression", "precision"])
 def test_pi_fit_gives_a_bound_below_the_exact_evidence(model_name, guide_name):
-    build, data = {"regression": (BayesianRegression, _regression_data),
-                   "precision": (UnknownPrecision, _precision_data)}[model_name]  # fmt: skip
+    build, data = {
+        "regression": (BayesianRegression, _regression_data),
+        "precision": (UnknownPrecision, _precision_data),
+    }[model_name]
     x, y, log_z = data()
     model = build()
     guide = guides.get(guide_name, model)

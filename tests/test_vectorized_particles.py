@@ -19,7 +19,8 @@ own symmetry samples (the sequential estimator), not one set shared by all parti
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pyro
 import pytest
@@ -88,7 +89,7 @@ class _Rows:
             return out
         pool = torch.cat(self.recorded)
         assert self.pos + num <= pool.shape[0], "the sequential pass asks for more draws than the vectorised one made"
-        out = pool[self.pos:self.pos + num]
+        out = pool[self.pos : self.pos + num]
         self.pos += num
         return out
 
@@ -152,21 +153,29 @@ CASES: dict[str, tuple[str, dict]] = {
     "basis-latent": ("basis-regression", dict(num_features=6, symmetry_prior="uniform")),
     "imlp-det-weights": ("invariant-mlp", dict(IMLP, sampling="deterministic", transform_on="weights")),
     "imlp-stoch-weights": ("invariant-mlp", dict(IMLP, transform_on="weights", symmetry="tx+rot")),
-    "imlp-stoch-inputs-relu": ("invariant-mlp", dict(IMLP, transform_on="inputs", activation="relu",
-                                                     symmetry="rot+sx", prior="learned")),
+    "imlp-stoch-inputs-relu": (
+        "invariant-mlp",
+        dict(IMLP, transform_on="inputs", activation="relu", symmetry="rot+sx", prior="learned"),
+    ),
     "imlp-latent-auto": ("invariant-mlp", dict(IMLP, symmetry_prior="logit-normal", symmetry="rot+ty")),
-    "imlp-latent-det": ("invariant-mlp", dict(IMLP, symmetry_prior="uniform", sampling="deterministic",
-                                              transform_on="inputs")),
+    "imlp-latent-det": (
+        "invariant-mlp",
+        dict(IMLP, symmetry_prior="uniform", sampling="deterministic", transform_on="inputs"),
+    ),
     "imlp-none": ("invariant-mlp", dict(IMLP, symmetry="none", prior="fixed")),
     "toy-det": ("rotation-toy-2d", TOY),
     "toy-stoch-latent": ("rotation-toy-2d", dict(TOY, sampling="stochastic", symmetry_prior="uniform")),
     "hnn-quadratic": ("symmetrised-hnn", HNN),
-    "hnn-latent-hierarchical": ("symmetrised-hnn", dict(HNN, symmetry_prior="normal", prior="hierarchical",
-                                                        num_generators=2, sampling="ball")),
+    "hnn-latent-hierarchical": (
+        "symmetrised-hnn",
+        dict(HNN, symmetry_prior="normal", prior="hierarchical", num_generators=2, sampling="ball"),
+    ),
     "hnn-so2-grid": ("symmetrised-hnn", dict(HNN, symmetry="so2", sampling="grid")),
     "hnn-none": ("symmetrised-hnn", dict(HNN, symmetry="none", learn_noise=True)),
-    "hnn-neural": ("symmetrised-hnn", dict(HNN, symmetry="neural", num_generators=2, conserved_hidden=(4,),
-                                           flow_steps=2, eta_init_std=0.1)),
+    "hnn-neural": (
+        "symmetrised-hnn",
+        dict(HNN, symmetry="neural", num_generators=2, conserved_hidden=(4,), flow_steps=2, eta_init_std=0.1),
+    ),
 }
 
 
@@ -196,19 +205,21 @@ def test_support_is_declared():
     assert CatalogueModel.vectorizable_particles is False
 
 
-
-def _assert_vectorised_equals_sequential(model, guide, x, y, monkeypatch, rel: float = 1e-10, rtol: float = 1e-8,
-                                         atol: float = 1e-9) -> None:  # fmt: skip
+def _assert_vectorised_equals_sequential(
+    model, guide, x, y, monkeypatch, rel: float = 1e-10, rtol: float = 1e-8, atol: float = 1e-9
+) -> None:
     """Trace_ELBO with P vectorised particles equals P sequential particles given the same draws
     (loss to ``rel``; gradients to ``rtol`` and ``atol`` scaled by 1 + the gradient's size)."""
     with _replayed_draws(model, monkeypatch) as replay:
-        loss_v, grads_v = _loss_and_grads(Trace_ELBO(num_particles=P, vectorize_particles=True, max_plate_nesting=1),
-                                          model, guide, x, y)  # fmt: skip
+        loss_v, grads_v = _loss_and_grads(
+            Trace_ELBO(num_particles=P, vectorize_particles=True, max_plate_nesting=1), model, guide, x, y
+        )
         replay()
         loss_s, grads_s = _loss_and_grads(Trace_ELBO(num_particles=P, max_plate_nesting=1), model, guide, x, y)
     assert loss_v == pytest.approx(loss_s, rel=rel)
     for gv, gs in zip(grads_v, grads_s):
         torch.testing.assert_close(gv, gs, rtol=rtol, atol=atol * (1 + float(gs.abs().max())))
+
 
 @pytest.mark.parametrize("elbo_cls", ELBOS, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("case", list(CASES))
@@ -275,8 +286,9 @@ def test_float32_vectorised_close_to_sequential(monkeypatch):
     guide = guides.get("mean-field", model, init_scale=0.3)
     guide(x, y)
     with _replayed_draws(model, monkeypatch) as replay:
-        loss_v, _ = _loss_and_grads(Trace_ELBO(num_particles=P, vectorize_particles=True, max_plate_nesting=1),
-                                    model, guide, x, y)  # fmt: skip
+        loss_v, _ = _loss_and_grads(
+            Trace_ELBO(num_particles=P, vectorize_particles=True, max_plate_nesting=1), model, guide, x, y
+        )
         replay()
         loss_s, _ = _loss_and_grads(Trace_ELBO(num_particles=P, max_plate_nesting=1), model, guide, x, y)
     assert loss_v == pytest.approx(loss_s, rel=1e-5)

@@ -9,8 +9,6 @@ import re
 import shlex
 from pathlib import Path
 
-import pytest
-
 import _common as common
 import full_rank_defaults
 import guide_comparison
@@ -19,11 +17,22 @@ import invariant_mlp_tables
 import layerwise_kfac
 import layerwise_tables
 import noether_tables
+import pytest
 
 RESULTS = common.RESULTS_DIR
-STEMS = ("invariant_mlp_tables", "noether_tables", "threebody_recipe", "kepler_noether", "layerwise_table",
-         "layerwise_seeds", "layerwise_cost", "layerwise_kfac", "full_rank_defaults", "guide_comparison",
-         "guide_convergence")  # fmt: skip
+STEMS = (
+    "invariant_mlp_tables",
+    "noether_tables",
+    "threebody_recipe",
+    "kepler_noether",
+    "layerwise_table",
+    "layerwise_seeds",
+    "layerwise_cost",
+    "layerwise_kfac",
+    "full_rank_defaults",
+    "guide_comparison",
+    "guide_convergence",
+)
 
 
 def own_files() -> list[Path]:
@@ -49,8 +58,10 @@ def test_the_verdicts_are_the_scripts_reading_of_the_committed_numbers():
 
     fits = json.loads((RESULTS / "invariant_mlp_tables.json").read_text())
     results = {k: {f: v for f, v in fit.items() if f != "spec"} for k, fit in fits["fits"].items()}
-    expected = {"invariant_mlp_tables": invariant_mlp_tables.verdict(results, ["1", "2"], 0),
-                "layerwise_seeds": layerwise_tables.seeds_verdict(rows("layerwise_seeds"))}  # fmt: skip
+    expected = {
+        "invariant_mlp_tables": invariant_mlp_tables.verdict(results, ["1", "2"], 0),
+        "layerwise_seeds": layerwise_tables.seeds_verdict(rows("layerwise_seeds")),
+    }
     for stem, table in (("layerwise_table1", "1"), ("layerwise_table2", "2"), ("layerwise_table3_kfac", "3")):
         expected[stem] = layerwise_tables.verdict(table, rows(stem))
     gaps = {k: v["gaps"] for k, v in json.loads((RESULTS / "full_rank_defaults.json").read_text())["results"].items()}
@@ -79,15 +90,27 @@ def test_the_index_names_every_result_file_of_these_scripts_and_only_files_that_
     assert {p.name for p in own_files()} <= named
     missing = [name for name in named if not (RESULTS / name).exists()]
     assert not missing
-    for script in ("invariant_mlp_tables", "noether_tables", "threebody_recipe", "kepler_noether", "layerwise_tables",
-                   "layerwise_kfac", "full_rank_defaults", "guide_comparison", "guide_convergence"):  # fmt: skip
+    for script in (
+        "invariant_mlp_tables",
+        "noether_tables",
+        "threebody_recipe",
+        "kepler_noether",
+        "layerwise_tables",
+        "layerwise_kfac",
+        "full_rank_defaults",
+        "guide_comparison",
+        "guide_convergence",
+    ):
         assert f"benchmarks/{script}.py" in index
 
 
 def test_full_rank_defaults_renders_its_committed_table_from_the_committed_gaps():
     record = json.loads((RESULTS / "full_rank_defaults.json").read_text())
-    points = [{"setting": label, "seed": seed, "gap": gap} for label, r in record["results"].items()
-              for seed, gap in zip(full_rank_defaults.SEEDS, r["gaps"])]  # fmt: skip
+    points = [
+        {"setting": label, "seed": seed, "gap": gap}
+        for label, r in record["results"].items()
+        for seed, gap in zip(full_rank_defaults.SEEDS, r["gaps"])
+    ]
     markdown, payload = full_rank_defaults.render(points)
     assert payload["results"] == record["results"]
     table = markdown[markdown.index("| settings") :]

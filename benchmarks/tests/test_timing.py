@@ -12,10 +12,19 @@ import pytest
 import timing
 
 RUN = Path(timing.__file__).resolve().parent / "results" / "gpu_step_time_cuda_run3"
-STEMS = {"step": "step_time", "gpu": "gpu_step_time_cpu", "layerwise": "layerwise_step_time",
-         "noether-flow": "noether_flow_step_time", "transform-path": "transform_path",
-         "kfac": "kfac_update_cost", "guides": "guide_cost", "ddp": "ddp_throughput", "particles": "hnn_particles",
-         "determinism": "gpu_determinism", "import": "import_time"}  # fmt: skip
+STEMS = {
+    "step": "step_time",
+    "gpu": "gpu_step_time_cpu",
+    "layerwise": "layerwise_step_time",
+    "noether-flow": "noether_flow_step_time",
+    "transform-path": "transform_path",
+    "kfac": "kfac_update_cost",
+    "guides": "guide_cost",
+    "ddp": "ddp_throughput",
+    "particles": "hnn_particles",
+    "determinism": "gpu_determinism",
+    "import": "import_time",
+}
 
 
 def test_every_section_has_a_result_stem():

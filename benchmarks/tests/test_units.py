@@ -7,10 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 
+import _common as common
 import pytest
 import torch
-
-import _common as common
 
 
 def toy_point(key: tuple[int, float]) -> dict:
@@ -77,7 +76,10 @@ def test_parse_part_and_verdict_words():
         with pytest.raises(SystemExit):
             common.parse_part(parser, bad)
     assert [common.verdict_of(c) for c in ([True, True], [True, False], [False])] == [
-        "reproduced", "partly reproduced", "not reproduced"]  # fmt: skip
+        "reproduced",
+        "partly reproduced",
+        "not reproduced",
+    ]
     text = common.verdict_section("partly reproduced", "3 of 3 seeds", ["- a criterion"])
     assert text.startswith("## Verdict\n\n**Partly reproduced** (3 of 3 seeds).\n\n- a criterion")
     with pytest.raises(ValueError, match="not one of"):

@@ -78,8 +78,14 @@ def basis_toy(
     kw = {"noise": noise, "even": bool(even), "num_outputs": num_outputs, "lo": lo, "hi": hi}
     x_train, y_train = make_symmetric_toy(train_size, seed=TRAIN_SEED + seed, **kw)
     x_test, y_test = make_symmetric_toy(test_size, seed=TEST_SEED + seed, **kw)
-    info = {"train_size": train_size, "test_size": test_size, "seed": seed, "train_seed": TRAIN_SEED + seed,
-            "test_seed": TEST_SEED + seed, **kw}  # fmt: skip
+    info = {
+        "train_size": train_size,
+        "test_size": test_size,
+        "seed": seed,
+        "train_seed": TRAIN_SEED + seed,
+        "test_seed": TEST_SEED + seed,
+        **kw,
+    }
     return RegressionDataset("basis-toy", x_train, y_train, x_test, y_test, info)
 
 

@@ -46,9 +46,10 @@ import dataclasses
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -57,7 +58,13 @@ from torch import Tensor
 from pyro_invariance._optional import sklearn_datasets, sklearn_model_selection, torchvision_datasets
 from pyro_invariance.data.idx import read_idx
 from pyro_invariance.registry import DATASETS
-from pyro_invariance.symmetry.affine import GENERATOR_NAMES, affine_generators, lie_exp, sample_epsilon, transform_images
+from pyro_invariance.symmetry.affine import (
+    GENERATOR_NAMES,
+    affine_generators,
+    lie_exp,
+    sample_epsilon,
+    transform_images,
+)
 from pyro_invariance.validation import check_data_dir, check_subset_size
 
 #: Seed of the per-image transforms of every training split.
@@ -69,8 +76,17 @@ DEFAULT_FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 DEFAULT_TORCHVISION_DIR = Path("~/.cache/pyro_invariance/torchvision")
 
 FASHION_MNIST_CLASSES = (
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
-)  # fmt: skip
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 DIGIT_CLASSES = tuple(str(i) for i in range(10))
 
@@ -188,10 +204,14 @@ def _load_digits(data_dir: Path | None, download: bool) -> _Raw:
     )
     t = torch.from_numpy
     return _Raw(
-        t(np.ascontiguousarray(x_tr)).unsqueeze(1), t(y_tr).long(), t(np.ascontiguousarray(x_te)).unsqueeze(1),
-        t(y_te).long(), 16.0, DIGIT_CLASSES,
+        t(np.ascontiguousarray(x_tr)).unsqueeze(1),
+        t(y_tr).long(),
+        t(np.ascontiguousarray(x_te)).unsqueeze(1),
+        t(y_te).long(),
+        16.0,
+        DIGIT_CLASSES,
         "sklearn.datasets.load_digits; train_test_split(test_size=0.25, random_state=0, stratify=y)",
-    )  # fmt: skip
+    )
 
 
 _FASHION_MNIST_STEMS = {
@@ -230,9 +250,14 @@ def _load_fashion_mnist(data_dir: Path | None, download: bool) -> _Raw:
                 f"{str(paths[f'x_{split}'])!r}, {arrays[f'y_{split}'].shape[0]} labels in {str(paths[f'y_{split}'])!r}"
             )
     return _Raw(
-        arrays["x_train"].unsqueeze(1), arrays["y_train"].long(), arrays["x_test"].unsqueeze(1),
-        arrays["y_test"].long(), 255.0, FASHION_MNIST_CLASSES, f"IDX files in {directory}",
-    )  # fmt: skip
+        arrays["x_train"].unsqueeze(1),
+        arrays["y_train"].long(),
+        arrays["x_test"].unsqueeze(1),
+        arrays["y_test"].long(),
+        255.0,
+        FASHION_MNIST_CLASSES,
+        f"IDX files in {directory}",
+    )
 
 
 def _load_torchvision(class_name: str, data_dir: Path | None, download: bool) -> tuple[Any, Any, Path]:
@@ -253,9 +278,14 @@ def _load_torchvision(class_name: str, data_dir: Path | None, download: bool) ->
 def _load_mnist(data_dir: Path | None, download: bool) -> _Raw:
     train, test, root = _load_torchvision("MNIST", data_dir, download)
     return _Raw(
-        train.data.unsqueeze(1), train.targets.long(), test.data.unsqueeze(1), test.targets.long(), 255.0,
-        DIGIT_CLASSES, f"torchvision.datasets.MNIST(root={str(root)!r})",
-    )  # fmt: skip
+        train.data.unsqueeze(1),
+        train.targets.long(),
+        test.data.unsqueeze(1),
+        test.targets.long(),
+        255.0,
+        DIGIT_CLASSES,
+        f"torchvision.datasets.MNIST(root={str(root)!r})",
+    )
 
 
 def _load_cifar10(data_dir: Path | None, download: bool) -> _Raw:
@@ -265,10 +295,14 @@ def _load_cifar10(data_dir: Path | None, download: bool) -> _Raw:
         return torch.from_numpy(np.ascontiguousarray(d.data)).permute(0, 3, 1, 2).contiguous()
 
     return _Raw(
-        images(train), torch.as_tensor(train.targets, dtype=torch.int64), images(test),
-        torch.as_tensor(test.targets, dtype=torch.int64), 255.0, CIFAR10_CLASSES,
+        images(train),
+        torch.as_tensor(train.targets, dtype=torch.int64),
+        images(test),
+        torch.as_tensor(test.targets, dtype=torch.int64),
+        255.0,
+        CIFAR10_CLASSES,
         f"torchvision.datasets.CIFAR10(root={str(root)!r})",
-    )  # fmt: skip
+    )
 
 
 #: base name -> (loader, one-line description).
@@ -321,9 +355,12 @@ VARIANTS: dict[str, Variant | None] = {
         "partially-rotated", ("rot",), (("rot",),), (math.pi / 2,), "rotated once by θ ~ U[−π/2, π/2]"
     ),
     "translated": Variant(
-        "translated", ("tx", "ty"), (("tx",), ("ty",)), (8 / 14, 8 / 14),
+        "translated",
+        ("tx", "ty"),
+        (("tx",), ("ty",)),
+        (8 / 14, 8 / 14),
         "shifted once by tx, ty ~ U[−8/14, 8/14] half-sides",
-    ),  # fmt: skip
+    ),
     "scaled": Variant(
         "scaled", ("log_scale",), (("sx", "sy"),), (math.log(2.0),), "scaled once by e^s, s ~ U[−ln 2, ln 2]"
     ),
@@ -418,9 +455,14 @@ def build_dataset(
             interpolation="bilinear, zero padding, clamped to [0, 1]",
         )
     return ImageDataset(
-        dataset_name(base, variant), x_train, raw.y_train[:n].clone(), x_test, raw.y_test[:m].clone(),
-        len(raw.classes), info,
-    )  # fmt: skip
+        dataset_name(base, variant),
+        x_train,
+        raw.y_train[:n].clone(),
+        x_test,
+        raw.y_test[:m].clone(),
+        len(raw.classes),
+        info,
+    )
 
 
 def _make_factory(base: str, variant: str) -> Callable[..., ImageDataset]:

@@ -68,9 +68,10 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -143,7 +144,7 @@ def _sho(x: Tensor) -> Tensor:
 def _nbody_hamiltonian(n: int, softening: float) -> Callable[[Tensor], Tensor]:
     def h(x: Tensor) -> Tensor:
         q = x[..., : 2 * n].reshape(*x.shape[:-1], n, 2)
-        p = x[..., 2 * n:]
+        p = x[..., 2 * n :]
         kinetic = 0.5 * (p**2).sum(-1)
         i, j = torch.triu_indices(n, n, offset=1)
         d2 = ((q[..., i, :] - q[..., j, :]) ** 2).sum(-1)
@@ -168,7 +169,9 @@ def nbody(n: int = 3, softening: float = 1.0) -> HamiltonianSystem:
     with softening ``s = 1`` (docs/methods.md §4); M = 4n."""
     check_positive_int("n", n, minimum=2)
     check_positive_float("softening", softening)
-    return HamiltonianSystem("nbody", 2 * n, _nbody_hamiltonian(n, float(softening)), {"n": n, "softening": float(softening)})
+    return HamiltonianSystem(
+        "nbody", 2 * n, _nbody_hamiltonian(n, float(softening)), {"n": n, "softening": float(softening)}
+    )
 
 
 def _kepler(x: Tensor) -> Tensor:
@@ -386,7 +389,9 @@ class KeplerSplitSpec:
     def initial_states(self, rng: np.random.Generator, system: HamiltonianSystem) -> np.ndarray:
         """``(trajectories, 4)`` states ``(q_x, q_y, p_x, p_y)`` on orbits drawn as in the class doc."""
         if system.state_dim != 4:
-            raise ValueError(f"KeplerSplitSpec draws 2-d Kepler states (M = 4); {system.name} has M = {system.state_dim}")
+            raise ValueError(
+                f"KeplerSplitSpec draws 2-d Kepler states (M = 4); {system.name} has M = {system.state_dim}"
+            )
         n = self.trajectories
         (a_lo, a_hi), (e_lo, e_hi) = self.a_range, self.e_range
         (w_lo, w_hi), (m_lo, m_hi) = self.omega_range, self.anomaly_range
@@ -412,12 +417,12 @@ def eccentric_anomaly(mean_anomaly: np.ndarray, e: np.ndarray, tol: float = 1e-1
         big_e = big_e - step
         if np.all(np.abs(step) <= tol):
             return big_e
-    raise ValueError(f"Kepler's equation did not converge in {max_iter} Newton steps (max |ΔE| = {np.abs(step).max():g})")
+    raise ValueError(
+        f"Kepler's equation did not converge in {max_iter} Newton steps (max |ΔE| = {np.abs(step).max():g})"
+    )
 
 
-def kepler_initial_states(
-    a: np.ndarray, e: np.ndarray, omega: np.ndarray, mean_anomaly: np.ndarray
-) -> np.ndarray:
+def kepler_initial_states(a: np.ndarray, e: np.ndarray, omega: np.ndarray, mean_anomaly: np.ndarray) -> np.ndarray:
     """States ``(T, 4) = (q_x, q_y, p_x, p_y)`` float64 on counter-clockwise Kepler orbits (``GM = 1``).
 
     Standard two-body formulas: with the eccentric anomaly ``E`` (:func:`eccentric_anomaly`),

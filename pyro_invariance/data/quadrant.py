@@ -24,13 +24,22 @@ rotated MNIST, CIFAR-10 at 32×32): ``<variant>-<base>-<size>px`` is the registe
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pyro_invariance.data.images import REGULAR, TEST_SEED, TRAIN_SEED, VARIANTS, ImageDataset, build_dataset, dataset_name
+from pyro_invariance.data.images import (
+    REGULAR,
+    TEST_SEED,
+    TRAIN_SEED,
+    VARIANTS,
+    ImageDataset,
+    build_dataset,
+    dataset_name,
+)
 from pyro_invariance.registry import DATASETS
 
 QUADRANT_BASES = ("digits", "fashion-mnist", "mnist")
@@ -152,9 +161,14 @@ def build_resized_dataset(base: str, variant: str = REGULAR, *, size: int | None
     info = dict(src.info, size=size, resized="bilinear (antialiased when shrinking)")
     name = f"{dataset_name(base, variant)}-{size}px"
     return ImageDataset(
-        name, resize_images(src.x_train, size), src.y_train.clone(), resize_images(src.x_test, size),
-        src.y_test.clone(), src.num_classes, info,
-    )  # fmt: skip
+        name,
+        resize_images(src.x_train, size),
+        src.y_train.clone(),
+        resize_images(src.x_test, size),
+        src.y_test.clone(),
+        src.num_classes,
+        info,
+    )
 
 
 def _quadrant_factory(base: str, num_classes: int) -> Callable[..., ImageDataset]:
@@ -168,9 +182,15 @@ def _quadrant_factory(base: str, num_classes: int) -> Callable[..., ImageDataset
         root: str | os.PathLike[str] | None = None,
     ) -> ImageDataset:
         return build_quadrant_dataset(
-            base, num_classes, size=size, data_dir=data_dir, download=download,
-            train_size=train_size, test_size=test_size, root=root,
-        )  # fmt: skip
+            base,
+            num_classes,
+            size=size,
+            data_dir=data_dir,
+            download=download,
+            train_size=train_size,
+            test_size=test_size,
+            root=root,
+        )
 
     task = "digit + quadrant, 40 classes" if num_classes == 40 else "digit, 10 classes"
     factory.__doc__ = f"quadrant task on {base}: image in a random quadrant of a 2× canvas ({task})"
@@ -187,9 +207,15 @@ def _resized_factory(base: str, variant: str, size: int) -> Callable[..., ImageD
         root: str | os.PathLike[str] | None = None,
     ) -> ImageDataset:
         return build_resized_dataset(
-            base, variant, size=size, data_dir=data_dir, download=download,
-            train_size=train_size, test_size=test_size, root=root,
-        )  # fmt: skip
+            base,
+            variant,
+            size=size,
+            data_dir=data_dir,
+            download=download,
+            train_size=train_size,
+            test_size=test_size,
+            root=root,
+        )
 
     what = "upright" if variant == REGULAR else VARIANTS[variant].summary
     factory.__doc__ = f"{dataset_name(base, variant)} ({what}) resized to {size}×{size}"

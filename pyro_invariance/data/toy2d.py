@@ -21,8 +21,9 @@ test split from :data:`~pyro_invariance.data.images.TEST_SEED` + ``seed``; the t
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -150,14 +151,10 @@ def make_rotation_toy(
         "test_seed": TEST_SEED + seed,
         "task": "label = ring (rotation invariant); training points on a sector, test points on the whole circle",
     }
-    return Toy2DDataset(
-        "rotation-toy-2d", x_train.float(), y_train, x_test.float(), y_test, num_classes=2, info=info
-    )
+    return Toy2DDataset("rotation-toy-2d", x_train.float(), y_train, x_test.float(), y_test, num_classes=2, info=info)
 
 
-def rotation_toy_2d(
-    *, data_dir: Any = None, root: Any = None, download: bool = False, **kwargs: Any
-) -> Toy2DDataset:
+def rotation_toy_2d(*, data_dir: Any = None, root: Any = None, download: bool = False, **kwargs: Any) -> Toy2DDataset:
     """2-D rotation toy (see :func:`make_rotation_toy` for the keyword arguments).
 
     Takes the keywords of every registered dataset: ``data_dir`` / ``root`` are refused unless

@@ -40,13 +40,15 @@ answer with a bare ``KeyError``.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 # ArviZ and xarray are imported at first use (importing them costs more than Pyro does)
-from pyro_invariance._optional import arviz as az, xarray as xr
+from pyro_invariance._optional import arviz as az
+from pyro_invariance._optional import xarray as xr
 
 __all__ = [
     "DATA_GROUPS",
@@ -130,7 +132,7 @@ def from_arrays(
     coords = {k: list(v) for k, v in (coords or {}).items()}
     group_dims = {g: dict(v) for g, v in (group_dims or {}).items()}
     attrs = {
-        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "created_at": datetime.datetime.now(datetime.UTC).isoformat(),
         "arviz_version": arviz_version(),
         **dict(attrs or {}),
     }
@@ -156,9 +158,7 @@ def _dataset(group: str, variables: Mapping[str, Any], dims: dict, coords: dict,
         arr = np.asarray(value)
         lead: tuple[str, ...] = SAMPLE_DIMS if sampled else ()
         if arr.ndim < len(lead):
-            raise ValueError(
-                f"{group}/{var} has shape {arr.shape}: arrays of a sampled group start with (chain, draw)"
-            )
+            raise ValueError(f"{group}/{var} has shape {arr.shape}: arrays of a sampled group start with (chain, draw)")
         own = arr.ndim - len(lead)
         names = list(dims.get(var, [f"{var}_dim_{i}" for i in range(own)]))
         if group == "log_likelihood" and len(names) > own:
@@ -390,17 +390,30 @@ def loo_values(result: Any) -> LooValues:
         get = result.get
         k, e = get("pareto_k"), get("loo_i")
         return LooValues(
-            float(result["elpd_loo"]), float(result["se"]), float(result["p_loo"]), int(result["n_samples"]),
-            int(result["n_data_points"]), float(get("good_k", 0.7)), bool(result["warning"]),
-            None if k is None else np.asarray(k), None if e is None else np.asarray(e),
+            float(result["elpd_loo"]),
+            float(result["se"]),
+            float(result["p_loo"]),
+            int(result["n_samples"]),
+            int(result["n_data_points"]),
+            float(get("good_k", 0.7)),
+            bool(result["warning"]),
+            None if k is None else np.asarray(k),
+            None if e is None else np.asarray(e),
             bool(get("approx_posterior", False)),
-        )  # fmt: skip
+        )
     k, e = getattr(result, "pareto_k", None), getattr(result, "elpd_i", None)
     return LooValues(
-        float(result.elpd), float(result.se), float(result.p), int(result.n_samples), int(result.n_data_points),
-        float(result.good_k), bool(result.warning), None if k is None else np.asarray(k),
-        None if e is None else np.asarray(e), bool(getattr(result, "approx_posterior", False)),
-    )  # fmt: skip
+        float(result.elpd),
+        float(result.se),
+        float(result.p),
+        int(result.n_samples),
+        int(result.n_data_points),
+        float(result.good_k),
+        bool(result.warning),
+        None if k is None else np.asarray(k),
+        None if e is None else np.asarray(e),
+        bool(getattr(result, "approx_posterior", False)),
+    )
 
 
 # ------------------------------------------------------------------------------------------------

@@ -39,9 +39,10 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pyro
 import torch
@@ -54,8 +55,11 @@ from pyro_invariance._pyro_scope import pyro_scope
 from pyro_invariance.catalogue import check_model_fits_data, model_kwargs_for
 from pyro_invariance.data.arrays import train_arrays
 from pyro_invariance.diagnostics.evaluation import (  # noqa: F401  (regression_metrics: re-exported)
-    evaluate, exact_log_evidence, regression_metrics, task_for,
-)  # fmt: skip
+    evaluate,
+    exact_log_evidence,
+    regression_metrics,
+    task_for,
+)
 from pyro_invariance.diagnostics.plots import save_figure
 from pyro_invariance.guides import num_guide_parameters
 from pyro_invariance.infer.bounds import PSIS_MIN_DRAWS, _validate_Ks, check_observed, evidence_bounds
@@ -64,7 +68,8 @@ from pyro_invariance.infer.training import fit
 from pyro_invariance.models.base import CatalogueModel, symmetry_summary
 from pyro_invariance.registry import DATASETS, GUIDES, MODELS
 from pyro_invariance.symmetry.affine import GENERATOR_NAMES, eta_to_human
-from pyro_invariance.tasks import Column, get as get_task
+from pyro_invariance.tasks import Column
+from pyro_invariance.tasks import get as get_task
 from pyro_invariance.validation import check_positive_int, derived_seed
 
 if TYPE_CHECKING:
@@ -132,7 +137,9 @@ def _format_params(params: dict[str, Any], image_size: int | None) -> str:
 
 def _eta_values(model: Any, guide: Any = None) -> dict[str, Any]:
     params = symmetry_summary(model, guide)
-    return {k: (float(v) if torch.as_tensor(v).numel() == 1 else torch.as_tensor(v).tolist()) for k, v in params.items()}
+    return {
+        k: (float(v) if torch.as_tensor(v).numel() == 1 else torch.as_tensor(v).tolist()) for k, v in params.items()
+    }
 
 
 def image_size_of(data: Any) -> int | None:
@@ -157,8 +164,12 @@ def _finite_or_none(v: Any) -> Any:
 
 def _plot_range(vals: list[list[float]], errs: list[list[float]], exact: list[float]) -> tuple[float, float]:
     """The lowest and highest value the bar chart shows: bounds ± their errors and the exact values."""
-    ends = [(v - e, v + e) if math.isfinite(e) else (v, v) for rv, re in zip(vals, errs) for v, e in zip(rv, re)
-            if math.isfinite(v)]  # fmt: skip
+    ends = [
+        (v - e, v + e) if math.isfinite(e) else (v, v)
+        for rv, re in zip(vals, errs)
+        for v, e in zip(rv, re)
+        if math.isfinite(v)
+    ]
     if not ends:
         return -1.0, 0.0
     return min([a for a, _ in ends] + exact), max([b for _, b in ends] + exact)
@@ -385,8 +396,10 @@ class GuideComparison:
 
     def units(self) -> str:
         """The one line that states the table's unit."""
-        return (f"All bounds and differences in nats per datum (÷ n = {self.settings['n_eval']}); "
-                "± one Monte-Carlo standard error.")
+        return (
+            f"All bounds and differences in nats per datum (÷ n = {self.settings['n_eval']}); "
+            "± one Monte-Carlo standard error."
+        )
 
     def _ranking_notes(self) -> list[str]:
         """Which row is best on each bound, and which rows its difference does not separate from it
@@ -409,11 +422,12 @@ class GuideComparison:
 
     def _flag_notes(self) -> list[str]:
         flags = {f for r in self.rows for f in row_flags(r)}
-        lines = [f"flags: k̂>{KHAT_LIMIT}: the guide is a poor importance proposal, its IWAE estimates and errors "
-                 "are unreliable; " + CONVERGENCE_RULE + "."]
+        lines = [
+            f"flags: k̂>{KHAT_LIMIT}: the guide is a poor importance proposal, its IWAE estimates and errors "
+            "are unreliable; " + CONVERGENCE_RULE + "."
+        ]
         if "k̂ n/a" in flags:
-            lines.append(f"k̂ n/a: fewer than {PSIS_MIN_DRAWS} guide draws, too few for PSIS k̂ "
-                         "(raise bound_samples).")
+            lines.append(f"k̂ n/a: fewer than {PSIS_MIN_DRAWS} guide draws, too few for PSIS k̂ (raise bound_samples).")
         if "short" in flags:
             lines.append(f"short: fewer than {MIN_WINDOW_STEPS} steps in a convergence window, too short to judge.")
         if flags & {f"k̂>{KHAT_LIMIT}", "moving"}:
@@ -448,20 +462,30 @@ class GuideComparison:
         n, n_train = s["n_eval"], s.get("n_train", s["n_eval"])
         lines = [*self._bound_notes(with_units), *self._ranking_notes(), *self._flag_notes()]
         if n != n_train:
-            lines.append("With a subset the guide fitted to all training data is the proposal: a valid, looser bound "
-                         "on the subset's evidence.")
+            lines.append(
+                "With a subset the guide fitted to all training data is the proposal: a valid, looser bound "
+                "on the subset's evidence."
+            )
         if any(not r.get("is_bound", True) for r in self.rows):
-            lines.append("*: point-estimate guide; the number is log p(D, ẑ) at the point, not a bound on the evidence.")
+            lines.append(
+                "*: point-estimate guide; the number is log p(D, ẑ) at the point, not a bound on the evidence."
+            )
         if any(r.get("symmetry_prior") is not None for r in self.rows):
-            lines.append("η point (type-II): the bounds are on log p(D | η̂) at the learned η̂. η latent (a prior "
-                         "name): on log p(D) = log ∫ p(D | η) p(η) dη, which pays an Occam factor for the prior's "
-                         "spread; the two are different quantities, not two bounds on one.")
+            lines.append(
+                "η point (type-II): the bounds are on log p(D | η̂) at the learned η̂. η latent (a prior "
+                "name): on log p(D) = log ∫ p(D | η) p(η) dη, which pays an Occam factor for the prior's "
+                "spread; the two are different quantities, not two bounds on one."
+            )
         if self.has_exact_evidence():
-            lines.append("log Z/N: exact log evidence per datum (at the guide's learned η; for a latent η, "
-                         "log p(D) by quadrature over η).")
+            lines.append(
+                "log Z/N: exact log evidence per datum (at the guide's learned η; for a latent η, "
+                "log p(D) by quadrature over η)."
+            )
         if s.get("eval_seed") is not None:
-            lines.append(f"Test metrics from {s.get('eval_samples', '?')} guide draws seeded by {s['eval_seed']}, "
-                         "the run's seed: the numbers `pyro-invariance fit` reports for the same run.")
+            lines.append(
+                f"Test metrics from {s.get('eval_samples', '?')} guide draws seeded by {s['eval_seed']}, "
+                "the run's seed: the numbers `pyro-invariance fit` reports for the same run."
+            )
         if s.get("test_on_train"):
             lines.append("Test metrics were computed on the training data (data given as a pair).")
         return lines
@@ -497,7 +521,7 @@ class GuideComparison:
         return _finite_or_none({"settings": self.settings, "kind": self.kind, "Ks": list(self.Ks), "rows": rows})
 
     @classmethod
-    def from_dict(cls, payload: Mapping[str, Any]) -> "GuideComparison":
+    def from_dict(cls, payload: Mapping[str, Any]) -> GuideComparison:
         """Rebuild a comparison (without the fitted models) from :meth:`to_dict` / a saved JSON file."""
         rows = [dict(r) for r in payload["rows"]]
         for r in rows:  # JSON null / "inf" back to floats; the derived columns are recomputed, not read
@@ -550,8 +574,15 @@ class GuideComparison:
         flagged = []
         for i, r in enumerate(self.rows):
             if r.get("log_evidence") is not None:
-                ax.hlines(r["log_evidence"], i - 0.45, i + 0.45, colors="k", linestyles="--", lw=1,
-                          label="exact log Z/N" if i == 0 else None)
+                ax.hlines(
+                    r["log_evidence"],
+                    i - 0.45,
+                    i + 0.45,
+                    colors="k",
+                    linestyles="--",
+                    lw=1,
+                    label="exact log Z/N" if i == 0 else None,
+                )
             flags = row_flags(r)
             flagged.append(bool(flags))
             text = "k̂ n/a (point est.)" if not r.get("is_bound", True) else f"k̂={_fmt(r.get('k_hat'), '.2f')}"
@@ -569,8 +600,9 @@ class GuideComparison:
         fig.tight_layout()
         return fig
 
-    def _draw_bars(self, ax: Axes, vals: list[list[float]], errs: list[list[float]], bottom: float,
-                   span: float) -> None:  # fmt: skip
+    def _draw_bars(
+        self, ax: Axes, vals: list[list[float]], errs: list[list[float]], bottom: float, span: float
+    ) -> None:
         """One bar per bound and row, with its error bar; ``±?`` above a bound without a usable error."""
         names = ["ELBO"] + [f"IWAE$_{{{k}}}$" for k in self.Ks]
         n_rows, n_bars = len(self.rows), len(names)
@@ -579,8 +611,17 @@ class GuideComparison:
             xs = [i + (j - (n_bars - 1) / 2) * width for i in range(n_rows)]
             heights = [vals[i][j] - bottom if math.isfinite(vals[i][j]) else 0.0 for i in range(n_rows)]
             yerr = [errs[i][j] if math.isfinite(errs[i][j]) else 0.0 for i in range(n_rows)]
-            bars = ax.bar(xs, heights, width, bottom=bottom, yerr=yerr, label=names[j], color=f"C{j}", capsize=3,
-                          error_kw={"ecolor": "k", "elinewidth": 1})  # fmt: skip
+            bars = ax.bar(
+                xs,
+                heights,
+                width,
+                bottom=bottom,
+                yerr=yerr,
+                label=names[j],
+                color=f"C{j}",
+                capsize=3,
+                error_kw={"ecolor": "k", "elinewidth": 1},
+            )
             for i, (patch, r) in enumerate(zip(bars.patches, self.rows)):
                 if not r.get("is_bound", True):  # point estimates: log joint, not a bound
                     patch.set_alpha(0.35)
@@ -604,7 +645,9 @@ def _resolve_data(data: Any, data_kwargs: Mapping[str, Any] | None) -> tuple[Any
     return data, str(label)
 
 
-def _model_factory(model: Any, data: Any, model_kwargs: Mapping[str, Any] | None, seed: int) -> tuple[Callable[[], nn.Module], str, dict]:
+def _model_factory(
+    model: Any, data: Any, model_kwargs: Mapping[str, Any] | None, seed: int
+) -> tuple[Callable[[], nn.Module], str, dict]:
     """A zero-argument function returning the same initial model every call."""
     if isinstance(model, str):
         kwargs = model_kwargs_for(model, data, **(model_kwargs or {}))
@@ -799,8 +842,25 @@ def _plan(
     kind = task_for(probe, dataset).name
     check_observed(probe, x_train[:2], y_train[:2], num_data=n_train)  # fail before fitting
     return ComparisonPlan(
-        guides, kwargs_by_guide, priors, builders, dataset, data_label, dict(data_kwargs or {}), x_train, y_train,
-        n_eval, kind, Ks, num_draws, config, overrides, shared, eval_samples, bound_batch_size, bound_vectorize,
+        guides,
+        kwargs_by_guide,
+        priors,
+        builders,
+        dataset,
+        data_label,
+        dict(data_kwargs or {}),
+        x_train,
+        y_train,
+        n_eval,
+        kind,
+        Ks,
+        num_draws,
+        config,
+        overrides,
+        shared,
+        eval_samples,
+        bound_batch_size,
+        bound_vectorize,
     )
 
 
@@ -825,7 +885,13 @@ def fit_guides(
         t0 = time.perf_counter()
         pyro.set_rng_seed(derived_seed(seed, 1))
         bounds = evidence_bounds(
-            m, g, xe, ye, Ks, num_samples=plan.num_draws, batch_size=plan.bound_batch_size,
+            m,
+            g,
+            xe,
+            ye,
+            Ks,
+            num_samples=plan.num_draws,
+            batch_size=plan.bound_batch_size,
             vectorize=plan.bound_vectorize,
         )
         bound_seconds = time.perf_counter() - t0
@@ -982,6 +1048,21 @@ def compare_guides(
         UnknownNameError: a guide, model or dataset name is not registered.
         ValueError: K or another setting is invalid, or the model observes nothing.
     """
-    plan = _plan(model, data, guides, config, K, bound_samples, eval_subset, eval_samples, bound_batch_size,
-                 bound_vectorize, guide_kwargs, model_kwargs, data_kwargs, symmetry_priors, overrides)
+    plan = _plan(
+        model,
+        data,
+        guides,
+        config,
+        K,
+        bound_samples,
+        eval_subset,
+        eval_samples,
+        bound_batch_size,
+        bound_vectorize,
+        guide_kwargs,
+        model_kwargs,
+        data_kwargs,
+        symmetry_priors,
+        overrides,
+    )
     return comparison_table(plan, fit_guides(plan, progress=progress, log=log))

@@ -23,8 +23,9 @@ quantities are conserved *and* independent enough to span that subspace.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -44,7 +45,9 @@ def gradients(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     with torch.enable_grad():
         xg = x.detach().requires_grad_(True)
         out = fn(xg)
-        rows = [torch.autograd.grad(out[:, k].sum(), xg, retain_graph=k + 1 < out.shape[1])[0] for k in range(out.shape[1])]
+        rows = [
+            torch.autograd.grad(out[:, k].sum(), xg, retain_graph=k + 1 < out.shape[1])[0] for k in range(out.shape[1])
+        ]
     return torch.stack(rows, dim=1).detach()
 
 
@@ -74,13 +77,22 @@ class ConservedAnalysis:
         """Rows ``[quantity, median angle, note]`` for a report."""
         rows = [[f"∇{n} to the learned span", f"{a:.1f}°", ""] for n, a in self.known_angle.items()]
         for k, (a, (name, cos), c) in enumerate(zip(self.learned_angle, self.match, self.conservation)):
-            rows.append([f"∇C{k} to the known span", f"{a:.1f}°", f"most parallel to ∇{name} (abs. cosine {cos:.2f}); "
-                         f"|{{C{k}, H}}| normalised {c:.3f}"])  # fmt: skip
+            rows.append(
+                [
+                    f"∇C{k} to the known span",
+                    f"{a:.1f}°",
+                    f"most parallel to ∇{name} (abs. cosine {cos:.2f}); |{{C{k}, H}}| normalised {c:.3f}",
+                ]
+            )
         return rows
 
 
-def analyse_conserved(learned: Callable[[Tensor], Tensor], known: Callable[[Tensor], Mapping[str, Tensor]],
-                      states: Tensor, hamiltonian: str = "H") -> ConservedAnalysis:  # fmt: skip
+def analyse_conserved(
+    learned: Callable[[Tensor], Tensor],
+    known: Callable[[Tensor], Mapping[str, Tensor]],
+    states: Tensor,
+    hamiltonian: str = "H",
+) -> ConservedAnalysis:
     """The analysis of the module docstring on ``states (N, M)`` (float64 recommended).
 
     Args:
@@ -103,8 +115,14 @@ def analyse_conserved(learned: Callable[[Tensor], Tensor], known: Callable[[Tens
     for k in range(g_learned.shape[1]):
         gk = g_learned[:, k]
         learned_angle.append(float(_angle_to_span(gk, known_basis).median()))
-        cos = (torch.einsum("nm,nqm->nq", gk, g_known).abs()
-               / (gk.norm(dim=-1, keepdim=True) * g_known.norm(dim=-1)).clamp_min(1e-30)).median(0).values  # fmt: skip
+        cos = (
+            (
+                torch.einsum("nm,nqm->nq", gk, g_known).abs()
+                / (gk.norm(dim=-1, keepdim=True) * g_known.norm(dim=-1)).clamp_min(1e-30)
+            )
+            .median(0)
+            .values
+        )
         j = int(cos.argmax())
         match.append((names[j], float(cos[j])))
         bracket = (gk * flow_h).sum(-1).abs() / (gk.norm(dim=-1) * flow_h.norm(dim=-1)).clamp_min(1e-30)
@@ -112,9 +130,16 @@ def analyse_conserved(learned: Callable[[Tensor], Tensor], known: Callable[[Tens
     return ConservedAnalysis(names, known_angle, learned_angle, match, conservation, int(states.shape[0]))
 
 
-def plot_level_sets(learned: Callable[[Tensor], Tensor], known: Callable[[Tensor], Mapping[str, Tensor]],
-                    state: Tensor, *, plane: tuple[int, int] = (0, 1), extent: float = 1.5, points: int = 81,
-                    fig: Figure | None = None) -> Figure:  # fmt: skip
+def plot_level_sets(
+    learned: Callable[[Tensor], Tensor],
+    known: Callable[[Tensor], Mapping[str, Tensor]],
+    state: Tensor,
+    *,
+    plane: tuple[int, int] = (0, 1),
+    extent: float = 1.5,
+    points: int = 81,
+    fig: Figure | None = None,
+) -> Figure:
     """Level sets of each learned and known quantity on a 2-d slice of phase space through ``state``
     (coordinates ``plane`` varied over ±``extent`` around it, the others held), one panel each,
     learned first. Draws into ``fig`` (an empty figure; default: a new one) and returns it."""
@@ -131,7 +156,7 @@ def plot_level_sets(learned: Callable[[Tensor], Tensor], known: Callable[[Tensor
     rows = math.ceil(len(panels) / cols)
     fig = fig if fig is not None else plt.figure(figsize=(3 * cols, 3 * rows))
     axes = list(fig.subplots(rows, cols, squeeze=False).ravel())
-    for extra in axes[len(panels):]:
+    for extra in axes[len(panels) :]:
         extra.set_visible(False)
     for a, (title, values) in zip(axes, panels):
         v = values.detach().numpy()

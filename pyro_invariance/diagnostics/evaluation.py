@@ -16,7 +16,8 @@ touching the caller's RNG.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from pyro import poutine
@@ -31,17 +32,33 @@ from pyro_invariance.infer.modes import eval_mode
 from pyro_invariance.infer.training import FitResult
 from pyro_invariance.models.base import CatalogueModel
 from pyro_invariance.tasks import (  # noqa: F401  (seeded_rng, model_device, posterior_predictive: re-exported)
-    CLASSIFICATION, REGRESSION, Task, evaluation_device, model_device, posterior_predictive, seeded_rng,
-)  # fmt: skip
+    CLASSIFICATION,
+    REGRESSION,
+    Task,
+    evaluation_device,
+    model_device,
+    posterior_predictive,
+    seeded_rng,
+)
 from pyro_invariance.validation import (
-    check_device, check_positive_int, check_seed, coerce_labels, num_classes_of, num_data_kwargs,
-)  # fmt: skip
+    check_device,
+    check_positive_int,
+    check_seed,
+    coerce_labels,
+    num_classes_of,
+    num_data_kwargs,
+)
 
 
 @pyro_scope()
 @torch.no_grad()
 def elbo_per_datum(
-    model: Any, guide: Any, x: Tensor, y: Tensor, num_particles: int = 8, meanfield: bool = True,
+    model: Any,
+    guide: Any,
+    x: Tensor,
+    y: Tensor,
+    num_particles: int = 8,
+    meanfield: bool = True,
     batch_size: int = 4096,
 ) -> float:
     """ELBO / N on ``(x, y)``, averaged over ``num_particles`` draws.
@@ -58,7 +75,7 @@ def elbo_per_datum(
     chunk = batch_size if kwargs else n  # a model without num_data scores the rows it gets as the data set
     total = 0.0
     for i in range(0, n, chunk):
-        xb, yb = x[i:i + chunk], y[i:i + chunk]
+        xb, yb = x[i : i + chunk], y[i : i + chunk]
         total += xb.shape[0] / n * float(elbo.loss(model, guide, xb, yb, **kwargs))
     return -total / n
 
@@ -161,8 +178,9 @@ def classification_metrics(
 
 @pyro_scope()
 @torch.no_grad()
-def regression_metrics(model: Any, guide: Any, data: Any, *, num_samples: int = 16, device: Any = None,
-                       seed: int = 0) -> dict[str, float]:  # fmt: skip
+def regression_metrics(
+    model: Any, guide: Any, data: Any, *, num_samples: int = 16, device: Any = None, seed: int = 0
+) -> dict[str, float]:
     """Held-out RMSE of the posterior-predictive mean and NLL per example of the predictive
     mixture ``(1/S) Σ_s p(y | x, θ_s)`` (the model's own observation distribution), ``θ_s ~ q``.
 

@@ -16,7 +16,8 @@ MSEs are averaged over state coordinates and pairs (the talk's convention of a p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pyro import poutine
@@ -147,16 +148,27 @@ def _mse(model: Any, guide: Any, x: Tensor, y: Tensor, num_samples: int) -> floa
     return float(((DYNAMICS.posterior_predictive(model, guide, x, num_samples).mean(0) - y) ** 2).mean())
 
 
-def _hnn_columns(model: Any, guide: Any, data: Any, split_arrays: Any, num_samples: int, num_particles: int,
-                 rollout_steps: int | None, max_test: int | None) -> dict[str, float]:  # fmt: skip
+def _hnn_columns(
+    model: Any,
+    guide: Any,
+    data: Any,
+    split_arrays: Any,
+    num_samples: int,
+    num_particles: int,
+    rollout_steps: int | None,
+    max_test: int | None,
+) -> dict[str, float]:
     x, y = split_arrays(*train_arrays(data))
     out: dict[str, float] = {}
     out["train_mse"] = _mse(model, guide, x, y, num_samples)
     nll, kl = nll_kl(model, guide, x, y, num_particles)
     out.update(nll=nll, kl=kl, neg_elbo=nll + kl)
     physics = isinstance(data, PhysicsDataset)
-    held_out = {s: data.split(s) for s in ("test", "wider", "moved") if s in data.arrays} if physics else {
-        "test": test_arrays(data)}  # fmt: skip
+    held_out = (
+        {s: data.split(s) for s in ("test", "wider", "moved") if s in data.arrays}
+        if physics
+        else {"test": test_arrays(data)}
+    )
     for split, (xs, ys) in held_out.items():
         if max_test is not None:
             xs, ys = xs[:max_test], ys[:max_test]
@@ -170,8 +182,9 @@ def _hnn_columns(model: Any, guide: Any, data: Any, split_arrays: Any, num_sampl
     return out
 
 
-def symmetry_analysis(model: Any, oracle: str | None = None, system: str | None = None,
-                      rel_threshold: float = 0.1) -> SymmetryAnalysis:
+def symmetry_analysis(
+    model: Any, oracle: str | None = None, system: str | None = None, rel_threshold: float = 0.1
+) -> SymmetryAnalysis:
     """SVD of the model's generators and parallelness to the oracle (``oracle`` name, or the
     oracle of ``system``: sho → so2, oscillators → un, nbody → se2)."""
     if oracle is None and system is not None:
@@ -183,8 +196,9 @@ def symmetry_analysis(model: Any, oracle: str | None = None, system: str | None 
     return analyse_generators(g, o, rel_threshold)
 
 
-def plot_symmetry_analysis(analysis: SymmetryAnalysis, *, title: str = "", target: int | None = None,
-                           fig: Figure | None = None) -> Figure:
+def plot_symmetry_analysis(
+    analysis: SymmetryAnalysis, *, title: str = "", target: int | None = None, fig: Figure | None = None
+) -> Figure:
     """Two panels: singular values of the learned generators (bars; dashed line after the
     ``target`` count) and the parallelness ``|cos|`` of each singular vector to the oracle span (left
     blank without an oracle). Draws into ``fig`` (an empty figure; default: a new one) and returns

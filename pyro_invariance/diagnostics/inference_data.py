@@ -72,8 +72,9 @@ dataset's class names (``data.info["classes"]``) when their number matches, else
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,9 +83,12 @@ from pyro.poutine.trace_struct import Trace
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
+from pyro_invariance._pyro_scope import pyro_scope
+from pyro_invariance.data.arrays import test_arrays, train_arrays
 from pyro_invariance.diagnostics import arviz_compat
-from pyro_invariance.diagnostics.arviz_compat import DRAWS_ATTR, INDEPENDENT
 from pyro_invariance.diagnostics.arviz_compat import (  # noqa: F401  (re-exported)
+    DRAWS_ATTR,
+    INDEPENDENT,
     loo,
     loo_approximate_posterior,
     loo_values,
@@ -92,13 +96,11 @@ from pyro_invariance.diagnostics.arviz_compat import (  # noqa: F401  (re-export
     plot_posterior,
     summary,
 )
-from pyro_invariance.data.arrays import test_arrays, train_arrays
 from pyro_invariance.guides.base import check_guide_for
-from pyro_invariance.models.base import CatalogueModel, symmetry_summary
 from pyro_invariance.infer.modes import eval_mode
+from pyro_invariance.models.base import CatalogueModel, symmetry_summary
 from pyro_invariance.registry import GUIDES, MODELS
 from pyro_invariance.validation import check_positive_int, check_seed, num_classes_of, num_data_kwargs
-from pyro_invariance._pyro_scope import pyro_scope
 
 __all__ = [
     "to_inference_data",
@@ -198,7 +200,7 @@ def to_inference_data(
     device = _device(model)
     x, y = x.to(device), y.to(device)
     n = x.shape[0]
-    chunks = [(x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, n, batch_size)]
+    chunks = [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, n, batch_size)]
 
     with eval_mode(model), torch.no_grad(), torch.random.fork_rng(devices=_fork_devices(device)):
         torch.manual_seed(seed)
@@ -223,9 +225,7 @@ def to_inference_data(
     return arviz_compat.from_arrays(groups, dims=dims, coords=coords, attrs=attrs, var_attrs=var_attrs)
 
 
-def _groups(
-    src: _Source, draws: list[dict[str, Any]]
-) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, list[str]]]:
+def _groups(src: _Source, draws: list[dict[str, Any]]) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, list[str]]]:
     """The sampled and observed groups of the draws, and every variable's dims."""
     chains, per_chain = src.shape
     obs_name = draws[0]["obs_name"]
@@ -254,8 +254,12 @@ def _groups(
 
 
 def _add_point_symmetry(
-    groups: dict[str, dict[str, np.ndarray]], dims: dict[str, list[str]], coords: dict[str, list[Any]],
-    symmetry: dict[str, float], shape: tuple[int, int], in_posterior: bool,
+    groups: dict[str, dict[str, np.ndarray]],
+    dims: dict[str, list[str]],
+    coords: dict[str, list[Any]],
+    symmetry: dict[str, float],
+    shape: tuple[int, int],
+    in_posterior: bool,
 ) -> dict[str, dict[str, dict[str, str]]]:
     """A point-estimate η (``symmetry`` non-empty) into ``constant_data`` -- and, asked, into the posterior
     as the same value in every draw -- in place; returns the variables' attributes."""
@@ -330,7 +334,7 @@ def _source(source: Any, num_samples: int | None, chains: int | None) -> _Source
         DRAWS_ATTR: INDEPENDENT,
         "summary_hint": (
             f"{s} independent draws from the guide q, laid out as {_chains_text(*shape)}: their R-hat and ESS "
-            "hold by construction and do not check the fit; az.summary(idata, kind=\"stats\") shows the statistics "
+            'hold by construction and do not check the fit; az.summary(idata, kind="stats") shows the statistics '
             "alone"
         ),
     }
@@ -433,8 +437,15 @@ def _unpack(result_or_pair: Any) -> tuple[Any, Any, dict[str, Any]]:
 
 
 def _one_draw(
-    model: Any, latent_trace: Trace, log_q: float | None, chunks: list, device: torch.device, seed: int, s: int,
-    *, strict: bool,
+    model: Any,
+    latent_trace: Trace,
+    log_q: float | None,
+    chunks: list,
+    device: torch.device,
+    seed: int,
+    s: int,
+    *,
+    strict: bool,
 ) -> dict[str, Any]:
     """One joint draw θ_s (a trace of latent values), replayed on every chunk; numpy arrays.
     ``strict``: every latent site of the model must have a value in ``latent_trace`` (MCMC)."""

@@ -27,13 +27,15 @@ its posterior, ``analyse_pathways(model, result.laplace)``
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pyro import poutine
 from pyro.infer.autoguide import AutoDelta
 from torch import Tensor
+
 from pyro_invariance._optional import pyplot as plt
 from pyro_invariance._pyro_scope import pyro_scope
 
@@ -43,7 +45,15 @@ if TYPE_CHECKING:
 __all__ = ["PathwayReport", "analyse_pathways", "block_shares", "pathway_table", "plot_pathways"]
 
 #: Display names of the pathway kinds.
-KIND_LABELS = {"fc": "FC", "conv": "CONV", "ffc": "F-FC", "sfc": "S-FC", "sconv": "S-CONV", "gconv": "GCONV", "head": "head"}
+KIND_LABELS = {
+    "fc": "FC",
+    "conv": "CONV",
+    "ffc": "F-FC",
+    "sfc": "S-FC",
+    "sconv": "S-CONV",
+    "gconv": "GCONV",
+    "head": "head",
+}
 #: Equivariant pathway kinds (the rest break the symmetry).
 EQUIVARIANT_KINDS = frozenset({"conv", "sconv", "gconv"})
 
@@ -76,7 +86,9 @@ class PathwayReport:
         return asdict(self)
 
 
-def _variance_sums(model: Any, guide: Any, sites: Sequence[str], x: Tensor | None, num_samples: int) -> dict[str, float]:
+def _variance_sums(
+    model: Any, guide: Any, sites: Sequence[str], x: Tensor | None, num_samples: int
+) -> dict[str, float]:
     """tr Σ_q of each site (exact where the guide exposes the site's distribution)."""
     if isinstance(guide, AutoDelta):
         return {s: 0.0 for s in sites}

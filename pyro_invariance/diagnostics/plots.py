@@ -31,8 +31,9 @@ draws, :func:`pyro_invariance.diagnostics.inference_data.plot_posterior` / ``plo
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -42,8 +43,13 @@ from pyro_invariance.data.arrays import train_arrays
 from pyro_invariance.data.images import VARIANTS
 from pyro_invariance.models.invariant_mlp import InvariantMLP
 from pyro_invariance.symmetry.affine import (
-    GENERATOR_NAMES, affine_generators, eta_to_human, lie_exp, transform_images, transform_weight_rows,
-)  # fmt: skip
+    GENERATOR_NAMES,
+    affine_generators,
+    eta_to_human,
+    lie_exp,
+    transform_images,
+    transform_weight_rows,
+)
 from pyro_invariance.symmetry.conserved import quadratic_from_generator
 
 if TYPE_CHECKING:
@@ -322,9 +328,7 @@ def plot_filter_banks(
         limit = float(np.abs(fields).max()) or 1.0
         panels += [(f"fc unit ({p // w_},{p % w_})", _mosaic(f), limit) for p, f in zip(positions, fields)]
     if not panels:
-        raise ValueError(
-            f"no {conv_key!r} (or {fc_key!r} with image_shape) among the sites: {sorted(sites)[:8]}..."
-        )
+        raise ValueError(f"no {conv_key!r} (or {fc_key!r} with image_shape) among the sites: {sorted(sites)[:8]}...")
     cols = min(8, len(panels))
     rows = math.ceil(len(panels) / cols)
     fig = fig if fig is not None else plt.figure(figsize=(1.3 * cols, 1.45 * rows))
@@ -373,7 +377,9 @@ def plot_generators(
     if unknown:
         raise ValueError(f"unknown generators {unknown}; expected names from {GENERATOR_NAMES}")
     basis = affine_generators(dtype=torch.float64)
-    algebra = sum((float(v) * basis[GENERATOR_NAMES.index(k)] for k, v in eta.items()), torch.zeros(3, 3, dtype=torch.float64))
+    algebra = sum(
+        (float(v) * basis[GENERATOR_NAMES.index(k)] for k, v in eta.items()), torch.zeros(3, 3, dtype=torch.float64)
+    )
     n_img = num_examples if image is not None else 0
     fig = fig if fig is not None else plt.figure(figsize=(3.6 + 1.6 * n_img, 3.6))
     axes = list(fig.subplots(1, 1 + n_img, squeeze=False, gridspec_kw={"width_ratios": [2.2] + [1] * n_img})[0])
@@ -461,8 +467,9 @@ def plot_conserved_quantities(
             ax.text(0.5, 0.5, "constant on this plane", ha="center", va="center", transform=ax.transAxes, fontsize=8)
         u, v = vel[coarse, coarse, i], vel[coarse, coarse, j]
         if float(torch.hypot(u, v).max()) > 0:  # no flow within the plane: nothing to draw
-            ax.quiver(gx[coarse, coarse].numpy(), gy[coarse, coarse].numpy(), u.numpy(), v.numpy(), color="0.4",
-                      angles="xy")
+            ax.quiver(
+                gx[coarse, coarse].numpy(), gy[coarse, coarse].numpy(), u.numpy(), v.numpy(), color="0.4", angles="xy"
+            )
         ax.set(xlim=(-extent, extent), ylim=(-extent, extent))
         ax.set(aspect="equal", xlabel=_phase_name(i, m), ylabel=_phase_name(j, m))
         ax.set_title(titles[n] if titles else f"C_{n}", fontsize=9)
@@ -493,7 +500,7 @@ def _mosaic(filt: np.ndarray) -> np.ndarray:
     c, h, w = filt.shape
     out = np.full((h, c * (w + 1) - 1), np.nan)
     for k in range(c):
-        out[:, k * (w + 1): k * (w + 1) + w] = filt[k]
+        out[:, k * (w + 1) : k * (w + 1) + w] = filt[k]
     return out
 
 

@@ -14,8 +14,9 @@ sample sites (``model.symmetry_sites()``); after ``fit`` the guide carries ``q(�
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -96,8 +97,11 @@ def _float64(values: Sequence[float] | np.ndarray | Tensor) -> np.ndarray:
     return np.array(values, dtype=np.float64)
 
 
-def grid_posterior(grid: Sequence[float] | np.ndarray | Tensor, log_evidence: Sequence[float] | np.ndarray | Tensor,
-                   log_prior: Sequence[float] | np.ndarray | Tensor) -> GridPosterior:  # fmt: skip
+def grid_posterior(
+    grid: Sequence[float] | np.ndarray | Tensor,
+    log_evidence: Sequence[float] | np.ndarray | Tensor,
+    log_prior: Sequence[float] | np.ndarray | Tensor,
+) -> GridPosterior:
     """``p(η_j | D) = exp(ℓ_j + log p(η_j)) / Z`` on ``grid``, with ``Z`` by the trapezoidal rule.
 
     Args:
@@ -110,8 +114,9 @@ def grid_posterior(grid: Sequence[float] | np.ndarray | Tensor, log_evidence: Se
     """
     g, le, lp = (_float64(v) for v in (grid, log_evidence, log_prior))
     if g.ndim != 1 or g.shape != le.shape or g.shape != lp.shape or g.size < 2:
-        raise ValueError(f"grid, log_evidence and log_prior must be 1-D of one length >= 2, got "
-                         f"{g.shape}, {le.shape}, {lp.shape}")  # fmt: skip
+        raise ValueError(
+            f"grid, log_evidence and log_prior must be 1-D of one length >= 2, got {g.shape}, {le.shape}, {lp.shape}"
+        )
     if not np.all(np.diff(g) > 0):
         raise ValueError("grid must be strictly increasing")
     if not (np.all(np.isfinite(g)) and np.all(np.isfinite(le)) and np.all(np.isfinite(lp))):
@@ -154,8 +159,9 @@ def exact_symmetry_posterior(model: Any, x: Tensor, y: Tensor, num_points: int =
     return grid_posterior(grid.cpu(), log_evidence.cpu(), log_prior.cpu())
 
 
-def symmetry_draws(model: Any, guide: Any, x: Tensor, y: Tensor, num_samples: int = 1000,
-                   seed: int = 0) -> dict[str, Tensor]:  # fmt: skip
+def symmetry_draws(
+    model: Any, guide: Any, x: Tensor, y: Tensor, num_samples: int = 1000, seed: int = 0
+) -> dict[str, Tensor]:
     """Draws of ``model.symmetry_sites()`` from the fitted ``guide``: ``{site: (num_samples, *shape)}``.
 
     ``x``, ``y`` are any minibatch the guide accepts (it is called with them; the draws of global
@@ -172,4 +178,3 @@ def symmetry_draws(model: Any, guide: Any, x: Tensor, y: Tensor, num_samples: in
             for s in sites:
                 out[s].append(trace.nodes[s]["value"].detach().cpu())
     return {s: torch.stack(v) for s, v in out.items()}
-

@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import pyro
 import torch
@@ -52,12 +53,12 @@ from pyro.distributions.util import scale_and_mask
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
+from pyro_invariance._pyro_scope import pyro_scope
 from pyro_invariance.guides.base import check_guide_for
 from pyro_invariance.infer.distributed import Ranks
 from pyro_invariance.infer.modes import eval_mode
 from pyro_invariance.infer.psis import PSIS_MIN_DRAWS, PSIS_MIN_TAIL, psis_khat, psis_tail_size
 from pyro_invariance.validation import check_positive_int, num_data_kwargs
-from pyro_invariance._pyro_scope import pyro_scope
 
 __all__ = [
     "BoundEstimate",
@@ -166,7 +167,9 @@ def _check_xy(x: Any, y: Any) -> tuple[Tensor, Tensor]:
         raise ValueError("y is required: the bounds are on the evidence p(y | x) of observed data")
     x, y = torch.as_tensor(x), torch.as_tensor(y)
     if x.dim() < 1 or y.dim() < 1 or x.shape[0] != y.shape[0] or x.shape[0] == 0:
-        raise ValueError(f"x and y must have the same, non-zero number of rows, got {tuple(x.shape)} and {tuple(y.shape)}")
+        raise ValueError(
+            f"x and y must have the same, non-zero number of rows, got {tuple(x.shape)} and {tuple(y.shape)}"
+        )
     return x, y
 
 
@@ -198,15 +201,20 @@ def _base(fn: Any) -> Any:
 
 
 def _is_point_estimate(guide_trace: poutine.Trace) -> bool:
-    sites = [s for s in guide_trace.nodes.values()
-             if s["type"] == "sample" and not s["is_observed"] and not site_is_subsample(s)]
+    sites = [
+        s
+        for s in guide_trace.nodes.values()
+        if s["type"] == "sample" and not s["is_observed"] and not site_is_subsample(s)
+    ]
     return bool(sites) and all(
         isinstance(_base(s["fn"]), Delta) and not s["infer"].get("is_auxiliary", False) for s in sites
     )
 
 
 def _in_data_plate(site: dict) -> bool:
-    return any(f.name == "data" or (f.full_size is not None and f.full_size != f.size) for f in site["cond_indep_stack"])
+    return any(
+        f.name == "data" or (f.full_size is not None and f.full_size != f.size) for f in site["cond_indep_stack"]
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -259,7 +267,7 @@ def _log_weight(
     point = _is_point_estimate(guide_tr)
     log_p: Tensor | float = 0.0
     for start in range(0, n, b):
-        xs, ys = x[start:start + b], y[start:start + b]
+        xs, ys = x[start : start + b], y[start : start + b]
         model_tr = run(poutine.replay(model, trace=guide_tr), xs, ys, **kwargs)
         observed = False
         for name, site in model_tr.nodes.items():
@@ -344,8 +352,19 @@ def log_weights(
         if num_samples < ranks.world:
             raise ValueError(f"num_samples={num_samples} is below the {ranks.world} ranks that split the draws")
         base = int(torch.randint(2**62, ()).item())  # the same on every rank: their global streams agree
-        part, point = _rank_log_weights(model, guide, x, y, num_samples, base, ranks.rank, ranks.world,
-                                        batch_size=batch_size, vectorize=vectorize, particle_chunk=particle_chunk)  # fmt: skip
+        part, point = _rank_log_weights(
+            model,
+            guide,
+            x,
+            y,
+            num_samples,
+            base,
+            ranks.rank,
+            ranks.world,
+            batch_size=batch_size,
+            vectorize=vectorize,
+            particle_chunk=particle_chunk,
+        )
         return ranks.cat(part), point
     out = []
     point = False
@@ -379,8 +398,9 @@ def rank_seed(base: int, rank: int) -> int:
     return (base + 104_729 * (rank + 1)) % (2**63 - 1)
 
 
-def _rank_log_weights(model: Any, guide: Any, x: Tensor, y: Tensor, num_samples: int, base: int, rank: int,
-                      world: int, **kwargs: Any) -> tuple[Tensor, bool]:  # fmt: skip
+def _rank_log_weights(
+    model: Any, guide: Any, x: Tensor, y: Tensor, num_samples: int, base: int, rank: int, world: int, **kwargs: Any
+) -> tuple[Tensor, bool]:
     """Rank ``rank``'s share of the draws, from its own stream seeded by ``(base, rank)``; the global
     stream is left as it was."""
     with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
@@ -388,8 +408,9 @@ def _rank_log_weights(model: Any, guide: Any, x: Tensor, y: Tensor, num_samples:
         return log_weights(model, guide, x, y, rank_share(num_samples, rank, world), **kwargs)
 
 
-def ranked_log_weights(model: Any, guide: Any, x: Tensor, y: Tensor, num_samples: int, world: int,
-                       **kwargs: Any) -> tuple[Tensor, bool]:  # fmt: skip
+def ranked_log_weights(
+    model: Any, guide: Any, x: Tensor, y: Tensor, num_samples: int, world: int, **kwargs: Any
+) -> tuple[Tensor, bool]:
     """On one process, the log weights that ``world`` ranks of a data-parallel run would gather in
     :func:`log_weights` (each rank's share of the draws from its own seeded stream, in rank order)."""
     base = int(torch.randint(2**62, ()).item())
@@ -405,7 +426,9 @@ def _logmeanexp(lw: Tensor, dim: int = -1) -> Tensor:
     return torch.logsumexp(lw, dim=dim) - math.log(lw.shape[dim])
 
 
-def elbo_from_log_weights(lw: Tensor, num_data: int, *, point_estimate: bool = False, k_hat: float | None = None) -> BoundEstimate:
+def elbo_from_log_weights(
+    lw: Tensor, num_data: int, *, point_estimate: bool = False, k_hat: float | None = None
+) -> BoundEstimate:
     """ELBO estimate ``mean(lw)`` with standard error ``std(lw)/√S``."""
     lw = torch.as_tensor(lw, dtype=torch.float64).flatten()
     s = lw.numel()
@@ -448,8 +471,9 @@ def iwae_from_log_weights(
         # whatever the real spread is; say that there is no usable error instead
         stderr = float("nan")
     if point_estimate:
-        return BoundEstimate(value, stderr, float("nan"), K, value / num_data, num_data, groups * K, False,
-                             POINT_ESTIMATE_NOTE)
+        return BoundEstimate(
+            value, stderr, float("nan"), K, value / num_data, num_data, groups * K, False, POINT_ESTIMATE_NOTE
+        )
     return BoundEstimate(value, stderr, k, K, value / num_data, num_data, groups * K)
 
 
@@ -498,8 +522,17 @@ def evidence_bounds(
     rest_n = (min(num_samples, 16) if point else num_samples) - 1
     rest = first[:0]
     if rest_n > 0:
-        rest = log_weights(model, guide, x, y, rest_n, batch_size=batch_size, vectorize=vectorize,
-                           particle_chunk=particle_chunk, ranks=ranks)[0]
+        rest = log_weights(
+            model,
+            guide,
+            x,
+            y,
+            rest_n,
+            batch_size=batch_size,
+            vectorize=vectorize,
+            particle_chunk=particle_chunk,
+            ranks=ranks,
+        )[0]
     lw = torch.cat([first, rest])
     if point:
         elbo = elbo_from_log_weights(lw, n, point_estimate=True)
@@ -510,24 +543,42 @@ def evidence_bounds(
     k_hat = psis_khat(lw)
     elbo = elbo_from_log_weights(lw, n, k_hat=k_hat)
     iwae = {k: iwae_from_log_weights(lw, k, n, k_hat=k_hat) for k in Ks}
-    note = "k̂ > 0.7: the guide is a poor importance proposal; IWAE estimates and errors are unreliable" if k_hat > 0.7 else ""
+    note = (
+        "k̂ > 0.7: the guide is a poor importance proposal; IWAE estimates and errors are unreliable"
+        if k_hat > 0.7
+        else ""
+    )
     return EvidenceBounds(elbo, iwae, k_hat, n, lw.numel(), lw, False, note)
 
 
 @pyro_scope()
 def elbo_bound(
-    model: Any, guide: Any, x: Tensor, y: Tensor, num_particles: int = 1000, *, batch_size: int = 4096,
+    model: Any,
+    guide: Any,
+    x: Tensor,
+    y: Tensor,
+    num_particles: int = 1000,
+    *,
+    batch_size: int = 4096,
     vectorize: bool = False,
 ) -> BoundEstimate:
     """Monte-Carlo ELBO ``E_q[log p(D, z) − log q(z)]`` on all of ``(x, y)`` from ``num_particles`` draws."""
     check_positive_int("num_particles", num_particles)
-    return evidence_bounds(model, guide, x, y, (1,), num_samples=num_particles, batch_size=batch_size,
-                           vectorize=vectorize).elbo
+    return evidence_bounds(
+        model, guide, x, y, (1,), num_samples=num_particles, batch_size=batch_size, vectorize=vectorize
+    ).elbo
 
 
 @pyro_scope()
 def iwae_bound(
-    model: Any, guide: Any, x: Tensor, y: Tensor, K: int, *, num_estimates: int = 1, batch_size: int = 4096,
+    model: Any,
+    guide: Any,
+    x: Tensor,
+    y: Tensor,
+    K: int,
+    *,
+    num_estimates: int = 1,
+    batch_size: int = 4096,
     vectorize: bool = False,
 ) -> BoundEstimate:
     """IWAE_K = ``RenyiELBO(alpha=0, num_particles=K)`` bound on ``log p(y | x)`` for all of ``(x, y)``.
@@ -537,5 +588,6 @@ def iwae_bound(
     """
     validate_K(K)
     check_positive_int("num_estimates", num_estimates)
-    return evidence_bounds(model, guide, x, y, (K,), num_samples=K * num_estimates, batch_size=batch_size,
-                           vectorize=vectorize).iwae[K]
+    return evidence_bounds(
+        model, guide, x, y, (K,), num_samples=K * num_estimates, batch_size=batch_size, vectorize=vectorize
+    ).iwae[K]

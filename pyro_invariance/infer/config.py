@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any
 
 from pyro_invariance.guides.base import CatalogueGuide
 from pyro_invariance.infer.distributed import STRATEGIES
@@ -82,32 +83,63 @@ class FitConfig:
     model_lr: float | None = _opt(None, "Adam rate of the model's other point estimates (default: lr)", type=float)
     factor_lr: float = _opt(1e-3, "Adam rate of the guide's off-diagonal covariance factors", type=float)
     num_particles: int = _opt(1, "Monte-Carlo samples of the ELBO per step", type=int)
-    elbo: str = _opt("meanfield", "meanfield: analytic KL where registered; trace: Monte-Carlo KL; iwae: the importance-weighted "
-                    "bound over num_particles draws (Burda et al. 2016); rws: reweighted wake-sleep, the IWAE bound for the model "
-                    "and the inclusive KL(p || q) for the guide (mass-covering; Le et al. 2019)", choices=ELBOS)
+    elbo: str = _opt(
+        "meanfield",
+        "meanfield: analytic KL where registered; trace: Monte-Carlo KL; iwae: the importance-weighted "
+        "bound over num_particles draws (Burda et al. 2016); rws: reweighted wake-sleep, the IWAE bound for the model "
+        "and the inclusive KL(p || q) for the guide (mass-covering; Le et al. 2019)",
+        choices=ELBOS,
+    )
     schedule: str = _opt("cosine", "learning-rate schedule: cosine (to 0) or constant", choices=SCHEDULES)
     seed: int = _opt(0, "seeds Pyro/torch, the minibatch shuffler and hence the whole run (0 to 2**32-1)", type=int)
-    device: str = _opt("cpu", "cpu, or cuda / cuda:N / mps where this machine has them: model, guide and data are "
-                       "moved there", type=str)  # fmt: skip
-    shards: int = _opt(1, "shards of each minibatch, each with its own weight draw and random stream; the loss is their "
-                       "mean (pyro_invariance.infer.distributed). The processes of a DDP run split them", type=int)
-    strategy: str = _opt("single", "single: one process; ddp: data-parallel ranks of a torch.distributed process group "
-                         "(torchrun), which split the shards and average gradients with DistributedDataParallel",
-                         choices=STRATEGIES)  # fmt: skip
-    validation: str = _opt("first-step", "Pyro's validation checks: on for the first step of a call, then off "
-                           "('first-step'; divergence is still caught, see fit), or on every step with a host check of the "
-                           "loss after each step ('always', the slow path)", choices=VALIDATIONS)  # fmt: skip
-    compile: str = _opt("off", "off: eager Pyro; capture: replay the loss from a captured graph (same numbers, checked "
-                        "against Pyro's); inductor: torch.compile that graph (CUDA graphs on a GPU; other random draws); cudagraphs: "
-                        "that graph's forward and backward recorded as CUDA graphs (CUDA only; other random draws)",
-                        choices=COMPILE_MODES)  # fmt: skip
-    log_every: int = _opt(50, "steps between bulk reads of the loss history (and, with validation 'first-step', "
-                          "snapshots of the state for locating a divergence)", type=int)  # fmt: skip
-    tf32: bool = _opt(False, "TF32 float32 matmuls and convolutions on CUDA (ignored with a warning elsewhere)",
-                      action=argparse.BooleanOptionalAction)  # fmt: skip
-    threads: int | None = _opt(None, "torch threads while the call runs (restored after; default: leave torch's count). "
-                               "One is usually fastest for these small models, above all on a shared machine",
-                               type=int)  # fmt: skip
+    device: str = _opt(
+        "cpu",
+        "cpu, or cuda / cuda:N / mps where this machine has them: model, guide and data are moved there",
+        type=str,
+    )
+    shards: int = _opt(
+        1,
+        "shards of each minibatch, each with its own weight draw and random stream; the loss is their "
+        "mean (pyro_invariance.infer.distributed). The processes of a DDP run split them",
+        type=int,
+    )
+    strategy: str = _opt(
+        "single",
+        "single: one process; ddp: data-parallel ranks of a torch.distributed process group "
+        "(torchrun), which split the shards and average gradients with DistributedDataParallel",
+        choices=STRATEGIES,
+    )
+    validation: str = _opt(
+        "first-step",
+        "Pyro's validation checks: on for the first step of a call, then off "
+        "('first-step'; divergence is still caught, see fit), or on every step with a host check of the "
+        "loss after each step ('always', the slow path)",
+        choices=VALIDATIONS,
+    )
+    compile: str = _opt(
+        "off",
+        "off: eager Pyro; capture: replay the loss from a captured graph (same numbers, checked "
+        "against Pyro's); inductor: torch.compile that graph (CUDA graphs on a GPU; other random draws); cudagraphs: "
+        "that graph's forward and backward recorded as CUDA graphs (CUDA only; other random draws)",
+        choices=COMPILE_MODES,
+    )
+    log_every: int = _opt(
+        50,
+        "steps between bulk reads of the loss history (and, with validation 'first-step', "
+        "snapshots of the state for locating a divergence)",
+        type=int,
+    )
+    tf32: bool = _opt(
+        False,
+        "TF32 float32 matmuls and convolutions on CUDA (ignored with a warning elsewhere)",
+        action=argparse.BooleanOptionalAction,
+    )
+    threads: int | None = _opt(
+        None,
+        "torch threads while the call runs (restored after; default: leave torch's count). "
+        "One is usually fastest for these small models, above all on a shared machine",
+        type=int,
+    )
 
     def __post_init__(self) -> None:
         if self.compile is True or self.compile is False:  # compile=True: torch.compile (the issue's spelling)
@@ -143,21 +175,27 @@ class FitConfig:
             raise ValueError(f"unknown compile {self.compile!r}; use one of {list(COMPILE_MODES)} (or True / False)")
         check_positive_int("shards", self.shards)
         if self.batch_size is not None and self.batch_size % self.shards:
-            raise ValueError(f"batch_size={self.batch_size} is not a multiple of shards={self.shards}: every shard needs "
-                             "the same number of rows")  # fmt: skip
+            raise ValueError(
+                f"batch_size={self.batch_size} is not a multiple of shards={self.shards}: every shard needs "
+                "the same number of rows"
+            )
         if self.strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {self.strategy!r}; use one of {list(STRATEGIES)}")
         if self.compile != "off" and (self.shards > 1 or self.strategy == "ddp"):
-            raise ValueError(f"compile={self.compile!r} needs shards=1 and strategy='single': a captured graph replays "
-                             "one stream on one process")  # fmt: skip
+            raise ValueError(
+                f"compile={self.compile!r} needs shards=1 and strategy='single': a captured graph replays "
+                "one stream on one process"
+            )
         check_positive_int("log_every", self.log_every)
         if self.threads is not None:
             check_positive_int("threads", self.threads)
         if not isinstance(self.tf32, bool):
             raise ValueError(f"tf32 must be True or False, got {self.tf32!r}")
         if self.compile != "off" and self.validation == "always":
-            raise ValueError(f"compile={self.compile!r} needs validation='first-step': validation reads tensor values on "
-                             "every step, which a captured graph cannot")  # fmt: skip
+            raise ValueError(
+                f"compile={self.compile!r} needs validation='first-step': validation reads tensor values on "
+                "every step, which a captured graph cannot"
+            )
         return self
 
     @classmethod
@@ -170,15 +208,20 @@ class FitConfig:
         """Refuse keys that are not fields (one line listing the fields)."""
         unknown = sorted(set(settings) - set(cls.names()))
         if unknown:
-            raise TypeError(f"unknown {what}{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-                            f"FitConfig has {', '.join(cls.names())}")  # fmt: skip
+            raise TypeError(
+                f"unknown {what}{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                f"FitConfig has {', '.join(cls.names())}"
+            )
 
     @classmethod
     def recommended(cls, model: Any = None, guide: Any = None, **overrides: Any) -> FitConfig:
         """Library defaults, updated by the guide's then the model's ``fit_defaults``, then ``overrides``."""
         settings: dict[str, Any] = {}
-        for source, what in ((fit_defaults_of(guide), "guide fit_defaults"), (fit_defaults_of(model), "model fit_defaults"),
-                             (overrides, "fit setting")):  # fmt: skip
+        for source, what in (
+            (fit_defaults_of(guide), "guide fit_defaults"),
+            (fit_defaults_of(model), "model fit_defaults"),
+            (overrides, "fit setting"),
+        ):
             cls.check_names(source, what)
             settings.update(source)
         if "device" in settings:
@@ -214,21 +257,26 @@ def resolve_config(config: FitConfig | None, model: Any, guide: Any, overrides: 
 # ----------------------------------------------------------------------------------------------
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = (),
-                         only: tuple[str, ...] | None = None) -> argparse.ArgumentParser:  # fmt: skip
+def add_config_arguments(
+    parser: argparse.ArgumentParser, skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None
+) -> argparse.ArgumentParser:
     """Add ``--<field>`` for every :class:`FitConfig` field (not in ``skip``; in ``only`` when given) to ``parser``.
 
     An option the user does not give is absent from the parsed namespace (``argparse.SUPPRESS``),
     so the model's and the guide's recommended settings apply (:func:`config_overrides`).
     """
-    group = parser.add_argument_group("training settings (FitConfig; default: the model's, then the guide's, "
-                                      "then the library's)")  # fmt: skip
+    group = parser.add_argument_group(
+        "training settings (FitConfig; default: the model's, then the guide's, then the library's)"
+    )
     for f in fields(FitConfig):
         if f.name in skip or (only is not None and f.name not in only):
             continue
         meta = dict(f.metadata)
         default = f.default if f.default is not None else "—"
-        kwargs: dict[str, Any] = {"help": f"{meta.pop('help')} (library default: {default})", "default": argparse.SUPPRESS}
+        kwargs: dict[str, Any] = {
+            "help": f"{meta.pop('help')} (library default: {default})",
+            "default": argparse.SUPPRESS,
+        }
         if "type" in meta:
             kwargs["type"] = meta.pop("type")
         kwargs.update(meta)
@@ -246,5 +294,11 @@ def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in FitConfig.names() if hasattr(args, name)}
 
 
-__all__: list[str] = ["FitConfig", "add_config_arguments", "config_overrides", "config_parent", "fit_defaults_of",
-                      "resolve_config"]  # fmt: skip
+__all__: list[str] = [
+    "FitConfig",
+    "add_config_arguments",
+    "config_overrides",
+    "config_parent",
+    "fit_defaults_of",
+    "resolve_config",
+]

@@ -40,14 +40,23 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
-__all__ = ["Ranks", "ShardStreams", "STRATEGIES", "current_ranks", "launch_rank", "record_failure", "setup_ranks",
-           "under_torchrun"]
+__all__ = [
+    "Ranks",
+    "ShardStreams",
+    "STRATEGIES",
+    "current_ranks",
+    "launch_rank",
+    "record_failure",
+    "setup_ranks",
+    "under_torchrun",
+]
 
 T = TypeVar("T")
 
@@ -167,9 +176,11 @@ def setup_ranks(strategy: str, device: str) -> tuple[Ranks, str]:
     if not torch.distributed.is_initialized():
         missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
         if missing:
-            raise RuntimeError(f"strategy='ddp' needs a torch.distributed process group: start the script with torchrun "
-                               f"(e.g. torchrun --nproc-per-node 2 ...) or call torch.distributed.init_process_group "
-                               f"first ({', '.join(missing)} not set)")  # fmt: skip
+            raise RuntimeError(
+                f"strategy='ddp' needs a torch.distributed process group: start the script with torchrun "
+                f"(e.g. torchrun --nproc-per-node 2 ...) or call torch.distributed.init_process_group "
+                f"first ({', '.join(missing)} not set)"
+            )
         torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     ranks = current_ranks()
     if device == "cuda":

@@ -50,7 +50,8 @@ import contextlib
 import math
 import time
 import warnings
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pyro
 import pyro.distributions.util as _dist_util
@@ -60,8 +61,8 @@ import torch
 from pyro import poutine
 from pyro.distributions.util import is_identically_zero, scale_and_mask
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
-from pyro.infer.trace_elbo import _compute_log_r
 from pyro.infer.enum import get_importance_trace
+from pyro.infer.trace_elbo import _compute_log_r
 from pyro.infer.util import check_fully_reparametrized, get_dependent_plate_dims, is_validation_enabled, torch_sum
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
@@ -71,9 +72,24 @@ from torch.distributions import Distribution, kl_divergence
 from pyro_invariance.infer.checkpoint import rng_state, set_rng_state
 from pyro_invariance.validation import check_positive_int
 
-__all__ = ["CapturedLoss", "CaptureError", "LEAN_ELBOS", "graph_on_device", "host_traffic", "static_matrix_exp", "LeanIWAE_ELBO", "LeanRWS_ELBO", "LeanTraceMeanField_ELBO", "LeanTrace_ELBO",
-           "make_optimizer", "preserved_validation", "register_elbo", "set_validation", "tf32_matmuls",
-           "torch_threads"]  # fmt: skip
+__all__ = [
+    "CapturedLoss",
+    "CaptureError",
+    "LEAN_ELBOS",
+    "graph_on_device",
+    "host_traffic",
+    "static_matrix_exp",
+    "LeanIWAE_ELBO",
+    "LeanRWS_ELBO",
+    "LeanTraceMeanField_ELBO",
+    "LeanTrace_ELBO",
+    "make_optimizer",
+    "preserved_validation",
+    "register_elbo",
+    "set_validation",
+    "tf32_matmuls",
+    "torch_threads",
+]
 
 # ----------------------------------------------------------------------------------------------
 # ELBOs without host synchronisation
@@ -291,8 +307,12 @@ class LeanRWS_ELBO(_ForModel, Trace_ELBO):
 
 
 #: The losses ``fit`` builds by name (``FitConfig.elbo``); :func:`register_elbo` adds others.
-LEAN_ELBOS: dict[str, type] = {"meanfield": LeanTraceMeanField_ELBO, "trace": LeanTrace_ELBO, "iwae": LeanIWAE_ELBO,
-                               "rws": LeanRWS_ELBO}  # fmt: skip
+LEAN_ELBOS: dict[str, type] = {
+    "meanfield": LeanTraceMeanField_ELBO,
+    "trace": LeanTrace_ELBO,
+    "iwae": LeanIWAE_ELBO,
+    "rws": LeanRWS_ELBO,
+}
 
 
 def register_elbo(name: str, loss: type) -> type:
@@ -324,8 +344,12 @@ def set_validation(on: bool) -> None:
 def preserved_validation() -> Iterator[None]:
     """Restore Pyro's three validation flags and torch.distributions' default ``validate_args``
     exactly as they were (``pyro.validation_enabled`` restores torch's from Pyro's flag instead)."""
-    saved = (_dist_util._VALIDATION_ENABLED, _infer_util._VALIDATION_ENABLED, _poutine_util._VALIDATION_ENABLED,
-             Distribution._validate_args)  # fmt: skip
+    saved = (
+        _dist_util._VALIDATION_ENABLED,
+        _infer_util._VALIDATION_ENABLED,
+        _poutine_util._VALIDATION_ENABLED,
+        Distribution._validate_args,
+    )
     try:
         yield
     finally:
@@ -344,8 +368,12 @@ def make_optimizer(groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
     MLP's 11.3 M parameters: 20 ms per update fused, 171 ms for the default per-tensor loop."""
     params = [p for g in groups for p in g["params"]]
     devices = {p.device.type for p in params}
-    fusable = bool(params) and len(devices) == 1 and devices <= {"cpu", "cuda"} and all(
-        p.is_floating_point() and not p.is_sparse for p in params)  # fmt: skip
+    fusable = (
+        bool(params)
+        and len(devices) == 1
+        and devices <= {"cpu", "cuda"}
+        and all(p.is_floating_point() and not p.is_sparse for p in params)
+    )
     if fusable:
         try:
             return torch.optim.Adam(groups, fused=True)
@@ -381,8 +409,9 @@ def tf32_matmuls(device: torch.device, enabled: bool) -> Iterator[None]:
         yield
         return
     if device.type != "cuda":
-        warnings.warn(f"tf32=True has no effect on device {str(device)!r} (TF32 is a CUDA matmul mode); ignored",
-                      stacklevel=4)  # fmt: skip
+        warnings.warn(
+            f"tf32=True has no effect on device {str(device)!r} (TF32 is a CUDA matmul mode); ignored", stacklevel=4
+        )
         yield
         return
     matmul, conv = torch.backends.cuda.matmul, getattr(torch.backends.cudnn, "conv", None)
@@ -426,8 +455,11 @@ def _same_rng(a: dict[str, Any], b: dict[str, Any]) -> bool:
         return False
     if "cuda" in a and "cuda" in b and not all(torch.equal(x, y) for x, y in zip(a["cuda"], b["cuda"])):
         return False
-    return bool(torch.equal(a["random"]["state"], b["random"]["state"]) and torch.equal(a["numpy"]["keys"], b["numpy"]["keys"])
-                and a["numpy"]["pos"] == b["numpy"]["pos"])  # fmt: skip
+    return bool(
+        torch.equal(a["random"]["state"], b["random"]["state"])
+        and torch.equal(a["numpy"]["keys"], b["numpy"]["keys"])
+        and a["numpy"]["pos"] == b["numpy"]["pos"]
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -460,8 +492,12 @@ class CapturedLoss:
 
     def __init__(self, graph: Any, modules: Sequence[Any], mode: str, device: torch.device) -> None:
         if mode == "cudagraphs" and device.type != "cuda":
-            warnings.warn(f"compile='cudagraphs' needs a CUDA device, not {str(device)!r}; replaying the captured graph "
-                          "instead (compile='capture')", RuntimeWarning, stacklevel=4)  # fmt: skip
+            warnings.warn(
+                f"compile='cudagraphs' needs a CUDA device, not {str(device)!r}; replaying the captured graph "
+                "instead (compile='capture')",
+                RuntimeWarning,
+                stacklevel=4,
+            )
             mode = "capture"
         self.graph, self.modules, self.mode, self.device = graph, list(modules), mode, device
         self.shapes = [(t.shape, t.dtype) for t in self.inputs()]
@@ -470,8 +506,13 @@ class CapturedLoss:
         if mode == "cudagraphs":
             self.compiled = self._graphed  # recorded on the first call (make_graphed_callables needs its inputs)
         if mode == "inductor":
-            self.compiled = torch.compile(graph, backend=type(self).backend, fullgraph=True, dynamic=False,
-                                          mode="reduce-overhead" if self.cudagraphs else None)  # fmt: skip
+            self.compiled = torch.compile(
+                graph,
+                backend=type(self).backend,
+                fullgraph=True,
+                dynamic=False,
+                mode="reduce-overhead" if self.cudagraphs else None,
+            )
         self.capture_seconds = 0.0
         self.compile_seconds: float | None = None
         self.bit_identical = False
@@ -485,8 +526,17 @@ class CapturedLoss:
         return [t for m in self.modules for _, t in _state_tensors(m)]
 
     @classmethod
-    def capture(cls, elbo: Any, model: Any, guide: Any, x: Tensor, y: Tensor, kwargs: dict[str, Any], mode: str,
-                device: torch.device) -> CapturedLoss:  # fmt: skip
+    def capture(
+        cls,
+        elbo: Any,
+        model: Any,
+        guide: Any,
+        x: Tensor,
+        y: Tensor,
+        kwargs: dict[str, Any],
+        mode: str,
+        device: torch.device,
+    ) -> CapturedLoss:
         from torch.fx.experimental.proxy_tensor import make_fx
         from torch.nn.utils.stateless import _reparametrize_module
 
@@ -499,7 +549,7 @@ class CapturedLoss:
             with contextlib.ExitStack() as stack:
                 pos = 0
                 for module, keys in zip(modules, names):
-                    stack.enter_context(_reparametrize_module(module, dict(zip(keys, state[pos:pos + len(keys)]))))
+                    stack.enter_context(_reparametrize_module(module, dict(zip(keys, state[pos : pos + len(keys)]))))
                     pos += len(keys)
                 return elbo.differentiable_loss(model, guide, xb, yb, **kwargs)
 
@@ -540,27 +590,35 @@ class CapturedLoss:
             results.append((loss.detach(), grads, rng_state()))
         (le, ge, re), (lr, gr, rr) = results
         if not _same_rng(re, rr):
-            raise CaptureError("the captured loss draws other random numbers than Pyro's (Python- or NumPy-side "
-                               "randomness is not captured)")  # fmt: skip
+            raise CaptureError(
+                "the captured loss draws other random numbers than Pyro's (Python- or NumPy-side "
+                "randomness is not captured)"
+            )
         identical = torch.equal(le, lr) and all(
-            (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b)) for a, b in zip(ge, gr))
+            (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b)) for a, b in zip(ge, gr)
+        )
         if not identical:
             worst = _rel_diff(le, lr)
             for a, b in zip(ge, gr):
                 if (a is None) != (b is None):
-                    raise CaptureError("the captured loss has other gradients than Pyro's (a parameter is unused in one "
-                                       "of them)")  # fmt: skip
+                    raise CaptureError(
+                        "the captured loss has other gradients than Pyro's (a parameter is unused in one of them)"
+                    )
                 if a is not None:
                     worst = max(worst, _rel_diff(a, b))
             if not worst <= self.rtol:
-                raise CaptureError(f"the captured loss differs from Pyro's (relative difference {worst:.3g} in the loss or "
-                                   "a gradient): the model's Python control flow depends on tensor values?")  # fmt: skip
+                raise CaptureError(
+                    f"the captured loss differs from Pyro's (relative difference {worst:.3g} in the loss or "
+                    "a gradient): the model's Python control flow depends on tensor values?"
+                )
         self.bit_identical = identical
 
     def __call__(self, x: Tensor, y: Tensor) -> Tensor:
         inputs = self.inputs()
         if [(t.shape, t.dtype) for t in inputs] != self.shapes or (x.shape, y.shape) != self.batch_shapes:
-            raise CaptureError("the model's or guide's tensors or the minibatch changed shape since the loss was captured")
+            raise CaptureError(
+                "the model's or guide's tensors or the minibatch changed shape since the loss was captured"
+            )
         if self.compiled is not None:
             return self._compiled_call(inputs, x, y)
         return self.graph(*inputs, x, y)
@@ -579,7 +637,9 @@ class CapturedLoss:
             except Exception as exc:
                 torch.cuda.synchronize()
                 where = host_traffic(graph, tensors, self.device)  # the nodes that need the host, named in the warning
-                raise RuntimeError(f"host tensors at {'; '.join(where) or 'no node found'} ({str(exc)[:60]}...)") from exc
+                raise RuntimeError(
+                    f"host tensors at {'; '.join(where) or 'no node found'} ({str(exc)[:60]}...)"
+                ) from exc
         return self._graphed_fn(*tensors)
 
     def _compiled_call(self, inputs: list[Tensor], x: Tensor, y: Tensor) -> Tensor:
@@ -599,8 +659,12 @@ class CapturedLoss:
             if rng0 is not None:
                 set_rng_state(rng0)
             what = "torch.compile" if self.mode == "inductor" else "CUDA-graph recording"
-            warnings.warn(f"compile={self.mode!r}: {what} failed ({_first_line(exc)}); replaying the captured graph "
-                          "instead (compile='capture')", RuntimeWarning, stacklevel=4)  # fmt: skip
+            warnings.warn(
+                f"compile={self.mode!r}: {what} failed ({_first_line(exc)}); replaying the captured graph "
+                "instead (compile='capture')",
+                RuntimeWarning,
+                stacklevel=4,
+            )
             self.failure = _first_line(exc)
             self.compiled, self.mode, self.cudagraphs = None, "capture", False
             if first:

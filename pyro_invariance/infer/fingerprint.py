@@ -19,7 +19,8 @@ records, at the start of a run (after the guide's parameters exist, before any s
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -76,8 +77,9 @@ def data_fingerprint(x: Tensor, y: Tensor) -> dict[str, Any]:
     }
 
 
-def run_fingerprint(model: Any, guide: Any, config: dict[str, Any], x: Tensor, y: Tensor,
-                    spec: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def run_fingerprint(
+    model: Any, guide: Any, config: dict[str, Any], x: Tensor, y: Tensor, spec: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Everything that defines a run (see module docstring)."""
     return {
         "model": object_fingerprint(model),
@@ -123,8 +125,10 @@ def fingerprint_differences(saved: dict[str, Any], now: dict[str, Any], ignore_c
     sd, nd = saved.get("data", {}), now.get("data", {})
     if sd != nd:
         same_shape = sd.get("x") == nd.get("x") and sd.get("y") == nd.get("y")
-        out.append(f"data: saved x {sd.get('x')}, y {sd.get('y')}; now x {nd.get('x')}, y {nd.get('y')}"
-                   + ("; same shapes, different values" if same_shape else ""))  # fmt: skip
+        out.append(
+            f"data: saved x {sd.get('x')}, y {sd.get('y')}; now x {nd.get('x')}, y {nd.get('y')}"
+            + ("; same shapes, different values" if same_shape else "")
+        )
     if saved.get("spec") is not None and now.get("spec") is not None:
         out += _dict_diff("spec", saved["spec"], now["spec"])
     return out

@@ -30,7 +30,9 @@ class FitInterrupted(KeyboardInterrupt):
 
     def __init__(self, step: int, checkpoint: Any, signum: int) -> None:
         self.step, self.checkpoint, self.signum = step, checkpoint, signum
-        where = f"checkpoint at {checkpoint}" if checkpoint is not None else "no checkpoint_path, so the progress is lost"
+        where = (
+            f"checkpoint at {checkpoint}" if checkpoint is not None else "no checkpoint_path, so the progress is lost"
+        )
         super().__init__(f"interrupted at step {step}; {where}")
 
     def __str__(self) -> str:
@@ -59,5 +61,7 @@ class StopSignals:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._restore()

@@ -45,15 +45,25 @@ bases), :func:`sconv_factors` (S-CONV: KFC with the input factor projected throu
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["KroneckerFactors", "categorical_hessian_sqrt", "conv2d_factors", "mlp_kfac", "kfac_log_det",
-           "kfac_log_marginal_likelihood", "ffc_factors", "sfc_factors", "sconv_factors", "gconv_factors"]
+__all__ = [
+    "KroneckerFactors",
+    "categorical_hessian_sqrt",
+    "conv2d_factors",
+    "mlp_kfac",
+    "kfac_log_det",
+    "kfac_log_marginal_likelihood",
+    "ffc_factors",
+    "sfc_factors",
+    "sconv_factors",
+    "gconv_factors",
+]
 
 
 @dataclass
@@ -80,8 +90,16 @@ def categorical_hessian_sqrt(logits: Tensor) -> Tensor:
     return torch.diag_embed(sp) - p.unsqueeze(-1) * sp.unsqueeze(-2)
 
 
-def conv2d_factors(inputs: Tensor, output_grads: Tensor, kernel_size: int, *, stride: int = 1, padding: int = 0,
-                   padding_mode: str = "zeros", bias: bool = True) -> KroneckerFactors:  # fmt: skip
+def conv2d_factors(
+    inputs: Tensor,
+    output_grads: Tensor,
+    kernel_size: int,
+    *,
+    stride: int = 1,
+    padding: int = 0,
+    padding_mode: str = "zeros",
+    bias: bool = True,
+) -> KroneckerFactors:
     """KFC factors of a 2-d convolution (module docstring).
 
     Args:
@@ -142,8 +160,9 @@ def kfac_log_det(factors: KroneckerFactors, prior_precision: Tensor | float) -> 
     return torch.log(factors.num_data * torch.outer(eg, ea) + delta).sum()
 
 
-def kfac_log_marginal_likelihood(log_likelihood: Tensor, params: Sequence[Tensor], factors: Sequence[KroneckerFactors],
-                                 prior_precisions: Tensor) -> Tensor:  # fmt: skip
+def kfac_log_marginal_likelihood(
+    log_likelihood: Tensor, params: Sequence[Tensor], factors: Sequence[KroneckerFactors], prior_precisions: Tensor
+) -> Tensor:
     """Paper 004 Eq. 9 with the KFAC GGN (module docstring).
 
     Args:
@@ -153,8 +172,10 @@ def kfac_log_marginal_likelihood(log_likelihood: Tensor, params: Sequence[Tensor
         prior_precisions: ``δ (L,)``, one per layer (differentiable: learn ``log δ`` by its gradient).
     """
     if len(params) != len(factors) or prior_precisions.shape != (len(factors),):
-        raise ValueError(f"need one parameter tensor and one prior precision per layer: {len(params)} params, "
-                         f"{len(factors)} factors, prior_precisions {tuple(prior_precisions.shape)}")  # fmt: skip
+        raise ValueError(
+            f"need one parameter tensor and one prior precision per layer: {len(params)} params, "
+            f"{len(factors)} factors, prior_precisions {tuple(prior_precisions.shape)}"
+        )
     total = log_likelihood
     for theta, fac, delta in zip(params, factors, prior_precisions):
         if theta.numel() != fac.num_params:
@@ -181,8 +202,9 @@ def _flat_grads(output_grads: Tensor, rows: int, columns: int) -> Tensor:
     """``output_grads (N, K, …)`` → ``(N, K, rows, columns)``, checking the element count."""
     n, k = output_grads.shape[:2]
     if output_grads[0, 0].numel() != rows * columns:
-        raise ValueError(f"output_grads have {output_grads[0, 0].numel()} elements per column, "
-                         f"expected {rows}·{columns}")  # fmt: skip
+        raise ValueError(
+            f"output_grads have {output_grads[0, 0].numel()} elements per column, expected {rows}·{columns}"
+        )
     return output_grads.reshape(n, k, rows, columns)
 
 
@@ -191,8 +213,16 @@ def _mean_basis_variance(basis: Tensor) -> float:
     return float(basis.double().square().sum(0).mean())
 
 
-def _factored_factors(x: Tensor, grads: Tensor, theta1: Tensor, theta2: Tensor, gain1: float, gain2: float,
-                      basis_out: Tensor | None, basis_in: Tensor | None) -> dict[str, KroneckerFactors]:  # fmt: skip
+def _factored_factors(
+    x: Tensor,
+    grads: Tensor,
+    theta1: Tensor,
+    theta2: Tensor,
+    gain1: float,
+    gain2: float,
+    basis_out: Tensor | None,
+    basis_in: Tensor | None,
+) -> dict[str, KroneckerFactors]:
     """Shared core of :func:`ffc_factors` and :func:`sfc_factors`.
 
     ``x (N, C, P)``, ``grads (N, K, C', Q)``, effective ``theta1 (C', C, Q)`` and ``theta2 (C', C, P)``
@@ -214,8 +244,9 @@ def _factored_factors(x: Tensor, grads: Tensor, theta1: Tensor, theta2: Tensor, 
     return {"weight_out": KroneckerFactors(a_out, g_out, n), "weight_in": KroneckerFactors(g_in, a_in, n)}
 
 
-def ffc_factors(inputs: Tensor, output_grads: Tensor, weight_out: Tensor, weight_in: Tensor, *,
-                scale: float = 1.0) -> dict[str, KroneckerFactors]:  # fmt: skip
+def ffc_factors(
+    inputs: Tensor, output_grads: Tensor, weight_out: Tensor, weight_in: Tensor, *, scale: float = 1.0
+) -> dict[str, KroneckerFactors]:
     """KFAC of the factored fully-connected pathway F-FC (paper 004 Eq. 5, Sec. 5.1 and App. C.1).
 
     The layer (:class:`~pyro_invariance.symmetry.equivariant_layers.FactoredFullyConnected`) is
@@ -271,8 +302,10 @@ def ffc_factors(inputs: Tensor, output_grads: Tensor, weight_out: Tensor, weight
     c = weight_out.shape[1] // q
     p = weight_in.shape[1] // c
     if weight_out.shape != (c_out, c * q) or weight_in.shape != (c_out, c * p) or inputs[0].numel() != c * p:
-        raise ValueError(f"inconsistent F-FC shapes: weight_out {tuple(weight_out.shape)}, weight_in "
-                         f"{tuple(weight_in.shape)}, inputs {tuple(inputs.shape)}, output_grads {tuple(output_grads.shape)}")  # fmt: skip
+        raise ValueError(
+            f"inconsistent F-FC shapes: weight_out {tuple(weight_out.shape)}, weight_in "
+            f"{tuple(weight_in.shape)}, inputs {tuple(inputs.shape)}, output_grads {tuple(output_grads.shape)}"
+        )
     gain1, gain2 = math.sqrt(2.0 / c) * scale, 1.0 / math.sqrt(p)
     theta1 = weight_out.reshape(c_out, c, q) * gain1
     theta2 = weight_in.reshape(c_out, c, p) * gain2
@@ -280,9 +313,18 @@ def ffc_factors(inputs: Tensor, output_grads: Tensor, weight_out: Tensor, weight
     return _factored_factors(x, _flat_grads(output_grads, c_out, q), theta1, theta2, gain1, gain2, None, None)
 
 
-def sfc_factors(inputs: Tensor, output_grads: Tensor, weight_out: Tensor, weight_in: Tensor, basis_out: Tensor,
-                basis_in: Tensor, *, scale: float = 1.0, gain_out: float | None = None,
-                gain_in: float | None = None) -> dict[str, KroneckerFactors]:  # fmt: skip
+def sfc_factors(
+    inputs: Tensor,
+    output_grads: Tensor,
+    weight_out: Tensor,
+    weight_in: Tensor,
+    basis_out: Tensor,
+    basis_in: Tensor,
+    *,
+    scale: float = 1.0,
+    gain_out: float | None = None,
+    gain_in: float | None = None,
+) -> dict[str, KroneckerFactors]:
     """KFAC of the sparse factored pathway S-FC (paper 004 Eq. 7, Sec. 5.2 and App. C.2).
 
     S-FC is F-FC (:func:`ffc_factors`) with spatial factors interpolated from anchor values:
@@ -311,9 +353,11 @@ def sfc_factors(inputs: Tensor, output_grads: Tensor, weight_out: Tensor, weight
     (m_out, q), (m_in, p) = basis_out.shape, basis_in.shape
     c = weight_out.shape[1] // m_out
     if weight_out.shape != (c_out, c * m_out) or weight_in.shape != (c_out, c * m_in) or inputs[0].numel() != c * p:
-        raise ValueError(f"inconsistent S-FC shapes: weight_out {tuple(weight_out.shape)}, weight_in "
-                         f"{tuple(weight_in.shape)}, bases {tuple(basis_out.shape)} / {tuple(basis_in.shape)}, "
-                         f"inputs {tuple(inputs.shape)}")  # fmt: skip
+        raise ValueError(
+            f"inconsistent S-FC shapes: weight_out {tuple(weight_out.shape)}, weight_in "
+            f"{tuple(weight_in.shape)}, bases {tuple(basis_out.shape)} / {tuple(basis_in.shape)}, "
+            f"inputs {tuple(inputs.shape)}"
+        )
     if gain_out is None:
         gain_out = math.sqrt(2.0 / (c * _mean_basis_variance(basis_out)))
     if gain_in is None:
@@ -326,8 +370,9 @@ def sfc_factors(inputs: Tensor, output_grads: Tensor, weight_out: Tensor, weight
     return _factored_factors(x, grads, theta1, theta2, gain1, gain_in, basis_out, basis_in)
 
 
-def sconv_factors(inputs: Tensor, output_grads: Tensor, basis: Tensor, *, scale: float = 1.0,
-                  gain: float | None = None) -> dict[str, KroneckerFactors]:  # fmt: skip
+def sconv_factors(
+    inputs: Tensor, output_grads: Tensor, basis: Tensor, *, scale: float = 1.0, gain: float | None = None
+) -> dict[str, KroneckerFactors]:
     """KFC of the sparse 3×3 convolution S-CONV (paper 004 Eq. 6, Sec. 5.2 and App. C.2).
 
     Filters ``w(c′, c, t) = s·γ·Σ_m u(c′, c, m) B_mt`` over the 9 offsets t (row-major), circular
@@ -403,8 +448,9 @@ def gconv_factors(inputs: Tensor, output_grads: Tensor, *, scale: float = 1.0) -
     t = h * w
     patches = F.unfold(F.pad(x.reshape(n, c * g_in, h, w), (k // 2,) * 4, mode="circular"), k)
     patches = patches.reshape(n, c, g_in, k, k, t)
-    rotated = torch.stack([torch.rot90(patches.roll(-r, dims=2) if g_in > 1 else patches, -r, dims=(3, 4))
-                           for r in range(4)], dim=1).reshape(n, 4, c * g_in * k * k, t)  # fmt: skip
+    rotated = torch.stack(
+        [torch.rot90(patches.roll(-r, dims=2) if g_in > 1 else patches, -r, dims=(3, 4)) for r in range(4)], dim=1
+    ).reshape(n, 4, c * g_in * k * k, t)
     gain = math.sqrt(2.0 / (c * g_in * k * k)) * scale
     a_factor = torch.einsum("nrit,nrjt->ij", rotated, rotated) * (gain**2 / (n * 4 * t))
     grads = output_grads.reshape(n, output_grads.shape[1], -1, 4, t)

@@ -25,8 +25,9 @@ a rule; a network with a module that has parameters but no rule is refused with 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -162,8 +163,19 @@ def _factored_fully_connected(path: L.FactoredFullyConnected, x: Tensor, scale: 
 def _sparse_fully_connected(path: L.SparseFullyConnected, x: Tensor, scale: float) -> Finisher:
     """S-FC: F-FC's factors projected through the RBF bases (Sec. 5.2; :func:`~pyro_invariance.infer.kfac.sfc_factors`)."""
     w_out, w_in = path.weight_out.detach(), path.weight_in.detach()
-    return lambda grads: _single_sites(sfc_factors(x, grads, w_out, w_in, path.basis_out, path.basis_in, scale=scale,
-                                                   gain_out=path.scale_out, gain_in=path.scale_in))  # fmt: skip
+    return lambda grads: _single_sites(
+        sfc_factors(
+            x,
+            grads,
+            w_out,
+            w_in,
+            path.basis_out,
+            path.basis_in,
+            scale=scale,
+            gain_out=path.scale_out,
+            gain_in=path.scale_in,
+        )
+    )
 
 
 @pathway_rule(L.SparseConvolution)
@@ -199,8 +211,10 @@ def _relaxed_block(block: L.RelaxedBlock, x: Tensor, out: Tensor) -> Finisher:
         path = block.pathway(kind)
         rule = _lookup(_PATHWAY_RULES, path)
         if rule is None:
-            raise NotImplementedError(f"no KFAC rule for the {kind!r} pathway ({type(path).__name__}); register one "
-                                      "with pyro_invariance.infer.kfac_layers.pathway_rule or use curvature='diagonal'")  # fmt: skip
+            raise NotImplementedError(
+                f"no KFAC rule for the {kind!r} pathway ({type(path).__name__}); register one "
+                "with pyro_invariance.infer.kfac_layers.pathway_rule or use curvature='diagonal'"
+            )
         finishers.append((kind, path.equivariant, rule(path, x, scale)))
     index = _polyphase_index(block, x, scale) if spec.stride == 2 and block.equivariant_kinds else None
 
@@ -321,9 +335,17 @@ def _label_columns(logits: Tensor, labels: str, generator: torch.Generator | Non
     return [probs - F.one_hot(y_hat, logits.shape[-1]).to(probs.dtype)]  # type: ignore[arg-type]
 
 
-def kfac_curvature(model: nn.Module, values: dict[str, Tensor], x: Tensor, *, batch_size: int = 32,
-                   labels: str = "exact", generator: torch.Generator | None = None,
-                   y: Tensor | None = None, ranks: Ranks | None = None) -> KFACCurvature:  # fmt: skip
+def kfac_curvature(
+    model: nn.Module,
+    values: dict[str, Tensor],
+    x: Tensor,
+    *,
+    batch_size: int = 32,
+    labels: str = "exact",
+    generator: torch.Generator | None = None,
+    y: Tensor | None = None,
+    ranks: Ranks | None = None,
+) -> KFACCurvature:
     """KFAC GGN of ``Σ_n log p(y_n | x_n, θ)`` at ``values`` (module docstring).
 
     Args:
@@ -362,13 +384,15 @@ def kfac_curvature(model: nn.Module, values: dict[str, Tensor], x: Tensor, *, ba
     handles = [m.register_forward_hook(hook(name, rule)) for name, m, rule in hooked]
     try:
         for i in range(0, n_total, batch_size):
-            xb = x[i:i + batch_size]
+            xb = x[i : i + batch_size]
             records.clear()
             dummy = torch.zeros(xb.shape[0], dtype=torch.long, device=x.device)
             with poutine.block(), poutine.condition(data={**detached, "obs": dummy}):
                 with torch.enable_grad():
                     logits = model(xb)
-                    columns = _label_columns(logits.detach(), labels, generator, None if y is None else y[i:i + batch_size])
+                    columns = _label_columns(
+                        logits.detach(), labels, generator, None if y is None else y[i : i + batch_size]
+                    )
                     taps = [tap for _, _, tap in records]
                     per_tap: list[list[Tensor]] = [[] for _ in taps]
                     for j, col in enumerate(columns):
@@ -391,5 +415,9 @@ def kfac_curvature(model: nn.Module, values: dict[str, Tensor], x: Tensor, *, ba
         for acc in sums.values():
             acc[0], acc[1] = ranks.sum(acc[0]), ranks.sum(acc[1])
         n_total = int(ranks.sum(torch.tensor([float(n_total)], dtype=torch.float64, device=x.device)).item())
-    return KFACCurvature([KFACBlock(sites, KroneckerFactors(g / n_total, a / n_total, n_total), widths)
-                          for sites, (g, a, widths) in sums.items()])  # fmt: skip
+    return KFACCurvature(
+        [
+            KFACBlock(sites, KroneckerFactors(g / n_total, a / n_total, n_total), widths)
+            for sites, (g, a, widths) in sums.items()
+        ]
+    )

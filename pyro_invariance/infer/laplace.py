@@ -42,8 +42,9 @@ Models: anything with ``precision_groups()`` returning :class:`PrecisionGroup` s
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Sequence
+from typing import Any
 
 import pyro.distributions as dist
 import torch
@@ -259,10 +260,12 @@ def gradient_update(
     dev = eig.device
     num = torch.tensor([float(p) for p, _, _ in stats], dtype=torch.float64, device=dev)
     sq = torch.tensor([s for _, s, _ in stats], dtype=torch.float64, device=dev)
-    owner = torch.repeat_interleave(torch.arange(len(stats), device=dev),
-                                    torch.tensor([hh.numel() for _, _, hh in stats], device=dev))
-    log_delta = torch.tensor([math.log(float(g.value)) for g in groups], dtype=torch.float64, device=dev,
-                             requires_grad=True)
+    owner = torch.repeat_interleave(
+        torch.arange(len(stats), device=dev), torch.tensor([hh.numel() for _, _, hh in stats], device=dev)
+    )
+    log_delta = torch.tensor(
+        [math.log(float(g.value)) for g in groups], dtype=torch.float64, device=dev, requires_grad=True
+    )
     opt = torch.optim.Adam([log_delta], lr=lr)
     bound = math.log(max_precision)
     for _ in range(steps):
@@ -375,11 +378,13 @@ class LaplaceEvidenceUpdate:
         x, y = self.x[rows], self.y[rows]
         gen = torch.Generator(device=self.x.device).manual_seed(self.seed * 1_000_003 + step + 7_919 * ranks.rank)
         if self.curvature == "kfac":
-            return values, kfac_curvature(model, values, x, batch_size=self.batch_size, labels=self.labels,
-                                          generator=gen, y=y, ranks=ranks)  # fmt: skip
+            return values, kfac_curvature(
+                model, values, x, batch_size=self.batch_size, labels=self.labels, generator=gen, y=y, ranks=ranks
+            )
         sites = [s for g in _groups(model) for s in g.sites]
-        h = diagonal_ggn(model, values, x, sites, batch_size=self.batch_size,
-                         num_samples=self.num_samples, generator=gen)  # fmt: skip
+        h = diagonal_ggn(
+            model, values, x, sites, batch_size=self.batch_size, num_samples=self.num_samples, generator=gen
+        )
         return values, {s: ranks.sum(v) for s, v in h.items()}
 
     def log_likelihood(self, model: Any, values: dict[str, Tensor]) -> float:
@@ -394,8 +399,9 @@ class LaplaceEvidenceUpdate:
     def update(self, model: Any, values: dict[str, Tensor], curvature: Any) -> None:
         """One δ update at fixed θ* and curvature (``delta_update``)."""
         if self.delta_update == "gradient":
-            gradient_update(model, values, curvature, steps=self.delta_steps, lr=self.delta_lr,
-                            max_precision=self.max_precision)  # fmt: skip
+            gradient_update(
+                model, values, curvature, steps=self.delta_steps, lr=self.delta_lr, max_precision=self.max_precision
+            )
         else:
             mackay_update(model, values, curvature, damping=self.damping, max_precision=self.max_precision)
 
@@ -477,18 +483,41 @@ def fit_laplace(
     cfg = resolve_config(config, model, guide, overrides)
     x, y = train_arrays(data, model)
     x, y = x.to(cfg.device), y.to(cfg.device)
-    update = LaplaceEvidenceUpdate(x, y, every=every, warmup=warmup, batch_size=ggn_batch_size,
-                                   num_samples=num_samples, damping=damping, seed=cfg.seed, curvature=curvature,
-                                   labels=labels, delta_update=delta_update, delta_steps=delta_steps,
-                                   delta_lr=delta_lr)  # fmt: skip
-    settings = {"laplace": {"every": every, "warmup": warmup, "ggn_batch_size": ggn_batch_size,
-                            "num_samples": num_samples, "damping": damping}}  # fmt: skip
+    update = LaplaceEvidenceUpdate(
+        x,
+        y,
+        every=every,
+        warmup=warmup,
+        batch_size=ggn_batch_size,
+        num_samples=num_samples,
+        damping=damping,
+        seed=cfg.seed,
+        curvature=curvature,
+        labels=labels,
+        delta_update=delta_update,
+        delta_steps=delta_steps,
+        delta_lr=delta_lr,
+    )
+    settings = {
+        "laplace": {
+            "every": every,
+            "warmup": warmup,
+            "ggn_batch_size": ggn_batch_size,
+            "num_samples": num_samples,
+            "damping": damping,
+        }
+    }
     if curvature != "diagonal" or delta_update != "mackay":  # the diagonal/MacKay runs keep their fingerprints
-        settings["laplace"].update(curvature=curvature, labels=labels, delta_update=delta_update,
-                                   delta_steps=delta_steps, delta_lr=delta_lr)  # fmt: skip
+        settings["laplace"].update(
+            curvature=curvature, labels=labels, delta_update=delta_update, delta_steps=delta_steps, delta_lr=delta_lr
+        )
     result = fit(model, guide, (x, y), cfg, callbacks=[*callbacks, update], run_settings=settings, **kwargs)
     values, h = update.final_curvature(model, result.guide, cfg.steps + 1)
     log_evidence = laplace_log_evidence(model, values, h, update.log_likelihood(model, values))
     base = {f.name: getattr(result, f.name) for f in fields(FitResult)}
-    return LaplaceFitResult(**base, laplace=DiagonalLaplacePosterior(model, values, h), log_evidence=log_evidence,
-                            evidence_log=list(update.log))  # fmt: skip
+    return LaplaceFitResult(
+        **base,
+        laplace=DiagonalLaplacePosterior(model, values, h),
+        log_evidence=log_evidence,
+        evidence_log=list(update.log),
+    )

@@ -65,7 +65,9 @@ def _check_closed_form(model: Any) -> None:
     """The closed-form update sets the prior-variance buffers of a model built for it."""
     if not isinstance(model, CatalogueModel) or model.prior != "closed-form":
         prior = model.prior if isinstance(model, CatalogueModel) else f"a {type(model).__name__}"
-        raise ValueError(f"the closed-form prior update needs a catalogue model built with prior='closed-form', got {prior!r}")
+        raise ValueError(
+            f"the closed-form prior update needs a catalogue model built with prior='closed-form', got {prior!r}"
+        )
 
 
 class PriorUpdatingGuide(nn.Module):
@@ -123,4 +125,3 @@ class ClosedFormPriorUpdate:
     def __call__(self, step: int, model: nn.Module, guide: Any) -> None:
         if step > self.warmup:
             update_prior_variance(model, guide, self.damping)
-

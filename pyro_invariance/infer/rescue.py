@@ -17,8 +17,9 @@ the CPU; the check costs at most :func:`check_budget` steps.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -95,8 +96,9 @@ def rate_plans(cfg: Any) -> list[dict[str, float]]:
     The rates are rounded to 6 significant digits, as the message prints them: the resume a user
     types is the one that was checked."""
     first = {"lr": _lowered(cfg.lr)}
-    every = {k: _lowered(getattr(cfg, k)) for k in ("lr", "eta_lr", "model_lr", "factor_lr")
-             if getattr(cfg, k) is not None}  # fmt: skip
+    every = {
+        k: _lowered(getattr(cfg, k)) for k in ("lr", "eta_lr", "model_lr", "factor_lr") if getattr(cfg, k) is not None
+    }
     return [first] if every == first else [first, every]
 
 
@@ -123,8 +125,13 @@ class Outcome:
     unchecked: bool
 
 
-def search(points: RescuePoints, plans: list[dict[str, float]], bad_step: int, last_step: int,
-           attempt: Callable[[dict[str, Any], dict[str, float], int], str | None]) -> Outcome:  # fmt: skip
+def search(
+    points: RescuePoints,
+    plans: list[dict[str, float]],
+    bad_step: int,
+    last_step: int,
+    attempt: Callable[[dict[str, Any], dict[str, float], int], str | None],
+) -> Outcome:
     """Try each of ``plans`` in turn on the kept states, newest first: ``attempt(payload, plan, end)``
     re-runs the steps after the payload's through ``end`` and returns the first problem or ``None``.
     The first plan (``lr`` alone) is tried on every state before the next: the fewest changes win."""
@@ -145,20 +152,24 @@ def search(points: RescuePoints, plans: list[dict[str, float]], bad_step: int, l
     return _outcome(None, None, end, failed, unchecked=False)
 
 
-def _outcome(payload: dict[str, Any] | None, plan: dict[str, float] | None, end: int, failed: dict[int, str],
-             unchecked: bool) -> Outcome:  # fmt: skip
+def _outcome(
+    payload: dict[str, Any] | None, plan: dict[str, float] | None, end: int, failed: dict[int, str], unchecked: bool
+) -> Outcome:
     """An :class:`Outcome` whose failures are the states newer than the rescue point, newest first."""
     after = -1 if payload is None else int(payload["step"])
-    return Outcome(payload, plan, end, sorted(((s, p) for s, p in failed.items() if s > after), reverse=True),
-                   unchecked)  # fmt: skip
+    return Outcome(
+        payload, plan, end, sorted(((s, p) for s, p in failed.items() if s > after), reverse=True), unchecked
+    )
 
 
 def resume_hint(plan: dict[str, float]) -> str:
     """``fit(...)`` and CLI arguments that resume with ``plan``'s learning rates."""
     call = ", ".join(f"{k}={v:g}" for k, v in plan.items())
     cli = " ".join(f"--{k.replace('_', '-')} {v:g}" for k, v in plan.items())
-    return (f"fit(..., resume=True, allow_changes={list(plan)}, {call}); "
-            f"CLI: --resume --allow-change {','.join(plan)} {cli}")  # fmt: skip
+    return (
+        f"fit(..., resume=True, allow_changes={list(plan)}, {call}); "
+        f"CLI: --resume --allow-change {','.join(plan)} {cli}"
+    )
 
 
 def describe_failures(failed: list[tuple[int, str]]) -> str:

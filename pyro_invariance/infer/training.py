@@ -38,9 +38,10 @@ import os
 import signal
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import pyro
 import torch
@@ -49,28 +50,48 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 import pyro_invariance.guides as guide_registry
-from pyro_invariance.infer.checkpoint import (
-    CheckpointError, atomic_write_text, load_checkpoint, peek_step, rng_state, save_checkpoint, set_rng_state,
-)  # fmt: skip
+from pyro_invariance._pyro_scope import pyro_scope
 from pyro_invariance.data.arrays import train_arrays
+from pyro_invariance.guides.base import check_guide_for
+from pyro_invariance.infer.checkpoint import (
+    CheckpointError,
+    atomic_write_text,
+    load_checkpoint,
+    peek_step,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from pyro_invariance.infer.config import FitConfig, resolve_config
 from pyro_invariance.infer.distributed import Ranks, ShardStreams, setup_ranks
 from pyro_invariance.infer.divergence import first_invalid_state, first_non_finite_gradient, locate_problem
 from pyro_invariance.infer.fast_step import (
-    LEAN_ELBOS, CapturedLoss, CaptureError, LeanRWS_ELBO, make_optimizer, preserved_validation, set_validation,
+    LEAN_ELBOS,
+    CapturedLoss,
+    CaptureError,
+    LeanRWS_ELBO,
+    make_optimizer,
+    preserved_validation,
+    set_validation,
     tf32_matmuls,
     torch_threads,
-)  # fmt: skip
+)
 from pyro_invariance.infer.fingerprint import fingerprint_differences, run_fingerprint
 from pyro_invariance.infer.interrupts import FitInterrupted, StopSignals
 from pyro_invariance.infer.rescue import (
-    Diverged, Outcome, RescuePoints, copied_state, describe_failures, one_line, rate_plans, resume_hint, search,
-)  # fmt: skip
+    Diverged,
+    Outcome,
+    RescuePoints,
+    copied_state,
+    describe_failures,
+    one_line,
+    rate_plans,
+    resume_hint,
+    search,
+)
 from pyro_invariance.infer.runlock import RunLock
-from pyro_invariance.guides.base import check_guide_for
 from pyro_invariance.models.base import symmetry_parameters, symmetry_summary, vectorizable_particles
 from pyro_invariance.validation import check_positive_int, first_overflowed_state, num_data_kwargs, takes_num_data
-from pyro_invariance._pyro_scope import pyro_scope
 
 #: settings that do not change a run's numbers: left out of its fingerprint, so a resumed run may change them
 RESULT_NEUTRAL = ("validation", "log_every", "strategy")
@@ -102,7 +123,7 @@ class FitResult:
     def final_elbo(self) -> float:
         """Mean of the last 10% of the minibatch ELBO/N estimates (a smoothed end value)."""
         values = self.history["elbo"]
-        tail = values[-max(1, len(values) // 10):]
+        tail = values[-max(1, len(values) // 10) :]
         return float(sum(tail) / len(tail))
 
     @property
@@ -171,13 +192,17 @@ def _param_groups(model: nn.Module, guide: nn.Module, cfg: FitConfig) -> list[di
     for p in model.parameters():
         (eta if id(p) in eta_ids else other).append(p)
     if len(eta) != len(eta_ids):
-        raise ValueError(f"{type(model).__name__}.symmetry_parameters() returned objects that are not "
-                         "parameters of the model")  # fmt: skip
+        raise ValueError(
+            f"{type(model).__name__}.symmetry_parameters() returned objects that are not parameters of the model"
+        )
     taken = {id(p) for p in eta + other}
     guide_named = [(n, p) for n, p in guide.named_parameters() if id(p) not in taken]
     factors = [p for n, p in guide_named if is_factor_parameter(n)]
     rest = [p for n, p in guide_named if not is_factor_parameter(n)]
-    groups = [{"params": rest, "lr": cfg.lr, "name": "guide"}, {"params": factors, "lr": cfg.factor_lr, "name": "factors"}]
+    groups = [
+        {"params": rest, "lr": cfg.lr, "name": "guide"},
+        {"params": factors, "lr": cfg.factor_lr, "name": "factors"},
+    ]
     if other:
         groups.append({"params": other, "lr": cfg.model_lr or cfg.lr, "name": "model"})
     if eta:
@@ -203,7 +228,7 @@ class _Batches:
             self.pos, self._perm_on_device = 0, None
         if self._perm_on_device is None:
             self._perm_on_device = self.perm.to(self.device)
-        idx = self._perm_on_device[self.pos:self.pos + self.batch]
+        idx = self._perm_on_device[self.pos : self.pos + self.batch]
         self.pos += self.batch
         return idx
 
@@ -223,9 +248,11 @@ def _divergence_message(what: str, last_good: tuple[Path, int] | None) -> str:
     if last_good is None:
         return f"{what}; no checkpoint was written before it"
     path, step = last_good
-    return (f"{what}; the last finite checkpoint {str(path)!r} (step {step}) is kept (a data-parallel run does not "
-            "check that it trains on): resume it with lower learning rates (fit(..., resume=True, "
-            "allow_changes=['lr']); CLI: --resume --allow-change lr)")  # fmt: skip
+    return (
+        f"{what}; the last finite checkpoint {str(path)!r} (step {step}) is kept (a data-parallel run does not "
+        "check that it trains on): resume it with lower learning rates (fit(..., resume=True, "
+        "allow_changes=['lr']); CLI: --resume --allow-change lr)"
+    )
 
 
 def _rescue_message(what: str, path: Path, found: Outcome, written: int | None) -> str:
@@ -238,19 +265,33 @@ def _rescue_message(what: str, path: Path, found: Outcome, written: int | None) 
         back = f" (rolled back from step {written}: {tried})" if written not in (None, step) and tried else ""
         rates = ", ".join(f"{k}={v:g}" for k, v in found.plan.items())
         kept = "is kept" if written is not None else "is written"
-        return (f"{what}; the last finite checkpoint that trains on, {str(path)!r} ({label}) {kept}{back}: from it, "
-                f"steps {step + 1}-{found.end} ran with finite losses, gradients and state at {rates} (10x lower); "
-                f"resume it so: {resume_hint(found.plan)}")  # fmt: skip
+        return (
+            f"{what}; the last finite checkpoint that trains on, {str(path)!r} ({label}) {kept}{back}: from it, "
+            f"steps {step + 1}-{found.end} ran with finite losses, gradients and state at {rates} (10x lower); "
+            f"resume it so: {resume_hint(found.plan)}"
+        )
     older = "; older ones were not checked (the check's budget of steps is spent)" if found.unchecked else ""
-    kept = (f"the last finite checkpoint {str(path)!r} (step {written}) is kept, but " if written is not None
-            else "no checkpoint is kept: ")  # fmt: skip
-    return (f"{what}; {kept}no kept state trains on with 10x lower learning rates through step {found.end}"
-            f"{f' ({tried})' if tried else ''}{older}: start again with lower learning rates (overwrite=True; "
-            "CLI: --overwrite)")  # fmt: skip
+    kept = (
+        f"the last finite checkpoint {str(path)!r} (step {written}) is kept, but "
+        if written is not None
+        else "no checkpoint is kept: "
+    )
+    return (
+        f"{what}; {kept}no kept state trains on with 10x lower learning rates through step {found.end}"
+        f"{f' ({tried})' if tried else ''}{older}: start again with lower learning rates (overwrite=True; "
+        "CLI: --overwrite)"
+    )
 
 
-def _check_run_args(cfg: FitConfig, checkpoint_path: Any, checkpoint_every: int | None, resume: bool,
-                    until_step: int | None, overwrite: bool, allow_changes: Sequence[str]) -> None:  # fmt: skip
+def _check_run_args(
+    cfg: FitConfig,
+    checkpoint_path: Any,
+    checkpoint_every: int | None,
+    resume: bool,
+    until_step: int | None,
+    overwrite: bool,
+    allow_changes: Sequence[str],
+) -> None:
     cfg.validate()
     if checkpoint_every is not None:
         check_positive_int("checkpoint_every", checkpoint_every)
@@ -278,16 +319,27 @@ def _refuse_existing(path: Path) -> None:
         )
 
 
-def _restore(state: dict[str, Any], fingerprint: dict[str, Any], model: nn.Module, guide: Any, optim: Any,
-             sched: Any, batches: _Batches, streams: ShardStreams | None, until_step: int | None,
-             allow_changes: Sequence[str]) -> None:  # fmt: skip
+def _restore(
+    state: dict[str, Any],
+    fingerprint: dict[str, Any],
+    model: nn.Module,
+    guide: Any,
+    optim: Any,
+    sched: Any,
+    batches: _Batches,
+    streams: ShardStreams | None,
+    until_step: int | None,
+    allow_changes: Sequence[str],
+) -> None:
     """Check that ``state`` belongs to this run, then load it (learning rates as allowed)."""
     differences = fingerprint_differences(state["fingerprint"], fingerprint, ignore_config=allow_changes)
     if differences:
         raise CheckpointError("checkpoint belongs to another run: " + "; ".join(differences))
     if until_step is not None and until_step < state["step"]:
-        raise CheckpointError(f"until_step={until_step} is below the checkpoint's step {state['step']}: "
-                              "a run cannot go back; pick a later until_step")  # fmt: skip
+        raise CheckpointError(
+            f"until_step={until_step} is below the checkpoint's step {state['step']}: "
+            "a run cannot go back; pick a later until_step"
+        )
     new_base = [g["lr"] for g in optim.param_groups]
     try:
         _load_state(state, model, guide, optim, sched, batches, streams)
@@ -297,8 +349,15 @@ def _restore(state: dict[str, Any], fingerprint: dict[str, Any], model: nn.Modul
         _rebase_rates(optim, sched, new_base)
 
 
-def _load_state(state: dict[str, Any], model: nn.Module, guide: Any, optim: Any, sched: Any, batches: _Batches,
-                streams: ShardStreams | None) -> None:  # fmt: skip
+def _load_state(
+    state: dict[str, Any],
+    model: nn.Module,
+    guide: Any,
+    optim: Any,
+    sched: Any,
+    batches: _Batches,
+    streams: ShardStreams | None,
+) -> None:
     """Load a checkpoint payload's state (model, guide, optimiser, schedule, every random stream)."""
     model.load_state_dict(state["model"])
     guide.load_state_dict(state["guide"])
@@ -436,8 +495,24 @@ def fit(
         stack.enter_context(preserved_validation())  # the loop switches Pyro's validation; restored here
         stack.enter_context(tf32_matmuls(dev, cfg.tf32))
         stack.enter_context(torch_threads(cfg.threads))
-        return _fit_locked(model, guide, x_all, y_all, cfg, dev, ranks, path, checkpoint_every, resume, allow_changes,
-                           until_step, progress, spec, run_settings, callbacks)  # fmt: skip
+        return _fit_locked(
+            model,
+            guide,
+            x_all,
+            y_all,
+            cfg,
+            dev,
+            ranks,
+            path,
+            checkpoint_every,
+            resume,
+            allow_changes,
+            until_step,
+            progress,
+            spec,
+            run_settings,
+            callbacks,
+        )
 
 
 def _batch_for_model(cfg: FitConfig, model: Any, n: int, explicit: bool) -> FitConfig:
@@ -446,12 +521,16 @@ def _batch_for_model(cfg: FitConfig, model: Any, n: int, explicit: bool) -> FitC
     much. Full batch then; a minibatch asked for explicitly is refused in one line."""
     if takes_num_data(model) or cfg.batch_size is None or cfg.batch_size >= n:
         return cfg
-    needs = ("the model takes no num_data, so it would score a minibatch of rows as the whole data set; fit "
-             "full batch (batch_size=None; CLI --batch-size full), or let forward take num_data=None and use "
-             "pyro.plate('data', num_data, subsample_size=len(x))")  # fmt: skip
+    needs = (
+        "the model takes no num_data, so it would score a minibatch of rows as the whole data set; fit "
+        "full batch (batch_size=None; CLI --batch-size full), or let forward take num_data=None and use "
+        "pyro.plate('data', num_data, subsample_size=len(x))"
+    )
     if explicit:
         raise ValueError(f"batch_size={cfg.batch_size} of {n} rows: {needs}")
-    warnings.warn(f"fitting all {n} rows per step (not batch_size={cfg.batch_size}): {needs}", UserWarning, stacklevel=4)
+    warnings.warn(
+        f"fitting all {n} rows per step (not batch_size={cfg.batch_size}): {needs}", UserWarning, stacklevel=4
+    )
     return cfg.replace(batch_size=None)
 
 
@@ -497,8 +576,16 @@ def _cloned(obj: Any) -> Any:
 class _Snapshot:
     """The state after ``step``, on the device, to re-run the steps after it with checks."""
 
-    def __init__(self, step: int, model: nn.Module, guide: Any, optim: Any, sched: Any, batches: _Batches,
-                 streams: ShardStreams | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        step: int,
+        model: nn.Module,
+        guide: Any,
+        optim: Any,
+        sched: Any,
+        batches: _Batches,
+        streams: ShardStreams | None,
+    ) -> None:
         self.step = step
         self.streams = streams.copy_states() if streams is not None else None
         self.model = _cloned(model.state_dict())
@@ -506,8 +593,9 @@ class _Snapshot:
         self.optim, self.sched = _cloned(optim.state_dict()), _cloned(sched.state_dict())
         self.rng, self.batches = rng_state(), _cloned(batches.state())
 
-    def restore(self, model: nn.Module, guide: Any, optim: Any, sched: Any, batches: _Batches,
-                streams: ShardStreams | None) -> None:  # fmt: skip
+    def restore(
+        self, model: nn.Module, guide: Any, optim: Any, sched: Any, batches: _Batches, streams: ShardStreams | None
+    ) -> None:
         if streams is not None and self.streams is not None:
             streams.load(self.streams)
         model.load_state_dict(self.model)
@@ -519,10 +607,24 @@ class _Snapshot:
         batches.load(_cloned(self.batches))
 
 
-def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg: FitConfig, dev: torch.device,
-                ranks: Ranks, path: Path | None, checkpoint_every: int | None, resume: bool, allow_changes: Sequence[str],
-                until_step: int | None, progress: bool, spec: dict[str, Any] | None,
-                run_settings: dict[str, Any] | None, callbacks: Sequence[Callable[..., None]]) -> FitResult:  # fmt: skip
+def _fit_locked(
+    model: nn.Module,
+    guide: Any,
+    x_all: Tensor,
+    y_all: Tensor,
+    cfg: FitConfig,
+    dev: torch.device,
+    ranks: Ranks,
+    path: Path | None,
+    checkpoint_every: int | None,
+    resume: bool,
+    allow_changes: Sequence[str],
+    until_step: int | None,
+    progress: bool,
+    spec: dict[str, Any] | None,
+    run_settings: dict[str, Any] | None,
+    callbacks: Sequence[Callable[..., None]],
+) -> FitResult:
     """The body of :func:`fit`, with inputs checked and the checkpoint locked."""
     # every rank reads the checkpoint (fails before any compute, on all ranks together)
     state = ranks.together(lambda: load_checkpoint(path) if resume else None)  # type: ignore[arg-type]
@@ -539,8 +641,9 @@ def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg:
     if isinstance(guide, nn.Module):
         guide.to(dev)
     elif ranks.ddp:
-        raise TypeError(f"strategy='ddp' needs a guide that is an nn.Module (a PyroModule or AutoGuide), got "
-                        f"{type(guide).__name__}")  # fmt: skip
+        raise TypeError(
+            f"strategy='ddp' needs a guide that is an nn.Module (a PyroModule or AutoGuide), got {type(guide).__name__}"
+        )
     settings = {**fingerprint_settings(cfg), **({"run_settings": run_settings} if run_settings else {})}
     # what defines the run, for its checkpoints (hashing the data is skipped when nothing is saved)
     fingerprint = run_fingerprint(model, guide, settings, x_all, y_all, spec) if path is not None else {}
@@ -553,38 +656,70 @@ def _fit_locked(model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, cfg:
         sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda _: 1.0)
     # Vectorised particles where the model declares support (CatalogueModel.vectorizable_particles, models/base.py):
     vectorize = cfg.num_particles > 1 and vectorizable_particles(model)
-    loss_fn = LEAN_ELBOS[cfg.elbo].for_model(model, num_particles=cfg.num_particles, vectorize_particles=vectorize,
-                                             **({"max_plate_nesting": 1} if vectorize else {}))  # fmt: skip
+    loss_fn = LEAN_ELBOS[cfg.elbo].for_model(
+        model,
+        num_particles=cfg.num_particles,
+        vectorize_particles=vectorize,
+        **({"max_plate_nesting": 1} if vectorize else {}),
+    )
     history: dict[str, Any] = {"step": [], "elbo": [], "lr": [], "eta_lr": [], "eta": {}}
     for name in symmetry_summary(model, guide):  # a latent η: the guide's median (guide set up above)
         history["eta"][name] = []
 
     start, seconds = 0, 0.0
     if state is not None:
-        ranks.together(lambda: _restore(state, fingerprint, model, guide, optim, sched, batches, streams, until_step,
-                                          allow_changes))  # fmt: skip
+        ranks.together(
+            lambda: _restore(
+                state, fingerprint, model, guide, optim, sched, batches, streams, until_step, allow_changes
+            )
+        )
         history, start, seconds = state["history"], int(state["step"]), float(state.get("seconds", 0.0))
         if allow_changes:
-            changed = {k: [state["config"].get(k), settings[k]] for k in allow_changes
-                       if state["config"].get(k) != settings[k]}  # fmt: skip
+            changed = {
+                k: [state["config"].get(k), settings[k]] for k in allow_changes if state["config"].get(k) != settings[k]
+            }
             if changed:
                 history.setdefault("changes", []).append({"step": start, **changed})
 
     engine = _engine(loss_fn, model, guide, ranks, dev, (*setup_args, setup_kwargs))
-    loop = _Loop(model, guide, cfg, dev, x_all, y_all, optim, sched, batches, loss_fn, callbacks, history,
-                 ranks=ranks, streams=streams, engine=engine)  # fmt: skip
+    loop = _Loop(
+        model,
+        guide,
+        cfg,
+        dev,
+        x_all,
+        y_all,
+        optim,
+        sched,
+        batches,
+        loss_fn,
+        callbacks,
+        history,
+        ranks=ranks,
+        streams=streams,
+        engine=engine,
+    )
     # states a diverged run can be rescued from (kept in host memory; one process only: the check re-runs steps)
     points = RescuePoints(enabled=path is not None and not ranks.ddp)
     points.written = start if state is not None else None
 
     def payload(step: int, shard_rng: Any) -> dict[str, Any]:
         return {
-            "step": step, "model": model.state_dict(), "guide": guide.state_dict(),  # type: ignore[union-attr]
-            "optimizer": optim.state_dict(), "scheduler": sched.state_dict(), "rng": rng_state(),
-            "batches": batches.state(), "config": asdict(cfg), "fingerprint": fingerprint, "history": history,
-            "seconds": seconds, "spec": spec, **({"shard_rng": shard_rng} if shard_rng is not None else {}),
+            "step": step,
+            "model": model.state_dict(),
+            "guide": guide.state_dict(),  # type: ignore[union-attr]
+            "optimizer": optim.state_dict(),
+            "scheduler": sched.state_dict(),
+            "rng": rng_state(),
+            "batches": batches.state(),
+            "config": asdict(cfg),
+            "fingerprint": fingerprint,
+            "history": history,
+            "seconds": seconds,
+            "spec": spec,
+            **({"shard_rng": shard_rng} if shard_rng is not None else {}),
             "processes": ranks.world,
-        }  # fmt: skip
+        }
 
     def checkpoint(step: int) -> None:
         loop.flush()  # the history up to ``step``, its losses checked
@@ -653,15 +788,25 @@ def _rescued(exc: Diverged, loop: _Loop, points: RescuePoints, path: Path | None
 
 def _check_shards(cfg: FitConfig, batch: int, ranks: Ranks) -> None:
     if batch % cfg.shards:
-        raise ValueError(f"the minibatch has {batch} rows (batch_size {cfg.batch_size}, capped at the data size), not a "
-                         f"multiple of shards={cfg.shards}")  # fmt: skip
+        raise ValueError(
+            f"the minibatch has {batch} rows (batch_size {cfg.batch_size}, capped at the data size), not a "
+            f"multiple of shards={cfg.shards}"
+        )
     if cfg.shards % ranks.world:
-        raise ValueError(f"shards={cfg.shards} is not a multiple of the {ranks.world} processes of this data-parallel "
-                         f"run: pass shards={ranks.world} (or a multiple of it)")  # fmt: skip
+        raise ValueError(
+            f"shards={cfg.shards} is not a multiple of the {ranks.world} processes of this data-parallel "
+            f"run: pass shards={ranks.world} (or a multiple of it)"
+        )
 
 
-def _engine(loss_fn: Any, model: nn.Module, guide: Any, ranks: Ranks, dev: torch.device,
-            example: tuple[Tensor, Tensor, dict[str, Any]]) -> Callable[..., Tensor]:  # fmt: skip
+def _engine(
+    loss_fn: Any,
+    model: nn.Module,
+    guide: Any,
+    ranks: Ranks,
+    dev: torch.device,
+    example: tuple[Tensor, Tensor, dict[str, Any]],
+) -> Callable[..., Tensor]:
     """What a step calls for a shard's loss: Pyro's ``ELBOModule`` (``loss_fn(model, guide)``), inside
     ``DistributedDataParallel`` on the ranks of a process group (gradients averaged over ranks).
     DDP's ``find_unused_parameters`` (an extra graph traversal per step) is switched on only when a
@@ -681,19 +826,26 @@ def _engine(loss_fn: Any, model: nn.Module, guide: Any, ranks: Ranks, dev: torch
     if isinstance(loss_fn, LeanRWS_ELBO):
         untrained = ranks.together(lambda: _without_gradient(module, list(guide.named_parameters()), dev, example))
         if untrained:
-            raise ValueError(f"elbo='rws' cannot train the guide parameters {untrained} of {type(guide).__name__}: "
-                             "they enter only through its reparameterised draws, which reweighted wake-sleep "
-                             "detaches; use another elbo ('iwae', 'meanfield'), or a guide that samples each site "
-                             "from its own density (mean-field, full-rank, low-rank, block-cholesky, matrix-normal)")  # fmt: skip
+            raise ValueError(
+                f"elbo='rws' cannot train the guide parameters {untrained} of {type(guide).__name__}: "
+                "they enter only through its reparameterised draws, which reweighted wake-sleep "
+                "detaches; use another elbo ('iwae', 'meanfield'), or a guide that samples each site "
+                "from its own density (mean-field, full-rank, low-rank, block-cholesky, matrix-normal)"
+            )
     if not ranks.ddp:
         return module
     unused = ranks.together(lambda: bool(_without_gradient(module, list(module.named_parameters()), dev, example)))
     return torch.nn.parallel.DistributedDataParallel(
-        module, device_ids=[dev.index] if dev.type == "cuda" else None, find_unused_parameters=unused)
+        module, device_ids=[dev.index] if dev.type == "cuda" else None, find_unused_parameters=unused
+    )
 
 
-def _without_gradient(loss: Callable[..., Tensor], named: list[tuple[str, Tensor]], dev: torch.device,
-                      example: tuple[Tensor, Tensor, dict[str, Any]]) -> list[str]:  # fmt: skip
+def _without_gradient(
+    loss: Callable[..., Tensor],
+    named: list[tuple[str, Tensor]],
+    dev: torch.device,
+    example: tuple[Tensor, Tensor, dict[str, Any]],
+) -> list[str]:
     """The names of the trainable parameters in ``named`` that ``loss`` on ``example`` leaves without a
     gradient (computed aside: the random streams restored, no Pyro handler sees it)."""
     named = [(n, p) for n, p in named if p.requires_grad]
@@ -710,10 +862,25 @@ class _Loop:
     """The steps of one ``fit`` call: the lean step over this process's shards, the bulk reads of its
     history, the snapshots and the re-run that locates a divergence (module docstring)."""
 
-    def __init__(self, model: nn.Module, guide: Any, cfg: FitConfig, dev: torch.device, x_all: Tensor, y_all: Tensor,
-                 optim: Any, sched: Any, batches: _Batches, loss_fn: Any, callbacks: Sequence[Callable[..., None]],
-                 history: dict[str, Any], *, ranks: Ranks, streams: ShardStreams | None,
-                 engine: Callable[..., Tensor]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        guide: Any,
+        cfg: FitConfig,
+        dev: torch.device,
+        x_all: Tensor,
+        y_all: Tensor,
+        optim: Any,
+        sched: Any,
+        batches: _Batches,
+        loss_fn: Any,
+        callbacks: Sequence[Callable[..., None]],
+        history: dict[str, Any],
+        *,
+        ranks: Ranks,
+        streams: ShardStreams | None,
+        engine: Callable[..., Tensor],
+    ) -> None:
         self.ranks, self.streams, self.engine = ranks, streams, engine
         # this process's shards (None: the whole minibatch on the global stream, as before shards existed)
         self.own: list[int | None] = list(ranks.own_shards(cfg.shards)) if streams is not None else [None]
@@ -750,8 +917,9 @@ class _Loop:
         if not checked and not rerun and (self.snapshot is None or step - self.snapshot.step >= self.cfg.log_every):
             if self.cfg.validation == "first-step" and not self.ranks.ddp:
                 self.flush()  # every step up to here has a finite loss
-                self.snapshot = _Snapshot(step, self.model, self.guide, self.optim, self.sched, self.batches,
-                                          self.streams)  # fmt: skip
+                self.snapshot = _Snapshot(
+                    step, self.model, self.guide, self.optim, self.sched, self.batches, self.streams
+                )
                 self.stats["snapshots"] += 1
         idx = self.batches.next()
         x, y = self.x_all[idx], self.y_all[idx]
@@ -811,10 +979,14 @@ class _Loop:
             self.capture_tried = True
             self._validation(False)
             try:
-                self.captured = CapturedLoss.capture(self.loss_fn, self.model, self.guide, x, y, self.kwargs,
-                                                     self.cfg.compile, self.dev)  # fmt: skip
-                self.stats.update(compile=self.captured.mode, capture_seconds=self.captured.capture_seconds,
-                                  bit_identical=self.captured.bit_identical)  # fmt: skip
+                self.captured = CapturedLoss.capture(
+                    self.loss_fn, self.model, self.guide, x, y, self.kwargs, self.cfg.compile, self.dev
+                )
+                self.stats.update(
+                    compile=self.captured.mode,
+                    capture_seconds=self.captured.capture_seconds,
+                    bit_identical=self.captured.bit_identical,
+                )
             except CaptureError as exc:
                 self._fall_back(str(exc))
         # a re-run replays the captured graph only where eager Pyro would draw other numbers
@@ -837,8 +1009,9 @@ class _Loop:
         return self.captured is not None and self.captured.mode == "capture" and self.captured.bit_identical
 
     def _fall_back(self, reason: str) -> None:
-        warnings.warn(f"compile={self.cfg.compile!r}: {reason}; running the eager Pyro step instead", RuntimeWarning,
-                      stacklevel=4)  # fmt: skip
+        warnings.warn(
+            f"compile={self.cfg.compile!r}: {reason}; running the eager Pyro step instead", RuntimeWarning, stacklevel=4
+        )
         self.captured = None
         self.stats.update(compile="off", fallback=reason)
 
@@ -855,7 +1028,8 @@ class _Loop:
         if self.ranks.ddp:  # the ranks read at the same steps (a read averages their losses)
             return waiting >= self.cfg.log_every
         return waiting >= self.cfg.log_every or (
-            progress and waiting > 0 and time.perf_counter() - self.last_read >= PROGRESS_SECONDS)
+            progress and waiting > 0 and time.perf_counter() - self.last_read >= PROGRESS_SECONDS
+        )
 
     def flush(self) -> None:
         """Read the pending steps' losses and η back (one transfer each), check that the losses are
@@ -889,16 +1063,20 @@ class _Loop:
             values.clear()
         snap = self.snapshot
         if self.ranks.ddp:
-            what = (f"non-finite loss ({value}) at step {bad_step}, found by the bulk check; a data-parallel run does not "
-                    f"re-run steps to locate it (resume the last checkpoint in one process with shards={self.cfg.shards} "
-                    "and validation='always' to find the site)")  # fmt: skip
+            what = (
+                f"non-finite loss ({value}) at step {bad_step}, found by the bulk check; a data-parallel run does not "
+                f"re-run steps to locate it (resume the last checkpoint in one process with shards={self.cfg.shards} "
+                "and validation='always' to find the site)"
+            )
         elif snap is not None and snap.step < bad_step:
             snap.restore(self.model, self.guide, self.optim, self.sched, self.batches, self.streams)
             for step in range(snap.step, bad_step):
                 self.step(step, checked=True, rerun=True)
-            what = (f"non-finite loss ({value}) at step {bad_step}, found by the bulk check; re-running steps "
-                    f"{snap.step + 1}-{bad_step} with checks did not reproduce it (is the device deterministic? see "
-                    "make_deterministic)")  # fmt: skip
+            what = (
+                f"non-finite loss ({value}) at step {bad_step}, found by the bulk check; re-running steps "
+                f"{snap.step + 1}-{bad_step} with checks did not reproduce it (is the device deterministic? see "
+                "make_deterministic)"
+            )
         else:  # pragma: no cover - every unchecked step follows a snapshot
             what = f"non-finite loss ({value}) at step {bad_step}, found by the bulk check"
         raise Diverged(what, bad_step)
@@ -920,7 +1098,8 @@ class _Loop:
                 except (ValueError, RuntimeError) as exc:  # e.g. a factorisation of non-finite values
                     return f"at step {step + 1}: {one_line(exc)}"
                 bad = first_non_finite_gradient(self.model, self.guide) or first_invalid_state(
-                    self.model, self.guide, self.optim)  # fmt: skip
+                    self.model, self.guide, self.optim
+                )
                 if bad is not None:
                     return f"after step {step + 1}: {bad}"
         return None

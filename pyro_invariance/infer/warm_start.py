@@ -73,8 +73,10 @@ def warm_start(model: nn.Module, guide: nn.Module, source: Any, data: Any = None
         with torch.enable_grad():
             set_up_guide_on(model, guide, data)
     if not any(True for _ in guide.parameters()):
-        raise ValueError("the guide has no parameters yet: pass the training data (warm_start(model, guide, source, "
-                         "data)) or call the guide once before warm_start")  # fmt: skip
+        raise ValueError(
+            "the guide has no parameters yet: pass the training data (warm_start(model, guide, source, "
+            "data)) or call the guide once before warm_start"
+        )
     src_model, src_guide = _states(source)
     symmetry = {id(p) for p in model.symmetry_parameters()} if isinstance(model, CatalogueModel) else set()
     report = WarmStart()
@@ -95,5 +97,7 @@ def warm_start(model: nn.Module, guide: nn.Module, source: Any, data: Any = None
         target.copy_(value.to(target))
         report.guide.append(name)
     if not report.guide:
-        raise ValueError("no guide mean matched by name and shape: are source and target the same guide on the same network?")
+        raise ValueError(
+            "no guide mean matched by name and shape: are source and target the same guide on the same network?"
+        )
     return report

@@ -27,7 +27,7 @@ channels, so nothing is copied S times and the gradient to the grids is summed i
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -127,8 +127,10 @@ def sample_epsilon(
         if dim == 0:
             return torch.zeros(num_samples, 0, dtype=dtype, device=device)
         per_axis = max(1, round(num_samples ** (1.0 / dim)))
-        axis = torch.linspace(-1.0, 1.0, per_axis, dtype=dtype, device=device) if per_axis > 1 else torch.zeros(
-            1, dtype=dtype, device=device
+        axis = (
+            torch.linspace(-1.0, 1.0, per_axis, dtype=dtype, device=device)
+            if per_axis > 1
+            else torch.zeros(1, dtype=dtype, device=device)
         )
         grids = torch.meshgrid(*([axis] * dim), indexing="ij")
         return torch.stack([g.reshape(-1) for g in grids], dim=-1)
@@ -210,9 +212,7 @@ def warp_stack(images: Tensor, matrices: Tensor) -> Tensor:
     return out.reshape(n, c, s, h, w).transpose(1, 2)
 
 
-def transform_weight_rows(
-    weight: Tensor, matrices: Tensor, image_shape: Sequence[int], layout: str = "shd"
-) -> Tensor:
+def transform_weight_rows(weight: Tensor, matrices: Tensor, image_shape: Sequence[int], layout: str = "shd") -> Tensor:
     """Apply S transforms to every row of a first-layer weight matrix viewed as an image.
 
     Paper 003, Section 3.2: each row of W1 (length C·h·w) is a C×h×w image, warped by each

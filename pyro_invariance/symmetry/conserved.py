@@ -111,8 +111,14 @@ def flow(x: Tensor, g: Tensor, tau: float | Tensor) -> Tensor:
     return apply_flow(x, torch.linalg.matrix_exp(torch.as_tensor(tau, dtype=g.dtype) * g))
 
 
-def sample_weights(num: int, k: int, kind: str = "cube", generator: torch.Generator | None = None,
-                   dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> Tensor:
+def sample_weights(
+    num: int,
+    k: int,
+    kind: str = "cube",
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> Tensor:
     """Combination weights ``w_s`` ``(num, k)``: ``"cube"`` U[−1,1]^K, ``"ball"`` uniform in the unit
     ball, or ``"grid"`` (K = 1 only: ``num`` evenly spaced points of [−1, 1), exact quadrature of a
     full orbit for a generator whose flow has period dividing 2π)."""
@@ -174,7 +180,7 @@ def oracle_quadratics(name: str, state_dim: int, dtype: torch.dtype = torch.floa
         n = m // 4
         for axis in (0, 1):
             b = torch.zeros(m, dtype=dtype)
-            b[d + axis::2] = 1.0
+            b[d + axis :: 2] = 1.0
             mats.append(torch.zeros(m, m, dtype=dtype))
             vecs.append(b)
         quad([e for i in range(n) for e in ((2 * i, d + 2 * i + 1, 1.0), (2 * i + 1, d + 2 * i, -1.0))])
@@ -234,7 +240,9 @@ def principal_cosines(u: Tensor, v: Tensor) -> Tensor:
     return torch.linalg.svdvals(qu @ qv.T).clamp(max=1.0)
 
 
-def analyse_generators(generators: Tensor, oracle: Tensor | None = None, rel_threshold: float = 0.1) -> SymmetryAnalysis:
+def analyse_generators(
+    generators: Tensor, oracle: Tensor | None = None, rel_threshold: float = 0.1
+) -> SymmetryAnalysis:
     """SVD of the stacked generators and their relation to an oracle set.
 
     Args:

@@ -302,8 +302,10 @@ class LayerOptions:
     anchor_seed: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.sconv_anchors, bool) or not isinstance(self.sconv_anchors, int) or not (
-            1 <= self.sconv_anchors <= KERNEL * KERNEL
+        if (
+            isinstance(self.sconv_anchors, bool)
+            or not isinstance(self.sconv_anchors, int)
+            or not (1 <= self.sconv_anchors <= KERNEL * KERNEL)
         ):
             raise ValueError(f"sconv_anchors must be an integer in [1, 9], got {self.sconv_anchors!r}")
         if not (0 < float(self.sfc_anchor_fraction) <= 1):
@@ -385,6 +387,7 @@ def add_precision(module: PyroModule, name: str, prior: str, init: float, hyperp
 
 def _normal_site(precision_name: str, shape: tuple[int, ...]) -> PyroSample:
     """``θ ~ N(0, δ⁻¹ I)`` declared with event dim ``len(shape)`` (2 for weight matrices)."""
+
     def prior(m: PyroModule) -> dist.TorchDistribution:
         scale = getattr(m, precision_name).rsqrt()
         # loc made on scale's device (a Python 0.0 would be copied from the host, a sync on CUDA)
@@ -533,7 +536,9 @@ class FactoredFullyConnected(PathwayLayer):
         return theta1, theta2
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.scaled(x, 1.0).reshape(x.shape[0], self.spec.c_out, self.spec.g_out, self.spec.h_out, self.spec.w_out)
+        return self.scaled(x, 1.0).reshape(
+            x.shape[0], self.spec.c_out, self.spec.g_out, self.spec.h_out, self.spec.w_out
+        )
 
     def scaled(self, x: Tensor, scale: float) -> Tensor:
         """``scale·forward(x)`` as ``(B, C'G', H'W')`` (``scale`` folded into θ₁)."""
@@ -643,7 +648,9 @@ class SparseFullyConnected(PathwayLayer):
         return theta1, theta2
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.scaled(x, 1.0).reshape(x.shape[0], self.spec.c_out, self.spec.g_out, self.spec.h_out, self.spec.w_out)
+        return self.scaled(x, 1.0).reshape(
+            x.shape[0], self.spec.c_out, self.spec.g_out, self.spec.h_out, self.spec.w_out
+        )
 
     def scaled(self, x: Tensor, scale: float) -> Tensor:
         """``scale·forward(x)`` as ``(B, C'G', H'W')`` (``scale`` folded into θ₁)."""
@@ -692,7 +699,14 @@ class GroupConvolution(PathwayLayer):
 #: Pathway classes by kind.
 PATHWAYS: dict[str, type[PathwayLayer]] = {
     cls.kind: cls
-    for cls in (FullyConnected, Convolution, FactoredFullyConnected, SparseConvolution, SparseFullyConnected, GroupConvolution)
+    for cls in (
+        FullyConnected,
+        Convolution,
+        FactoredFullyConnected,
+        SparseConvolution,
+        SparseFullyConnected,
+        GroupConvolution,
+    )
 }
 
 
@@ -769,8 +783,9 @@ class RelaxedBlock(PyroModule):
         for kind in self._equivariant:
             f = self.pathway(kind).filters(scale)
             filters = f if filters is None else filters + f
-        others = [self.pathway(kind).scaled(x, scale).reshape(b, s.c_out, s.g_out, s.h_out, s.w_out)
-                  for kind in self._others]  # fmt: skip
+        others = [
+            self.pathway(kind).scaled(x, scale).reshape(b, s.c_out, s.g_out, s.h_out, s.w_out) for kind in self._others
+        ]
         bias = self.bias
         total = None
         if filters is not None:

@@ -27,7 +27,7 @@ Shapes: states ``x (*P, B, M)`` (P: optional particle dimensions), combination w
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -43,8 +43,15 @@ class NeuralConserved(nn.Module):
     (hidden widths ``hidden``, weights batched over K) plus, with ``quadratic=True``, the quadratic
     form ``xᵀ(W_k + W_kᵀ)x/2 + b_kᵀx``. Every parameter is a symmetry parameter η (point estimate)."""
 
-    def __init__(self, state_dim: int, num_quantities: int, hidden: Sequence[int] = (32, 32), quadratic: bool = True,
-                 init_std: float = 0.1, generator: torch.Generator | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        state_dim: int,
+        num_quantities: int,
+        hidden: Sequence[int] = (32, 32),
+        quadratic: bool = True,
+        init_std: float = 0.1,
+        generator: torch.Generator | None = None,
+    ) -> None:
         super().__init__()
         check_positive_int("state_dim", state_dim, minimum=2)
         check_positive_int("num_quantities", num_quantities)
@@ -119,7 +126,9 @@ class NeuralFlow:
 
     ``flow(x)`` maps ``x (*P, B, M)`` to ``(*P, S, B, M)`` (every row along the same S sample paths)."""
 
-    def __init__(self, conserved: Callable[[Tensor], Tensor], weights: Tensor, tau: float = math.pi, steps: int = 8) -> None:
+    def __init__(
+        self, conserved: Callable[[Tensor], Tensor], weights: Tensor, tau: float = math.pi, steps: int = 8
+    ) -> None:
         self.conserved, self.weights, self.tau, self.steps = conserved, weights, float(tau), int(steps)
 
     @property

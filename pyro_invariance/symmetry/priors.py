@@ -26,7 +26,8 @@ builds ``q(η)`` in unconstrained space through ``biject_to`` (a logit-normal ``
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pyro.distributions as dist
 import torch
@@ -65,10 +66,12 @@ class ScaledLogitNormal(dist.TransformedDistribution):
 
     arg_constraints = {"loc": constraints.real, "scale": constraints.positive, "upper": constraints.positive}
 
-    def __init__(self, loc: Tensor | float, scale: Tensor | float, upper: Tensor | float,
-                 validate_args: bool | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, loc: Tensor | float, scale: Tensor | float, upper: Tensor | float, validate_args: bool | None = None
+    ) -> None:
         self.loc, self.scale, self.upper = torch.broadcast_tensors(
-            torch.as_tensor(loc), torch.as_tensor(scale), torch.as_tensor(upper))  # fmt: skip
+            torch.as_tensor(loc), torch.as_tensor(scale), torch.as_tensor(upper)
+        )
         base = dist.Normal(self.loc, self.scale)
         super().__init__(base, [SigmoidTransform(), AffineTransform(0.0, self.upper)], validate_args=validate_args)
 
@@ -76,7 +79,7 @@ class ScaledLogitNormal(dist.TransformedDistribution):
     def support(self) -> constraints.Constraint:
         return constraints.interval(torch.zeros_like(self.upper), self.upper)
 
-    def expand(self, batch_shape: Sequence[int], _instance: Any = None) -> "ScaledLogitNormal":
+    def expand(self, batch_shape: Sequence[int], _instance: Any = None) -> ScaledLogitNormal:
         shape = torch.Size(batch_shape)
         return ScaledLogitNormal(self.loc.expand(shape), self.scale.expand(shape), self.upper.expand(shape))
 

@@ -97,8 +97,10 @@ def _invariant_mlp(model: Any) -> Any:
     if not isinstance(model, InvariantMLP):
         raise TypeError(f"annealed_readout_evidence needs an InvariantMLP, got {type(model).__name__}")
     if model.eta_is_latent:
-        raise ValueError("η is a latent site of this model: build it with a fixed η "
-                         "(symmetry_prior=None, learn_symmetry=False, eta_init=η) to estimate log p(D | η)")  # fmt: skip
+        raise ValueError(
+            "η is a latent site of this model: build it with a fixed η "
+            "(symmetry_prior=None, learn_symmetry=False, eta_init=η) to estimate log p(D | η)"
+        )
     return model
 
 
@@ -133,9 +135,18 @@ def _log_scale_prior(model: Any) -> tuple[float, bool]:
     return math.log(float(torch.as_tensor(model.prior_scale).detach())), False
 
 
-def annealed_readout_evidence(model: Any, x: Tensor, y: Tensor, *, chains: int = 64, temperatures: int = 1000,
-                              leapfrog: int = 5, step_size: float = 0.3, curvature: float = 0.25,
-                              seed: int = 0) -> AnnealedEvidence:  # fmt: skip
+def annealed_readout_evidence(
+    model: Any,
+    x: Tensor,
+    y: Tensor,
+    *,
+    chains: int = 64,
+    temperatures: int = 1000,
+    leapfrog: int = 5,
+    step_size: float = 0.3,
+    curvature: float = 0.25,
+    seed: int = 0,
+) -> AnnealedEvidence:
     """AIS estimate of ``log p(D | η)`` for an :class:`InvariantMLP` at its fixed η (module docstring).
 
     Args:
@@ -230,7 +241,15 @@ def annealed_readout_evidence(model: Any, x: Tensor, y: Tensor, *, chains: int =
         log_weights, edge_share, sigma_mode = path[:, -1], 0.0, math.exp(loc)
     log_evidence = float(torch.logsumexp(log_weights, 0) - math.log(chains))
     k_hat = psis_khat(log_weights) if chains >= 50 else float("nan")
-    return AnnealedEvidence(log_evidence=log_evidence, log_weights=log_weights, k_hat=float(k_hat),
-                            acceptance=accepted / (temperatures - 1), num_data=int(x.shape[0]),
-                            temperatures=temperatures, log_scales=scales, scale_profile=profile,
-                            edge_share=edge_share, sigma_mode=sigma_mode)  # fmt: skip
+    return AnnealedEvidence(
+        log_evidence=log_evidence,
+        log_weights=log_weights,
+        k_hat=float(k_hat),
+        acceptance=accepted / (temperatures - 1),
+        num_data=int(x.shape[0]),
+        temperatures=temperatures,
+        log_scales=scales,
+        scale_profile=profile,
+        edge_share=edge_share,
+        sigma_mode=sigma_mode,
+    )

@@ -42,7 +42,8 @@ there and q* avoids it; a conditional trained across η first
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pyro
 import torch
@@ -85,8 +86,15 @@ class CollapsedSymmetryGuide(nn.Module):
             with one stream).
     """
 
-    def __init__(self, guide: Any, site: str, posterior: GridPosterior, batch_shape: Sequence[int] = (),
-                 event_shape: Sequence[int] = (), dtype: torch.dtype = torch.float32) -> None:  # fmt: skip
+    def __init__(
+        self,
+        guide: Any,
+        site: str,
+        posterior: GridPosterior,
+        batch_shape: Sequence[int] = (),
+        event_shape: Sequence[int] = (),
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__()
         self.guide = guide
         self.site = site
@@ -107,8 +115,10 @@ class CollapsedSymmetryGuide(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         eta = pyro.sample(self.site, self.distribution())
         if eta.shape != self.batch_shape + self.event_shape:
-            raise ValueError(f"CollapsedSymmetryGuide draws one η per call, got shape {tuple(eta.shape)} (inside a "
-                             "vectorised particle plate?); use vectorize_particles=False")  # fmt: skip
+            raise ValueError(
+                f"CollapsedSymmetryGuide draws one η per call, got shape {tuple(eta.shape)} (inside a "
+                "vectorised particle plate?); use vectorize_particles=False"
+            )
         held = self.guide.symmetry_condition(self.site, eta)
         with poutine.block(hide=[self.site, *held]), poutine.condition(data=held):
             return self.guide(*args, **kwargs)
@@ -120,7 +130,9 @@ def default_symmetry_grid(support: Any, num_points: int) -> Tensor:
     while isinstance(support, constraints.independent):
         support = support.base_constraint
     if not isinstance(support, (constraints._Interval, constraints._HalfOpenInterval)):
-        raise ValueError(f"collapse_symmetry: the symmetry site's support {support} is not a bounded interval; pass grid=")
+        raise ValueError(
+            f"collapse_symmetry: the symmetry site's support {support} is not a bounded interval; pass grid="
+        )
     lo, hi = float(support.lower_bound), float(support.upper_bound)
     if num_points < 3:
         raise ValueError(f"collapse_symmetry: num_points must be >= 3, got {num_points}")
@@ -129,9 +141,19 @@ def default_symmetry_grid(support: Any, num_points: int) -> Tensor:
 
 
 @pyro_scope()
-def collapse_symmetry(model: Any, guide: Any, x: Tensor, y: Tensor, grid: Sequence[float] | Tensor | None = None, *,
-                      num_points: int = 181, K: int = 100, streams: int = 1, stream_batch: int = 1,
-                      seed: int = 0) -> CollapsedSymmetryGuide:  # fmt: skip
+def collapse_symmetry(
+    model: Any,
+    guide: Any,
+    x: Tensor,
+    y: Tensor,
+    grid: Sequence[float] | Tensor | None = None,
+    *,
+    num_points: int = 181,
+    K: int = 100,
+    streams: int = 1,
+    stream_batch: int = 1,
+    seed: int = 0,
+) -> CollapsedSymmetryGuide:
     """q*(η) ∝ p(η) exp(IWAE_K(η)) for the fitted ``guide``'s own q(θ | η) (module docstring).
 
     Args:
@@ -161,38 +183,57 @@ def collapse_symmetry(model: Any, guide: Any, x: Tensor, y: Tensor, grid: Sequen
     """
     sites = symmetry_sites(model)
     if len(sites) != 1:
-        raise ValueError(f"collapse_symmetry needs a model with one latent symmetry site, got {sites} "
-                         "(build it with symmetry_prior=...)")  # fmt: skip
+        raise ValueError(
+            f"collapse_symmetry needs a model with one latent symmetry site, got {sites} "
+            "(build it with symmetry_prior=...)"
+        )
     if not isinstance(guide, CatalogueGuide):
-        raise ValueError(f"collapse_symmetry needs a catalogue guide (pyro_invariance.guides), got {type(guide).__name__}")
+        raise ValueError(
+            f"collapse_symmetry needs a catalogue guide (pyro_invariance.guides), got {type(guide).__name__}"
+        )
     site = sites[0]
     n = x.shape[0]
     with torch.random.fork_rng(devices=[x.device] if x.is_cuda else []), torch.no_grad():
         prior = poutine.trace(model).get_trace(x[:1], y[:1], num_data=n).nodes[site]["fn"]
     if prior.event_shape.numel() != 1 or prior.batch_shape.numel() != 1:
-        raise ValueError(f"collapse_symmetry needs a scalar symmetry site, {site!r} has shape "
-                         f"{tuple(prior.batch_shape + prior.event_shape)}")  # fmt: skip
-    points = default_symmetry_grid(prior.support, num_points) if grid is None else torch.as_tensor(grid, dtype=torch.float64)
+        raise ValueError(
+            f"collapse_symmetry needs a scalar symmetry site, {site!r} has shape "
+            f"{tuple(prior.batch_shape + prior.event_shape)}"
+        )
+    points = (
+        default_symmetry_grid(prior.support, num_points) if grid is None else torch.as_tensor(grid, dtype=torch.float64)
+    )
     if int(streams) < 1:
         raise ValueError(f"collapse_symmetry: streams must be >= 1, got {streams}")
     batch = int(stream_batch)
     if batch < 1 or int(streams) % batch:
-        raise ValueError(f"collapse_symmetry: stream_batch must be >= 1 and divide streams={streams}, got {stream_batch}")
+        raise ValueError(
+            f"collapse_symmetry: stream_batch must be >= 1 and divide streams={streams}, got {stream_batch}"
+        )
     values = points.to(x.dtype)
     if batch == 1:
-        each = torch.stack([guide_evidence_profile(model, guide, x, y, values, K=K, seed=seed + r, common_noise=True)
-                            for r in range(int(streams))])  # fmt: skip
+        each = torch.stack(
+            [
+                guide_evidence_profile(model, guide, x, y, values, K=K, seed=seed + r, common_noise=True)
+                for r in range(int(streams))
+            ]
+        )
     else:
-        each = torch.cat([guide_evidence_profile(model, guide, x, y, values, K=K, seed=seed + c, common_noise=True, blocks=batch)
-                          for c in range(int(streams) // batch)])  # fmt: skip
+        each = torch.cat(
+            [
+                guide_evidence_profile(model, guide, x, y, values, K=K, seed=seed + c, common_noise=True, blocks=batch)
+                for c in range(int(streams) // batch)
+            ]
+        )
     profile = each.mean(0)
     shape = prior.batch_shape + prior.event_shape
     with torch.no_grad():
         at = points.to(x.dtype).to(x.device).reshape(len(points), *shape)
         log_prior = prior.log_prob(at).reshape(len(points), -1).sum(-1).double().cpu()
     posterior = grid_posterior(points, profile, log_prior)
-    collapsed = CollapsedSymmetryGuide(guide, site, posterior, batch_shape=prior.batch_shape, event_shape=prior.event_shape,
-                                       dtype=x.dtype).to(x.device)  # fmt: skip
+    collapsed = CollapsedSymmetryGuide(
+        guide, site, posterior, batch_shape=prior.batch_shape, event_shape=prior.event_shape, dtype=x.dtype
+    ).to(x.device)
     collapsed.stream_profiles = each
     collapsed.profile_noise = profile_noise(each, torch.as_tensor(posterior.density)) if len(each) > 1 else None
     return collapsed

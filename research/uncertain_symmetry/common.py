@@ -17,8 +17,9 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Hashable, Iterable, Sequence
+from typing import Any
 
 import pyro
 import torch
@@ -134,7 +135,9 @@ def unit_script_parser(doc: str, stem: str) -> tuple[argparse.ArgumentParser, An
     """The command line that every benchmark writing unit files shares: its description (``doc``'s first paragraph),
     a required group of mutually exclusive modes (returned empty, for the script's ``--run``, ``--render``, …), and
     ``--work-dir`` (default ``research/uncertain_symmetry/results/<stem>_units``), ``--out-dir`` and ``--threads``."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     group = parser.add_mutually_exclusive_group(required=True)
     parser.add_argument("--work-dir", type=Path, default=Path(f"research/uncertain_symmetry/results/{stem}_units"))
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
@@ -178,8 +181,14 @@ def write_unit(path: Path, unit: dict[str, Any]) -> None:
     partial.replace(path)
 
 
-def fill_unit(path: Path, header: dict[str, Any], keys: Iterable[Hashable], key_of: Callable[[dict[str, Any]], Hashable],
-              evaluate: Callable[[Any], dict[str, Any]], describe: Callable[[Any, dict[str, Any]], str] | None = None) -> dict[str, Any]:  # fmt: skip
+def fill_unit(
+    path: Path,
+    header: dict[str, Any],
+    keys: Iterable[Hashable],
+    key_of: Callable[[dict[str, Any]], Hashable],
+    evaluate: Callable[[Any], dict[str, Any]],
+    describe: Callable[[Any, dict[str, Any]], str] | None = None,
+) -> dict[str, Any]:
     """The unit at ``path`` (``{**header, "points": [...]}``, new if absent) with a point for every one of ``keys``.
 
     The keys whose point is missing (``key_of(point)`` names a stored point's key) are evaluated in order,

@@ -7,8 +7,6 @@ posterior over one symmetry parameter computed on a grid (e.g. the collapsed ``q
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from pyro.distributions.torch_distribution import ExpandedDistribution, TorchDistribution
 from torch import Tensor
@@ -37,11 +35,13 @@ class PiecewiseLinear(TorchDistribution):
     arg_constraints: dict = {}
     has_rsample = True
 
-    def __init__(self, grid: Tensor, density: Tensor, validate_args: Optional[bool] = None) -> None:
+    def __init__(self, grid: Tensor, density: Tensor, validate_args: bool | None = None) -> None:
         grid, density = torch.as_tensor(grid), torch.as_tensor(density)
         if grid.ndim != 1 or grid.shape != density.shape or grid.numel() < 2:
-            raise ValueError(f"PiecewiseLinear: grid and density must be 1-D of one length >= 2, got "
-                             f"{tuple(grid.shape)} and {tuple(density.shape)}")  # fmt: skip
+            raise ValueError(
+                f"PiecewiseLinear: grid and density must be 1-D of one length >= 2, got "
+                f"{tuple(grid.shape)} and {tuple(density.shape)}"
+            )
         if not bool((grid.diff() > 0).all()) or not bool(torch.isfinite(grid).all()):
             raise ValueError("PiecewiseLinear: grid must be finite and strictly increasing")
         if not bool(torch.isfinite(density).all()) or bool((density < 0).any()) or not bool((density > 0).any()):
@@ -73,7 +73,9 @@ class PiecewiseLinear(TorchDistribution):
 
     def rsample(self, sample_shape: torch.Size = torch.Size()) -> Tensor:
         u = torch.rand(sample_shape, dtype=self.grid.dtype, device=self.grid.device)
-        j = (torch.searchsorted(self._cumulative.detach(), u.contiguous(), right=True) - 1).clamp(0, self.grid.numel() - 2)
+        j = (torch.searchsorted(self._cumulative.detach(), u.contiguous(), right=True) - 1).clamp(
+            0, self.grid.numel() - 2
+        )
         r = (u - self._cumulative[j]).clamp(min=0.0)
         pa, pb, h = self.density[j], self.density[j + 1], self._width[j]
         root = (pa * pa + 2.0 * (pb - pa) * r / h).clamp(min=0.0).sqrt()
@@ -102,7 +104,7 @@ class PiecewiseLinear(TorchDistribution):
     def variance(self) -> Tensor:
         a, b, pa, pb, h = self.grid[:-1], self.grid[1:], self.density[:-1], self.density[1:], self._width
         m2 = (h * (pa * (3 * a * a + 2 * a * b + b * b) + pb * (a * a + 2 * a * b + 3 * b * b)) / 12.0).sum()
-        return (m2 - self.mean ** 2).clamp(min=0.0)
+        return (m2 - self.mean**2).clamp(min=0.0)
 
     def expand(self, batch_shape, _instance=None):  # type: ignore[override]
         return ExpandedDistribution(self, batch_shape)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from pyro import poutine
@@ -35,9 +36,18 @@ def _strictly_inside(support: Any, value: Tensor) -> bool:
     return bool(support.check(value).all())
 
 
-def guide_evidence_profile(model: Any, guide: Any, x: Tensor, y: Tensor, values: Sequence[float] | Tensor,
-                           K: int = 100, repeats: int = 1, seed: int = 0, common_noise: bool = False,
-                           blocks: int = 1) -> Tensor:  # fmt: skip
+def guide_evidence_profile(
+    model: Any,
+    guide: Any,
+    x: Tensor,
+    y: Tensor,
+    values: Sequence[float] | Tensor,
+    K: int = 100,
+    repeats: int = 1,
+    seed: int = 0,
+    common_noise: bool = False,
+    blocks: int = 1,
+) -> Tensor:
     """The fitted guide's own evidence profile: at each fixed value η_j of the model's one symmetry site,
     the importance-weighted bound (Burda et al. 2016, Eq. 8) with the guide's conditional ``q(θ | η_j)``
     as proposal, the mean of ``repeats`` estimates (float64 ``(J,)``, nats, all of ``(x, y)``)::
@@ -73,20 +83,32 @@ def guide_evidence_profile(model: Any, guide: Any, x: Tensor, y: Tensor, values:
     """
     sites = symmetry_sites(model)
     if len(sites) != 1:
-        raise ValueError(f"guide_evidence_profile needs a model with one latent symmetry site, got {sites} "
-                         "(build it with symmetry_prior=...)")  # fmt: skip
+        raise ValueError(
+            f"guide_evidence_profile needs a model with one latent symmetry site, got {sites} "
+            "(build it with symmetry_prior=...)"
+        )
     site = sites[0]
     n = x.shape[0]
     if int(blocks) < 1 or int(K) < 1:
         raise ValueError(f"guide_evidence_profile: K and blocks must be >= 1, got K={K}, blocks={blocks}")
     draws = int(K) * int(blocks)
     vector = vectorizable_particles(model) and draws > 1
-    loss = LeanIWAE_ELBO(num_particles=draws, vectorize_particles=vector, **({"max_plate_nesting": 1} if vector else {}))
+    loss = LeanIWAE_ELBO(
+        num_particles=draws, vectorize_particles=vector, **({"max_plate_nesting": 1} if vector else {})
+    )
     out = []
     cuda = [x.device] if x.is_cuda else []
-    with pyro_scope(), eval_mode(model), eval_mode(guide), torch.random.fork_rng(devices=cuda), torch.no_grad(), \
-            warnings.catch_warnings():  # fmt: skip
-        warnings.filterwarnings("ignore", message="Found (non-auxiliary )?vars in")  # the conditioned η: observed in both
+    with (
+        pyro_scope(),
+        eval_mode(model),
+        eval_mode(guide),
+        torch.random.fork_rng(devices=cuda),
+        torch.no_grad(),
+        warnings.catch_warnings(),
+    ):
+        warnings.filterwarnings(
+            "ignore", message="Found (non-auxiliary )?vars in"
+        )  # the conditioned η: observed in both
         torch.manual_seed(seed)
         prior = poutine.trace(model).get_trace(x[:1], y[:1], num_data=n).nodes[site]["fn"]
         poutine.trace(guide).get_trace(x[:1], y[:1], num_data=n)  # sets a lazily built guide up
@@ -101,15 +123,19 @@ def guide_evidence_profile(model: Any, guide: Any, x: Tensor, y: Tensor, values:
             model_at = poutine.condition(model, data={site: value})
             g_tr = poutine.trace(guide_at).get_trace(x, y, num_data=n)
             if not torch.allclose(g_tr.nodes[site]["value"], value.to(g_tr.nodes[site]["value"]), rtol=1e-4, atol=1e-6):
-                raise ValueError(f"{type(guide).__name__}: conditioning {sorted(held)} did not put {site!r} at "
-                                 f"{value.tolist()} (got {g_tr.nodes[site]['value'].tolist()})")  # fmt: skip
+                raise ValueError(
+                    f"{type(guide).__name__}: conditioning {sorted(held)} did not put {site!r} at "
+                    f"{value.tolist()} (got {g_tr.nodes[site]['value'].tolist()})"
+                )
             m_tr = poutine.trace(poutine.replay(model_at, trace=g_tr)).get_trace(x, y, num_data=n)
             g_tr.compute_log_prob()
             m_tr.compute_log_prob()
             log_q = sum(g_tr.nodes[s]["log_prob"].sum() for s in {site, *held} if s in g_tr.nodes)
             eta_terms = float(m_tr.nodes[site]["log_prob"].sum() - log_q)
             if blocks == 1:
-                estimates = [-float(loss.differentiable_loss(model_at, guide_at, x, y, num_data=n)) for _ in range(int(repeats))]
+                estimates = [
+                    -float(loss.differentiable_loss(model_at, guide_at, x, y, num_data=n)) for _ in range(int(repeats))
+                ]
                 out.append(sum(estimates) / len(estimates) - eta_terms)
                 continue
             each = []

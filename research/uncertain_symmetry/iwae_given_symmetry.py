@@ -8,7 +8,8 @@ draw of η shared by the K particles. Importing this module registers it with ``
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from pyro import poutine
@@ -48,7 +49,8 @@ class _FirstDraw(Messenger):
         if name in self.sites:
             return True
         return bool(msg["infer"].get("is_auxiliary")) and any(
-            name.endswith(sfx) and name[: -len(sfx)] in self.sites for sfx in AUXILIARY_SUFFIXES)
+            name.endswith(sfx) and name[: -len(sfx)] in self.sites for sfx in AUXILIARY_SUFFIXES
+        )
 
     def _pyro_sample(self, msg: dict[str, Any]) -> None:
         name = msg["name"]
@@ -56,9 +58,11 @@ class _FirstDraw(Messenger):
             return
         drawn_from_shared = any(name + sfx in self.values for sfx in AUXILIARY_SUFFIXES)
         if name in self.sites and _is_delta(msg["fn"]) and not drawn_from_shared:
-            raise ValueError(f"elbo='iwae-given-symmetry' needs a guide that draws the symmetry site {name!r} on its own "
-                             "(mean-field, symmetry-conditional); this guide puts a Delta there, drawn jointly with "
-                             "other latents, so one draw of it cannot be shared")  # fmt: skip
+            raise ValueError(
+                f"elbo='iwae-given-symmetry' needs a guide that draws the symmetry site {name!r} on its own "
+                "(mean-field, symmetry-conditional); this guide puts a Delta there, drawn jointly with "
+                "other latents, so one draw of it cannot be shared"
+            )
         if name not in self.values:
             value = msg["fn"](*msg["args"], **msg["kwargs"])
             batch_dims = value.dim() - len(msg["fn"].event_shape)
@@ -92,12 +96,14 @@ class LeanIWAEGivenSymmetry_ELBO(LeanIWAE_ELBO):
     def __init__(self, *args: Any, shared_sites: Sequence[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if not shared_sites:
-            raise ValueError("elbo='iwae-given-symmetry' needs a latent symmetry (build the model with symmetry_prior=...); "
-                             "with η a point estimate it is elbo='iwae'")  # fmt: skip
+            raise ValueError(
+                "elbo='iwae-given-symmetry' needs a latent symmetry (build the model with symmetry_prior=...); "
+                "with η a point estimate it is elbo='iwae'"
+            )
         self.shared_sites = tuple(shared_sites)
 
     @classmethod
-    def for_model(cls, model: Any, **kwargs: Any) -> "LeanIWAEGivenSymmetry_ELBO":
+    def for_model(cls, model: Any, **kwargs: Any) -> LeanIWAEGivenSymmetry_ELBO:
         """The loss with ``shared_sites = model.symmetry_sites()`` (none for a model outside the catalogue)."""
         return cls(shared_sites=symmetry_sites(model), **kwargs)
 

@@ -36,13 +36,13 @@ The approximation's error is not diagnosed by this function; measure it against
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
-
 from tqdm.auto import tqdm
 
 from pyro_invariance.diagnostics.symmetry_posterior import GridPosterior, grid_posterior
@@ -51,8 +51,16 @@ from pyro_invariance.symmetry.priors import bounded_prior
 from pyro_invariance.validation import check_labels, check_positive_int, check_seed
 from research.uncertain_symmetry.annealed_evidence import _check_positive, _design, _invariant_mlp, _log_scale_prior
 
-__all__ = ["LaplaceEvidence", "LaplaceSymmetryPosterior", "laplace_readout_evidence", "laplace_readout_predictive",
-           "laplace_symmetry_posterior", "laplace_symmetry_predictive", "readout_log_evidence", "readout_mode"]
+__all__ = [
+    "LaplaceEvidence",
+    "LaplaceSymmetryPosterior",
+    "laplace_readout_evidence",
+    "laplace_readout_predictive",
+    "laplace_symmetry_posterior",
+    "laplace_symmetry_predictive",
+    "readout_log_evidence",
+    "readout_mode",
+]
 
 
 @dataclass(frozen=True)
@@ -97,11 +105,15 @@ class LaplaceSymmetryPosterior(GridPosterior):
     sigma_modes: np.ndarray
 
     @classmethod
-    def from_grid(cls, posterior: GridPosterior, sigma_modes: Sequence[float] | np.ndarray) -> "LaplaceSymmetryPosterior":
+    def from_grid(
+        cls, posterior: GridPosterior, sigma_modes: Sequence[float] | np.ndarray
+    ) -> LaplaceSymmetryPosterior:
         """``posterior`` with the σ_p of each of its grid points (e.g. rebuilt from stored evidences)."""
         sigmas = np.asarray(sigma_modes, dtype=np.float64)
         if sigmas.shape != posterior.grid.shape or not np.all(np.isfinite(sigmas) & (sigmas > 0)):
-            raise ValueError(f"sigma_modes must be {posterior.grid.shape[0]} positive finite values, got shape {sigmas.shape}")
+            raise ValueError(
+                f"sigma_modes must be {posterior.grid.shape[0]} positive finite values, got shape {sigmas.shape}"
+            )
         return cls(posterior.grid, posterior.density, posterior.log_evidence, posterior.log_marginal, sigmas)
 
     def weights(self) -> np.ndarray:
@@ -132,8 +144,9 @@ def _softmax_hessian(basis: Tensor, probs: Tensor) -> Tensor:
     return hess.reshape(m * c, m * c)
 
 
-def readout_mode(basis: Tensor, onehot: Tensor, sigma: float, init: Tensor | None = None, *, tol: float = 1e-8,
-                 max_steps: int = 100) -> tuple[Tensor, Tensor, Tensor, int]:  # fmt: skip
+def readout_mode(
+    basis: Tensor, onehot: Tensor, sigma: float, init: Tensor | None = None, *, tol: float = 1e-8, max_steps: int = 100
+) -> tuple[Tensor, Tensor, Tensor, int]:
     """Newton's method for the mode of ``log p(D | W) − ‖W‖² / (2σ²)``, ``W`` ``(m, C)``, logits ``basis @ W``.
 
     Returns ``(W*, log p(D | W*), L, steps)`` with ``L`` the Cholesky factor of Λ at W*. Stops when the
@@ -166,7 +179,9 @@ def readout_mode(basis: Tensor, onehot: Tensor, sigma: float, init: Tensor | Non
     raise RuntimeError(f"Newton's method did not converge in {max_steps} steps (decrement {decrement:.3g})")
 
 
-def readout_log_evidence(basis: Tensor, onehot: Tensor, sigma: float, init: Tensor | None = None) -> tuple[float, Tensor, int]:
+def readout_log_evidence(
+    basis: Tensor, onehot: Tensor, sigma: float, init: Tensor | None = None
+) -> tuple[float, Tensor, int]:
     """Laplace ``log ∫ N(W; 0, σ² I) Π_n Cat(y_n | softmax(B_n W)) dW`` for ``basis`` B ``(N, m)`` of full column rank.
 
     Returns ``(log evidence, W*, Newton steps)``: ``log p(D | W*) − ‖W*‖²/(2σ²) − mC log σ − ½ log det Λ``."""
@@ -175,8 +190,16 @@ def readout_log_evidence(basis: Tensor, onehot: Tensor, sigma: float, init: Tens
     return float(ll - 0.5 * (w**2).sum() / sigma**2 - w.numel() * math.log(sigma) - 0.5 * logdet), w, steps
 
 
-def laplace_readout_evidence(model: Any, x: Tensor, y: Tensor, *, num_scales: int = 29, scale_span: tuple[float, float] = (-2.0, 5.0),
-                             draws: int = 1, seed: int = 0) -> LaplaceEvidence:  # fmt: skip
+def laplace_readout_evidence(
+    model: Any,
+    x: Tensor,
+    y: Tensor,
+    *,
+    num_scales: int = 29,
+    scale_span: tuple[float, float] = (-2.0, 5.0),
+    draws: int = 1,
+    seed: int = 0,
+) -> LaplaceEvidence:
     """Laplace estimate of ``log p(D | η)`` for an :class:`InvariantMLP` at its fixed η (module docstring).
 
     Args:
@@ -192,12 +215,14 @@ def laplace_readout_evidence(model: Any, x: Tensor, y: Tensor, *, num_scales: in
     """
     model = _invariant_mlp(model)
     x, y, scales, prior = _checked(model, x, y, num_scales, scale_span)
-    return _evidence_of_design(_design(model, x, check_positive_int("draws", draws), check_seed(seed)), y, model.num_classes,
-                               scales, *prior)  # fmt: skip
+    return _evidence_of_design(
+        _design(model, x, check_positive_int("draws", draws), check_seed(seed)), y, model.num_classes, scales, *prior
+    )
 
 
-def _checked(model: Any, x: Tensor, y: Tensor, num_scales: int,
-             scale_span: tuple[float, float]) -> tuple[Tensor, Tensor, Tensor, tuple[float, bool]]:  # fmt: skip
+def _checked(
+    model: Any, x: Tensor, y: Tensor, num_scales: int, scale_span: tuple[float, float]
+) -> tuple[Tensor, Tensor, Tensor, tuple[float, bool]]:
     """Flattened ``x``, checked ``y``, the grid of ``s = log σ_p`` and ``(loc, hierarchical)`` of σ_p's prior."""
     lo, hi = (float(v) for v in scale_span)
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
@@ -207,14 +232,27 @@ def _checked(model: Any, x: Tensor, y: Tensor, num_scales: int,
     check_labels(y, x.shape[0], model.num_classes)
     loc, hierarchical = _log_scale_prior(model)
     num_scales = check_positive_int("num_scales", num_scales, minimum=2) if hierarchical else 1
-    scales = (torch.linspace(loc + lo, loc + hi, num_scales, dtype=torch.float64) if hierarchical
-              else torch.tensor([loc], dtype=torch.float64))  # fmt: skip
+    scales = (
+        torch.linspace(loc + lo, loc + hi, num_scales, dtype=torch.float64)
+        if hierarchical
+        else torch.tensor([loc], dtype=torch.float64)
+    )
     return x, y, scales, (loc, hierarchical)
 
 
-def laplace_symmetry_posterior(model: Any, x: Tensor, y: Tensor, grid: Sequence[float] | Tensor | None = None, *,
-                               num_points: int = 32, num_scales: int = 29, scale_span: tuple[float, float] = (-2.0, 5.0),
-                               draws: int = 1, seed: int = 0, progress: bool = False) -> LaplaceSymmetryPosterior:  # fmt: skip
+def laplace_symmetry_posterior(
+    model: Any,
+    x: Tensor,
+    y: Tensor,
+    grid: Sequence[float] | Tensor | None = None,
+    *,
+    num_points: int = 32,
+    num_scales: int = 29,
+    scale_span: tuple[float, float] = (-2.0, 5.0),
+    draws: int = 1,
+    seed: int = 0,
+    progress: bool = False,
+) -> LaplaceSymmetryPosterior:
     """The posterior over η of an :class:`InvariantMLP` whose η is a latent site, on a grid, from the Laplace evidence:
 
         p(η_j | D) ∝ p(D | η_j) p(η_j),   log p(D | η_j) ≈ :func:`laplace_readout_evidence` at η_j,
@@ -249,8 +287,9 @@ def laplace_symmetry_posterior(model: Any, x: Tensor, y: Tensor, grid: Sequence[
     else:
         values = torch.as_tensor(grid, dtype=torch.float64).detach().cpu()
         if values.ndim != 1 or values.numel() < 2 or not bool(torch.all(torch.diff(values) > 0)):
-            raise ValueError("grid must be 1-D and strictly increasing with at least 2 points, "
-                             f"got shape {tuple(values.shape)}")  # fmt: skip
+            raise ValueError(
+                f"grid must be 1-D and strictly increasing with at least 2 points, got shape {tuple(values.shape)}"
+            )
         if not bool(torch.all((values > 0) & (values < upper))):
             raise ValueError(f"grid must lie strictly inside (0, η_max = {upper:.6g})")
     x, y, scales, prior = _checked(model, x, y, num_scales, scale_span)
@@ -261,19 +300,31 @@ def laplace_symmetry_posterior(model: Any, x: Tensor, y: Tensor, grid: Sequence[
         design = _design(model, x, draws, seed, eta=torch.tensor([eta], dtype=like.dtype, device=like.device))
         results.append(_evidence_of_design(design, y, model.num_classes, scales, *prior))
     log_prior = bounded_prior(model.symmetry_prior, like.double().cpu()).log_prob(values.unsqueeze(-1))
-    return LaplaceSymmetryPosterior.from_grid(grid_posterior(values, [r.log_evidence for r in results], log_prior),
-                                              [r.sigma_mode for r in results])  # fmt: skip
+    return LaplaceSymmetryPosterior.from_grid(
+        grid_posterior(values, [r.log_evidence for r in results], log_prior), [r.sigma_mode for r in results]
+    )
 
 
 def _latent_eta_mlp(model: Any, caller: str) -> Any:
     if not isinstance(model, InvariantMLP) or not model.eta_is_latent or len(model.generator_names) != 1:
-        raise ValueError(f"{caller} needs an InvariantMLP with one generator and a latent η (symmetry_prior="
-                         f"'uniform' or 'logit-normal'), got {type(model).__name__}")  # fmt: skip
+        raise ValueError(
+            f"{caller} needs an InvariantMLP with one generator and a latent η (symmetry_prior="
+            f"'uniform' or 'logit-normal'), got {type(model).__name__}"
+        )
     return model
 
 
-def laplace_symmetry_predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor, posterior: LaplaceSymmetryPosterior, *,
-                                mass: float = 0.999, draws: int = 256, seed: int = 0) -> Tensor:  # fmt: skip
+def laplace_symmetry_predictive(
+    model: Any,
+    x: Tensor,
+    y: Tensor,
+    x_new: Tensor,
+    posterior: LaplaceSymmetryPosterior,
+    *,
+    mass: float = 0.999,
+    draws: int = 256,
+    seed: int = 0,
+) -> Tensor:
     """``(M, C)`` log posterior-predictive probabilities with η integrated out over the Laplace grid posterior:
 
         p(y* | x*, D) = Σ_j w_j p(y* | x*, D, η_j),
@@ -291,8 +342,10 @@ def laplace_symmetry_predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor,
     """
     model = _latent_eta_mlp(model, "laplace_symmetry_predictive")
     if not isinstance(posterior, LaplaceSymmetryPosterior):
-        raise TypeError("posterior must be a LaplaceSymmetryPosterior (laplace_symmetry_posterior's result), "
-                        f"got {type(posterior).__name__}")  # fmt: skip
+        raise TypeError(
+            "posterior must be a LaplaceSymmetryPosterior (laplace_symmetry_posterior's result), "
+            f"got {type(posterior).__name__}"
+        )
     keep = posterior.top_points(mass)
     args = _checked_predictive(model, x, y, x_new, draws, seed)
     w = posterior.weights()
@@ -304,8 +357,9 @@ def laplace_symmetry_predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor,
     return torch.logsumexp(torch.stack(terms), 0) - math.log(float(w[keep].sum()))
 
 
-def _evidence_of_design(design: Tensor, y: Tensor, num_classes: int, scales: Tensor, loc: float,
-                        hierarchical: bool) -> LaplaceEvidence:  # fmt: skip
+def _evidence_of_design(
+    design: Tensor, y: Tensor, num_classes: int, scales: Tensor, loc: float, hierarchical: bool
+) -> LaplaceEvidence:
     """:func:`laplace_readout_evidence` for checked arguments: ``design`` ``(R, N, P)`` (R draws of the features),
     ``scales`` the grid of ``s = log σ_p`` (one value, ``loc``, for a non-hierarchical prior)."""
     draws = design.shape[0]
@@ -338,12 +392,20 @@ def _evidence_of_design(design: Tensor, y: Tensor, num_classes: int, scales: Ten
         sigma_mode = math.exp(float(scales[int(torch.argmax(terms))]))
     else:
         log_evidence, sigma_mode, edge_share = float(profile[0]), math.exp(loc), 0.0
-    return LaplaceEvidence(log_evidence=log_evidence, log_scales=scales, scale_profile=profile, sigma_mode=sigma_mode,
-                           num_data=int(design.shape[1]), newton_steps=steps, edge_share=edge_share)  # fmt: skip
+    return LaplaceEvidence(
+        log_evidence=log_evidence,
+        log_scales=scales,
+        scale_profile=profile,
+        sigma_mode=sigma_mode,
+        num_data=int(design.shape[1]),
+        newton_steps=steps,
+        edge_share=edge_share,
+    )
 
 
-def laplace_readout_predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor, *, sigma: float, draws: int = 256,
-                               seed: int = 0) -> Tensor:  # fmt: skip
+def laplace_readout_predictive(
+    model: Any, x: Tensor, y: Tensor, x_new: Tensor, *, sigma: float, draws: int = 256, seed: int = 0
+) -> Tensor:
     """``(M, C)`` log posterior-predictive probabilities of ``x_new`` under the Laplace posterior of the read-out at σ_p.
 
     The posterior is ``N(W*, Λ⁻¹)`` in the row space of the training features (:func:`readout_mode`) and the prior
@@ -362,8 +424,9 @@ def laplace_readout_predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor, 
     return _predictive(model, *_checked_predictive(model, x, y, x_new, draws, seed), sigma)
 
 
-def _checked_predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor, draws: int,
-                        seed: int) -> tuple[Tensor, Tensor, Tensor, int, int]:  # fmt: skip
+def _checked_predictive(
+    model: Any, x: Tensor, y: Tensor, x_new: Tensor, draws: int, seed: int
+) -> tuple[Tensor, Tensor, Tensor, int, int]:
     """Flattened ``x`` and ``x_new``, checked ``y``, ``draws`` and ``seed``."""
     x = model._flatten(torch.as_tensor(x))
     y = torch.as_tensor(y)
@@ -371,11 +434,12 @@ def _checked_predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor, draws: 
     return x, y, model._flatten(torch.as_tensor(x_new)), check_positive_int("draws", draws), check_seed(seed)
 
 
-def _predictive(model: Any, x: Tensor, y: Tensor, x_new: Tensor, draws: int, seed: int, sigma: float,
-                eta: Tensor | None = None) -> Tensor:  # fmt: skip
+def _predictive(
+    model: Any, x: Tensor, y: Tensor, x_new: Tensor, draws: int, seed: int, sigma: float, eta: Tensor | None = None
+) -> Tensor:
     """:func:`laplace_readout_predictive` for checked arguments, at ``eta`` ``(k,)`` (the model's η if None)."""
     design = _design(model, torch.cat([x, x_new]), 1, seed, eta)[0]  # (N + M, P): one draw of the transforms for both
-    train, new = design[: x.shape[0]], design[x.shape[0]:]
+    train, new = design[: x.shape[0]], design[x.shape[0] :]
     _, sv, vt = torch.linalg.svd(train, full_matrices=False)
     rank = int((sv > sv[0] * 1e-10).sum())
     v = vt[:rank].T  # (P, m)

@@ -58,8 +58,10 @@ def symmetry_scales(guide: nn.Module, sites: list[str]) -> list[tuple[nn.Module,
                 out.append((guide.get_submodule(".".join(owner)), leaf))
                 break
         else:
-            raise ValueError(f"{type(guide).__name__} has no scale of q({site}) to widen (it needs a Normal or spline "
-                             "q(η) of its own: mean-field, symmetry-conditional)")  # fmt: skip
+            raise ValueError(
+                f"{type(guide).__name__} has no scale of q({site}) to widen (it needs a Normal or spline "
+                "q(η) of its own: mean-field, symmetry-conditional)"
+            )
     return out
 
 
@@ -70,7 +72,9 @@ def _scaled(module: nn.Module, leaf: str, factor: float) -> Tensor:
 
 
 @pyro_scope()
-def warm_up_conditional(model: nn.Module, guide: Any, data: Any, *, widen: float = 1.0, **fit_settings: Any) -> FitResult:
+def warm_up_conditional(
+    model: nn.Module, guide: Any, data: Any, *, widen: float = 1.0, **fit_settings: Any
+) -> FitResult:
     """Step 1 of the module docstring: :func:`~pyro_invariance.fit` (``fit_settings`` as there) with
     q(η)'s own parameters held at their current values; they train again afterwards.
 
@@ -84,11 +88,14 @@ def warm_up_conditional(model: nn.Module, guide: Any, data: Any, *, widen: float
         raise ValueError(f"widen must be a positive finite number (the factor on q(η)'s scale), got {widen!r}")
     sites = symmetry_sites(model)
     if not sites:
-        raise ValueError(f"{type(model).__name__} has no latent symmetry sites to hold fixed: set symmetry_prior "
-                         "(a point-estimated η has no q(η))")  # fmt: skip
+        raise ValueError(
+            f"{type(model).__name__} has no latent symmetry sites to hold fixed: set symmetry_prior "
+            "(a point-estimated η has no q(η))"
+        )
     if not isinstance(guide, CatalogueGuide):
-        raise ValueError(f"warm_up_conditional needs a catalogue guide (pyro_invariance.guides.get), got "
-                         f"{type(guide).__name__}")  # fmt: skip
+        raise ValueError(
+            f"warm_up_conditional needs a catalogue guide (pyro_invariance.guides.get), got {type(guide).__name__}"
+        )
     if not any(True for _ in guide.parameters()):
         set_up_guide_on(model, guide, data)
     held = guide.symmetry_guide_parameters(sites)

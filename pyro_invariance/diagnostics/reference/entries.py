@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from torch import Tensor
 
@@ -26,6 +27,7 @@ from pyro_invariance.models.basis_regression import make_symmetric_toy
 from pyro_invariance.registry import DATASETS, MODELS, UnknownNameError
 
 __all__ = ["DATA_SOURCES", "ENTRIES", "QUICK", "NUTSSettings", "ReferenceEntry", "entry", "names"]
+
 
 @dataclass(frozen=True)
 class NUTSSettings:

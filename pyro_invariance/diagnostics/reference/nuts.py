@@ -13,7 +13,8 @@ import datetime
 import platform
 import time
 import warnings
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pyro
@@ -241,6 +242,6 @@ def _metadata(
             "fingerprint_sha256": data_fingerprint(x, y),
         },
         "versions": _versions(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": f"python -m pyro_invariance.diagnostics.reference regenerate --name {e.name}",
     }

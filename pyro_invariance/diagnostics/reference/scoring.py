@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyro

@@ -127,8 +127,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts
 sys.path.insert(1, str(Path(__file__).resolve().parents[3]))  # the repository root: research.uncertain_symmetry
 
-from research.uncertain_symmetry import common  # noqa: E402
-
 import numpy as np  # noqa: E402
 import pyro  # noqa: E402
 
@@ -139,6 +137,7 @@ from pyro_invariance.diagnostics.evaluation import seeded_rng  # noqa: E402
 from pyro_invariance.diagnostics.symmetry_posterior import GridPosterior, grid_posterior, symmetry_draws  # noqa: E402
 from pyro_invariance.infer.bounds import iwae_bound  # noqa: E402
 from pyro_invariance.models import InvariantMLP  # noqa: E402
+from research.uncertain_symmetry import common  # noqa: E402
 
 STEM = "uncertain_symmetry"
 ETA_MAX = math.pi
@@ -157,11 +156,29 @@ DATASETS: dict[str, tuple[str, str]] = {
 
 #: size presets
 SIZES: dict[str, dict[str, Any]] = {
-    "quick": {"train_size": 100, "test_size": 100, "hidden": 32, "num_transforms": 4, "steps": 40,
-              "grid_points": 5, "iwae_K": 10, "num_draws": 200, "eval_samples": 8},
-    "default": {"train_size": 300, "test_size": 450, "hidden": 256, "num_transforms": 16, "steps": 1000,
-                "grid_points": 13, "iwae_K": 100, "num_draws": 2000, "eval_samples": 64},
-}  # fmt: skip
+    "quick": {
+        "train_size": 100,
+        "test_size": 100,
+        "hidden": 32,
+        "num_transforms": 4,
+        "steps": 40,
+        "grid_points": 5,
+        "iwae_K": 10,
+        "num_draws": 200,
+        "eval_samples": 8,
+    },
+    "default": {
+        "train_size": 300,
+        "test_size": 450,
+        "hidden": 256,
+        "num_transforms": 16,
+        "steps": 1000,
+        "grid_points": 13,
+        "iwae_K": 100,
+        "num_draws": 2000,
+        "eval_samples": 64,
+    },
+}
 SEEDS = (0, 1, 2)
 GUIDE = "mean-field"
 
@@ -186,20 +203,30 @@ def draw_summary(draws: np.ndarray) -> dict[str, float]:
     """Mean, sd, median, mode, the criteria's probabilities and the central 90 % interval of η draws."""
     d = np.asarray(draws, dtype=np.float64)
     return {
-        "mean": float(d.mean()), "sd": float(d.std(ddof=1)) if d.size > 1 else 0.0, "median": float(np.median(d)),
-        "mode": reflected_kde_mode(d), "p_above_2.4": float(np.mean(d > ROTATED_THRESHOLD)),
+        "mean": float(d.mean()),
+        "sd": float(d.std(ddof=1)) if d.size > 1 else 0.0,
+        "median": float(np.median(d)),
+        "mode": reflected_kde_mode(d),
+        "p_above_2.4": float(np.mean(d > ROTATED_THRESHOLD)),
         "p_below_1.0": float(np.mean(d < UPRIGHT_THRESHOLD)),
-        "q05": float(np.quantile(d, 0.05)), "q95": float(np.quantile(d, 0.95)),
-    }  # fmt: skip
+        "q05": float(np.quantile(d, 0.05)),
+        "q95": float(np.quantile(d, 0.95)),
+    }
 
 
 def grid_summary(gp: GridPosterior) -> dict[str, float]:
     """The same numbers for a grid posterior (mode: the grid point of highest density)."""
     return {
-        "mean": gp.mean, "sd": gp.sd, "median": gp.quantile(0.5), "mode": gp.mode,
-        "p_above_2.4": 1.0 - gp.cdf(ROTATED_THRESHOLD), "p_below_1.0": gp.cdf(UPRIGHT_THRESHOLD),
-        "q05": gp.quantile(0.05), "q95": gp.quantile(0.95), "log_marginal": gp.log_marginal,
-    }  # fmt: skip
+        "mean": gp.mean,
+        "sd": gp.sd,
+        "median": gp.quantile(0.5),
+        "mode": gp.mode,
+        "p_above_2.4": 1.0 - gp.cdf(ROTATED_THRESHOLD),
+        "p_below_1.0": gp.cdf(UPRIGHT_THRESHOLD),
+        "q05": gp.quantile(0.05),
+        "q95": gp.quantile(0.95),
+        "log_marginal": gp.log_marginal,
+    }
 
 
 def overlap(draws: np.ndarray, gp: GridPosterior) -> dict[str, float]:
@@ -219,9 +246,11 @@ CRITERIA: dict[str, tuple[str, str]] = {
     "rotated: mostly above 2.4": ("rotated", f"P_q(η > {ROTATED_THRESHOLD}) > 0.5"),
     "±90°: mode near π/2": ("partially-rotated", f"|mode_q − π/2| ≤ {PARTIAL_TOLERANCE}"),
     "upright: below 1.0": ("upright", f"mode_q < {UPRIGHT_THRESHOLD} or P_q(η < {UPRIGHT_THRESHOLD}) > 0.5"),
-    **{f"{key}: overlaps grid": (key, f"q in grid 90 % ≥ {OVERLAP_MIN} and grid in q 90 % ≥ {OVERLAP_MIN}")
-       for key in DATASETS},
-}  # fmt: skip
+    **{
+        f"{key}: overlaps grid": (key, f"q in grid 90 % ≥ {OVERLAP_MIN} and grid in q 90 % ≥ {OVERLAP_MIN}")
+        for key in DATASETS
+    },
+}
 
 
 def location_criterion(dataset: str, s: dict[str, float]) -> tuple[bool, str]:
@@ -284,14 +313,33 @@ def criteria(units: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 elif ref_ok:
                     why = f"the grid reference meets it ({ref_stat}): q(η) misses the reference"
                 else:
-                    why = (f"the grid reference fails it too ({ref_stat}): the estimated evidence of this model on "
-                           f"these images does not support it")  # fmt: skip
-            per_seed.append({"seed": u["seed"], "holds": bool(ok), "statistic": stat, "grid_holds": ref_ok,
-                             "grid_statistic": ref_stat, "why": why})  # fmt: skip
+                    why = (
+                        f"the grid reference fails it too ({ref_stat}): the estimated evidence of this model on "
+                        f"these images does not support it"
+                    )
+            per_seed.append(
+                {
+                    "seed": u["seed"],
+                    "holds": bool(ok),
+                    "statistic": stat,
+                    "grid_holds": ref_ok,
+                    "grid_statistic": ref_stat,
+                    "why": why,
+                }
+            )
         n_ok = sum(p["holds"] for p in per_seed)
         verdict = "holds" if n_ok == len(per_seed) else ("fails" if n_ok == 0 else "partly")
-        rows.append({"criterion": name, "dataset": dataset, "statement": statement, "per_seed": per_seed,
-                     "seeds_holding": n_ok, "num_seeds": len(per_seed), "verdict": verdict})  # fmt: skip
+        rows.append(
+            {
+                "criterion": name,
+                "dataset": dataset,
+                "statement": statement,
+                "per_seed": per_seed,
+                "seeds_holding": n_ok,
+                "num_seeds": len(per_seed),
+                "verdict": verdict,
+            }
+        )
     return rows
 
 
@@ -299,12 +347,20 @@ def criteria(units: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # Fits
 # --------------------------------------------------------------------------------------------
 def make_model(data: Any, size: dict[str, Any], seed: int, **kw: Any) -> InvariantMLP:
-    return InvariantMLP(image_shape=data.image_shape, num_classes=data.num_classes, hidden=size["hidden"],
-                        num_transforms=size["num_transforms"], symmetry="rotation", init_seed=seed, **kw)  # fmt: skip
+    return InvariantMLP(
+        image_shape=data.image_shape,
+        num_classes=data.num_classes,
+        hidden=size["hidden"],
+        num_transforms=size["num_transforms"],
+        symmetry="rotation",
+        init_seed=seed,
+        **kw,
+    )
 
 
-def fit(data: Any, size: dict[str, Any], seed: int, guide: str = GUIDE, train_seed: int | None = None,
-        **model_kw: Any) -> Any:  # fmt: skip
+def fit(
+    data: Any, size: dict[str, Any], seed: int, guide: str = GUIDE, train_seed: int | None = None, **model_kw: Any
+) -> Any:
     """The unit's model (random features of ``init_seed = seed``) fitted with ``guide``; training (guide
     initialisation, minibatches, sampled transforms) seeded by ``train_seed`` (default ``seed``)."""
     train_seed = seed if train_seed is None else train_seed
@@ -332,8 +388,9 @@ def held_out(result: Any, data: Any, size: dict[str, Any], seed: int) -> dict[st
     return pi.evaluate(result, data, num_samples=size["eval_samples"], seed=seed)
 
 
-def run_unit(dataset: str, seed: int, size: dict[str, Any], guide: str = GUIDE,
-             reference: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def run_unit(
+    dataset: str, seed: int, size: dict[str, Any], guide: str = GUIDE, reference: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Full Bayes (with ``guide``), type-II and the grid reference on one dataset for one seed; type-II
     and the grid from ``reference`` (a unit of an earlier run with the same settings) when given."""
     data = load_dataset(DATASETS[dataset][0], train_size=size["train_size"], test_size=size["test_size"])
@@ -343,12 +400,18 @@ def run_unit(dataset: str, seed: int, size: dict[str, Any], guide: str = GUIDE,
     # (a) full Bayes: η latent, U(0, π) prior, q(θ) q(η) (or q(θ | η) q(η))
     fb = fit(data, size, seed, guide=guide, symmetry_prior="uniform")
     draws_np = q_draws(fb, data, size, seed)
-    unit["full_bayes"] = {"q_eta": draw_summary(draws_np), "metrics": held_out(fb, data, size, seed),
-                          "iwae": bound(fb, data, size, seed), "fit_seconds": fb.seconds,
-                          "final_elbo_per_datum": fb.final_elbo}  # fmt: skip
+    unit["full_bayes"] = {
+        "q_eta": draw_summary(draws_np),
+        "metrics": held_out(fb, data, size, seed),
+        "iwae": bound(fb, data, size, seed),
+        "fit_seconds": fb.seconds,
+        "final_elbo_per_datum": fb.final_elbo,
+    }
     unit["q_draws"] = draws_np.round(5).tolist()
-    common.log(f"  {dataset} seed {seed}: full Bayes q(η) mean {unit['full_bayes']['q_eta']['mean']:.3f} "
-               f"sd {unit['full_bayes']['q_eta']['sd']:.3f} ({fb.seconds:.0f} s)")  # fmt: skip
+    common.log(
+        f"  {dataset} seed {seed}: full Bayes q(η) mean {unit['full_bayes']['q_eta']['mean']:.3f} "
+        f"sd {unit['full_bayes']['q_eta']['sd']:.3f} ({fb.seconds:.0f} s)"
+    )
 
     if reference is not None:  # (b) and (c) from the earlier run
         unit["type_ii"], unit["grid"] = reference["type_ii"], reference["grid"]
@@ -359,9 +422,13 @@ def run_unit(dataset: str, seed: int, size: dict[str, Any], guide: str = GUIDE,
 
     # (b) type-II: η a point estimate
     t2 = fit(data, size, seed)
-    unit["type_ii"] = {"eta": t2.eta["rot"], "metrics": held_out(t2, data, size, seed),
-                       "iwae": bound(t2, data, size, seed), "fit_seconds": t2.seconds,
-                       "final_elbo_per_datum": t2.final_elbo}  # fmt: skip
+    unit["type_ii"] = {
+        "eta": t2.eta["rot"],
+        "metrics": held_out(t2, data, size, seed),
+        "iwae": bound(t2, data, size, seed),
+        "fit_seconds": t2.seconds,
+        "final_elbo_per_datum": t2.final_elbo,
+    }
     common.log(f"  {dataset} seed {seed}: type-II η {unit['type_ii']['eta']:.3f} ({t2.seconds:.0f} s)")
 
     # (c) the grid reference: fixed-η fits, IWAE_K as log p(D | η_j)
@@ -369,13 +436,21 @@ def run_unit(dataset: str, seed: int, size: dict[str, Any], guide: str = GUIDE,
     points = []
     for eta_j in grid:
         r = fit(data, size, seed, learn_symmetry=False, eta_init=float(eta_j))
-        points.append({"eta": float(eta_j), "iwae": bound(r, data, size, seed), "final_elbo_per_datum": r.final_elbo,
-                       "fit_seconds": r.seconds})  # fmt: skip
+        points.append(
+            {
+                "eta": float(eta_j),
+                "iwae": bound(r, data, size, seed),
+                "final_elbo_per_datum": r.final_elbo,
+                "fit_seconds": r.seconds,
+            }
+        )
     unit["grid"] = {"points": points}
     gp = refresh_grid(unit)  # the density, summary and overlap, as --render-only recomputes them
     unit["seconds"] = time.perf_counter() - t0
-    common.log(f"  {dataset} seed {seed}: grid mode {gp.mode:.3f} mean {gp.mean:.3f} sd {gp.sd:.3f}; "
-               f"overlap {unit['overlap']} ({unit['seconds']:.0f} s in all)")  # fmt: skip
+    common.log(
+        f"  {dataset} seed {seed}: grid mode {gp.mode:.3f} mean {gp.mean:.3f} sd {gp.sd:.3f}; "
+        f"overlap {unit['overlap']} ({unit['seconds']:.0f} s in all)"
+    )
     return unit
 
 
@@ -438,27 +513,58 @@ def dataset_table(units: list[dict[str, Any]]) -> str:
 def grid_table(units: list[dict[str, Any]]) -> str:
     """IWAE_K / N at each grid point, per seed."""
     grid = [p["eta"] for p in units[0]["grid"]["points"]]
-    header = ["η_j (rad)", "η_j (°)", *[f"IWAE/N seed {u['seed']}" for u in units],
-              *[f"density seed {u['seed']}" for u in units]]  # fmt: skip
+    header = [
+        "η_j (rad)",
+        "η_j (°)",
+        *[f"IWAE/N seed {u['seed']}" for u in units],
+        *[f"density seed {u['seed']}" for u in units],
+    ]
     rows = []
     for j, eta in enumerate(grid):
-        rows.append([f"{eta:.3f}", f"{math.degrees(eta):.0f}",
-                     *[f"{u['grid']['points'][j]['iwae']['per_datum']:.4f}" for u in units],
-                     *[f"{u['grid']['density'][j]:.3f}" for u in units]])  # fmt: skip
+        rows.append(
+            [
+                f"{eta:.3f}",
+                f"{math.degrees(eta):.0f}",
+                *[f"{u['grid']['points'][j]['iwae']['per_datum']:.4f}" for u in units],
+                *[f"{u['grid']['density'][j]:.3f}" for u in units],
+            ]
+        )
     return common.md_table(header, rows)
 
 
 def criteria_table(rows: list[dict[str, Any]]) -> str:
-    header = ["criterion", "test", "per seed (q(η))", "holds per seed", "verdict", "grid reference per seed", "why (failing seeds)"]
+    header = [
+        "criterion",
+        "test",
+        "per seed (q(η))",
+        "holds per seed",
+        "verdict",
+        "grid reference per seed",
+        "why (failing seeds)",
+    ]
     out = []
     for r in rows:
         ps = r["per_seed"]
-        grid_col = "; ".join(f"{p['seed']}: {p['grid_statistic']} ({'yes' if p['grid_holds'] else 'no'})"
-                             for p in ps if p["grid_holds"] is not None) or "—"  # fmt: skip
+        grid_col = (
+            "; ".join(
+                f"{p['seed']}: {p['grid_statistic']} ({'yes' if p['grid_holds'] else 'no'})"
+                for p in ps
+                if p["grid_holds"] is not None
+            )
+            or "—"
+        )
         why = "; ".join(f"seed {p['seed']}: {p['why']}" for p in ps if p["why"]) or "—"
-        out.append([r["criterion"], r["statement"], "; ".join(f"{p['seed']}: {p['statistic']}" for p in ps),
-                    " ".join("✓" if p["holds"] else "✗" for p in ps), f"**{r['verdict']}** ({r['seeds_holding']}/{r['num_seeds']})",
-                    grid_col, why])  # fmt: skip
+        out.append(
+            [
+                r["criterion"],
+                r["statement"],
+                "; ".join(f"{p['seed']}: {p['statistic']}" for p in ps),
+                " ".join("✓" if p["holds"] else "✗" for p in ps),
+                f"**{r['verdict']}** ({r['seeds_holding']}/{r['num_seeds']})",
+                grid_col,
+                why,
+            ]
+        )
     return common.md_table(header, out, align=["l"] * len(header))
 
 
@@ -474,8 +580,9 @@ def plot(units: list[dict[str, Any]], path: Path) -> None:
     for ax, key in zip(axes[0], keys):
         for u in sorted((u for u in units if u["dataset"] == key), key=lambda u: u["seed"]):
             c = f"C{u['seed'] % 10}"
-            ax.hist(u["q_draws"], bins=bins, density=True, histtype="step", color=c, lw=1.5,
-                    label=f"q(η), seed {u['seed']}")  # fmt: skip
+            ax.hist(
+                u["q_draws"], bins=bins, density=True, histtype="step", color=c, lw=1.5, label=f"q(η), seed {u['seed']}"
+            )
             grid = [p["eta"] for p in u["grid"]["points"]]
             ax.plot(grid, u["grid"]["density"], "--o", color=c, ms=3, lw=1, label=f"grid posterior, seed {u['seed']}")
             ax.axvline(u["type_ii"]["eta"], color=c, ls=":", lw=1.2)
@@ -488,50 +595,110 @@ def plot(units: list[dict[str, Any]], path: Path) -> None:
         ax.set(xlim=(0, ETA_MAX), xlabel="η (rad)", ylabel="density", title=DATASETS[key][1])
         ax.set_yscale("symlog", linthresh=1.0)
     axes[0][0].legend(fontsize=7, loc="upper left")
-    fig.suptitle("q(η) (histograms of draws) vs the grid posterior from fixed-η IWAE bounds (dashed); "
-                 "dotted: type-II η; black/grey: the criterion's threshold", fontsize=9)  # fmt: skip
+    fig.suptitle(
+        "q(η) (histograms of draws) vs the grid posterior from fixed-η IWAE bounds (dashed); "
+        "dotted: type-II η; black/grey: the criterion's threshold",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def render(units: list[dict[str, Any]], info: dict[str, Any], settings: dict[str, Any], stem: str, wall: float,
-           complete: bool, command: str | None = None) -> str:  # fmt: skip
-    intro = (__doc__.split("\n\n")[0] + "\n\n" + ("" if complete else "**PARTIAL RESULTS** (the run is still going).\n\n")
-             + "Method, definitions, criteria and the reason for every setting: section *Method* at the end (the "
-             "module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry.py`).")  # fmt: skip
-    parts = [common.header_markdown("Uncertain symmetry: q(η) vs the grid posterior, full Bayes vs type-II", info,
-                                    settings, command or common.command_line(), intro)]  # fmt: skip
+def render(
+    units: list[dict[str, Any]],
+    info: dict[str, Any],
+    settings: dict[str, Any],
+    stem: str,
+    wall: float,
+    complete: bool,
+    command: str | None = None,
+) -> str:
+    intro = (
+        __doc__.split("\n\n")[0]
+        + "\n\n"
+        + ("" if complete else "**PARTIAL RESULTS** (the run is still going).\n\n")
+        + "Method, definitions, criteria and the reason for every setting: section *Method* at the end (the "
+        "module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry.py`)."
+    )
+    parts = [
+        common.header_markdown(
+            "Uncertain symmetry: q(η) vs the grid posterior, full Bayes vs type-II",
+            info,
+            settings,
+            command or common.command_line(),
+            intro,
+        )
+    ]
     crit = criteria(units)
-    parts += ["## The issue's criteria", "",
-              "Evaluated on q(η) for every seed (computed, not typed). *holds*: all seeds; *partly*: some; *fails*: "
-              "none. The grid reference column evaluates the same test on the grid posterior; where q(η) fails it, "
-              "the why column says whether the reference fails it too.", "", criteria_table(crit), ""]  # fmt: skip
+    parts += [
+        "## The issue's criteria",
+        "",
+        "Evaluated on q(η) for every seed (computed, not typed). *holds*: all seeds; *partly*: some; *fails*: "
+        "none. The grid reference column evaluates the same test on the grid posterior; where q(η) fails it, "
+        "the why column says whether the reference fails it too.",
+        "",
+        criteria_table(crit),
+        "",
+    ]
     held = []
     for key in DATASETS:
         mine = [u for u in units if u["dataset"] == key]
         if mine:
-            held.append([DATASETS[key][1],
-                         _ms([u["full_bayes"]["metrics"]["nll"] for u in mine]),
-                         _ms([u["type_ii"]["metrics"]["nll"] for u in mine]),
-                         _ms([u["full_bayes"]["metrics"]["nll"] - u["type_ii"]["metrics"]["nll"] for u in mine]),
-                         _ms([u["full_bayes"]["metrics"]["accuracy"] for u in mine]),
-                         _ms([u["type_ii"]["metrics"]["accuracy"] for u in mine])])  # fmt: skip
-    parts += ["## Held-out: full Bayes vs type-II", "",
-              f"Posterior predictive on the test split ({settings['test_size']} images, {settings['eval_samples']} guide "
-              "draws; full Bayes draws η from q(η) in each), mean ± sd over seeds.", "",
-              common.md_table(["data", "test NLL full Bayes", "test NLL type-II", "NLL difference (FB − II)",
-                               "accuracy full Bayes", "accuracy type-II"], held), ""]  # fmt: skip
+            held.append(
+                [
+                    DATASETS[key][1],
+                    _ms([u["full_bayes"]["metrics"]["nll"] for u in mine]),
+                    _ms([u["type_ii"]["metrics"]["nll"] for u in mine]),
+                    _ms([u["full_bayes"]["metrics"]["nll"] - u["type_ii"]["metrics"]["nll"] for u in mine]),
+                    _ms([u["full_bayes"]["metrics"]["accuracy"] for u in mine]),
+                    _ms([u["type_ii"]["metrics"]["accuracy"] for u in mine]),
+                ]
+            )
+    parts += [
+        "## Held-out: full Bayes vs type-II",
+        "",
+        f"Posterior predictive on the test split ({settings['test_size']} images, {settings['eval_samples']} guide "
+        "draws; full Bayes draws η from q(η) in each), mean ± sd over seeds.",
+        "",
+        common.md_table(
+            [
+                "data",
+                "test NLL full Bayes",
+                "test NLL type-II",
+                "NLL difference (FB − II)",
+                "accuracy full Bayes",
+                "accuracy type-II",
+            ],
+            held,
+        ),
+        "",
+    ]
     for key in DATASETS:
         mine = sorted((u for u in units if u["dataset"] == key), key=lambda u: u["seed"])
         if not mine:
             continue
-        parts += [f"## {DATASETS[key][1]} (`{DATASETS[key][0]}`)", "", dataset_table(mine), "",
-                  f"IWAE_{settings['iwae_K']} / N of the fixed-η fits (the grid's log p(D | η_j) / N) and the grid "
-                  "posterior density:", "", grid_table(mine), ""]  # fmt: skip
-    parts += [f"![q(η) vs grid posterior]({stem}.png)", "",
-              f"Wall time: {wall / 60:.1f} min ({len(units)} (dataset, seed) units).", "",
-              "## Method", "", __doc__.split("\n\n", 1)[1].split("\n\nResults:")[0].strip(), ""]  # fmt: skip
+        parts += [
+            f"## {DATASETS[key][1]} (`{DATASETS[key][0]}`)",
+            "",
+            dataset_table(mine),
+            "",
+            f"IWAE_{settings['iwae_K']} / N of the fixed-η fits (the grid's log p(D | η_j) / N) and the grid "
+            "posterior density:",
+            "",
+            grid_table(mine),
+            "",
+        ]
+    parts += [
+        f"![q(η) vs grid posterior]({stem}.png)",
+        "",
+        f"Wall time: {wall / 60:.1f} min ({len(units)} (dataset, seed) units).",
+        "",
+        "## Method",
+        "",
+        __doc__.split("\n\n", 1)[1].split("\n\nResults:")[0].strip(),
+        "",
+    ]
     return "\n".join(parts)
 
 
@@ -553,21 +720,33 @@ def merge_runs(payloads: list[dict[str, Any]], names: list[str]) -> dict[str, An
     if len(set(keys)) != len(keys):
         raise SystemExit(f"--merge: a (dataset, seed) unit is in more than one file: {sorted(keys)}")
     order = [name for name, _ in DATASETS.values()]
-    units = sorted((u for p in payloads for u in p["units"]), key=lambda u: (list(DATASETS).index(u["dataset"]), u["seed"]))
-    settings = {**payloads[0]["settings"],
-                "datasets": sorted({d for p in payloads for d in p["settings"]["datasets"]}, key=order.index),
-                "seeds": sorted({s for p in payloads for s in p["settings"]["seeds"]})}  # fmt: skip
+    units = sorted(
+        (u for p in payloads for u in p["units"]), key=lambda u: (list(DATASETS).index(u["dataset"]), u["seed"])
+    )
+    settings = {
+        **payloads[0]["settings"],
+        "datasets": sorted({d for p in payloads for d in p["settings"]["datasets"]}, key=order.index),
+        "seeds": sorted({s for p in payloads for s in p["settings"]["seeds"]}),
+    }
     command = "\n".join(p["command"] for p in payloads) + f"\n# merged with --merge {' '.join(names)}"
-    return {"info": payloads[0]["info"], "settings": settings, "command": command,
-            "wall_seconds": max(p["wall_seconds"] for p in payloads), "complete": all(p["complete"] for p in payloads),
-            "criteria": criteria(units), "units": units}  # fmt: skip
+    return {
+        "info": payloads[0]["info"],
+        "settings": settings,
+        "command": command,
+        "wall_seconds": max(p["wall_seconds"] for p in payloads),
+        "complete": all(p["complete"] for p in payloads),
+        "criteria": criteria(units),
+        "units": units,
+    }
 
 
 #: settings that may differ between a run and the run it takes type-II and the grid from
 _REFERENCE_FREE = ("guide", "seeds", "datasets", "type-II and grid", "fit config")
 
 
-def reference_units(path: Path, settings: dict[str, Any], config: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+def reference_units(
+    path: Path, settings: dict[str, Any], config: dict[str, Any]
+) -> dict[tuple[str, int], dict[str, Any]]:
     """The (dataset key, seed) units of an earlier run whose settings equal ``settings`` except for the
     guide, seeds and datasets, and whose fit config equals ``config`` (the mean-field guide's) on the
     keys it recorded (later library versions record more, at their defaults); a one-line error otherwise."""
@@ -582,29 +761,53 @@ def reference_units(path: Path, settings: dict[str, Any], config: dict[str, Any]
     if diff:
         raise SystemExit(f"--reference-from {path}: its settings differ in {diff}")
     if payload["settings"].get("guide") != GUIDE:
-        raise SystemExit(f"--reference-from {path}: its fits used the guide {payload['settings'].get('guide')!r}, not {GUIDE!r}")
+        raise SystemExit(
+            f"--reference-from {path}: its fits used the guide {payload['settings'].get('guide')!r}, not {GUIDE!r}"
+        )
     return {(u["dataset"], u["seed"]): u for u in payload["units"]}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="tiny smoke-test size (~1 min, meaningless numbers)")
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds (default 0,1,2)")
     parser.add_argument("--datasets", default=",".join(DATASETS), help=f"comma-separated subset of {list(DATASETS)}")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
-    parser.add_argument("--guide", default=GUIDE, choices=(GUIDE, "symmetry-conditional"),
-                        help=f"the full-Bayes guide (default {GUIDE}; module docstring)")
-    parser.add_argument("--reference-from", type=Path, default=None,
-                        help="take type-II and the grid reference of each unit from this results JSON (same settings)")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="SVI steps of every fit (full Bayes, type-II, grid) instead of the size's; results go to "
-                        "<stem>_steps<N> (a sensitivity check: module docstring)")
-    parser.add_argument("--merge", type=Path, nargs="+", default=None,
-                        help="merge these results JSON files (runs of this script on other datasets or seeds, same "
-                        "settings otherwise) into <out-dir>/<stem>.json and render it (no fits)")
-    parser.add_argument("--render-only", action="store_true",
-                        help="rewrite the markdown and the figure from the existing JSON (no fits)")
+    parser.add_argument(
+        "--guide",
+        default=GUIDE,
+        choices=(GUIDE, "symmetry-conditional"),
+        help=f"the full-Bayes guide (default {GUIDE}; module docstring)",
+    )
+    parser.add_argument(
+        "--reference-from",
+        type=Path,
+        default=None,
+        help="take type-II and the grid reference of each unit from this results JSON (same settings)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="SVI steps of every fit (full Bayes, type-II, grid) instead of the size's; results go to "
+        "<stem>_steps<N> (a sensitivity check: module docstring)",
+    )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="merge these results JSON files (runs of this script on other datasets or seeds, same "
+        "settings otherwise) into <out-dir>/<stem>.json and render it (no fits)",
+    )
+    parser.add_argument(
+        "--render-only",
+        action="store_true",
+        help="rewrite the markdown and the figure from the existing JSON (no fits)",
+    )
     args = parser.parse_args(argv)
     common.set_threads(args.threads)
     size = dict(SIZES["quick" if args.quick else "default"])
@@ -617,8 +820,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(keys) - set(DATASETS)
     if unknown:
         parser.error(f"unknown datasets {sorted(unknown)}; use {list(DATASETS)}")
-    stem = (STEM + ("" if args.guide == GUIDE else f"_{args.guide}") + ("_quick" if args.quick else "")
-            + ("" if args.steps is None else f"_steps{args.steps}"))
+    stem = (
+        STEM
+        + ("" if args.guide == GUIDE else f"_{args.guide}")
+        + ("_quick" if args.quick else "")
+        + ("" if args.steps is None else f"_steps{args.steps}")
+    )
     if args.merge:
         import json
 
@@ -632,25 +839,41 @@ def main(argv: list[str] | None = None) -> int:
         for unit in payload["units"]:
             refresh_grid(unit)
         payload["criteria"] = criteria(payload["units"])
-        markdown = render(payload["units"], payload["info"], payload["settings"], stem, payload["wall_seconds"],
-                          payload["complete"], command=payload["command"])  # fmt: skip
+        markdown = render(
+            payload["units"],
+            payload["info"],
+            payload["settings"],
+            stem,
+            payload["wall_seconds"],
+            payload["complete"],
+            command=payload["command"],
+        )
         common.write_results(stem, markdown, payload, args.out_dir)
         plot(payload["units"], Path(args.out_dir) / f"{stem}.png")
         common.log(f"re-rendered {stem}.md and {stem}.png from {stem}.json")
         return 0
     probe = InvariantMLP(symmetry="rotation", symmetry_prior="uniform")
     cfg = pi.FitConfig.recommended(probe, pi.guides.get(args.guide, probe), steps=size["steps"])
-    settings = {**size, "seeds": seeds, "datasets": [DATASETS[k][0] for k in keys], "guide": args.guide,
-                "model": "InvariantMLP(symmetry='rotation', activation='rff', prior='hierarchical', init_seed=seed)",
-                "full Bayes": "symmetry_prior='uniform' (η ~ U(0, π))",
-                "type-II": "symmetry_prior=None, eta_init=0.1 (default)",
-                "grid log prior": "−log π", "fit config": {k: v for k, v in vars(cfg).items() if k != "seed"}}  # fmt: skip
+    settings = {
+        **size,
+        "seeds": seeds,
+        "datasets": [DATASETS[k][0] for k in keys],
+        "guide": args.guide,
+        "model": "InvariantMLP(symmetry='rotation', activation='rff', prior='hierarchical', init_seed=seed)",
+        "full Bayes": "symmetry_prior='uniform' (η ~ U(0, π))",
+        "type-II": "symmetry_prior=None, eta_init=0.1 (default)",
+        "grid log prior": "−log π",
+        "fit config": {k: v for k, v in vars(cfg).items() if k != "seed"},
+    }
     references = {}
     if args.reference_from is not None:
         base = pi.FitConfig.recommended(probe, pi.guides.get(GUIDE, probe), steps=size["steps"])
-        references = reference_units(args.reference_from, settings, {k: v for k, v in vars(base).items() if k != "seed"})
-        settings["type-II and grid"] = (f"from {args.reference_from.name} (mean-field guide; module docstring), not "
-                                        "refitted")  # fmt: skip
+        references = reference_units(
+            args.reference_from, settings, {k: v for k, v in vars(base).items() if k != "seed"}
+        )
+        settings["type-II and grid"] = (
+            f"from {args.reference_from.name} (mean-field guide; module docstring), not refitted"
+        )
     info = common.machine_info()
     common.log(f"{stem}: {size}, seeds {seeds}, datasets {keys}")
     start = time.perf_counter()
@@ -665,10 +888,18 @@ def main(argv: list[str] | None = None) -> int:
             units.append(unit)
             complete = len(units) == len(keys) * len(seeds)
             wall = time.perf_counter() - start
-            payload = {"info": info, "settings": settings, "command": common.command_line(), "wall_seconds": wall,
-                       "complete": complete, "criteria": criteria(units), "units": units}  # fmt: skip
-            md_path, json_path = common.write_results(stem, render(units, info, settings, stem, wall, complete), payload,
-                                                      args.out_dir)  # fmt: skip
+            payload = {
+                "info": info,
+                "settings": settings,
+                "command": common.command_line(),
+                "wall_seconds": wall,
+                "complete": complete,
+                "criteria": criteria(units),
+                "units": units,
+            }
+            md_path, json_path = common.write_results(
+                stem, render(units, info, settings, stem, wall, complete), payload, args.out_dir
+            )
             plot(units, Path(args.out_dir) / f"{stem}.png")
     common.log(f"done in {(time.perf_counter() - start) / 60:.1f} min: {md_path}, {json_path}")
     for row in criteria(units):

@@ -100,21 +100,20 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts
 sys.path.insert(1, str(Path(__file__).resolve().parents[3]))  # the repository root: research.uncertain_symmetry
 
-from research.uncertain_symmetry import common  # noqa: E402
-
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from scipy.special import expit, logit, logsumexp  # noqa: E402
-from scipy.stats import norm  # noqa: E402
-
 import uncertain_symmetry as us  # noqa: E402
 import uncertain_symmetry_collapsed as usc  # noqa: E402
 import uncertain_symmetry_fine_reference as usf  # noqa: E402
+from scipy.special import expit, logit, logsumexp  # noqa: E402
+from scipy.stats import norm  # noqa: E402
+
 from pyro_invariance.data import load_dataset  # noqa: E402
 from pyro_invariance.data.arrays import train_arrays  # noqa: E402
-from research.uncertain_symmetry.annealed_evidence import annealed_readout_evidence  # noqa: E402
 from pyro_invariance.diagnostics.symmetry_posterior import grid_posterior  # noqa: E402
 from pyro_invariance.infer.bounds import psis_khat  # noqa: E402
+from research.uncertain_symmetry import common  # noqa: E402
+from research.uncertain_symmetry.annealed_evidence import annealed_readout_evidence  # noqa: E402
 
 STEM = "uncertain_symmetry_annealed"
 SEEDS = (0, 2, 1)
@@ -126,8 +125,11 @@ UPRIGHT_TAIL = tuple(round(2.1 + 0.1 * j, 2) for j in range(11))
 #: (k) below the fully rotated scan of (g), so that its reference can put mass below 2.4 rad
 ROTATED_LOWER = (1.6, 1.8, 2.0, 2.2)
 #: dataset -> its scan of η (g): upright first; the others coarser, where their references and q(η) lie
-SCANS = {"upright": ETAS + UPRIGHT_EXTENSION + UPRIGHT_TAIL, "partially-rotated": tuple(round(0.8 + 0.1 * j, 2) for j in range(16)),
-         "rotated": ROTATED_LOWER + tuple(math.pi - 0.1 * j for j in reversed(range(9)))}  # fmt: skip
+SCANS = {
+    "upright": ETAS + UPRIGHT_EXTENSION + UPRIGHT_TAIL,
+    "partially-rotated": tuple(round(0.8 + 0.1 * j, 2) for j in range(16)),
+    "rotated": ROTATED_LOWER + tuple(math.pi - 0.1 * j for j in reversed(range(9))),
+}
 CHECK_DATASET = "upright"
 #: (j) added after ±90° seed 0's evidence rose up to its scan's end; (k) runs them for seeds 2 and 1 too
 PARTIAL_EXTRA = (2.5, 2.7, 2.9, math.pi)
@@ -142,8 +144,10 @@ CURVATURE = 0.25
 SAMPLING = "deterministic"
 CHECK_ETA, CHECK_SEED = 0.5, 0
 #: check file stem -> (label, model settings)
-CHECKS = {"quadrature64": ("quadrature, S = 64", {"sampling": "deterministic", "num_transforms": 64}),
-          "random16": ("random ε, S = 16 (the fits' transforms)", {"sampling": "stochastic", "num_transforms": 16})}  # fmt: skip
+CHECKS = {
+    "quadrature64": ("quadrature, S = 64", {"sampling": "deterministic", "num_transforms": 64}),
+    "random16": ("random ε, S = 16 (the fits' transforms)", {"sampling": "stochastic", "num_transforms": 16}),
+}
 CURVATURE_HALF_WIDTH = 0.15
 PLATEAU_NATS = 5.0
 QUANTILE_DRAWS = 4000
@@ -154,7 +158,7 @@ Q_SOURCES = {
     "rbf, warm-up": ("uncertain_symmetry_warmup_steps4000.json", ("units", "rbf")),
     "linear, warm-up": ("uncertain_symmetry_warmup_steps4000.json", ("units", "linear")),
     "control (no warm-up)": ("uncertain_symmetry_warmup_steps4000.json", ("units", "no-warm-up")),
-}  # fmt: skip
+}
 REFINED = ("uncertain_symmetry_refined_steps4000.json", ("units", "mean-field"))
 
 
@@ -168,29 +172,54 @@ def make_model(data: Any, seed: int, eta: float, sampling: str = SAMPLING, num_t
     return us.make_model(data, size, seed, learn_symmetry=False, eta_init=eta, sampling=sampling, **kw)
 
 
-def evaluate_point(data: Any, seed: int, eta: float, half: int, chains: int = CHAINS, temperatures: int = TEMPERATURES,
-                   **model_kw: Any) -> dict[str, Any]:  # fmt: skip
+def evaluate_point(
+    data: Any, seed: int, eta: float, half: int, chains: int = CHAINS, temperatures: int = TEMPERATURES, **model_kw: Any
+) -> dict[str, Any]:
     """One AIS run at η (b): the estimate, the chains' log weights and the diagnostics."""
     model = make_model(data, seed, eta, **model_kw)
     x, y = train_arrays(data, model)
     start = time.perf_counter()
-    r = annealed_readout_evidence(model, x, y, chains=chains, temperatures=temperatures, leapfrog=LEAPFROG,
-                                  step_size=STEP_SIZE, curvature=CURVATURE, seed=half)  # fmt: skip
+    r = annealed_readout_evidence(
+        model,
+        x,
+        y,
+        chains=chains,
+        temperatures=temperatures,
+        leapfrog=LEAPFROG,
+        step_size=STEP_SIZE,
+        curvature=CURVATURE,
+        seed=half,
+    )
     scales, profile = r.log_scales.numpy(), r.scale_profile.numpy()
-    return {"eta": eta, "log_evidence": r.log_evidence, "log_weights": r.log_weights.tolist(), "weight_sd": r.log_weight_sd,
-            "acceptance": r.acceptance, "edge_share": r.edge_share, "sigma_mode": r.sigma_mode,
-            "profile": {"log_scale": scales[::20].tolist(), "log_evidence": profile[::20].tolist()},
-            "seconds": time.perf_counter() - start}  # fmt: skip
+    return {
+        "eta": eta,
+        "log_evidence": r.log_evidence,
+        "log_weights": r.log_weights.tolist(),
+        "weight_sd": r.log_weight_sd,
+        "acceptance": r.acceptance,
+        "edge_share": r.edge_share,
+        "sigma_mode": r.sigma_mode,
+        "profile": {"log_scale": scales[::20].tolist(), "log_evidence": profile[::20].tolist()},
+        "seconds": time.perf_counter() - start,
+    }
 
 
-def run_unit(data: Any, dataset: str, seed: int, half: int, path: Path, etas: tuple[float, ...] | None = None,
-             **kw: Any) -> dict[str, Any]:  # fmt: skip
+def run_unit(
+    data: Any, dataset: str, seed: int, half: int, path: Path, etas: tuple[float, ...] | None = None, **kw: Any
+) -> dict[str, Any]:
     """Every η of the dataset's scan for (seed, half), resuming from ``path``; the file is rewritten after each η."""
     etas = SCANS[dataset] if etas is None else etas
-    return common.fill_unit(path, {"dataset": dataset, "seed": seed, "half": half}, etas, lambda p: p["eta"],
-                            lambda eta: evaluate_point(data, seed, eta, half, **kw),
-                            lambda eta, p: f"{path.stem} η {eta:.2f}: {p['log_evidence']:.2f} (chains' sd {p['weight_sd']:.2f}, "
-                                           f"σ_p mode {p['sigma_mode']:.1f}, {p['seconds']:.0f} s)")  # fmt: skip
+    return common.fill_unit(
+        path,
+        {"dataset": dataset, "seed": seed, "half": half},
+        etas,
+        lambda p: p["eta"],
+        lambda eta: evaluate_point(data, seed, eta, half, **kw),
+        lambda eta, p: (
+            f"{path.stem} η {eta:.2f}: {p['log_evidence']:.2f} (chains' sd {p['weight_sd']:.2f}, "
+            f"σ_p mode {p['sigma_mode']:.1f}, {p['seconds']:.0f} s)"
+        ),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -203,13 +232,17 @@ def combine(halves: list[dict[str, Any]]) -> dict[str, Any]:
     weights = [np.concatenate([np.asarray(b[e]["log_weights"]) for b in by_eta]) for e in etas]
     each = np.array([[b[e]["log_evidence"] for e in etas] for b in by_eta])  # (halves, G)
     diff = (each[0] - each[1]) / 2 if len(halves) == 2 else np.full(len(etas), np.nan)
-    return {"etas": np.array(etas), "combined": np.array([logsumexp(w) - math.log(len(w)) for w in weights]), "each": each,
-            "noise": float(np.std(diff, ddof=1)) if len(etas) > 1 else math.nan,
-            "k_hat": [float(psis_khat(torch.as_tensor(w))) if len(w) >= 50 else math.nan for w in weights],
-            "weight_sd": [b[e]["weight_sd"] for b in by_eta for e in etas],
-            "acceptance": [b[e]["acceptance"] for b in by_eta for e in etas],
-            "edge_share": [b[e]["edge_share"] for b in by_eta for e in etas],
-            "sigma_mode": [b[e]["sigma_mode"] for b in by_eta for e in etas]}  # fmt: skip
+    return {
+        "etas": np.array(etas),
+        "combined": np.array([logsumexp(w) - math.log(len(w)) for w in weights]),
+        "each": each,
+        "noise": float(np.std(diff, ddof=1)) if len(etas) > 1 else math.nan,
+        "k_hat": [float(psis_khat(torch.as_tensor(w))) if len(w) >= 50 else math.nan for w in weights],
+        "weight_sd": [b[e]["weight_sd"] for b in by_eta for e in etas],
+        "acceptance": [b[e]["acceptance"] for b in by_eta for e in etas],
+        "edge_share": [b[e]["edge_share"] for b in by_eta for e in etas],
+        "sigma_mode": [b[e]["sigma_mode"] for b in by_eta for e in etas],
+    }
 
 
 def posterior(etas: np.ndarray, log_evidence: np.ndarray) -> Any:
@@ -233,7 +266,7 @@ def logit_normal_draws(q05: float, q95: float, n: int = QUANTILE_DRAWS) -> np.nd
     return us.ETA_MAX * expit(loc + scale * norm.ppf((np.arange(n) + 0.5) / n))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _results_file(path: Path) -> Any:
     """An earlier run's results, read once per render."""
     return json.loads(path.read_text())
@@ -258,7 +291,17 @@ def q_overlaps(results: Path, gps: dict[tuple[str, int], Any]) -> tuple[list[dic
                 exact = us.overlap(np.asarray(units[seed]["q_draws"]), gp)
                 worst = max(worst, *(abs(exact[k] - ov[k]) for k in ov))
             holds = ov["q_in_grid90"] >= us.OVERLAP_MIN and ov["grid_in_q90"] >= us.OVERLAP_MIN
-            rows.append({"q": label, "dataset": dataset, "seed": seed, "mean": q["mean"], "sd": q["sd"], **ov, "holds": bool(holds)})
+            rows.append(
+                {
+                    "q": label,
+                    "dataset": dataset,
+                    "seed": seed,
+                    "mean": q["mean"],
+                    "sd": q["sd"],
+                    **ov,
+                    "holds": bool(holds),
+                }
+            )
     return rows, worst
 
 
@@ -269,9 +312,14 @@ def iwae_gap(results: Path, dataset: str, seed: int, etas: np.ndarray, combined:
     gaps = np.array([np.interp(p["eta"], etas, combined) - p["iwae"]["value"] for p in pts])
     s = unit["grid"]["summary"]
     at_mode = float(gaps[int(np.argmin([abs(p["eta"] - s["mode"]) for p in pts]))])
-    return {"summary": {k: s[k] for k in ("mode", "mean", "sd", "q05", "q95")}, "gap_at_mode": at_mode,
-            "gap_min": float(gaps.min()), "gap_max": float(gaps.max()), "points": len(pts),
-            "type_ii_eta": _units(results, Q_SOURCES["mean-field, 4000 steps"], dataset)[seed]["type_ii"]["eta"]}  # fmt: skip
+    return {
+        "summary": {k: s[k] for k in ("mode", "mean", "sd", "q05", "q95")},
+        "gap_at_mode": at_mode,
+        "gap_min": float(gaps.min()),
+        "gap_max": float(gaps.max()),
+        "points": len(pts),
+        "type_ii_eta": _units(results, Q_SOURCES["mean-field, 4000 steps"], dataset)[seed]["type_ii"]["eta"],
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -289,17 +337,25 @@ def long_check_rows(work: Path) -> tuple[list[str], list[dict[str, Any]]]:
     long_k = np.asarray(long["k_hat"])[keep_long]
     anchor = int(np.argmin(np.abs(etas - 0.8)))
     t_long, t_short = LONG_TEMPERATURES, TEMPERATURES
-    rows = [f"| η | T = {t_long} | T = {t_short} | shape at {t_long} (less 0.8 rad) | shape at {t_short} | k̂ at {t_long} / {t_short} |",
-            "|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        f"| η | T = {t_long} | T = {t_short} | shape at {t_long} (less 0.8 rad) | shape at {t_short} | k̂ at {t_long} / {t_short} |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
     short_k = np.asarray(short["k_hat"])[keep]
     for i, eta in enumerate(etas):
-        rows.append(f"| {eta:.2f} | {a[i]:.2f} | {b[i]:.2f} | {a[i] - a[anchor]:+.2f} | {b[i] - b[anchor]:+.2f} | "
-                    f"{long_k[i]:.2f} / {short_k[i]:.2f} |")  # fmt: skip
+        rows.append(
+            f"| {eta:.2f} | {a[i]:.2f} | {b[i]:.2f} | {a[i] - a[anchor]:+.2f} | {b[i] - b[anchor]:+.2f} | "
+            f"{long_k[i]:.2f} / {short_k[i]:.2f} |"
+        )
     shift = (a - a[anchor]) - (b - b[anchor])
-    rows.append(f"\nShape change from T = {t_short} to {t_long}: {np.min(shift):+.2f} to {np.max(shift):+.2f} nats; the T = {t_long} estimates "
-                f"are higher by {np.min(a - b):+.2f} to {np.max(a - b):+.2f}; the halves' noise at T = 4000 {long['noise'] / math.sqrt(2):.2f} nats.")  # fmt: skip
-    return rows, [{"eta": float(e), "long": float(x), "short": float(y), "k_hat_long": float(k1), "k_hat_short": float(k2)}
-                  for e, x, y, k1, k2 in zip(etas, a, b, long_k, short_k)]  # fmt: skip
+    rows.append(
+        f"\nShape change from T = {t_short} to {t_long}: {np.min(shift):+.2f} to {np.max(shift):+.2f} nats; the T = {t_long} estimates "
+        f"are higher by {np.min(a - b):+.2f} to {np.max(a - b):+.2f}; the halves' noise at T = 4000 {long['noise'] / math.sqrt(2):.2f} nats."
+    )
+    return rows, [
+        {"eta": float(e), "long": float(x), "short": float(y), "k_hat_long": float(k1), "k_hat_short": float(k2)}
+        for e, x, y, k1, k2 in zip(etas, a, b, long_k, short_k)
+    ]
 
 
 def plateau(etas: np.ndarray, values: np.ndarray, within: float = PLATEAU_NATS) -> tuple[float, float]:
@@ -324,7 +380,15 @@ def plot(lean: list[dict[str, Any]], results: Path, path: Path) -> None:
         ax.plot(etas, combined - combined.max(), "o-", ms=2.5, lw=1.2, color="C3", label="AIS, 64 chains")
         ref = _units(results, REFINED, u["dataset"])[u["seed"]]["grid"]["points"]
         iwae = np.array([p["iwae"]["value"] for p in ref])
-        ax.plot([p["eta"] for p in ref], iwae - iwae.max(), "s--", ms=2.5, lw=1, color="k", label="refined IWAE_100, less its top")
+        ax.plot(
+            [p["eta"] for p in ref],
+            iwae - iwae.max(),
+            "s--",
+            ms=2.5,
+            lw=1,
+            color="k",
+            label="refined IWAE_100, less its top",
+        )
         ax.set(xlim=(0, us.ETA_MAX), ylim=(-60, 5), xlabel="η (rad)", title=f"{u['dataset']}, seed {u['seed']}")
     finish_profiles(fig, axes, path)
 
@@ -356,29 +420,53 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
         t2 = gap["type_ii_eta"]
         top_lo, top_hi = plateau(c["etas"], c["combined"])
         crit = us.location_criterion(dataset, us.grid_summary(gp))
-        ref_rows.append(f"| {dataset} | {seed} | {gp.mode:.2f} / {gp.mean:.3f} / {gp.sd:.3f} {usf.interval(gp.quantile(0.05), gp.quantile(0.95))} | "
-                        f"{top_lo:.2f}–{top_hi:.2f} | {gp.cdf(us.UPRIGHT_THRESHOLD):.2f} | {us.criterion_cell(crit)} | "
-                        f"{', '.join(f'{e.mode:.2f} / {e.sd:.3f}' for e in each)} | {width['sd']:.3f} {usf.interval(*width['sd_interval'])} | "
-                        f"{ref['mode']:.2f} / {ref['mean']:.3f} / {ref['sd']:.3f} {usf.interval(ref['q05'], ref['q95'])} | "
-                        f"{gap['gap_at_mode']:+.1f} ({gap['gap_min']:+.1f} to {gap['gap_max']:+.1f}) | {t2:.3f}, "
-                        f"{'inside' if gp.quantile(0.05) <= t2 <= gp.quantile(0.95) else 'outside'} |")  # fmt: skip
-        diag_rows.append(f"| {dataset} | {seed} | {len(c['etas'])} | {c['noise'] / math.sqrt(2):.2f} | {min(c['weight_sd']):.1f}–{max(c['weight_sd']):.1f} | "
-                         f"{min(c['k_hat']):.2f}–{max(c['k_hat']):.2f} | {min(c['acceptance']):.2f}–{max(c['acceptance']):.2f} | "
-                         f"{max(c['edge_share']):.3f} | {min(c['sigma_mode']):.1f}–{max(c['sigma_mode']):.1f} | "
-                         f"{dens[0]:.1e}, {dens[-1]:.1e} |")  # fmt: skip
-        lean.append({"dataset": dataset, "seed": seed, "etas": c["etas"].tolist(), "combined": c["combined"].tolist(), "each": c["each"].tolist(),
-                     "noise_combined": c["noise"] / math.sqrt(2), "k_hat": c["k_hat"], "summary": us.grid_summary(gp),
-                     "halves": [us.grid_summary(e) for e in each], "implied": width, "iwae_reference": gap,
-                     "edge_density": [float(dens[0]), float(dens[-1])], "plateau": [top_lo, top_hi],
-                     "location_criterion": {"holds": bool(crit[0]), "statistic": crit[1]}})  # fmt: skip
+        ref_rows.append(
+            f"| {dataset} | {seed} | {gp.mode:.2f} / {gp.mean:.3f} / {gp.sd:.3f} {usf.interval(gp.quantile(0.05), gp.quantile(0.95))} | "
+            f"{top_lo:.2f}–{top_hi:.2f} | {gp.cdf(us.UPRIGHT_THRESHOLD):.2f} | {us.criterion_cell(crit)} | "
+            f"{', '.join(f'{e.mode:.2f} / {e.sd:.3f}' for e in each)} | {width['sd']:.3f} {usf.interval(*width['sd_interval'])} | "
+            f"{ref['mode']:.2f} / {ref['mean']:.3f} / {ref['sd']:.3f} {usf.interval(ref['q05'], ref['q95'])} | "
+            f"{gap['gap_at_mode']:+.1f} ({gap['gap_min']:+.1f} to {gap['gap_max']:+.1f}) | {t2:.3f}, "
+            f"{'inside' if gp.quantile(0.05) <= t2 <= gp.quantile(0.95) else 'outside'} |"
+        )
+        diag_rows.append(
+            f"| {dataset} | {seed} | {len(c['etas'])} | {c['noise'] / math.sqrt(2):.2f} | {min(c['weight_sd']):.1f}–{max(c['weight_sd']):.1f} | "
+            f"{min(c['k_hat']):.2f}–{max(c['k_hat']):.2f} | {min(c['acceptance']):.2f}–{max(c['acceptance']):.2f} | "
+            f"{max(c['edge_share']):.3f} | {min(c['sigma_mode']):.1f}–{max(c['sigma_mode']):.1f} | "
+            f"{dens[0]:.1e}, {dens[-1]:.1e} |"
+        )
+        lean.append(
+            {
+                "dataset": dataset,
+                "seed": seed,
+                "etas": c["etas"].tolist(),
+                "combined": c["combined"].tolist(),
+                "each": c["each"].tolist(),
+                "noise_combined": c["noise"] / math.sqrt(2),
+                "k_hat": c["k_hat"],
+                "summary": us.grid_summary(gp),
+                "halves": [us.grid_summary(e) for e in each],
+                "implied": width,
+                "iwae_reference": gap,
+                "edge_density": [float(dens[0]), float(dens[-1])],
+                "plateau": [top_lo, top_hi],
+                "location_criterion": {"holds": bool(crit[0]), "statistic": crit[1]},
+            }
+        )
     if not gps:
         return None
     overlaps, worst = q_overlaps(results, gps)
-    q_rows = [f"| {r['q']} | {r['dataset']} | {r['seed']} | {r['mean']:.3f} / {r['sd']:.3f} | {r['q_in_grid90']:.2f}, {r['grid_in_q90']:.2f} | "
-              f"{'yes' if r['holds'] else 'no'} |" for r in overlaps]  # fmt: skip
+    q_rows = [
+        f"| {r['q']} | {r['dataset']} | {r['seed']} | {r['mean']:.3f} / {r['sd']:.3f} | {r['q_in_grid90']:.2f}, {r['grid_in_q90']:.2f} | "
+        f"{'yes' if r['holds'] else 'no'} |"
+        for r in overlaps
+    ]
     done = sorted({d for d, _ in gps}, key=list(SCANS).index)
-    counts = {f"{label}, {d}": f"{sum(r['holds'] for r in overlaps if r['q'] == label and r['dataset'] == d)}/"
-                                f"{sum(1 for dd, _ in gps if dd == d)}" for d in done for label in Q_SOURCES}  # fmt: skip
+    counts = {
+        f"{label}, {d}": f"{sum(r['holds'] for r in overlaps if r['q'] == label and r['dataset'] == d)}/"
+        f"{sum(1 for dd, _ in gps if dd == d)}"
+        for d in done
+        for label in Q_SOURCES
+    }
     checks = []
     for name, (label, _) in CHECKS.items():
         path = work / f"check_{name}.json"
@@ -386,41 +474,79 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
         if path.exists() and base.exists():
             p = json.loads(path.read_text())
             b = next(q for q in json.loads(base.read_text())["points"] if q["eta"] == CHECK_ETA)
-            checks.append(f"| {label} | {p['log_evidence']:.2f} | {b['log_evidence']:.2f} | {p['weight_sd']:.1f} | {b['weight_sd']:.1f} |")
+            checks.append(
+                f"| {label} | {p['log_evidence']:.2f} | {b['log_evidence']:.2f} | {p['weight_sd']:.1f} | {b['weight_sd']:.1f} |"
+            )
     long_rows, long_lean = long_check_rows(work)
-    settings = {"SCANS": {k: list(v) for k, v in SCANS.items()}, "SEEDS": list(SEEDS), "HALVES": list(HALVES), "CHAINS": CHAINS,
-                "TEMPERATURES": TEMPERATURES, "LEAPFROG": LEAPFROG, "STEP_SIZE": STEP_SIZE, "CURVATURE": CURVATURE,
-                "SAMPLING": SAMPLING, "CHECK_ETA": CHECK_ETA, "CHECK_SEED": CHECK_SEED, "CHECKS": {k: v[1] for k, v in CHECKS.items()},
-                "CURVATURE_HALF_WIDTH": CURVATURE_HALF_WIDTH, "QUANTILE_DRAWS": QUANTILE_DRAWS, "LONG_ETAS": list(LONG_ETAS),
-                "LONG_SEED": LONG_SEED, "LONG_TEMPERATURES": LONG_TEMPERATURES,
-                "PARTIAL_EXTRA": list(PARTIAL_EXTRA), "ROTATED_LOWER": list(ROTATED_LOWER)}  # fmt: skip
+    settings = {
+        "SCANS": {k: list(v) for k, v in SCANS.items()},
+        "SEEDS": list(SEEDS),
+        "HALVES": list(HALVES),
+        "CHAINS": CHAINS,
+        "TEMPERATURES": TEMPERATURES,
+        "LEAPFROG": LEAPFROG,
+        "STEP_SIZE": STEP_SIZE,
+        "CURVATURE": CURVATURE,
+        "SAMPLING": SAMPLING,
+        "CHECK_ETA": CHECK_ETA,
+        "CHECK_SEED": CHECK_SEED,
+        "CHECKS": {k: v[1] for k, v in CHECKS.items()},
+        "CURVATURE_HALF_WIDTH": CURVATURE_HALF_WIDTH,
+        "QUANTILE_DRAWS": QUANTILE_DRAWS,
+        "LONG_ETAS": list(LONG_ETAS),
+        "LONG_SEED": LONG_SEED,
+        "LONG_TEMPERATURES": LONG_TEMPERATURES,
+        "PARTIAL_EXTRA": list(PARTIAL_EXTRA),
+        "ROTATED_LOWER": list(ROTATED_LOWER),
+    }
     info, command = common.machine_info(), common.command_line()
-    intro = ("Issue 15: log p(D | η) of the invariant MLP on 300 digits by annealed importance sampling, against the "
-             "IWAE_100 references and the stored q(η). Method: section *Method* (the module docstring of "
-             "`research/uncertain_symmetry/scripts/uncertain_symmetry_annealed.py`).")  # fmt: skip
-    md = "\n".join([
-        common.header_markdown("Uncertain symmetry: an annealed-importance-sampling reference", info, settings, command, intro),
-        "## The reference, per seed\n",
-        f"![ℓ_AIS and IWAE_100 profiles]({STEM}.png)\n",
-        "| data | seed | AIS posterior: mode / mean / sd [90 %] | η within 5 nats of the top | P(η < 1.0) | the issue's location criterion, on this reference | each half alone: mode / sd | implied sd near the top [90 %] | "
-        "refined IWAE_100 reference: mode / mean / sd [90 %] | ℓ_AIS − IWAE_100 at its mode (range) (nats) | type-II η |",
-        "|:---|---:|---:|---:|---:|:---|---:|---:|---:|---:|---:|", *ref_rows,
-        "\n## Diagnostics\n",
-        "| data | seed | η points | combined estimate's noise (nats) | chains' log-weight sd | PSIS k̂ (64 chains) | acceptance | "
-        "σ_p integral in the path's top 5 % | σ_p posterior mode | edge densities / top |",
-        "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *diag_rows,
-        "\n## Checks at η = 0.5, upright seed 0, half 0 (c)\n",
-        "| variant | log p(D \\| η) | the scan's (16-point quadrature) | chains' sd | the scan's chains' sd |", "|:---|---:|---:|---:|---:|",
-        *(checks or ["| not run | | | | |"]),
-        f"\n## T = {LONG_TEMPERATURES} against T = {TEMPERATURES} (i; upright seed {LONG_SEED}, both halves' 64 chains)\n",
-        *(long_rows or ["not run"]),
-        "\n## The issue's overlap criterion against this reference (f)\n",
-        "\n".join(f"- {label}: {n} seeds" for label, n in counts.items()),
-        f"\nThe quantile stand-in for q(η)'s draws moves either mass by at most {worst:.3f} (the mean-field units' stored draws).\n",
-        "| q(η) | data | seed | mean / sd | q in reference 90 %, reference in q 90 % | holds |", "|:---|:---|---:|---:|---:|:---|", *q_rows,
-        "\n## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
-    payload = {"info": info, "settings": settings, "command": command, "seeds": lean, "overlaps": overlaps,
-               "counts": counts, "quantile_stand_in_error": worst, "long_check": long_lean}  # fmt: skip
+    intro = (
+        "Issue 15: log p(D | η) of the invariant MLP on 300 digits by annealed importance sampling, against the "
+        "IWAE_100 references and the stored q(η). Method: section *Method* (the module docstring of "
+        "`research/uncertain_symmetry/scripts/uncertain_symmetry_annealed.py`)."
+    )
+    md = "\n".join(
+        [
+            common.header_markdown(
+                "Uncertain symmetry: an annealed-importance-sampling reference", info, settings, command, intro
+            ),
+            "## The reference, per seed\n",
+            f"![ℓ_AIS and IWAE_100 profiles]({STEM}.png)\n",
+            "| data | seed | AIS posterior: mode / mean / sd [90 %] | η within 5 nats of the top | P(η < 1.0) | the issue's location criterion, on this reference | each half alone: mode / sd | implied sd near the top [90 %] | "
+            "refined IWAE_100 reference: mode / mean / sd [90 %] | ℓ_AIS − IWAE_100 at its mode (range) (nats) | type-II η |",
+            "|:---|---:|---:|---:|---:|:---|---:|---:|---:|---:|---:|",
+            *ref_rows,
+            "\n## Diagnostics\n",
+            "| data | seed | η points | combined estimate's noise (nats) | chains' log-weight sd | PSIS k̂ (64 chains) | acceptance | "
+            "σ_p integral in the path's top 5 % | σ_p posterior mode | edge densities / top |",
+            "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            *diag_rows,
+            "\n## Checks at η = 0.5, upright seed 0, half 0 (c)\n",
+            "| variant | log p(D \\| η) | the scan's (16-point quadrature) | chains' sd | the scan's chains' sd |",
+            "|:---|---:|---:|---:|---:|",
+            *(checks or ["| not run | | | | |"]),
+            f"\n## T = {LONG_TEMPERATURES} against T = {TEMPERATURES} (i; upright seed {LONG_SEED}, both halves' 64 chains)\n",
+            *(long_rows or ["not run"]),
+            "\n## The issue's overlap criterion against this reference (f)\n",
+            "\n".join(f"- {label}: {n} seeds" for label, n in counts.items()),
+            f"\nThe quantile stand-in for q(η)'s draws moves either mass by at most {worst:.3f} (the mean-field units' stored draws).\n",
+            "| q(η) | data | seed | mean / sd | q in reference 90 %, reference in q 90 % | holds |",
+            "|:---|:---|---:|---:|---:|:---|",
+            *q_rows,
+            "\n## Method\n",
+            __doc__.split("\n\n", 1)[1],
+        ]
+    )
+    payload = {
+        "info": info,
+        "settings": settings,
+        "command": command,
+        "seeds": lean,
+        "overlaps": overlaps,
+        "counts": counts,
+        "quantile_stand_in_error": worst,
+        "long_check": long_lean,
+    }
     paths = common.write_results(STEM, md, payload, out_dir)
     plot(lean, results, paths[0].with_suffix(".png"))
     return paths
@@ -428,10 +554,14 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
 
 def main(argv: list[str] | None = None) -> int:
     parser, group = common.unit_script_parser(__doc__, STEM)
-    group.add_argument("--run", action="store_true", help="the scan (b) for --halves, every point not yet in --work-dir")
+    group.add_argument(
+        "--run", action="store_true", help="the scan (b) for --halves, every point not yet in --work-dir"
+    )
     group.add_argument("--checks", action="store_true", help="the two checks of (c)")
     group.add_argument("--long-check", action="store_true", help="(i): LONG_ETAS with LONG_TEMPERATURES for --halves")
-    group.add_argument("--partial-extra", action="store_true", help="(j, k): PARTIAL_EXTRA on ±90° digits for --seeds, --halves")
+    group.add_argument(
+        "--partial-extra", action="store_true", help="(j, k): PARTIAL_EXTRA on ±90° digits for --seeds, --halves"
+    )
     group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (d–f)")
     parser.add_argument("--halves", default=",".join(map(str, HALVES)), help="comma-separated AIS seeds to run")
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated data seeds, in run order")
@@ -448,8 +578,11 @@ def main(argv: list[str] | None = None) -> int:
     args.work_dir.mkdir(parents=True, exist_ok=True)
 
     def load(dataset: str) -> Any:
-        return load_dataset(us.DATASETS[dataset][0], train_size=us.SIZES["default"]["train_size"],
-                            test_size=us.SIZES["default"]["test_size"])  # fmt: skip
+        return load_dataset(
+            us.DATASETS[dataset][0],
+            train_size=us.SIZES["default"]["train_size"],
+            test_size=us.SIZES["default"]["test_size"],
+        )
 
     if args.partial_extra:
         data = load("partially-rotated")

@@ -115,20 +115,19 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts
 sys.path.insert(1, str(Path(__file__).resolve().parents[3]))  # the repository root: research.uncertain_symmetry
 
-from research.uncertain_symmetry import common  # noqa: E402
-
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
-import pyro_invariance as pi  # noqa: E402
 import uncertain_symmetry as us  # noqa: E402
 import uncertain_symmetry_iwae as usi  # noqa: E402
 import uncertain_symmetry_refined as usr  # noqa: E402
 import uncertain_symmetry_warmup as usw  # noqa: E402
+
+import pyro_invariance as pi  # noqa: E402
 from pyro_invariance.diagnostics.evaluation import seeded_rng  # noqa: E402
 from pyro_invariance.diagnostics.symmetry_posterior import grid_posterior  # noqa: E402
-from research.uncertain_symmetry.distributions import PiecewiseLinear  # noqa: E402
+from research.uncertain_symmetry import common  # noqa: E402
 from research.uncertain_symmetry.collapsed_symmetry import collapse_symmetry  # noqa: E402
+from research.uncertain_symmetry.distributions import PiecewiseLinear  # noqa: E402
 
 STEM = "uncertain_symmetry_collapsed"
 #: grid points on (0, π) (module docstring, b)
@@ -148,8 +147,13 @@ RESOLUTION_REPLICATES = 200
 #: the reference's curvature (module docstring, i)
 CURVATURE_HALF_WIDTH = 0.2
 #: the fits (module docstring, a): ``(label, state stem suffix)``; a refined fit exists on some units only
-FITS: dict[str, tuple[str, str]] = {"rbf": ("rbf", ""), "linear": ("linear", ""), "no-warm-up": ("no-warm-up", ""),
-                                    "rbf, refined": ("rbf", "_refined"), "linear, refined": ("linear", "_refined")}  # fmt: skip
+FITS: dict[str, tuple[str, str]] = {
+    "rbf": ("rbf", ""),
+    "linear": ("linear", ""),
+    "no-warm-up": ("no-warm-up", ""),
+    "rbf, refined": ("rbf", "_refined"),
+    "linear, refined": ("linear", "_refined"),
+}
 
 
 def state_stem(fit: str, dataset: str, seed: int) -> str:
@@ -163,9 +167,15 @@ def collapse_record(collapsed: Any, meta: dict[str, Any], size: dict[str, Any], 
     with seeded_rng(int(meta["seed"])):
         draws = collapsed.distribution().sample((int(size["num_draws"]),)).reshape(-1).double().numpy()
     post = collapsed.posterior
-    return {"meta": {k: meta[k] for k in ("variant", "dataset", "seed")}, "grid": post.grid.tolist(),
-            "profile": post.log_evidence.tolist(), "density": post.density.tolist(), "q_eta": us.draw_summary(draws),
-            "q_draws": draws.round(5).tolist(), "collapse_seconds": seconds}  # fmt: skip
+    return {
+        "meta": {k: meta[k] for k in ("variant", "dataset", "seed")},
+        "grid": post.grid.tolist(),
+        "profile": post.log_evidence.tolist(),
+        "density": post.density.tolist(),
+        "q_eta": us.draw_summary(draws),
+        "q_draws": draws.round(5).tolist(),
+        "collapse_seconds": seconds,
+    }
 
 
 def collapse_unit(state: Path, size: dict[str, Any], offset: int) -> dict[str, Any]:
@@ -176,7 +186,9 @@ def collapse_unit(state: Path, size: dict[str, Any], offset: int) -> dict[str, A
     collapsed = collapse_symmetry(model, guide, x, y, num_points=NUM_POINTS, K=int(size["iwae_K"]), seed=seed + offset)
     out = collapse_record(collapsed, meta, size, time.perf_counter() - t0)
     post = collapsed.posterior
-    out.update({"noise_seed": seed + offset, "log_marginal": post.log_marginal, "per_datum": post.log_marginal / x.shape[0]})
+    out.update(
+        {"noise_seed": seed + offset, "log_marginal": post.log_marginal, "per_datum": post.log_marginal / x.shape[0]}
+    )
     if offset == 0:
         data = usi.load_dataset(us.DATASETS[meta["dataset"]][0], size)
         out["metrics"] = pi.evaluate((model, collapsed), data, num_samples=int(size["eval_samples"]), seed=seed)
@@ -237,8 +249,17 @@ def streams_unit(state: Path, size: dict[str, Any], low: float, high: float, dev
     model, guide, x, y, meta = usw.load_state(state, device)
     seed, grid = int(meta["seed"]), window_grid(low, high)
     t0 = time.perf_counter()
-    collapsed = collapse_symmetry(model, guide, x.to(device), y.to(device), grid=grid, K=int(size["iwae_K"]), streams=STREAMS,
-                                  stream_batch=STREAM_BATCH, seed=seed)  # fmt: skip
+    collapsed = collapse_symmetry(
+        model,
+        guide,
+        x.to(device),
+        y.to(device),
+        grid=grid,
+        K=int(size["iwae_K"]),
+        streams=STREAMS,
+        stream_batch=STREAM_BATCH,
+        seed=seed,
+    )
     seconds = time.perf_counter() - t0
     collapsed = collapsed.cpu()
     out = collapse_record(collapsed, meta, size, seconds)
@@ -247,15 +268,32 @@ def streams_unit(state: Path, size: dict[str, Any], low: float, high: float, dev
     pool, halves = pooled(each), [pooled(each[: STREAMS // 2]), pooled(each[STREAMS // 2 :])]
     post = grid_posterior(grid, pool, log_prior)
     with seeded_rng(seed):
-        draws = PiecewiseLinear(torch.as_tensor(post.grid), torch.as_tensor(post.density)).sample((int(size["num_draws"]),)).numpy()
+        draws = (
+            PiecewiseLinear(torch.as_tensor(post.grid), torch.as_tensor(post.density))
+            .sample((int(size["num_draws"]),))
+            .numpy()
+        )
     dens = [grid_posterior(grid, h, log_prior).density for h in halves]
     where = (dens[0] > 1e-3 * dens[0].max()) | (dens[1] > 1e-3 * dens[1].max())
     diff = (halves[0] - halves[1])[where]
-    out.update({"streams": STREAMS, "stream_batch": STREAM_BATCH, "device": device, "profile_noise": collapsed.profile_noise,
-                "edge_mass": edge_mass(collapsed.posterior), "stream_profiles": each.round(4).tolist(),
-                "pooled": {"profile": pool.tolist(), "density": post.density.tolist(), "q_eta": us.draw_summary(draws),
-                           "q_draws": draws.round(5).tolist(), "noise": float(np.std(diff - diff.mean()) / 2.0),
-                           "edge_mass": edge_mass(post)}})  # fmt: skip
+    out.update(
+        {
+            "streams": STREAMS,
+            "stream_batch": STREAM_BATCH,
+            "device": device,
+            "profile_noise": collapsed.profile_noise,
+            "edge_mass": edge_mass(collapsed.posterior),
+            "stream_profiles": each.round(4).tolist(),
+            "pooled": {
+                "profile": pool.tolist(),
+                "density": post.density.tolist(),
+                "q_eta": us.draw_summary(draws),
+                "q_draws": draws.round(5).tolist(),
+                "noise": float(np.std(diff - diff.mean()) / 2.0),
+                "edge_mass": edge_mass(post),
+            },
+        }
+    )
     return out
 
 
@@ -270,11 +308,20 @@ def fmt_q(s: dict[str, float]) -> str:
 
 
 def unit_table(rows: list[dict[str, Any]]) -> str:
-    header = ["fit", "data, seed", "reference: mean ± sd [90 %]", "Gaussian q(η)", "collapsed q*(η)",
-              "overlap (q in grid, grid in q): Gaussian → collapsed", "collapsed, seed + 1: q*(η); overlap",
-              "two streams' mean profile (e): q*(η); overlap", "shape noise of one stream (nats)",
-              "bound / N: Gaussian IWAE_K → collapsed log Z", "test NLL: Gaussian → collapsed (type-II)",
-              "collapse (s)"]  # fmt: skip
+    header = [
+        "fit",
+        "data, seed",
+        "reference: mean ± sd [90 %]",
+        "Gaussian q(η)",
+        "collapsed q*(η)",
+        "overlap (q in grid, grid in q): Gaussian → collapsed",
+        "collapsed, seed + 1: q*(η); overlap",
+        "two streams' mean profile (e): q*(η); overlap",
+        "shape noise of one stream (nats)",
+        "bound / N: Gaussian IWAE_K → collapsed log Z",
+        "test NLL: Gaussian → collapsed (type-II)",
+        "collapse (s)",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|:---|" + "---:|" * (len(header) - 1)]
     for r in rows:
         g, c, a = r["gaussian"], r["collapsed"], r.get("again")
@@ -282,11 +329,13 @@ def unit_table(rows: list[dict[str, Any]]) -> str:
         again = f"{fmt_q(a['full_bayes']['q_eta'])}; {ov(a)}" if a else "–"
         both = f"{fmt_q(r['both']['full_bayes']['q_eta'])}; {ov(r['both'])}" if r["both"] else "–"
         noise = f"{r['shape_noise']:.1f}" if r["shape_noise"] is not None else "–"
-        lines.append(f"| {r['fit']} | {c['dataset']}, {c['seed']} | {fmt_q(c['grid']['summary'])} | {fmt_q(g['full_bayes']['q_eta'])} | "
-                     f"{fmt_q(c['full_bayes']['q_eta'])} | {ov(g)} → {ov(c)} | {again} | {both} | {noise} | "
-                     f"{r['gaussian_bound']:.4f} → {r['collapsed_bound']:.4f} | "
-                     f"{g['full_bayes']['metrics']['nll']:.4f} → {c['full_bayes']['metrics']['nll']:.4f} "
-                     f"({c['type_ii']['metrics']['nll']:.4f}) | {r['seconds']:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {r['fit']} | {c['dataset']}, {c['seed']} | {fmt_q(c['grid']['summary'])} | {fmt_q(g['full_bayes']['q_eta'])} | "
+            f"{fmt_q(c['full_bayes']['q_eta'])} | {ov(g)} → {ov(c)} | {again} | {both} | {noise} | "
+            f"{r['gaussian_bound']:.4f} → {r['collapsed_bound']:.4f} | "
+            f"{g['full_bayes']['metrics']['nll']:.4f} → {c['full_bayes']['metrics']['nll']:.4f} "
+            f"({c['type_ii']['metrics']['nll']:.4f}) | {r['seconds']:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -302,14 +351,25 @@ def at_reference_resolution(raw: dict[str, Any], judged_unit: dict[str, Any], se
     clean = np.interp(pts, grid, profile)
     sigma = float(judged_unit["restart_noise"]["mean_sd"])
     rng = np.random.default_rng(seed)
-    sds = np.array([grid_posterior(pts, clean + rng.normal(0.0, sigma, len(pts)), log_prior).sd
-                    for _ in range(RESOLUTION_REPLICATES)])  # fmt: skip
+    sds = np.array(
+        [
+            grid_posterior(pts, clean + rng.normal(0.0, sigma, len(pts)), log_prior).sd
+            for _ in range(RESOLUTION_REPLICATES)
+        ]
+    )
     ref_window = grid_posterior(pts, np.array([p["iwae"]["value"] for p in window])[inside], log_prior)
-    return {"points": int(inside.sum()), "dropped": int((~inside).sum()), "sigma": sigma,
-            "q_star_sd": float(raw["q_eta"]["sd"]), "clean_sd": grid_posterior(pts, clean, log_prior).sd,
-            "noisy_sd_mean": float(sds.mean()), "noisy_sd_sd": float(sds.std(ddof=1)),
-            "noisy_sd_range": [float(np.quantile(sds, 0.05)), float(np.quantile(sds, 0.95))],
-            "reference_window_sd": ref_window.sd, "reference_sd": float(judged_unit["grid"]["summary"]["sd"])}  # fmt: skip
+    return {
+        "points": int(inside.sum()),
+        "dropped": int((~inside).sum()),
+        "sigma": sigma,
+        "q_star_sd": float(raw["q_eta"]["sd"]),
+        "clean_sd": grid_posterior(pts, clean, log_prior).sd,
+        "noisy_sd_mean": float(sds.mean()),
+        "noisy_sd_sd": float(sds.std(ddof=1)),
+        "noisy_sd_range": [float(np.quantile(sds, 0.05)), float(np.quantile(sds, 0.95))],
+        "reference_window_sd": ref_window.sd,
+        "reference_sd": float(judged_unit["grid"]["summary"]["sd"]),
+    }
 
 
 def implied_sd(c: float) -> float:
@@ -327,8 +387,15 @@ def quadratic_curvature(x: np.ndarray, values: np.ndarray, noise: float) -> dict
     resid = values - design @ coef
     resid_sd = float(np.sqrt(resid @ resid / (len(x) - 3))) if len(x) > 3 else math.nan
     c, se = float(coef[2]), noise * scale
-    return {"points": len(x), "c": c, "se_noise": se, "se_residual": resid_sd * scale, "residual_sd": resid_sd,
-            "sd": implied_sd(c), "sd_interval": [implied_sd(c - 1.645 * se), implied_sd(c + 1.645 * se)]}  # fmt: skip
+    return {
+        "points": len(x),
+        "c": c,
+        "se_noise": se,
+        "se_residual": resid_sd * scale,
+        "residual_sd": resid_sd,
+        "sd": implied_sd(c),
+        "sd_interval": [implied_sd(c - 1.645 * se), implied_sd(c + 1.645 * se)],
+    }
 
 
 def reference_curvature(judged_unit: dict[str, Any]) -> dict[str, Any]:
@@ -339,62 +406,99 @@ def reference_curvature(judged_unit: dict[str, Any]) -> dict[str, Any]:
     top = etas[np.argmax(values)]
     near = np.abs(etas - top) <= CURVATURE_HALF_WIDTH + 1e-9
     sigma = float(judged_unit["restart_noise"]["mean_sd"])
-    return {"eta0": float(top), **quadratic_curvature(etas[near] - top, values[near], sigma), "sigma": sigma,
-            "reference_sd": float(judged_unit["grid"]["summary"]["sd"])}  # fmt: skip
+    return {
+        "eta0": float(top),
+        **quadratic_curvature(etas[near] - top, values[near], sigma),
+        "sigma": sigma,
+        "reference_sd": float(judged_unit["grid"]["summary"]["sd"]),
+    }
 
 
 def curvature_table(rows: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
     """(i) per (dataset, seed) of the (g) units: the reference's curvature, implied sd and interval, and which (g) q*'s
     sd lies inside it."""
-    head = ["data, seed", "points (η₀)", "curvature c ± SE (σ/√R; residuals)", "implied sd [90 %]", "reference grid sd",
-            "IWAE q* sd (g) inside the interval, per fit"]  # fmt: skip
+    head = [
+        "data, seed",
+        "points (η₀)",
+        "curvature c ± SE (σ/√R; residuals)",
+        "implied sd [90 %]",
+        "reference grid sd",
+        "IWAE q* sd (g) inside the interval, per fit",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|:---|" + "---:|" * (len(head) - 1)]
     out = []
     for key in sorted({(r["streams"]["dataset"], r["streams"]["seed"]) for r in rows}):
         mine = [r for r in rows if (r["streams"]["dataset"], r["streams"]["seed"]) == key]
         cur = reference_curvature(mine[0]["streams"])
         lo, hi = cur["sd_interval"]
-        fits = "; ".join(f"{r['fit']} {r['raw']['q_eta']['sd']:.3f} {'yes' if lo <= r['raw']['q_eta']['sd'] <= hi else 'no'}" for r in mine)
-        lines.append(f"| {key[0]}, {key[1]} | {cur['points']} ({cur['eta0']:.3f}) | {cur['c']:.0f} ± {cur['se_noise']:.0f}; {cur['se_residual']:.0f} | "
-                     f"{cur['sd']:.3f} [{lo:.3f}, {'∞' if math.isinf(hi) else f'{hi:.3f}'}] | {cur['reference_sd']:.3f} | {fits} |")  # fmt: skip
-        out.append({"dataset": key[0], "seed": key[1], **cur,
-                    "q_star_sd": {r["fit"]: r["raw"]["q_eta"]["sd"] for r in mine}})  # fmt: skip
+        fits = "; ".join(
+            f"{r['fit']} {r['raw']['q_eta']['sd']:.3f} {'yes' if lo <= r['raw']['q_eta']['sd'] <= hi else 'no'}"
+            for r in mine
+        )
+        lines.append(
+            f"| {key[0]}, {key[1]} | {cur['points']} ({cur['eta0']:.3f}) | {cur['c']:.0f} ± {cur['se_noise']:.0f}; {cur['se_residual']:.0f} | "
+            f"{cur['sd']:.3f} [{lo:.3f}, {'∞' if math.isinf(hi) else f'{hi:.3f}'}] | {cur['reference_sd']:.3f} | {fits} |"
+        )
+        out.append(
+            {"dataset": key[0], "seed": key[1], **cur, "q_star_sd": {r["fit"]: r["raw"]["q_eta"]["sd"] for r in mine}}
+        )
     return "\n".join(lines), out
 
 
 def resolution_table(rows: list[dict[str, Any]]) -> str:
     """(h) per (g) unit."""
-    head = ["fit", "data, seed", "reference sd: window points; all points", "IWAE q* sd (g, 1°)",
-            "q* profile at the reference's points: sd without noise", "σ/√R (nats)",
-            f"with that noise: sd mean ± sd [5 %, 95 %] ({RESOLUTION_REPLICATES} replicates)",
-            "reference's window sd inside that range", "points (dropped)"]  # fmt: skip
+    head = [
+        "fit",
+        "data, seed",
+        "reference sd: window points; all points",
+        "IWAE q* sd (g, 1°)",
+        "q* profile at the reference's points: sd without noise",
+        "σ/√R (nats)",
+        f"with that noise: sd mean ± sd [5 %, 95 %] ({RESOLUTION_REPLICATES} replicates)",
+        "reference's window sd inside that range",
+        "points (dropped)",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|:---|" + "---:|" * (len(head) - 1)]
     for r in rows:
         h, m = r["resolution"], r["streams"]
         lo, hi = h["noisy_sd_range"]
-        lines.append(f"| {r['fit']} | {m['dataset']}, {m['seed']} | {h['reference_window_sd']:.3f}; {h['reference_sd']:.3f} | "
-                     f"{h['q_star_sd']:.3f} | {h['clean_sd']:.3f} | {h['sigma']:.2f} | {h['noisy_sd_mean']:.3f} ± "
-                     f"{h['noisy_sd_sd']:.3f} [{lo:.3f}, {hi:.3f}] | {'yes' if lo <= h['reference_window_sd'] <= hi else 'no'} | "
-                     f"{h['points']} ({h['dropped']}) |")  # fmt: skip
+        lines.append(
+            f"| {r['fit']} | {m['dataset']}, {m['seed']} | {h['reference_window_sd']:.3f}; {h['reference_sd']:.3f} | "
+            f"{h['q_star_sd']:.3f} | {h['clean_sd']:.3f} | {h['sigma']:.2f} | {h['noisy_sd_mean']:.3f} ± "
+            f"{h['noisy_sd_sd']:.3f} [{lo:.3f}, {hi:.3f}] | {'yes' if lo <= h['reference_window_sd'] <= hi else 'no'} | "
+            f"{h['points']} ({h['dropped']}) |"
+        )
     return "\n".join(lines)
 
 
 def streams_table(rows: list[dict[str, Any]], jobs: list[tuple[str, str, int]], work_dir: Path) -> str:
     """(g) per unit that ran: the reference, the Gaussian q(η), the ELBO's own q* (f), the 100-stream IWAE q* and the
     pooled IWAE_{10⁴} q*, with overlaps and noise; then the units that did not run."""
-    head = ["fit", "data, seed", "reference: mean ± sd [90 %]", "Gaussian q(η)", "ELBO's q* (f)", f"IWAE q*, {STREAMS} streams",
-            "overlap (q in grid, grid in q): Gaussian → IWAE q*", "profile noise (nats, mean of 100)",
-            f"pooled IWAE_{{{STREAMS}·K}} q*; overlap", "pooled noise (nats)", "IWAE q* mass in the window's first, last 2°",
-            "seconds (GPU)"]  # fmt: skip
+    head = [
+        "fit",
+        "data, seed",
+        "reference: mean ± sd [90 %]",
+        "Gaussian q(η)",
+        "ELBO's q* (f)",
+        f"IWAE q*, {STREAMS} streams",
+        "overlap (q in grid, grid in q): Gaussian → IWAE q*",
+        "profile noise (nats, mean of 100)",
+        f"pooled IWAE_{{{STREAMS}·K}} q*; overlap",
+        "pooled noise (nats)",
+        "IWAE q* mass in the window's first, last 2°",
+        "seconds (GPU)",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|:---|" + "---:|" * (len(head) - 1)]
     ov = lambda u: f"{u['overlap']['q_in_grid90']:.2f}, {u['overlap']['grid_in_q90']:.2f}"  # noqa: E731
     for r in rows:
         g, m, p, raw = r["gaussian"], r["streams"], r["pooled"], r["raw"]
         elbo = fmt_q(r["elbo"]["full_bayes"]["q_eta"]) if r["elbo"] is not None else "–"
-        lines.append(f"| {r['fit']} | {m['dataset']}, {m['seed']} | {fmt_q(m['grid']['summary'])} | {fmt_q(g['full_bayes']['q_eta'])} | "
-                     f"{elbo} | {fmt_q(m['full_bayes']['q_eta'])} | {ov(g)} → {ov(m)} | {raw['profile_noise']:.2f} | "
-                     f"{fmt_q(p['full_bayes']['q_eta'])}; {ov(p)} | {raw['pooled']['noise']:.2f} | "
-                     f"{raw['edge_mass'][0]:.3f}, {raw['edge_mass'][1]:.3f} | {raw['collapse_seconds']:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {r['fit']} | {m['dataset']}, {m['seed']} | {fmt_q(m['grid']['summary'])} | {fmt_q(g['full_bayes']['q_eta'])} | "
+            f"{elbo} | {fmt_q(m['full_bayes']['q_eta'])} | {ov(g)} → {ov(m)} | {raw['profile_noise']:.2f} | "
+            f"{fmt_q(p['full_bayes']['q_eta'])}; {ov(p)} | {raw['pooled']['noise']:.2f} | "
+            f"{raw['edge_mass'][0]:.3f}, {raw['edge_mass'][1]:.3f} | {raw['collapse_seconds']:.0f} |"
+        )
     missing = [state_stem(*j) for j in jobs if not (work_dir / "collapsed" / f"{state_stem(*j)}_streams.json").exists()]
     if missing:
         lines.append(f"\nNot run (the device time ran out; module docstring, g): {', '.join(missing)}.")
@@ -418,15 +522,36 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         for r in mine:
             grid, dens = np.asarray(r["q_grid"]), np.asarray(r["q_density"])
             line = ax.plot(grid, dens, lw=1.0, label=f"{r['fit']}: collapsed IWAE q*")[0]
-            ax.hist(r["gaussian"]["q_draws"], bins=40, density=True, alpha=0.25, color=line.get_color(),
-                    label=f"{r['fit']}: Gaussian q(η)")  # fmt: skip
+            ax.hist(
+                r["gaussian"]["q_draws"],
+                bins=40,
+                density=True,
+                alpha=0.25,
+                color=line.get_color(),
+                label=f"{r['fit']}: Gaussian q(η)",
+            )
             if r.get("elbo") is not None:
-                ax.plot(r["elbo"]["grid"], r["elbo"]["density"], "--", lw=1.0, color=line.get_color(),
-                        label=f"{r['fit']}: the ELBO's own q*")  # fmt: skip
+                ax.plot(
+                    r["elbo"]["grid"],
+                    r["elbo"]["density"],
+                    "--",
+                    lw=1.0,
+                    color=line.get_color(),
+                    label=f"{r['fit']}: the ELBO's own q*",
+                )
             if r.get("streams") is not None:
-                ax.plot(r["streams"]["grid"], r["streams"]["density"], ":", lw=1.4, color=line.get_color(),
-                        label=f"{r['fit']}: IWAE q*, {STREAMS} streams")  # fmt: skip
-            lo, hi = min(lo, r["collapsed"]["full_bayes"]["q_eta"]["q05"] - 0.1), max(hi, r["collapsed"]["full_bayes"]["q_eta"]["q95"] + 0.1)
+                ax.plot(
+                    r["streams"]["grid"],
+                    r["streams"]["density"],
+                    ":",
+                    lw=1.4,
+                    color=line.get_color(),
+                    label=f"{r['fit']}: IWAE q*, {STREAMS} streams",
+                )
+            lo, hi = (
+                min(lo, r["collapsed"]["full_bayes"]["q_eta"]["q05"] - 0.1),
+                max(hi, r["collapsed"]["full_bayes"]["q_eta"]["q95"] + 0.1),
+            )
         ax.plot(ref.grid, ref.density, "k-", lw=1.4, label="reference")
         ax.set_xlim(max(lo, 0.0), min(hi, np.pi))
         ax.set_title(f"{key[0]} {key[1]}", fontsize=8)
@@ -439,14 +564,21 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = usr.phase_parser(__doc__, "the symmetry-conditional run (type-II and the units' data)",
-                              "where the collapsed unit files go (resumable)",
-                              {"collapse": "collapse every fitted state (b, c), then the noise check (d)",
-                               "elbo": "the ELBO's own q* of the rbf and linear fits (f)",
-                               "streams": "a hundred IWAE streams of every fitted state (g; --device cuda)",
-                               "render": "no computation: the tables from the unit files"},
-                              "comma-separated state stems <variant>_<dataset>_seed<s>[_refined]")  # fmt: skip
-    parser.add_argument("--states", type=Path, required=True, help="uncertain_symmetry_warmup.py's work dir (states/, evaluated/)")
+    parser = usr.phase_parser(
+        __doc__,
+        "the symmetry-conditional run (type-II and the units' data)",
+        "where the collapsed unit files go (resumable)",
+        {
+            "collapse": "collapse every fitted state (b, c), then the noise check (d)",
+            "elbo": "the ELBO's own q* of the rbf and linear fits (f)",
+            "streams": "a hundred IWAE streams of every fitted state (g; --device cuda)",
+            "render": "no computation: the tables from the unit files",
+        },
+        "comma-separated state stems <variant>_<dataset>_seed<s>[_refined]",
+    )
+    parser.add_argument(
+        "--states", type=Path, required=True, help="uncertain_symmetry_warmup.py's work dir (states/, evaluated/)"
+    )
     parser.add_argument("--device", default="cpu", help="device of --streams (cuda on a GPU machine)")
     args, payloads, _, settings, size, keys = usr.parse_phase_args(parser, argv)
     if len(payloads) != 1:
@@ -465,8 +597,10 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 out = collapse_unit(args.states / "states" / f"{stem}.pt", size, offset)
                 out_path.write_text(json.dumps(out, indent=1) + "\n")
-                common.log(f"{stem} (noise {offset}): q*(η) mean {out['q_eta']['mean']:.3f} sd {out['q_eta']['sd']:.3f} "
-                           f"({out['collapse_seconds']:.0f} s)")  # fmt: skip
+                common.log(
+                    f"{stem} (noise {offset}): q*(η) mean {out['q_eta']['mean']:.3f} sd {out['q_eta']['sd']:.3f} "
+                    f"({out['collapse_seconds']:.0f} s)"
+                )
         return 0
     refs = {(d, s): usr.read_unit_file(parser, args.reference, d, s, "--reference") for d, s in keys}
     if args.elbo:
@@ -477,10 +611,14 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             ref = usr.refined_unit(usi.input_unit(payload, dataset, seed), refs[(dataset, seed)])["grid"]["summary"]
             q = json.loads((args.states / "evaluated" / f"{stem}.json").read_text())["q_eta"]
-            out = elbo_unit(args.states / "states" / f"{stem}.pt", size, min(ref["q05"], q["q05"]), max(ref["q95"], q["q95"]))
+            out = elbo_unit(
+                args.states / "states" / f"{stem}.pt", size, min(ref["q05"], q["q05"]), max(ref["q95"], q["q95"])
+            )
             out_path.write_text(json.dumps(out, indent=1) + "\n")
-            common.log(f"{stem} (ELBO): q*(η) mean {out['q_eta']['mean']:.3f} sd {out['q_eta']['sd']:.3f}, profile noise "
-                       f"{out['profile_noise']:.3f} ({out['collapse_seconds']:.0f} s)")  # fmt: skip
+            common.log(
+                f"{stem} (ELBO): q*(η) mean {out['q_eta']['mean']:.3f} sd {out['q_eta']['sd']:.3f}, profile noise "
+                f"{out['profile_noise']:.3f} ({out['collapse_seconds']:.0f} s)"
+            )
         return 0
     if args.streams:
         order = {d: i for i, d in enumerate(("digits", "partially-rotated-digits", "rotated-digits"))}
@@ -491,13 +629,23 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             ref = usr.refined_unit(usi.input_unit(payload, dataset, seed), refs[(dataset, seed)])["grid"]["summary"]
             qs = [json.loads((args.states / "evaluated" / f"{stem}.json").read_text())["q_eta"], ref]
-            qs += [json.loads(p.read_text())["q_eta"] for p in sorted((args.work_dir / "collapsed").glob(f"{stem}_noise*.json"))]
-            out = streams_unit(args.states / "states" / f"{stem}.pt", size, min(q["q05"] for q in qs), max(q["q95"] for q in qs),
-                               args.device)  # fmt: skip
+            qs += [
+                json.loads(p.read_text())["q_eta"]
+                for p in sorted((args.work_dir / "collapsed").glob(f"{stem}_noise*.json"))
+            ]
+            out = streams_unit(
+                args.states / "states" / f"{stem}.pt",
+                size,
+                min(q["q05"] for q in qs),
+                max(q["q95"] for q in qs),
+                args.device,
+            )
             out_path.write_text(json.dumps(out) + "\n")
-            common.log(f"{stem} ({STREAMS} streams): q*(η) mean {out['q_eta']['mean']:.3f} sd {out['q_eta']['sd']:.3f}, noise "
-                       f"{out['profile_noise']:.2f}; pooled {out['pooled']['q_eta']['mean']:.3f} ± {out['pooled']['q_eta']['sd']:.3f}, "
-                       f"noise {out['pooled']['noise']:.2f} ({out['collapse_seconds']:.0f} s)")  # fmt: skip
+            common.log(
+                f"{stem} ({STREAMS} streams): q*(η) mean {out['q_eta']['mean']:.3f} sd {out['q_eta']['sd']:.3f}, noise "
+                f"{out['profile_noise']:.2f}; pooled {out['pooled']['q_eta']['mean']:.3f} ± {out['pooled']['q_eta']['sd']:.3f}, "
+                f"noise {out['pooled']['noise']:.2f} ({out['collapse_seconds']:.0f} s)"
+            )
         return 0
     rows, by_fit, again_by_fit, gauss_by_fit = [], {f: [] for f in FITS}, {f: [] for f in FITS}, {f: [] for f in FITS}
     both_by_fit: dict[str, list[dict[str, Any]]] = {f: [] for f in FITS}
@@ -519,10 +667,21 @@ def main(argv: list[str] | None = None) -> int:
         again = json.loads(again_path.read_text()) if again_path.exists() else None
         a = judged(unit, ref, again) if again is not None else None
         both = judged(unit, ref, two_streams(col, again, int(size["num_draws"]), seed)) if again is not None else None
-        rows.append({"fit": fit, "gaussian": g, "collapsed": c, "again": a, "both": both, "gaussian_bound": ev["iwae"]["per_datum"],
-                     "shape_noise": shape_noise(col, again) if again is not None else None,
-                     "collapsed_bound": col["per_datum"], "seconds": col["collapse_seconds"],
-                     "q_grid": col["grid"], "q_density": col["density"]})  # fmt: skip
+        rows.append(
+            {
+                "fit": fit,
+                "gaussian": g,
+                "collapsed": c,
+                "again": a,
+                "both": both,
+                "gaussian_bound": ev["iwae"]["per_datum"],
+                "shape_noise": shape_noise(col, again) if again is not None else None,
+                "collapsed_bound": col["per_datum"],
+                "seconds": col["collapse_seconds"],
+                "q_grid": col["grid"],
+                "q_density": col["density"],
+            }
+        )
         by_fit[fit].append(c)
         gauss_by_fit[fit].append(g)
         if a is not None:
@@ -539,8 +698,17 @@ def main(argv: list[str] | None = None) -> int:
             raw = json.loads(streams_path.read_text())
             many, pool = judged(unit, ref, raw), judged(unit, ref, raw["pooled"])
             elbo = elbo_rows[-1]["elbo"] if elbo_path.exists() else None
-            streams_rows.append({"fit": fit, "gaussian": g, "elbo": elbo, "streams": many, "pooled": pool, "raw": raw,
-                                 "resolution": at_reference_resolution(raw, many, seed)})  # fmt: skip
+            streams_rows.append(
+                {
+                    "fit": fit,
+                    "gaussian": g,
+                    "elbo": elbo,
+                    "streams": many,
+                    "pooled": pool,
+                    "raw": raw,
+                    "resolution": at_reference_resolution(raw, many, seed),
+                }
+            )
             streams_by_fit[fit].append(many)
             pooled_by_fit[fit].append(pool)
             rows[-1]["streams"] = {"grid": raw["grid"], "density": raw["density"]}
@@ -551,82 +719,163 @@ def main(argv: list[str] | None = None) -> int:
             verdicts[f"{fit}: Gaussian q(η){tag}"] = us.criteria(gauss_by_fit[fit])
             verdicts[f"{fit}: collapsed q*(η){tag}"] = us.criteria(by_fit[fit])
             if again_by_fit[fit]:
-                verdicts[f"{fit}: collapsed q*(η), noise check (seed + {NOISE_SEED_OFFSET}){tag}"] = us.criteria(again_by_fit[fit])
-                verdicts[f"{fit}: collapsed q*(η) of the two streams' mean profile (e){tag}"] = us.criteria(both_by_fit[fit])
+                verdicts[f"{fit}: collapsed q*(η), noise check (seed + {NOISE_SEED_OFFSET}){tag}"] = us.criteria(
+                    again_by_fit[fit]
+                )
+                verdicts[f"{fit}: collapsed q*(η) of the two streams' mean profile (e){tag}"] = us.criteria(
+                    both_by_fit[fit]
+                )
             if elbo_by_fit[fit]:
-                verdicts[f"{fit}: the ELBO's own q*(η), {ELBO_STREAMS} streams (f){tag}"] = us.criteria(elbo_by_fit[fit])
+                verdicts[f"{fit}: the ELBO's own q*(η), {ELBO_STREAMS} streams (f){tag}"] = us.criteria(
+                    elbo_by_fit[fit]
+                )
             if streams_by_fit[fit]:
-                verdicts[f"{fit}: IWAE q*(η), {STREAMS} streams (g; the units that ran)"] = us.criteria(streams_by_fit[fit])
-                verdicts[f"{fit}: pooled IWAE_{{{STREAMS}·K}} q*(η) (g; the units that ran)"] = us.criteria(pooled_by_fit[fit])
+                verdicts[f"{fit}: IWAE q*(η), {STREAMS} streams (g; the units that ran)"] = us.criteria(
+                    streams_by_fit[fit]
+                )
+                verdicts[f"{fit}: pooled IWAE_{{{STREAMS}·K}} q*(η) (g; the units that ran)"] = us.criteria(
+                    pooled_by_fit[fit]
+                )
     suffix = Path(args.inputs[0]).stem.removeprefix(us.STEM).strip("_").removeprefix(usw.GUIDE).strip("_")
     stem = f"{STEM}_{suffix}" if suffix else STEM
-    settings.update({"input": Path(args.inputs[0]).name, "reference": f"{usr.STEM}: {usr.RESTARTS} restarts, {usr.RULES[0]}",
-                     "fits": "uncertain_symmetry_warmup.py's states", "num_points": NUM_POINTS, "collapse K": int(size["iwae_K"]),
-                     "noise check seed offset": NOISE_SEED_OFFSET,
-                     "collapse seconds (first stream, all units)": round(sum(r["seconds"] for r in rows), 1)})  # fmt: skip
+    settings.update(
+        {
+            "input": Path(args.inputs[0]).name,
+            "reference": f"{usr.STEM}: {usr.RESTARTS} restarts, {usr.RULES[0]}",
+            "fits": "uncertain_symmetry_warmup.py's states",
+            "num_points": NUM_POINTS,
+            "collapse K": int(size["iwae_K"]),
+            "noise check seed offset": NOISE_SEED_OFFSET,
+            "collapse seconds (first stream, all units)": round(sum(r["seconds"] for r in rows), 1),
+        }
+    )
     info, command = common.machine_info(), common.command_line()
-    intro = ("Issue 15's criteria for the *collapsed* q*(η) ∝ p(η) exp(IWAE_K(η)) of each fitted q(θ | η) "
-             "(`research.uncertain_symmetry.collapsed_symmetry.collapse_symmetry`: quadrature on 181 points over (0, π), common "
-             "random numbers) of the fits of `uncertain_symmetry_warmup.py`, beside those fits' Gaussian q(η), against the "
-             "refined grid reference. Method: section *Method* (the module docstring of "
-             "`research/uncertain_symmetry/scripts/uncertain_symmetry_collapsed.py`).")  # fmt: skip
-    parts = [common.header_markdown("Uncertain symmetry: the collapsed q(η) of each fitted q(θ | η)", info, settings, command, intro),
-             "## Verdicts\n", "Seeds on which each criterion holds.\n", usr.verdict_table(verdicts),
-             "\n## Unit by unit\n", unit_table(rows)]  # fmt: skip
-    held = ["| fit | units | test NLL below type-II: Gaussian q(η) | collapsed q*(η) | collapsed below Gaussian | collapsed bound log Z above the Gaussian's IWAE_K |",
-            "|:---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    intro = (
+        "Issue 15's criteria for the *collapsed* q*(η) ∝ p(η) exp(IWAE_K(η)) of each fitted q(θ | η) "
+        "(`research.uncertain_symmetry.collapsed_symmetry.collapse_symmetry`: quadrature on 181 points over (0, π), common "
+        "random numbers) of the fits of `uncertain_symmetry_warmup.py`, beside those fits' Gaussian q(η), against the "
+        "refined grid reference. Method: section *Method* (the module docstring of "
+        "`research/uncertain_symmetry/scripts/uncertain_symmetry_collapsed.py`)."
+    )
+    parts = [
+        common.header_markdown(
+            "Uncertain symmetry: the collapsed q(η) of each fitted q(θ | η)", info, settings, command, intro
+        ),
+        "## Verdicts\n",
+        "Seeds on which each criterion holds.\n",
+        usr.verdict_table(verdicts),
+        "\n## Unit by unit\n",
+        unit_table(rows),
+    ]
+    held = [
+        "| fit | units | test NLL below type-II: Gaussian q(η) | collapsed q*(η) | collapsed below Gaussian | collapsed bound log Z above the Gaussian's IWAE_K |",
+        "|:---|---:|---:|---:|---:|---:|",
+    ]
     for fit in FITS:
         mine = [r for r in rows if r["fit"] == fit]
         if mine:
             nll = lambda u: u["full_bayes"]["metrics"]["nll"]  # noqa: E731
             t2 = lambda r: r["collapsed"]["type_ii"]["metrics"]["nll"]  # noqa: E731
-            held.append(f"| {fit} | {len(mine)} | {sum(nll(r['gaussian']) < t2(r) for r in mine)} | "
-                        f"{sum(nll(r['collapsed']) < t2(r) for r in mine)} | "
-                        f"{sum(nll(r['collapsed']) < nll(r['gaussian']) for r in mine)} | "
-                        f"{sum(r['collapsed_bound'] > r['gaussian_bound'] for r in mine)} |")  # fmt: skip
-    parts += ["\n## Held-out NLL and the bounds, counted over units\n",
-              "The two bounds differ in kind: the Gaussian fit's IWAE_K draws η afresh for each of its K particles; the "
-              "collapsed log Z integrates IWAE_K(η) of the conditional at fixed η against the prior. Neither is below the "
-              "other in general; both are below log p(D) in expectation.\n", "\n".join(held)]  # fmt: skip
+            held.append(
+                f"| {fit} | {len(mine)} | {sum(nll(r['gaussian']) < t2(r) for r in mine)} | "
+                f"{sum(nll(r['collapsed']) < t2(r) for r in mine)} | "
+                f"{sum(nll(r['collapsed']) < nll(r['gaussian']) for r in mine)} | "
+                f"{sum(r['collapsed_bound'] > r['gaussian_bound'] for r in mine)} |"
+            )
+    parts += [
+        "\n## Held-out NLL and the bounds, counted over units\n",
+        "The two bounds differ in kind: the Gaussian fit's IWAE_K draws η afresh for each of its K particles; the "
+        "collapsed log Z integrates IWAE_K(η) of the conditional at fixed η against the prior. Neither is below the "
+        "other in general; both are below log p(D) in expectation.\n",
+        "\n".join(held),
+    ]
     if elbo_rows:
-        head = ["fit", "data, seed", "reference: mean ± sd [90 %]", "Gaussian q(η)", f"ELBO's q*(η), {ELBO_STREAMS} streams",
-                "overlap (q in grid, grid in q): Gaussian → ELBO's q*", f"profile noise (nats, {ELBO_STREAMS}-stream mean)",
-                "q* mass in the window's first, last 2°", "seconds"]  # fmt: skip
+        head = [
+            "fit",
+            "data, seed",
+            "reference: mean ± sd [90 %]",
+            "Gaussian q(η)",
+            f"ELBO's q*(η), {ELBO_STREAMS} streams",
+            "overlap (q in grid, grid in q): Gaussian → ELBO's q*",
+            f"profile noise (nats, {ELBO_STREAMS}-stream mean)",
+            "q* mass in the window's first, last 2°",
+            "seconds",
+        ]
         lines = ["| " + " | ".join(head) + " |", "|:---|" + "---:|" * (len(head) - 1)]
         for r in elbo_rows:
             g, e, raw = r["gaussian"], r["elbo"], r["raw"]
             ov = lambda u: f"{u['overlap']['q_in_grid90']:.2f}, {u['overlap']['grid_in_q90']:.2f}"  # noqa: E731
-            lines.append(f"| {r['fit']} | {e['dataset']}, {e['seed']} | {fmt_q(e['grid']['summary'])} | {fmt_q(g['full_bayes']['q_eta'])} | "
-                         f"{fmt_q(e['full_bayes']['q_eta'])} | {ov(g)} → {ov(e)} | {raw['profile_noise']:.3f} | "
-                         f"{raw['edge_mass'][0]:.3f}, {raw['edge_mass'][1]:.3f} | {raw['collapse_seconds']:.0f} |")  # fmt: skip
+            lines.append(
+                f"| {r['fit']} | {e['dataset']}, {e['seed']} | {fmt_q(e['grid']['summary'])} | {fmt_q(g['full_bayes']['q_eta'])} | "
+                f"{fmt_q(e['full_bayes']['q_eta'])} | {ov(g)} → {ov(e)} | {raw['profile_noise']:.3f} | "
+                f"{raw['edge_mass'][0]:.3f}, {raw['edge_mass'][1]:.3f} | {raw['collapse_seconds']:.0f} |"
+            )
         parts += ["\n## The ELBO's own q*(η) (module docstring, f)\n", "\n".join(lines)]
     curvature: list[dict[str, Any]] = []
     if streams_rows:
-        parts += ["\n## A hundred IWAE streams (module docstring, g)\n", streams_table(streams_rows, jobs, args.work_dir),
-                  "\n## The IWAE q* at the reference's resolution (module docstring, h)\n", resolution_table(streams_rows)]
+        parts += [
+            "\n## A hundred IWAE streams (module docstring, g)\n",
+            streams_table(streams_rows, jobs, args.work_dir),
+            "\n## The IWAE q* at the reference's resolution (module docstring, h)\n",
+            resolution_table(streams_rows),
+        ]
         curvature_md, curvature = curvature_table(streams_rows)
         parts += ["\n## How wide the reference's own data allow it to be (module docstring, i)\n", curvature_md]
     for label, v in verdicts.items():
         if "collapsed" in label and "noise" not in label:
             parts += [f"\n### {label}: the issue's criteria against the refined reference\n", us.criteria_table(v)]
     parts += [f"\n![q(η) per unit]({stem}.png)\n", "## Method\n", __doc__.split("\n\n", 1)[1]]
-    lean = [{"fit": r["fit"], "dataset": r["collapsed"]["dataset"], "seed": r["collapsed"]["seed"],
-             "collapsed": usr.without_draws([r["collapsed"]])[0], "gaussian_q_eta": r["gaussian"]["full_bayes"]["q_eta"],
-             "gaussian_overlap": r["gaussian"]["overlap"], "again_q_eta": r["again"]["full_bayes"]["q_eta"] if r["again"] else None,
-             "again_overlap": r["again"]["overlap"] if r["again"] else None, "gaussian_bound": r["gaussian_bound"],
-             "two_streams_q_eta": r["both"]["full_bayes"]["q_eta"] if r["both"] else None,
-             "two_streams_overlap": r["both"]["overlap"] if r["both"] else None, "shape_noise": r["shape_noise"],
-             "collapsed_bound": r["collapsed_bound"], "seconds": r["seconds"]} for r in rows]  # fmt: skip
-    lean_streams = [{"fit": r["fit"], "dataset": r["streams"]["dataset"], "seed": r["streams"]["seed"],
-                     "q_eta": r["streams"]["full_bayes"]["q_eta"], "overlap": r["streams"]["overlap"],
-                     "profile_noise": r["raw"]["profile_noise"], "edge_mass": r["raw"]["edge_mass"],
-                     "pooled_q_eta": r["pooled"]["full_bayes"]["q_eta"], "pooled_overlap": r["pooled"]["overlap"],
-                     "pooled_noise": r["raw"]["pooled"]["noise"], "seconds": r["raw"]["collapse_seconds"],
-                     "device": r["raw"]["device"], "at_reference_resolution": r["resolution"]} for r in streams_rows]  # fmt: skip
-    common.write_results(stem, "\n".join(parts), {"info": info, "settings": settings, "command": command,
-                                                  "verdicts": verdicts, "units": lean, "streams_units": lean_streams,
-                                                  "reference_curvature": curvature},
-                         args.out_dir)  # fmt: skip
+    lean = [
+        {
+            "fit": r["fit"],
+            "dataset": r["collapsed"]["dataset"],
+            "seed": r["collapsed"]["seed"],
+            "collapsed": usr.without_draws([r["collapsed"]])[0],
+            "gaussian_q_eta": r["gaussian"]["full_bayes"]["q_eta"],
+            "gaussian_overlap": r["gaussian"]["overlap"],
+            "again_q_eta": r["again"]["full_bayes"]["q_eta"] if r["again"] else None,
+            "again_overlap": r["again"]["overlap"] if r["again"] else None,
+            "gaussian_bound": r["gaussian_bound"],
+            "two_streams_q_eta": r["both"]["full_bayes"]["q_eta"] if r["both"] else None,
+            "two_streams_overlap": r["both"]["overlap"] if r["both"] else None,
+            "shape_noise": r["shape_noise"],
+            "collapsed_bound": r["collapsed_bound"],
+            "seconds": r["seconds"],
+        }
+        for r in rows
+    ]
+    lean_streams = [
+        {
+            "fit": r["fit"],
+            "dataset": r["streams"]["dataset"],
+            "seed": r["streams"]["seed"],
+            "q_eta": r["streams"]["full_bayes"]["q_eta"],
+            "overlap": r["streams"]["overlap"],
+            "profile_noise": r["raw"]["profile_noise"],
+            "edge_mass": r["raw"]["edge_mass"],
+            "pooled_q_eta": r["pooled"]["full_bayes"]["q_eta"],
+            "pooled_overlap": r["pooled"]["overlap"],
+            "pooled_noise": r["raw"]["pooled"]["noise"],
+            "seconds": r["raw"]["collapse_seconds"],
+            "device": r["raw"]["device"],
+            "at_reference_resolution": r["resolution"],
+        }
+        for r in streams_rows
+    ]
+    common.write_results(
+        stem,
+        "\n".join(parts),
+        {
+            "info": info,
+            "settings": settings,
+            "command": command,
+            "verdicts": verdicts,
+            "units": lean,
+            "streams_units": lean_streams,
+            "reference_curvature": curvature,
+        },
+        args.out_dir,
+    )
     plot(rows, Path(args.out_dir) / f"{stem}.png")
     usr.log_verdicts(verdicts)
     return 0

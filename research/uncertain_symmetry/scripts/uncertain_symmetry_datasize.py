@@ -59,15 +59,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts
 sys.path.insert(1, str(Path(__file__).resolve().parents[3]))  # the repository root: research.uncertain_symmetry
 
-from research.uncertain_symmetry import common  # noqa: E402
-
 import numpy as np  # noqa: E402
-
 import uncertain_symmetry as us  # noqa: E402
 import uncertain_symmetry_annealed as usa  # noqa: E402
 import uncertain_symmetry_laplace as usl  # noqa: E402
+
 from pyro_invariance.data import load_dataset  # noqa: E402
 from pyro_invariance.data.arrays import test_arrays, train_arrays  # noqa: E402
+from research.uncertain_symmetry import common  # noqa: E402
 from research.uncertain_symmetry.laplace_evidence import (  # noqa: E402
     LaplaceSymmetryPosterior,
     laplace_readout_evidence,
@@ -106,9 +105,16 @@ def evaluate_point(data: Any, seed: int, eta: float, **model_kw: Any) -> dict[st
     start = time.perf_counter()
     r = laplace_readout_evidence(model, x, y, num_scales=NUM_SCALES, scale_span=SCALE_SPAN)
     logp = laplace_readout_predictive(model, x, y, xt, sigma=r.sigma_mode, draws=HELDOUT_DRAWS, seed=seed)
-    return {"eta": eta, "log_evidence": r.log_evidence, "sigma_mode": r.sigma_mode, "edge_share": r.edge_share, "newton_steps": r.newton_steps,
-            "nll": float(-logp.gather(1, yt.long().unsqueeze(1)).mean()), "accuracy": float((logp.argmax(1) == yt).double().mean()),
-            "seconds": time.perf_counter() - start}  # fmt: skip
+    return {
+        "eta": eta,
+        "log_evidence": r.log_evidence,
+        "sigma_mode": r.sigma_mode,
+        "edge_share": r.edge_share,
+        "newton_steps": r.newton_steps,
+        "nll": float(-logp.gather(1, yt.long().unsqueeze(1)).mean()),
+        "accuracy": float((logp.argmax(1) == yt).double().mean()),
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def run_unit(dataset: str, size: int, seed: int, path: Path, k: int = 0, n: int = 1) -> dict[str, Any]:
@@ -117,25 +123,40 @@ def run_unit(dataset: str, size: int, seed: int, path: Path, k: int = 0, n: int 
     return run_points(path, header, load(dataset, size), seed, ETAS[k::n])
 
 
-def run_points(path: Path, header: dict[str, Any], data: Any, seed: int, etas: tuple[float, ...], **model_kw: Any) -> dict[str, Any]:
+def run_points(
+    path: Path, header: dict[str, Any], data: Any, seed: int, etas: tuple[float, ...], **model_kw: Any
+) -> dict[str, Any]:
     """:func:`evaluate_point` at each of ``etas`` not yet in ``path`` (a unit ``{**header, "points": [...]}``), the file
     replaced after each η; ``model_kw`` as in :func:`evaluate_point`."""
-    return common.fill_unit(path, header, etas, lambda p: p["eta"], lambda eta: evaluate_point(data, seed, eta, **model_kw),
-                            lambda eta, p: f"{path.stem} η {eta:.2f}: {p['log_evidence']:.2f} (σ_p mode {p['sigma_mode']:.1f}), "
-                                           f"held-out NLL {p['nll']:.4f}, {p['seconds']:.0f} s")  # fmt: skip
+    return common.fill_unit(
+        path,
+        header,
+        etas,
+        lambda p: p["eta"],
+        lambda eta: evaluate_point(data, seed, eta, **model_kw),
+        lambda eta, p: (
+            f"{path.stem} η {eta:.2f}: {p['log_evidence']:.2f} (σ_p mode {p['sigma_mode']:.1f}), "
+            f"held-out NLL {p['nll']:.4f}, {p['seconds']:.0f} s"
+        ),
+    )
 
 
 def unit_points(work: Path, dataset: str, size: int, seed: int) -> list[dict[str, Any]] | None:
     """(b)'s points of one unit sorted by η, or None while it is incomplete."""
-    pts = [q for p in sorted(work.glob(f"{dataset}_n{size}_seed{seed}_part*.json")) for q in json.loads(p.read_text())["points"]]
+    pts = [
+        q
+        for p in sorted(work.glob(f"{dataset}_n{size}_seed{seed}_part*.json"))
+        for q in json.loads(p.read_text())["points"]
+    ]
     return sorted(pts, key=lambda q: q["eta"]) if len(pts) == len(ETAS) else None
 
 
 def laplace_posterior(pts: list[dict[str, Any]]) -> LaplaceSymmetryPosterior:
     """(c)'s grid posterior with each point's σ_p (e)."""
     etas = np.array([p["eta"] for p in pts])
-    return LaplaceSymmetryPosterior.from_grid(usa.posterior(etas, np.array([p["log_evidence"] for p in pts])),
-                                              [p["sigma_mode"] for p in pts])  # fmt: skip
+    return LaplaceSymmetryPosterior.from_grid(
+        usa.posterior(etas, np.array([p["log_evidence"] for p in pts])), [p["sigma_mode"] for p in pts]
+    )
 
 
 def predictive_unit(dataset: str, size: int, seed: int, work: Path) -> dict[str, Any] | None:
@@ -152,13 +173,17 @@ def predictive_unit(dataset: str, size: int, seed: int, work: Path) -> dict[str,
     start = time.perf_counter()
     for name, mass in (("full_bayes", FULL_BAYES_MASS), ("type_ii", 0.0)):
         logp = laplace_symmetry_predictive(model, x, y, xt, post, mass=mass, draws=HELDOUT_DRAWS, seed=seed)
-        unit[name] = {"nll": float(-logp.gather(1, yt.long().unsqueeze(1)).mean()),
-                      "accuracy": float((logp.argmax(1) == yt).double().mean())}  # fmt: skip
+        unit[name] = {
+            "nll": float(-logp.gather(1, yt.long().unsqueeze(1)).mean()),
+            "accuracy": float((logp.argmax(1) == yt).double().mean()),
+        }
     unit["points_mixed"] = len(post.top_points(FULL_BAYES_MASS))
     unit["seconds"] = time.perf_counter() - start
     common.write_unit(path, unit)
-    common.log(f"{path.stem}: full Bayes {unit['full_bayes']['nll']:.4f}, type-II {unit['type_ii']['nll']:.4f} "
-               f"({unit['points_mixed']} points mixed, {unit['seconds']:.0f} s)")  # fmt: skip
+    common.log(
+        f"{path.stem}: full Bayes {unit['full_bayes']['nll']:.4f}, type-II {unit['type_ii']['nll']:.4f} "
+        f"({unit['points_mixed']} points mixed, {unit['seconds']:.0f} s)"
+    )
     return unit
 
 
@@ -168,10 +193,22 @@ def summarise(dataset: str, size: int, seed: int, pts: list[dict[str, Any]]) -> 
     ell, nll = np.array([p["log_evidence"] for p in pts]), np.array([p["nll"] for p in pts])
     s = us.grid_summary(usa.posterior(etas, ell))
     top, best = int(np.argmax(ell)), int(np.argmin(nll))
-    return {"dataset": dataset, "size": size, "seed": seed, "etas": etas.tolist(), "log_evidence": ell.tolist(), "nll": nll.tolist(),
-            "posterior": s, "location": us.location_criterion(dataset, s), "gain": float(ell[top] - ell[0]),
-            "best_eta": float(etas[best]), "best_nll": float(nll[best]), "best_accuracy": pts[best]["accuracy"],
-            "nll_at_top": float(nll[top] - nll[best]), "seconds": float(np.mean([p["seconds"] for p in pts]))}  # fmt: skip
+    return {
+        "dataset": dataset,
+        "size": size,
+        "seed": seed,
+        "etas": etas.tolist(),
+        "log_evidence": ell.tolist(),
+        "nll": nll.tolist(),
+        "posterior": s,
+        "location": us.location_criterion(dataset, s),
+        "gain": float(ell[top] - ell[0]),
+        "best_eta": float(etas[best]),
+        "best_nll": float(nll[best]),
+        "best_accuracy": pts[best]["accuracy"],
+        "nll_at_top": float(nll[top] - nll[best]),
+        "seconds": float(np.mean([p["seconds"] for p in pts])),
+    }
 
 
 def moves_down(lo: dict[str, Any], hi: dict[str, Any]) -> bool:
@@ -203,52 +240,100 @@ def render(work: Path, laplace_work: Path, out_dir: Path | None) -> tuple[Path, 
     if not rows:
         return None
 
-    table = ["| data | N | seed | posterior from the Laplace evidence: mode / mean / sd [90 %] | location criterion | "
-             "ℓ(top) − ℓ(0.1): nats (per datum) | lowest held-out NLL: η / NLL / accuracy | NLL at the evidence's top − lowest | s per point |",
-             "|:---|---:|---:|---:|:---|---:|---:|---:|---:|"]  # fmt: skip
+    table = [
+        "| data | N | seed | posterior from the Laplace evidence: mode / mean / sd [90 %] | location criterion | "
+        "ℓ(top) − ℓ(0.1): nats (per datum) | lowest held-out NLL: η / NLL / accuracy | NLL at the evidence's top − lowest | s per point |",
+        "|:---|---:|---:|---:|:---|---:|---:|---:|---:|",
+    ]
     for r in rows:
         s = r["posterior"]
-        table.append(f"| {r['dataset']} | {r['size']} | {r['seed']} | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} "
-                     f"[{s['q05']:.2f}, {s['q95']:.2f}] | {us.criterion_cell(r['location'])} | {r['gain']:.1f} ({r['gain'] / r['size']:.4f}) | "
-                     f"{r['best_eta']:.2f} / {r['best_nll']:.4f} / {r['best_accuracy']:.3f} | {r['nll_at_top']:+.4f} | {r['seconds']:.0f} |")  # fmt: skip
-    summary = ["| data | N | seeds | posterior mean: mean ± sd over seeds | criterion holds | lowest-NLL η: mean ± sd |",
-               "|:---|---:|---:|---:|---:|---:|"]  # fmt: skip
+        table.append(
+            f"| {r['dataset']} | {r['size']} | {r['seed']} | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} "
+            f"[{s['q05']:.2f}, {s['q95']:.2f}] | {us.criterion_cell(r['location'])} | {r['gain']:.1f} ({r['gain'] / r['size']:.4f}) | "
+            f"{r['best_eta']:.2f} / {r['best_nll']:.4f} / {r['best_accuracy']:.3f} | {r['nll_at_top']:+.4f} | {r['seconds']:.0f} |"
+        )
+    summary = [
+        "| data | N | seeds | posterior mean: mean ± sd over seeds | criterion holds | lowest-NLL η: mean ± sd |",
+        "|:---|---:|---:|---:|---:|---:|",
+    ]
     moves = {}
     for dataset in DATASETS:
         for size in SIZES:
             rs = [r for r in rows if r["dataset"] == dataset and r["size"] == size]
             if rs:
                 m, b = np.array([r["posterior"]["mean"] for r in rs]), np.array([r["best_eta"] for r in rs])
-                sd = (lambda v: float(np.std(v, ddof=1)) if len(v) > 1 else math.nan)
-                summary.append(f"| {dataset} | {size} | {len(rs)} | {m.mean():.2f} ± {sd(m):.2f} | "
-                               f"{sum(r['location'][0] for r in rs)}/{len(rs)} | {b.mean():.2f} ± {sd(b):.2f} |")  # fmt: skip
-        pairs = [(lo, hi) for lo in rows for hi in rows if lo["dataset"] == hi["dataset"] == dataset and lo["seed"] == hi["seed"]
-                 and lo["size"] == SIZES[0] and hi["size"] == SIZES[-1]]  # fmt: skip
+                sd = lambda v: float(np.std(v, ddof=1)) if len(v) > 1 else math.nan
+                summary.append(
+                    f"| {dataset} | {size} | {len(rs)} | {m.mean():.2f} ± {sd(m):.2f} | "
+                    f"{sum(r['location'][0] for r in rs)}/{len(rs)} | {b.mean():.2f} ± {sd(b):.2f} |"
+                )
+        pairs = [
+            (lo, hi)
+            for lo in rows
+            for hi in rows
+            if lo["dataset"] == hi["dataset"] == dataset
+            and lo["seed"] == hi["seed"]
+            and lo["size"] == SIZES[0]
+            and hi["size"] == SIZES[-1]
+        ]
         if pairs:
             moves[dataset] = f"{sum(moves_down(lo, hi) for lo, hi in pairs)}/{len(pairs)}"
-    versus = ["| data | N | seed | full Bayes over η: NLL / accuracy | type-II (posterior mode): NLL / accuracy | "
-              "full Bayes − type-II NLL | grid points mixed |", "|:---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    versus = [
+        "| data | N | seed | full Bayes over η: NLL / accuracy | type-II (posterior mode): NLL / accuracy | "
+        "full Bayes − type-II NLL | grid points mixed |",
+        "|:---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in (r for r in rows if r["predictive"] is not None):
         f, t = r["predictive"]["full_bayes"], r["predictive"]["type_ii"]
-        versus.append(f"| {r['dataset']} | {r['size']} | {r['seed']} | {f['nll']:.4f} / {f['accuracy']:.3f} | "
-                      f"{t['nll']:.4f} / {t['accuracy']:.3f} | {f['nll'] - t['nll']:+.4f} | {r['predictive']['points_mixed']} |")  # fmt: skip
+        versus.append(
+            f"| {r['dataset']} | {r['size']} | {r['seed']} | {f['nll']:.4f} / {f['accuracy']:.3f} | "
+            f"{t['nll']:.4f} / {t['accuracy']:.3f} | {f['nll'] - t['nll']:+.4f} | {r['predictive']['points_mixed']} |"
+        )
     check = check_against_laplace(rows, laplace_work)
-    settings = {"SIZES": list(SIZES), "DATASETS": list(DATASETS), "SEEDS": list(SEEDS), "ETAS": list(ETAS), "NUM_SCALES": NUM_SCALES,
-                "SCALE_SPAN": list(SCALE_SPAN), "HELDOUT_DRAWS": HELDOUT_DRAWS, "FULL_BAYES_MASS": FULL_BAYES_MASS}  # fmt: skip
+    settings = {
+        "SIZES": list(SIZES),
+        "DATASETS": list(DATASETS),
+        "SEEDS": list(SEEDS),
+        "ETAS": list(ETAS),
+        "NUM_SCALES": NUM_SCALES,
+        "SCALE_SPAN": list(SCALE_SPAN),
+        "HELDOUT_DRAWS": HELDOUT_DRAWS,
+        "FULL_BAYES_MASS": FULL_BAYES_MASS,
+    }
     info, command = common.machine_info(), common.command_line()
-    intro = ("Issue 15: the Laplace evidence's posterior over η, and the held-out NLL along η, as the training set grows from "
-             "300 to 1200 digits. Method: section *Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_datasize.py`).")  # fmt: skip
-    md = "\n".join([
-        common.header_markdown("Uncertain symmetry: the evidence's η against the training set's size", info, settings, command, intro),
-        f"![log p(D | η) and held-out NLL against N]({STEM}.png)\n", *summary,
-        "\nThe evidence's η moves down from N = 300 to 1200 (posterior mean lower by more than the larger sd) on: "
-        + (", ".join(f"{d} {c} seeds" for d, c in moves.items()) or "no seed with both sizes") + ".\n",
-        "## Per seed\n", *table,
-        "\n## Full Bayes against type-II on held-out digits (e)\n", *(versus if len(versus) > 2 else ["not run"]),
-        "\nCheck against `uncertain_symmetry_laplace.py` at N = 300 (shared η): "
-        + ("no shared point" if check is None else f"largest |Δ log p(D | η)| = {check:.2e} nats") + ".\n",
-        "\n## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
-    payload = {"info": info, "settings": settings, "command": command, "units": rows, "moves_down": moves, "check": check}
+    intro = (
+        "Issue 15: the Laplace evidence's posterior over η, and the held-out NLL along η, as the training set grows from "
+        "300 to 1200 digits. Method: section *Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_datasize.py`)."
+    )
+    md = "\n".join(
+        [
+            common.header_markdown(
+                "Uncertain symmetry: the evidence's η against the training set's size", info, settings, command, intro
+            ),
+            f"![log p(D | η) and held-out NLL against N]({STEM}.png)\n",
+            *summary,
+            "\nThe evidence's η moves down from N = 300 to 1200 (posterior mean lower by more than the larger sd) on: "
+            + (", ".join(f"{d} {c} seeds" for d, c in moves.items()) or "no seed with both sizes")
+            + ".\n",
+            "## Per seed\n",
+            *table,
+            "\n## Full Bayes against type-II on held-out digits (e)\n",
+            *(versus if len(versus) > 2 else ["not run"]),
+            "\nCheck against `uncertain_symmetry_laplace.py` at N = 300 (shared η): "
+            + ("no shared point" if check is None else f"largest |Δ log p(D | η)| = {check:.2e} nats")
+            + ".\n",
+            "\n## Method\n",
+            __doc__.split("\n\n", 1)[1],
+        ]
+    )
+    payload = {
+        "info": info,
+        "settings": settings,
+        "command": command,
+        "units": rows,
+        "moves_down": moves,
+        "check": check,
+    }
     paths = common.write_results(STEM, md, payload, out_dir)
     plot(rows, paths[0].with_suffix(".png"))
     return paths
@@ -280,7 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--run", action="store_true", help="(b): the units, every point of --part not yet in --work-dir")
     group.add_argument("--predictive", action="store_true", help="(e): units k, k + n, … of --part that (b) completed")
     group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (c, e)")
-    parser.add_argument("--part", default="0/1", help="k/n: run points k, k + n, … of every unit (two processes: 0/2 and 1/2)")
+    parser.add_argument(
+        "--part", default="0/1", help="k/n: run points k, k + n, … of every unit (two processes: 0/2 and 1/2)"
+    )
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds, in run order")
     parser.add_argument("--laplace-work-dir", type=Path, default=LAPLACE_WORK)
     args = common.parse_script_args(parser, argv)
@@ -289,7 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     k, n = common.parse_part(parser, args.part)
     seeds = common.parse_seeds(parser, args.seeds, SEEDS)
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    order = [u for u in sorted(UNITS, key=lambda u: seeds.index(u[0]) if u[0] in seeds else len(seeds)) if u[0] in seeds]
+    order = [
+        u for u in sorted(UNITS, key=lambda u: seeds.index(u[0]) if u[0] in seeds else len(seeds)) if u[0] in seeds
+    ]
     for i, (seed, dataset, size) in enumerate(order):
         if args.predictive:
             if i % n == k:

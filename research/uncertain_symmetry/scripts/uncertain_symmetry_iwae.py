@@ -64,18 +64,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts
 sys.path.insert(1, str(Path(__file__).resolve().parents[3]))  # the repository root: research.uncertain_symmetry
 
-from research.uncertain_symmetry import common  # noqa: E402
-
 import numpy as np  # noqa: E402
 import pyro  # noqa: E402
 import torch  # noqa: E402
-
-import pyro_invariance as pi  # noqa: E402
 import uncertain_symmetry as us  # noqa: E402
 import uncertain_symmetry_refined as usr  # noqa: E402
+
+import pyro_invariance as pi  # noqa: E402
 from pyro_invariance.diagnostics.symmetry_posterior import grid_posterior  # noqa: E402
-from research.uncertain_symmetry.evidence_profile import guide_evidence_profile  # noqa: E402
 from pyro_invariance.infer.training import set_up_guide  # noqa: E402
+from research.uncertain_symmetry import common  # noqa: E402
+from research.uncertain_symmetry.evidence_profile import guide_evidence_profile  # noqa: E402
 
 STEM = "uncertain_symmetry_iwae"
 #: IWAE estimates averaged per point of the amortisation profile (module docstring, d)
@@ -84,7 +83,13 @@ PROFILE_REPS = 2
 #: the boundary (added when the first profile run gave −∞ at η = π; no profile value had been looked at)
 PROFILE_EDGE = 1e-3
 #: the refinement (module docstring, b); ``num_particles`` is the input's ``iwae_K``
-REFINE: dict[str, Any] = {"elbo": "iwae-given-symmetry", "steps": 1000, "lr": 0.005, "factor_lr": 0.005, "batch_size": None}
+REFINE: dict[str, Any] = {
+    "elbo": "iwae-given-symmetry",
+    "steps": 1000,
+    "lr": 0.005,
+    "factor_lr": 0.005,
+    "batch_size": None,
+}
 
 
 def refine_config(size: dict[str, Any]) -> dict[str, Any]:
@@ -103,15 +108,21 @@ def unit_name(guide: str, dataset: str, seed: int) -> str:
 
 def save_state(path: Path, model: Any, guide: Any, x: torch.Tensor, y: torch.Tensor, meta: dict[str, Any]) -> None:
     """Model and guide state dicts (CPU), the training arrays and plain metadata; written atomically."""
-    state = {"model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-             "guide": {k: v.detach().cpu() for k, v in guide.state_dict().items()},
-             "x": x.cpu(), "y": y.cpu(), "meta": meta}  # fmt: skip
+    state = {
+        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "guide": {k: v.detach().cpu() for k, v in guide.state_dict().items()},
+        "x": x.cpu(),
+        "y": y.cpu(),
+        "meta": meta,
+    }
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
     tmp.replace(path)
 
 
-def load_state(path: Path, device: str = "cpu", make_guide: Any = None) -> tuple[Any, Any, torch.Tensor, torch.Tensor, dict[str, Any]]:  # fmt: skip
+def load_state(
+    path: Path, device: str = "cpu", make_guide: Any = None
+) -> tuple[Any, Any, torch.Tensor, torch.Tensor, dict[str, Any]]:
     """(model, guide, x, y, meta) rebuilt from :func:`save_state`'s file (``weights_only=True``) on
     ``device``: the guide is set up there (an autoguide keeps the prior's tensors from its set-up), and
     ``x``, ``y`` stay on the CPU. ``make_guide(model, meta)`` builds the guide (default: the catalogue
@@ -139,9 +150,16 @@ def prepare(payload: dict[str, Any], dataset: str, seed: int, size: dict[str, An
     res = us.fit(data, size, seed, guide=guide_name, symmetry_prior="uniform")
     draws = us.q_draws(res, data, size, seed)
     stored = np.asarray(unit["q_draws"], dtype=np.float64)
-    meta = {"guide": guide_name, "dataset": dataset, "seed": seed, "size": size, "image_shape": list(data.image_shape),
-            "num_classes": int(data.num_classes), "elbo_fit_seconds": float(res.seconds),
-            "reproduction_max_abs_diff": float(np.max(np.abs(draws.round(5) - stored)))}  # fmt: skip
+    meta = {
+        "guide": guide_name,
+        "dataset": dataset,
+        "seed": seed,
+        "size": size,
+        "image_shape": list(data.image_shape),
+        "num_classes": int(data.num_classes),
+        "elbo_fit_seconds": float(res.seconds),
+        "reproduction_max_abs_diff": float(np.max(np.abs(draws.round(5) - stored))),
+    }
     x, y = us.train_arrays(data, res.model)
     save_state(path, res.model, res.guide, x, y, meta)
     return meta
@@ -157,9 +175,14 @@ def refine(start: Path, out: Path, device: str) -> dict[str, Any]:
     cfg = refine_config(meta["size"])
     t0 = time.perf_counter()
     res = pi.fit(model, guide, (x, y), seed=int(meta["seed"]), progress=False, device=device, **cfg)
-    meta = {**meta, "refine": cfg, "device": device, "refine_seconds": time.perf_counter() - t0,
-            "refine_history": {"step": list(res.history["step"]), "elbo": [float(v) for v in res.history["elbo"]]},
-            "refine_final_bound_per_datum": float(res.final_elbo)}  # fmt: skip
+    meta = {
+        **meta,
+        "refine": cfg,
+        "device": device,
+        "refine_seconds": time.perf_counter() - t0,
+        "refine_history": {"step": list(res.history["step"]), "elbo": [float(v) for v in res.history["elbo"]]},
+        "refine_final_bound_per_datum": float(res.final_elbo),
+    }
     model.to("cpu"), guide.to("cpu")
     save_state(out, model, guide, x, y, meta)
     return meta
@@ -174,12 +197,18 @@ def evaluate_unit(path: Path, payload_unit: dict[str, Any]) -> dict[str, Any]:
     res = SimpleNamespace(model=model, guide=guide)
     draws = us.q_draws(res, data, size, seed)
     meta = {k: v for k, v in meta.items() if k != "size"}  # the run's settings are in the results JSON
-    return {"meta": meta, "q_eta": us.draw_summary(draws), "q_draws": draws.round(5).tolist(),
-            "iwae": us.bound(res, data, size, seed), "metrics": pi.evaluate((model, guide), data, num_samples=size["eval_samples"], seed=seed)}  # fmt: skip
+    return {
+        "meta": meta,
+        "q_eta": us.draw_summary(draws),
+        "q_draws": draws.round(5).tolist(),
+        "iwae": us.bound(res, data, size, seed),
+        "metrics": pi.evaluate((model, guide), data, num_samples=size["eval_samples"], seed=seed),
+    }
 
 
-def amortised_profile(model: Any, guide: Any, x: torch.Tensor, y: torch.Tensor, etas: list[float], K: int,
-                      reps: int, seed: int) -> list[list[float]]:  # fmt: skip
+def amortised_profile(
+    model: Any, guide: Any, x: torch.Tensor, y: torch.Tensor, etas: list[float], K: int, reps: int, seed: int
+) -> list[list[float]]:
     """``reps`` estimates (seeds ``seed``, ``seed + 1``, …) of IWAE_K(η_j) with the fitted guide's own
     q(θ | η_j) at each fixed η_j (module docstring, d; :func:`~pyro_invariance.diagnostics.symmetry_posterior.
     guide_evidence_profile`), nats, ``(reps, J)``; η_j = 0 and η_max are held ``PROFILE_EDGE`` inside the
@@ -191,32 +220,54 @@ def amortised_profile(model: Any, guide: Any, x: torch.Tensor, y: torch.Tensor, 
 
 def refined_q_unit(unit: dict[str, Any], evaluated: dict[str, Any]) -> dict[str, Any]:
     """A copy of an input unit whose full-Bayes fit is the refined one (q(η), bound, metrics)."""
-    fb = {**unit["full_bayes"], "q_eta": evaluated["q_eta"], "iwae": evaluated["iwae"], "metrics": evaluated["metrics"],
-          "final_elbo_per_datum": evaluated["meta"]["refine_final_bound_per_datum"]}  # fmt: skip
+    fb = {
+        **unit["full_bayes"],
+        "q_eta": evaluated["q_eta"],
+        "iwae": evaluated["iwae"],
+        "metrics": evaluated["metrics"],
+        "final_elbo_per_datum": evaluated["meta"]["refine_final_bound_per_datum"],
+    }
     return {**unit, "full_bayes": fb, "q_draws": evaluated["q_draws"]}
 
 
 def comparison_table(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> str:
     """Per unit: q(η) and the reference, the overlap masses, the IWAE_K bound and the held-out NLL of the
     ELBO fit and of its refinement."""
-    header = ["data, seed", "reference: mean ± sd [90 %]", "ELBO fit q(η): mean ± sd", "refined q(η): mean ± sd",
-              "overlap (q in grid, grid in q): ELBO fit → refined", "IWAE_K / N: ELBO fit → refined",
-              "test NLL: ELBO fit → refined", "test acc.: ELBO fit → refined", "reproduced start (max |Δ draw|)"]  # fmt: skip
+    header = [
+        "data, seed",
+        "reference: mean ± sd [90 %]",
+        "ELBO fit q(η): mean ± sd",
+        "refined q(η): mean ± sd",
+        "overlap (q in grid, grid in q): ELBO fit → refined",
+        "IWAE_K / N: ELBO fit → refined",
+        "test NLL: ELBO fit → refined",
+        "test acc.: ELBO fit → refined",
+        "reproduced start (max |Δ draw|)",
+    ]
     rows = []
     for b, a in zip(before, after):
         g, qb, qa = b["grid"]["summary"], b["full_bayes"]["q_eta"], a["full_bayes"]["q_eta"]
         mb, ma = b["full_bayes"]["metrics"], a["full_bayes"]["metrics"]
-        rows.append([f"{b['dataset']}, {b['seed']}", f"{g['mean']:.3f} ± {g['sd']:.3f} [{g['q05']:.2f}, {g['q95']:.2f}]",
-                     f"{qb['mean']:.3f} ± {qb['sd']:.3f}", f"{qa['mean']:.3f} ± {qa['sd']:.3f}",
-                     f"{b['overlap']['q_in_grid90']:.2f}, {b['overlap']['grid_in_q90']:.2f} → "
-                     f"{a['overlap']['q_in_grid90']:.2f}, {a['overlap']['grid_in_q90']:.2f}",
-                     f"{b['full_bayes']['iwae']['per_datum']:.4f} → {a['full_bayes']['iwae']['per_datum']:.4f}",
-                     f"{mb['nll']:.4f} → {ma['nll']:.4f}", f"{mb['accuracy']:.3f} → {ma['accuracy']:.3f}",
-                     f"{a['reproduction_max_abs_diff']:.1e}"])  # fmt: skip
+        rows.append(
+            [
+                f"{b['dataset']}, {b['seed']}",
+                f"{g['mean']:.3f} ± {g['sd']:.3f} [{g['q05']:.2f}, {g['q95']:.2f}]",
+                f"{qb['mean']:.3f} ± {qb['sd']:.3f}",
+                f"{qa['mean']:.3f} ± {qa['sd']:.3f}",
+                f"{b['overlap']['q_in_grid90']:.2f}, {b['overlap']['grid_in_q90']:.2f} → "
+                f"{a['overlap']['q_in_grid90']:.2f}, {a['overlap']['grid_in_q90']:.2f}",
+                f"{b['full_bayes']['iwae']['per_datum']:.4f} → {a['full_bayes']['iwae']['per_datum']:.4f}",
+                f"{mb['nll']:.4f} → {ma['nll']:.4f}",
+                f"{mb['accuracy']:.3f} → {ma['accuracy']:.3f}",
+                f"{a['reproduction_max_abs_diff']:.1e}",
+            ]
+        )
     return common.md_table(header, rows)
 
 
-def profile_summary(profile: dict[str, Any], refined_ref: dict[str, Any], draws: list[float], fit: str) -> dict[str, Any]:
+def profile_summary(
+    profile: dict[str, Any], refined_ref: dict[str, Any], draws: list[float], fit: str
+) -> dict[str, Any]:
     """The amortisation profile of one fit (``fit``: ``"elbo_fit"`` or ``"refined"``) against the reference
     on the window (module docstring, d): the profile's grid posterior (mode, central 90 % interval), the
     overlap masses of ``draws`` (that fit's q(η)) with it, and the amortisation gap reference − profile
@@ -232,25 +283,48 @@ def profile_summary(profile: dict[str, Any], refined_ref: dict[str, Any], draws:
     at_q = int(np.argmin(np.abs(etas - float(np.mean(draws)))))
     at_ref = int(np.argmax(ref))
     est = np.asarray(profile[f"{fit}_estimates"])
-    return {"mode": gp.mode, "q05": gp.quantile(0.05), "q95": gp.quantile(0.95),
-            "noise": float(np.mean(np.abs(est[0] - est[1])) / 2 ** 0.5), "ref_mode": float(etas[at_ref]),
-            "overlap": us.overlap(np.asarray(draws, dtype=np.float64), gp),
-            "gap_change": float(gap[at_ref] - gap[at_q]), "gap": gap.tolist(), "grid": etas.tolist(),
-            "density": gp.density.tolist()}  # fmt: skip
+    return {
+        "mode": gp.mode,
+        "q05": gp.quantile(0.05),
+        "q95": gp.quantile(0.95),
+        "noise": float(np.mean(np.abs(est[0] - est[1])) / 2**0.5),
+        "ref_mode": float(etas[at_ref]),
+        "overlap": us.overlap(np.asarray(draws, dtype=np.float64), gp),
+        "gap_change": float(gap[at_ref] - gap[at_q]),
+        "gap": gap.tolist(),
+        "grid": etas.tolist(),
+        "density": gp.density.tolist(),
+    }
 
 
 def profile_table(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> str:
-    header = ["data, seed", "reference (window): mode", "refined q(η): mean ± sd", "profile of the refined fit: mode [90 %]",
-              "refined q(η) vs its profile: q in grid, grid in q", "gap change, refined fit (nats)", "profile noise, sd of one estimate (nats)",
-              "profile of the ELBO fit: mode [90 %]", "gap change, ELBO fit (nats)"]  # fmt: skip
+    header = [
+        "data, seed",
+        "reference (window): mode",
+        "refined q(η): mean ± sd",
+        "profile of the refined fit: mode [90 %]",
+        "refined q(η) vs its profile: q in grid, grid in q",
+        "gap change, refined fit (nats)",
+        "profile noise, sd of one estimate (nats)",
+        "profile of the ELBO fit: mode [90 %]",
+        "gap change, ELBO fit (nats)",
+    ]
     rows = []
     for b, a in zip(before, after):
         pa, pb, q = a["profile"], b["profile"], a["full_bayes"]["q_eta"]
-        rows.append([f"{a['dataset']}, {a['seed']}", f"{pa['ref_mode']:.3f}", f"{q['mean']:.3f} ± {q['sd']:.3f}",
-                     f"{pa['mode']:.3f} [{pa['q05']:.2f}, {pa['q95']:.2f}]",
-                     f"{pa['overlap']['q_in_grid90']:.2f}, {pa['overlap']['grid_in_q90']:.2f}", f"{pa['gap_change']:+.1f}",
-                     f"{pa['noise']:.1f}",
-                     f"{pb['mode']:.3f} [{pb['q05']:.2f}, {pb['q95']:.2f}]", f"{pb['gap_change']:+.1f}"])  # fmt: skip
+        rows.append(
+            [
+                f"{a['dataset']}, {a['seed']}",
+                f"{pa['ref_mode']:.3f}",
+                f"{q['mean']:.3f} ± {q['sd']:.3f}",
+                f"{pa['mode']:.3f} [{pa['q05']:.2f}, {pa['q95']:.2f}]",
+                f"{pa['overlap']['q_in_grid90']:.2f}, {pa['overlap']['grid_in_q90']:.2f}",
+                f"{pa['gap_change']:+.1f}",
+                f"{pa['noise']:.1f}",
+                f"{pb['mode']:.3f} [{pb['q05']:.2f}, {pb['q95']:.2f}]",
+                f"{pb['gap_change']:+.1f}",
+            ]
+        )
     return common.md_table(header, rows)
 
 
@@ -269,7 +343,10 @@ def plot(pairs: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]], pa
         for j, (b, a) in enumerate(zip(*pairs[name])):
             ax = axes[i][j]
             gp = us.refresh_grid(dict(b))
-            lo, hi = min(gp.quantile(0.005), min(a["q_draws"]), min(b["q_draws"])), max(gp.quantile(0.995), max(a["q_draws"]), max(b["q_draws"]))
+            lo, hi = (
+                min(gp.quantile(0.005), min(a["q_draws"]), min(b["q_draws"])),
+                max(gp.quantile(0.995), max(a["q_draws"]), max(b["q_draws"])),
+            )
             bins = np.linspace(lo, hi, 40)
             ax.hist(b["q_draws"], bins=bins, density=True, alpha=0.45, label="ELBO fit")
             ax.hist(a["q_draws"], bins=bins, density=True, alpha=0.45, label="refined")
@@ -285,14 +362,19 @@ def plot(pairs: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]], pa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = usr.phase_parser(__doc__, "one per guide, as for uncertain_symmetry_refined.py",
-                              "where the prepared and refined states go (resumable)",
-                              {"prepare": "repeat and save the inputs' ELBO fits (CPU)",
-                               "refine": "continue every prepared fit by the refinement",
-                               "evaluate": "draws, bounds and metrics of every refined fit (CPU)",
-                               "profile": "the amortisation profile of every fit (CPU; module docstring, d)",
-                               "render": "no fits: the tables from the evaluated units"},
-                              "comma-separated unit names <guide>_<dataset>_seed<s> to run")  # fmt: skip
+    parser = usr.phase_parser(
+        __doc__,
+        "one per guide, as for uncertain_symmetry_refined.py",
+        "where the prepared and refined states go (resumable)",
+        {
+            "prepare": "repeat and save the inputs' ELBO fits (CPU)",
+            "refine": "continue every prepared fit by the refinement",
+            "evaluate": "draws, bounds and metrics of every refined fit (CPU)",
+            "profile": "the amortisation profile of every fit (CPU; module docstring, d)",
+            "render": "no fits: the tables from the evaluated units",
+        },
+        "comma-separated unit names <guide>_<dataset>_seed<s> to run",
+    )
     parser.add_argument("--device", default="cpu", help="device of --refine (cuda on a GPU machine)")
     args, payloads, names, settings, size, keys = usr.parse_phase_args(parser, argv)
     jobs = [(p, name, d, s) for p, name in zip(payloads, names) for d, s in keys]
@@ -303,26 +385,37 @@ def main(argv: list[str] | None = None) -> int:
         (args.work_dir / sub).mkdir(parents=True, exist_ok=True)
     for p, name, dataset, seed in jobs if not args.render else []:
         stem = unit_name(p["settings"]["guide"], dataset, seed)
-        start, done, evaluated = (args.work_dir / "prepared" / f"{stem}.pt", args.work_dir / "refined" / f"{stem}.pt",
-                                  args.work_dir / "evaluated" / f"{stem}.json")  # fmt: skip
+        start, done, evaluated = (
+            args.work_dir / "prepared" / f"{stem}.pt",
+            args.work_dir / "refined" / f"{stem}.pt",
+            args.work_dir / "evaluated" / f"{stem}.json",
+        )
         if args.prepare and not start.exists():
             meta = prepare(p, dataset, seed, size, start)
-            common.log(f"{stem}: ELBO fit repeated ({meta['elbo_fit_seconds']:.0f} s), max |Δ draw| "
-                       f"{meta['reproduction_max_abs_diff']:.1e} -> {start}")  # fmt: skip
+            common.log(
+                f"{stem}: ELBO fit repeated ({meta['elbo_fit_seconds']:.0f} s), max |Δ draw| "
+                f"{meta['reproduction_max_abs_diff']:.1e} -> {start}"
+            )
         elif args.refine and not done.exists():
             if not start.exists():
                 parser.error(f"--refine: {start} is missing (run --prepare first)")
             meta = refine(start, done, args.device)
-            common.log(f"{stem}: refined on {meta['device']} in {meta['refine_seconds']:.0f} s, final bound/N "
-                       f"{meta['refine_final_bound_per_datum']:.4f} -> {done}")  # fmt: skip
+            common.log(
+                f"{stem}: refined on {meta['device']} in {meta['refine_seconds']:.0f} s, final bound/N "
+                f"{meta['refine_final_bound_per_datum']:.4f} -> {done}"
+            )
         elif args.profile and not (args.work_dir / "profile" / f"{stem}.json").exists():
             if not done.exists():
                 parser.error(f"--profile: {done} is missing (run --refine first)")
-            etas = [j * usr.STEP for j in usr.read_unit_file(parser, args.reference, dataset, seed, "--reference")["window"]]
+            etas = [
+                j * usr.STEP for j in usr.read_unit_file(parser, args.reference, dataset, seed, "--reference")["window"]
+            ]
             out = {"etas": etas, "K": int(size["iwae_K"]), "reps": PROFILE_REPS, "seed": seed}
             for label, path in (("elbo_fit", start), ("refined", done)):
                 model, guide, x, y, _ = load_state(path)
-                out[f"{label}_estimates"] = amortised_profile(model, guide, x, y, etas, int(size["iwae_K"]), PROFILE_REPS, seed)
+                out[f"{label}_estimates"] = amortised_profile(
+                    model, guide, x, y, etas, int(size["iwae_K"]), PROFILE_REPS, seed
+                )
                 out[label] = np.mean(out[f"{label}_estimates"], axis=0).tolist()
             (args.work_dir / "profile" / f"{stem}.json").write_text(json.dumps(out, indent=1) + "\n")
             common.log(f"{stem}: amortisation profile on {len(etas)} points")
@@ -351,40 +444,71 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"--render: {prof_path} is missing (run --profile first)")
             profile = json.loads(prof_path.read_text())
             ref = refined_ref[(dataset, seed)]
-            before.append({**usr.refined_unit(unit, ref), "profile": profile_summary(profile, ref, unit["q_draws"], "elbo_fit")})
-            after.append({**usr.refined_unit(refined_q_unit(unit, ev), ref),
-                          "profile": profile_summary(profile, ref, ev["q_draws"], "refined"),
-                          "reproduction_max_abs_diff": ev["meta"]["reproduction_max_abs_diff"],
-                          "refine_seconds": ev["meta"]["refine_seconds"], "device": ev["meta"]["device"]})  # fmt: skip
+            before.append(
+                {**usr.refined_unit(unit, ref), "profile": profile_summary(profile, ref, unit["q_draws"], "elbo_fit")}
+            )
+            after.append(
+                {
+                    **usr.refined_unit(refined_q_unit(unit, ev), ref),
+                    "profile": profile_summary(profile, ref, ev["q_draws"], "refined"),
+                    "reproduction_max_abs_diff": ev["meta"]["reproduction_max_abs_diff"],
+                    "refine_seconds": ev["meta"]["refine_seconds"],
+                    "device": ev["meta"]["device"],
+                }
+            )
         pairs[name] = (before, after)
         verdicts[f"{name}: ELBO fit (the input)"] = us.criteria(before)
         verdicts[f"{name}: refined by IWAE given η"] = us.criteria(after)
     suffix = Path(args.inputs[0]).stem.removeprefix(us.STEM).strip("_")
     stem = f"{STEM}_{suffix}" if suffix else STEM
-    settings.update({"inputs": [Path(p).name for p in args.inputs], "input names": names,
-                     "reference": f"{usr.STEM}: {usr.RESTARTS} restarts, {usr.RULES[0]}", "refinement": refine_config(size),
-                     "refinement device": sorted({a["device"] for _, after in pairs.values() for a in after}),
-                     "refinement seconds": round(sum(a["refine_seconds"] for _, after in pairs.values() for a in after), 1)})  # fmt: skip
+    settings.update(
+        {
+            "inputs": [Path(p).name for p in args.inputs],
+            "input names": names,
+            "reference": f"{usr.STEM}: {usr.RESTARTS} restarts, {usr.RULES[0]}",
+            "refinement": refine_config(size),
+            "refinement device": sorted({a["device"] for _, after in pairs.values() for a in after}),
+            "refinement seconds": round(sum(a["refine_seconds"] for _, after in pairs.values() for a in after), 1),
+        }
+    )
     info, command = common.machine_info(), common.command_line()
-    intro = ("Issue 15's criteria for q(η) after the ELBO fits of `uncertain_symmetry.py` were continued by "
-             "`elbo=\"iwae-given-symmetry\"` (an ELBO in η, the IWAE_K bound in θ given η), against the refined grid "
-             "reference of `uncertain_symmetry_refined.py`. Method and the reason for every setting: section *Method* "
-             "(the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_iwae.py`). The refinement ran with `--refine` on "
-             "the device named in the settings; the states it needs are not committed, so the command below "
-             "re-renders from the evaluated units (`--evaluate` wrote them).")  # fmt: skip
-    parts = [common.header_markdown("Uncertain symmetry: q(η) refined by the IWAE bound given η", info, settings, command, intro),
-             "## Verdicts\n", "Seeds on which each criterion holds, for each guide's q(η) before and after the refinement.\n",
-             usr.verdict_table(verdicts)]  # fmt: skip
+    intro = (
+        "Issue 15's criteria for q(η) after the ELBO fits of `uncertain_symmetry.py` were continued by "
+        '`elbo="iwae-given-symmetry"` (an ELBO in η, the IWAE_K bound in θ given η), against the refined grid '
+        "reference of `uncertain_symmetry_refined.py`. Method and the reason for every setting: section *Method* "
+        "(the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_iwae.py`). The refinement ran with `--refine` on "
+        "the device named in the settings; the states it needs are not committed, so the command below "
+        "re-renders from the evaluated units (`--evaluate` wrote them)."
+    )
+    parts = [
+        common.header_markdown(
+            "Uncertain symmetry: q(η) refined by the IWAE bound given η", info, settings, command, intro
+        ),
+        "## Verdicts\n",
+        "Seeds on which each criterion holds, for each guide's q(η) before and after the refinement.\n",
+        usr.verdict_table(verdicts),
+    ]
     for name, (before, after) in pairs.items():
         parts += [f"\n## {name}: the ELBO fit and its refinement, unit by unit\n", comparison_table(before, after)]
-        parts += [f"\n### {name}, refined: the issue's criteria against the refined reference\n", us.criteria_table(verdicts[f"{name}: refined by IWAE given η"])]
-        parts += [f"\n### {name}: the amortisation profile (module docstring, d)\n",
-                  "IWAE_K(η) of each fit's own q(θ | η) at fixed η on the reference's window, its grid posterior, and how much "
-                  "more the fit loses against the per-η fits at the reference's mode than near its own q(η) (the gap change; "
-                  "positive: the guide's q(θ | η) is worse there).\n", profile_table(before, after)]
+        parts += [
+            f"\n### {name}, refined: the issue's criteria against the refined reference\n",
+            us.criteria_table(verdicts[f"{name}: refined by IWAE given η"]),
+        ]
+        parts += [
+            f"\n### {name}: the amortisation profile (module docstring, d)\n",
+            "IWAE_K(η) of each fit's own q(θ | η) at fixed η on the reference's window, its grid posterior, and how much "
+            "more the fit loses against the per-η fits at the reference's mode than near its own q(η) (the gap change; "
+            "positive: the guide's q(θ | η) is worse there).\n",
+            profile_table(before, after),
+        ]
     parts += [f"\n![q(η) before and after the refinement]({stem}.png)\n", "## Method\n", __doc__.split("\n\n", 1)[1]]
-    payload = {"info": info, "settings": settings, "command": command, "verdicts": verdicts,
-               "units": {n: usr.without_draws(after) for n, (_, after) in pairs.items()}}  # fmt: skip
+    payload = {
+        "info": info,
+        "settings": settings,
+        "command": command,
+        "verdicts": verdicts,
+        "units": {n: usr.without_draws(after) for n, (_, after) in pairs.items()},
+    }
     common.write_results(stem, "\n".join(parts), payload, args.out_dir)
     plot(pairs, Path(args.out_dir) / f"{stem}.png")
     usr.log_verdicts(verdicts)

@@ -58,15 +58,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts
 sys.path.insert(1, str(Path(__file__).resolve().parents[3]))  # the repository root: research.uncertain_symmetry
 
-from research.uncertain_symmetry import common  # noqa: E402
-
 import numpy as np  # noqa: E402
-
 import uncertain_symmetry as us  # noqa: E402
 import uncertain_symmetry_annealed as usa  # noqa: E402
 import uncertain_symmetry_fine_reference as usf  # noqa: E402
+
 from pyro_invariance.data import load_dataset  # noqa: E402
 from pyro_invariance.data.arrays import test_arrays, train_arrays  # noqa: E402
+from research.uncertain_symmetry import common  # noqa: E402
 from research.uncertain_symmetry.laplace_evidence import laplace_readout_evidence, laplace_readout_predictive  # noqa: E402
 
 STEM = "uncertain_symmetry_laplace"
@@ -89,8 +88,14 @@ def evaluate_point(data: Any, seed: int, eta: float) -> dict[str, Any]:
     x, y = train_arrays(data, model)
     start = time.perf_counter()
     r = laplace_readout_evidence(model, x, y, num_scales=NUM_SCALES, scale_span=SCALE_SPAN)
-    return {"eta": eta, "log_evidence": r.log_evidence, "sigma_mode": r.sigma_mode, "newton_steps": r.newton_steps,
-            "profile": r.scale_profile.tolist(), "seconds": time.perf_counter() - start}  # fmt: skip
+    return {
+        "eta": eta,
+        "log_evidence": r.log_evidence,
+        "sigma_mode": r.sigma_mode,
+        "newton_steps": r.newton_steps,
+        "profile": r.scale_profile.tolist(),
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def unit_path(work: Path, dataset: str, seed: int, k: int) -> Path:
@@ -98,17 +103,27 @@ def unit_path(work: Path, dataset: str, seed: int, k: int) -> Path:
 
 
 def _load(dataset: str) -> Any:
-    return load_dataset(us.DATASETS[dataset][0], train_size=us.SIZES["default"]["train_size"],
-                        test_size=us.SIZES["default"]["test_size"])  # fmt: skip
+    return load_dataset(
+        us.DATASETS[dataset][0],
+        train_size=us.SIZES["default"]["train_size"],
+        test_size=us.SIZES["default"]["test_size"],
+    )
 
 
 def run_unit(dataset: str, seed: int, path: Path, k: int = 0, n: int = 1) -> dict[str, Any]:
     """Points k, k + n, … of the unit's η, resuming from ``path``; the file is replaced after each η."""
     data = _load(dataset)
-    return common.fill_unit(path, {"dataset": dataset, "seed": seed}, points(dataset)[k::n], lambda p: p["eta"],
-                            lambda eta: evaluate_point(data, seed, eta),
-                            lambda eta, p: f"{path.stem} η {eta:.2f}: {p['log_evidence']:.2f} (σ_p mode {p['sigma_mode']:.1f}, "
-                                           f"{p['newton_steps']} Newton steps, {p['seconds']:.0f} s)")  # fmt: skip
+    return common.fill_unit(
+        path,
+        {"dataset": dataset, "seed": seed},
+        points(dataset)[k::n],
+        lambda p: p["eta"],
+        lambda eta: evaluate_point(data, seed, eta),
+        lambda eta, p: (
+            f"{path.stem} η {eta:.2f}: {p['log_evidence']:.2f} (σ_p mode {p['sigma_mode']:.1f}, "
+            f"{p['newton_steps']} Newton steps, {p['seconds']:.0f} s)"
+        ),
+    )
 
 
 def heldout_unit(dataset: str, seed: int, work: Path, k: int = 0, n: int = 1) -> dict[str, Any]:
@@ -121,16 +136,30 @@ def heldout_unit(dataset: str, seed: int, work: Path, k: int = 0, n: int = 1) ->
         model = usa.make_model(data, seed, eta)
         (x, y), (xt, yt) = train_arrays(data, model), test_arrays(data, model)
         logp = laplace_readout_predictive(model, x, y, xt, sigma=sigmas[eta], draws=HELDOUT_DRAWS, seed=seed)
-        return {"eta": eta, "nll": float(-logp.gather(1, yt.long().unsqueeze(1)).mean()),
-                "accuracy": float((logp.argmax(1) == yt).double().mean()), "sigma": sigmas[eta]}  # fmt: skip
+        return {
+            "eta": eta,
+            "nll": float(-logp.gather(1, yt.long().unsqueeze(1)).mean()),
+            "accuracy": float((logp.argmax(1) == yt).double().mean()),
+            "sigma": sigmas[eta],
+        }
 
-    return common.fill_unit(path, {"dataset": dataset, "seed": seed}, [e for e in points(dataset)[k::n] if e in sigmas],
-                            lambda p: p["eta"], heldout, lambda eta, p: f"{path.stem} η {eta:.2f}: held-out NLL {p['nll']:.4f}")
+    return common.fill_unit(
+        path,
+        {"dataset": dataset, "seed": seed},
+        [e for e in points(dataset)[k::n] if e in sigmas],
+        lambda p: p["eta"],
+        heldout,
+        lambda eta, p: f"{path.stem} η {eta:.2f}: held-out NLL {p['nll']:.4f}",
+    )
 
 
 def heldout_summary(work: Path, r: dict[str, Any], results: Path) -> dict[str, Any] | None:
     """(d) for one rendered unit: the lowest NLL's η and the NLL at the AIS top, IWAE mode and type-II η, less it."""
-    pts = [q for p in sorted(work.glob(f"heldout_{r['dataset']}_seed{r['seed']}_part*.json")) for q in json.loads(p.read_text())["points"]]
+    pts = [
+        q
+        for p in sorted(work.glob(f"heldout_{r['dataset']}_seed{r['seed']}_part*.json"))
+        for q in json.loads(p.read_text())["points"]
+    ]
     if len(pts) < 5:
         return None
     pts.sort(key=lambda q: q["eta"])
@@ -142,10 +171,17 @@ def heldout_summary(work: Path, r: dict[str, Any], results: Path) -> dict[str, A
         return float(nll[near] - nll.min()) if abs(etas[near] - eta) <= 0.1 else None  # None: outside the scan
 
     best = int(np.argmin(nll))
-    return {"etas": etas.tolist(), "nll": nll.tolist(), "accuracy": [q["accuracy"] for q in pts],
-            "best_eta": float(etas[best]), "best_nll": float(nll[best]), "best_accuracy": pts[best]["accuracy"],
-            "at_ais_top": at(r["etas"][int(np.argmax(r["ais"]))]), "at_iwae_mode": at(gap["summary"]["mode"]),
-            "at_type_ii": at(gap["type_ii_eta"])}  # fmt: skip
+    return {
+        "etas": etas.tolist(),
+        "nll": nll.tolist(),
+        "accuracy": [q["accuracy"] for q in pts],
+        "best_eta": float(etas[best]),
+        "best_nll": float(nll[best]),
+        "best_accuracy": pts[best]["accuracy"],
+        "at_ais_top": at(r["etas"][int(np.argmax(r["ais"]))]),
+        "at_iwae_mode": at(gap["summary"]["mode"]),
+        "at_type_ii": at(gap["type_ii_eta"]),
+    }
 
 
 def grid_draws(gp: Any, n: int = QUANTILE_DRAWS) -> np.ndarray:
@@ -166,14 +202,28 @@ def compare(unit: dict[str, Any], ais: dict[str, Any], results: Path) -> dict[st
     gap = usa.iwae_gap(results, unit["dataset"], unit["seed"], etas, a)
     top = int(np.argmax(a))
     s_a, s_l = us.grid_summary(gp_a), us.grid_summary(gp_l)
-    return {"dataset": unit["dataset"], "seed": unit["seed"], "points": len(etas), "etas": etas.tolist(),
-            "laplace": lp.tolist(), "ais": a.tolist(), "error_mean": float(err.mean()), "error_range": [float(err.min()), float(err.max())],
-            "error_shape_sd": float(np.std(err - err.mean(), ddof=1)), "error_spread": float(err.max() - err.min()),
-            "iwae_minus_ais": [-gap["gap_max"], -gap["gap_min"]], "ais_posterior": s_a, "laplace_posterior": s_l,
-            "overlap": ov, "holds": bool(min(ov.values()) >= us.OVERLAP_MIN),
-            "location": us.location_criterion(unit["dataset"], s_l), "location_ais": us.location_criterion(unit["dataset"], s_a),
-            "sigma_mode_laplace": lap[float(etas[top])]["sigma_mode"], "sigma_mode_ais": ais["sigma_mode_at_top"],
-            "seconds": float(np.mean([lap[e]["seconds"] for e in etas]))}  # fmt: skip
+    return {
+        "dataset": unit["dataset"],
+        "seed": unit["seed"],
+        "points": len(etas),
+        "etas": etas.tolist(),
+        "laplace": lp.tolist(),
+        "ais": a.tolist(),
+        "error_mean": float(err.mean()),
+        "error_range": [float(err.min()), float(err.max())],
+        "error_shape_sd": float(np.std(err - err.mean(), ddof=1)),
+        "error_spread": float(err.max() - err.min()),
+        "iwae_minus_ais": [-gap["gap_max"], -gap["gap_min"]],
+        "ais_posterior": s_a,
+        "laplace_posterior": s_l,
+        "overlap": ov,
+        "holds": bool(min(ov.values()) >= us.OVERLAP_MIN),
+        "location": us.location_criterion(unit["dataset"], s_l),
+        "location_ais": us.location_criterion(unit["dataset"], s_a),
+        "sigma_mode_laplace": lap[float(etas[top])]["sigma_mode"],
+        "sigma_mode_ais": ais["sigma_mode_at_top"],
+        "seconds": float(np.mean([lap[e]["seconds"] for e in etas])),
+    }
 
 
 def ais_reference(dataset: str, seed: int, work: Path) -> dict[str, Any] | None:
@@ -194,7 +244,11 @@ def render(work: Path, ais_work: Path, results: Path, out_dir: Path | None) -> t
         ais = ais_reference(dataset, seed, ais_work)
         if not parts or ais is None:
             continue
-        merged = {"dataset": dataset, "seed": seed, "points": [q for p in parts for q in json.loads(p.read_text())["points"]]}
+        merged = {
+            "dataset": dataset,
+            "seed": seed,
+            "points": [q for p in parts for q in json.loads(p.read_text())["points"]],
+        }
         r = compare(merged, ais, results)
         if r["points"] >= 5:
             r["heldout"] = heldout_summary(work, r, results)
@@ -205,41 +259,75 @@ def render(work: Path, ais_work: Path, results: Path, out_dir: Path | None) -> t
     def post(s: dict[str, float]) -> str:
         return f"{s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} {usf.interval(s['q05'], s['q95'])}"
 
-    table = ["| data | seed | points | ℓ_Laplace − ℓ_AIS: mean [range] | its shape: sd / spread | ℓ_IWAE_100 − ℓ_AIS [range] | "
-             "AIS posterior: mode / mean / sd [90 %] | Laplace posterior | overlap (Laplace in AIS 90 %, AIS in Laplace 90 %) | "
-             "location criterion: AIS / Laplace | σ_p mode at the top: AIS / Laplace | s per point |",
-             "|:---|---:|---:|---:|---:|---:|---:|---:|---:|:---|---:|---:|"]  # fmt: skip
+    table = [
+        "| data | seed | points | ℓ_Laplace − ℓ_AIS: mean [range] | its shape: sd / spread | ℓ_IWAE_100 − ℓ_AIS [range] | "
+        "AIS posterior: mode / mean / sd [90 %] | Laplace posterior | overlap (Laplace in AIS 90 %, AIS in Laplace 90 %) | "
+        "location criterion: AIS / Laplace | σ_p mode at the top: AIS / Laplace | s per point |",
+        "|:---|---:|---:|---:|---:|---:|---:|---:|---:|:---|---:|---:|",
+    ]
     for r in rows:
-        table.append(f"| {r['dataset']} | {r['seed']} | {r['points']} | {r['error_mean']:+.1f} [{r['error_range'][0]:+.1f}, {r['error_range'][1]:+.1f}] | "
-                     f"{r['error_shape_sd']:.2f} / {r['error_spread']:.1f} | [{r['iwae_minus_ais'][0]:+.0f}, {r['iwae_minus_ais'][1]:+.0f}] | "
-                     f"{post(r['ais_posterior'])} | {post(r['laplace_posterior'])} | {r['overlap']['q_in_grid90']:.2f}, "
-                     f"{r['overlap']['grid_in_q90']:.2f} ({'holds' if r['holds'] else 'fails'}) | {us.criterion_cell(r['location_ais'])} / {us.criterion_cell(r['location'])} | "
-                     f"{r['sigma_mode_ais']:.1f} / {r['sigma_mode_laplace']:.1f} | {r['seconds']:.0f} |")  # fmt: skip
+        table.append(
+            f"| {r['dataset']} | {r['seed']} | {r['points']} | {r['error_mean']:+.1f} [{r['error_range'][0]:+.1f}, {r['error_range'][1]:+.1f}] | "
+            f"{r['error_shape_sd']:.2f} / {r['error_spread']:.1f} | [{r['iwae_minus_ais'][0]:+.0f}, {r['iwae_minus_ais'][1]:+.0f}] | "
+            f"{post(r['ais_posterior'])} | {post(r['laplace_posterior'])} | {r['overlap']['q_in_grid90']:.2f}, "
+            f"{r['overlap']['grid_in_q90']:.2f} ({'holds' if r['holds'] else 'fails'}) | {us.criterion_cell(r['location_ais'])} / {us.criterion_cell(r['location'])} | "
+            f"{r['sigma_mode_ais']:.1f} / {r['sigma_mode_laplace']:.1f} | {r['seconds']:.0f} |"
+        )
+
     def above(v: float | None) -> str:
         return "outside the scan" if v is None else f"{v:+.4f}"
 
-    held = ["| data | seed | points | lowest held-out NLL: η / NLL / accuracy | NLL above the lowest at: the AIS top | "
-            "the refined IWAE_100 mode | the type-II η |", "|:---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    held = [
+        "| data | seed | points | lowest held-out NLL: η / NLL / accuracy | NLL above the lowest at: the AIS top | "
+        "the refined IWAE_100 mode | the type-II η |",
+        "|:---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         h = r["heldout"]
         if h is not None:
-            held.append(f"| {r['dataset']} | {r['seed']} | {len(h['etas'])} | {h['best_eta']:.2f} / {h['best_nll']:.4f} / "
-                        f"{h['best_accuracy']:.3f} | {above(h['at_ais_top'])} | {above(h['at_iwae_mode'])} | {above(h['at_type_ii'])} |")  # fmt: skip
-    counts = {d: f"{sum(r['holds'] for r in rows if r['dataset'] == d)}/{sum(r['dataset'] == d for r in rows)}"
-              for d in usa.SCANS if any(r["dataset"] == d for r in rows)}  # fmt: skip
-    settings = {"NUM_SCALES": NUM_SCALES, "SCALE_SPAN": list(SCALE_SPAN), "UNITS": [list(u) for u in UNITS],
-                "QUANTILE_DRAWS": QUANTILE_DRAWS, "HELDOUT_DRAWS": HELDOUT_DRAWS, "AIS": {"CHAINS": usa.CHAINS, "HALVES": list(usa.HALVES),
-                "TEMPERATURES": usa.TEMPERATURES, "SAMPLING": usa.SAMPLING}}  # fmt: skip
+            held.append(
+                f"| {r['dataset']} | {r['seed']} | {len(h['etas'])} | {h['best_eta']:.2f} / {h['best_nll']:.4f} / "
+                f"{h['best_accuracy']:.3f} | {above(h['at_ais_top'])} | {above(h['at_iwae_mode'])} | {above(h['at_type_ii'])} |"
+            )
+    counts = {
+        d: f"{sum(r['holds'] for r in rows if r['dataset'] == d)}/{sum(r['dataset'] == d for r in rows)}"
+        for d in usa.SCANS
+        if any(r["dataset"] == d for r in rows)
+    }
+    settings = {
+        "NUM_SCALES": NUM_SCALES,
+        "SCALE_SPAN": list(SCALE_SPAN),
+        "UNITS": [list(u) for u in UNITS],
+        "QUANTILE_DRAWS": QUANTILE_DRAWS,
+        "HELDOUT_DRAWS": HELDOUT_DRAWS,
+        "AIS": {
+            "CHAINS": usa.CHAINS,
+            "HALVES": list(usa.HALVES),
+            "TEMPERATURES": usa.TEMPERATURES,
+            "SAMPLING": usa.SAMPLING,
+        },
+    }
     info, command = common.machine_info(), common.command_line()
-    intro = ("Issue 15: the Laplace evidence of the invariant MLP's read-out against the AIS reference of log p(D | η), at every "
-             "point of the AIS scan. Method: section *Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_laplace.py`).")  # fmt: skip
-    md = "\n".join([
-        common.header_markdown("Uncertain symmetry: a Laplace evidence against the AIS reference", info, settings, command, intro),
-        f"![ℓ_Laplace and ℓ_AIS]({STEM}.png)\n", *table,
-        "\nThe overlap criterion of the Laplace posterior against the AIS one: "
-        + ", ".join(f"{d} {c}" for d, c in counts.items()) + ".\n",
-        "## Held-out NLL along η (d)\n", *(held if len(held) > 2 else ["not run"]),
-        "\n## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
+    intro = (
+        "Issue 15: the Laplace evidence of the invariant MLP's read-out against the AIS reference of log p(D | η), at every "
+        "point of the AIS scan. Method: section *Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_laplace.py`)."
+    )
+    md = "\n".join(
+        [
+            common.header_markdown(
+                "Uncertain symmetry: a Laplace evidence against the AIS reference", info, settings, command, intro
+            ),
+            f"![ℓ_Laplace and ℓ_AIS]({STEM}.png)\n",
+            *table,
+            "\nThe overlap criterion of the Laplace posterior against the AIS one: "
+            + ", ".join(f"{d} {c}" for d, c in counts.items())
+            + ".\n",
+            "## Held-out NLL along η (d)\n",
+            *(held if len(held) > 2 else ["not run"]),
+            "\n## Method\n",
+            __doc__.split("\n\n", 1)[1],
+        ]
+    )
     payload = {"info": info, "settings": settings, "command": command, "units": rows, "counts": counts}
     paths = common.write_results(STEM, md, payload, out_dir)
     plot(rows, paths[0].with_suffix(".png"))
@@ -265,9 +353,13 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser, group = common.unit_script_parser(__doc__, STEM)
     group.add_argument("--run", action="store_true", help="(b): the units of --part, every point not yet in --work-dir")
-    group.add_argument("--heldout", action="store_true", help="(d): held-out NLL at the points of --part that (b) finished")
+    group.add_argument(
+        "--heldout", action="store_true", help="(d): held-out NLL at the points of --part that (b) finished"
+    )
     group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (c, d)")
-    parser.add_argument("--part", default="0/1", help="k/n: run points k, k + n, … of every unit (two processes: 0/2 and 1/2)")
+    parser.add_argument(
+        "--part", default="0/1", help="k/n: run points k, k + n, … of every unit (two processes: 0/2 and 1/2)"
+    )
     parser.add_argument("--results", type=Path, default=common.RESULTS_DIR, help="where the earlier runs' results are")
     parser.add_argument("--ais-work-dir", type=Path, default=AIS_WORK)
     args = common.parse_script_args(parser, argv)

@@ -36,11 +36,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts
 sys.path.insert(1, str(Path(__file__).resolve().parents[3]))  # the repository root: research.uncertain_symmetry
 
-from research.uncertain_symmetry import common  # noqa: E402
-
 import numpy as np  # noqa: E402
-
 import uncertain_symmetry_datasize as usd  # noqa: E402
+
+from research.uncertain_symmetry import common  # noqa: E402
 
 STEM = "uncertain_symmetry_lengthscale"
 SIZE, SEED = 1200, 0
@@ -57,21 +56,41 @@ def unit_path(work: Path, dataset: str, lengthscale: float, k: int) -> Path:
 def run_unit(dataset: str, lengthscale: float, path: Path, k: int = 0, n: int = 1, data: Any = None) -> dict[str, Any]:
     """Points k, k + n, … of ``ETAS`` at ℓ, resuming from ``path``; the file is replaced after each η."""
     data = usd.load(dataset, SIZE) if data is None else data
-    return usd.run_points(path, {"dataset": dataset, "lengthscale": lengthscale}, data, SEED, ETAS[k::n], lengthscale=lengthscale)
+    return usd.run_points(
+        path, {"dataset": dataset, "lengthscale": lengthscale}, data, SEED, ETAS[k::n], lengthscale=lengthscale
+    )
 
 
 def render(work: Path, datasize_work: Path, out_dir: Path | None) -> tuple[Path, Path] | None:
     rows = []
     for dataset, ell in ((d, e) for d in DATASETS for e in LENGTHSCALES):
-        pts = sorted((q for p in sorted(work.glob(f"{dataset}_lengthscale{ell:g}_part*.json")) for q in json.loads(p.read_text())["points"]),
-                     key=lambda q: q["eta"])  # fmt: skip
+        pts = sorted(
+            (
+                q
+                for p in sorted(work.glob(f"{dataset}_lengthscale{ell:g}_part*.json"))
+                for q in json.loads(p.read_text())["points"]
+            ),
+            key=lambda q: q["eta"],
+        )
         if len(pts) < len(ETAS):
             continue
         etas, lev, nll = (np.array([q[k] for q in pts]) for k in ("eta", "log_evidence", "nll"))
         top, best = int(np.argmax(lev)), int(np.argmin(nll))
-        rows.append({"dataset": dataset, "lengthscale": ell, "etas": etas.tolist(), "log_evidence": lev.tolist(), "nll": nll.tolist(),
-                     "top_eta": float(etas[top]), "top": float(lev[top]), "gain": float(lev[top] - lev[0]),
-                     "best_eta": float(etas[best]), "best_nll": float(nll[best]), "best_accuracy": pts[best]["accuracy"]})  # fmt: skip
+        rows.append(
+            {
+                "dataset": dataset,
+                "lengthscale": ell,
+                "etas": etas.tolist(),
+                "log_evidence": lev.tolist(),
+                "nll": nll.tolist(),
+                "top_eta": float(etas[top]),
+                "top": float(lev[top]),
+                "gain": float(lev[top] - lev[0]),
+                "best_eta": float(etas[best]),
+                "best_nll": float(nll[best]),
+                "best_accuracy": pts[best]["accuracy"],
+            }
+        )
     if not rows:
         return None
     diffs = []
@@ -79,23 +98,48 @@ def render(work: Path, datasize_work: Path, out_dir: Path | None) -> tuple[Path,
         theirs = {q["eta"]: q["log_evidence"] for q in (usd.unit_points(datasize_work, r["dataset"], SIZE, SEED) or [])}
         diffs += [abs(theirs[e] - v) for e, v in zip(r["etas"], r["log_evidence"]) if e in theirs]
     check = max(diffs) if diffs else None
-    table = ["| data | ℓ | evidence's top: η / log p(D \\| η) | ℓ(top) − ℓ(0.1) | log p(D \\| η) − the best ℓ's top, at η = "
-             + " / ".join(f"{e:.2f}" for e in ETAS) + " | lowest held-out NLL: η / NLL / accuracy |", "|:---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    table = [
+        "| data | ℓ | evidence's top: η / log p(D \\| η) | ℓ(top) − ℓ(0.1) | log p(D \\| η) − the best ℓ's top, at η = "
+        + " / ".join(f"{e:.2f}" for e in ETAS)
+        + " | lowest held-out NLL: η / NLL / accuracy |",
+        "|:---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         best_top = max(q["top"] for q in rows if q["dataset"] == r["dataset"])
-        table.append(f"| {r['dataset']} | {r['lengthscale']:g} | {r['top_eta']:.2f} / {r['top']:.1f} | {r['gain']:.1f} | "
-                     + " / ".join(f"{v - best_top:.1f}" for v in r["log_evidence"])
-                     + f" | {r['best_eta']:.2f} / {r['best_nll']:.4f} / {r['best_accuracy']:.3f} |")  # fmt: skip
-    settings = {"DATASETS": list(DATASETS), "SIZE": SIZE, "SEED": SEED, "LENGTHSCALES": list(LENGTHSCALES), "ETAS": list(ETAS),
-                "NUM_SCALES": usd.NUM_SCALES, "SCALE_SPAN": list(usd.SCALE_SPAN), "HELDOUT_DRAWS": usd.HELDOUT_DRAWS}  # fmt: skip
+        table.append(
+            f"| {r['dataset']} | {r['lengthscale']:g} | {r['top_eta']:.2f} / {r['top']:.1f} | {r['gain']:.1f} | "
+            + " / ".join(f"{v - best_top:.1f}" for v in r["log_evidence"])
+            + f" | {r['best_eta']:.2f} / {r['best_nll']:.4f} / {r['best_accuracy']:.3f} |"
+        )
+    settings = {
+        "DATASETS": list(DATASETS),
+        "SIZE": SIZE,
+        "SEED": SEED,
+        "LENGTHSCALES": list(LENGTHSCALES),
+        "ETAS": list(ETAS),
+        "NUM_SCALES": usd.NUM_SCALES,
+        "SCALE_SPAN": list(usd.SCALE_SPAN),
+        "HELDOUT_DRAWS": usd.HELDOUT_DRAWS,
+    }
     info, command = common.machine_info(), common.command_line()
-    intro = ("Issue 15: the Laplace evidence and held-out NLL along η on 1200 upright and ±90° digits for three RFF lengthscales. "
-             "Method: section *Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_lengthscale.py`).")  # fmt: skip
-    md = "\n".join([common.header_markdown("Uncertain symmetry: η against the RFF lengthscale", info, settings, command, intro),
-                    *table, "\nCheck at ℓ = 1 against `uncertain_symmetry_datasize.py`'s points: "
-                    + ("no shared point" if check is None else f"largest |Δ log p(D | η)| = {check:.2e} nats") + ".\n",
-                    "\n## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
-    return common.write_results(STEM, md, {"info": info, "settings": settings, "command": command, "units": rows, "check": check}, out_dir)
+    intro = (
+        "Issue 15: the Laplace evidence and held-out NLL along η on 1200 upright and ±90° digits for three RFF lengthscales. "
+        "Method: section *Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_lengthscale.py`)."
+    )
+    md = "\n".join(
+        [
+            common.header_markdown("Uncertain symmetry: η against the RFF lengthscale", info, settings, command, intro),
+            *table,
+            "\nCheck at ℓ = 1 against `uncertain_symmetry_datasize.py`'s points: "
+            + ("no shared point" if check is None else f"largest |Δ log p(D | η)| = {check:.2e} nats")
+            + ".\n",
+            "\n## Method\n",
+            __doc__.split("\n\n", 1)[1],
+        ]
+    )
+    return common.write_results(
+        STEM, md, {"info": info, "settings": settings, "command": command, "units": rows, "check": check}, out_dir
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--render", action="store_true", help="no runs: the table from the unit files (c)")
     parser.add_argument("--part", default="0/1", help="k/n: run points k, k + n, … of each ℓ")
     parser.add_argument("--dataset", default=DATASETS[0], choices=DATASETS)
-    parser.add_argument("--datasize-work-dir", type=Path, default=Path(f"research/uncertain_symmetry/results/{usd.STEM}_units"))
+    parser.add_argument(
+        "--datasize-work-dir", type=Path, default=Path(f"research/uncertain_symmetry/results/{usd.STEM}_units")
+    )
     args = common.parse_script_args(parser, argv)
     if args.render:
         return 0 if render(args.work_dir, args.datasize_work_dir, args.out_dir) else 1

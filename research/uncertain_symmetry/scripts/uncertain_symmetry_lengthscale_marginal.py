@@ -76,15 +76,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts
 sys.path.insert(1, str(Path(__file__).resolve().parents[3]))  # the repository root: research.uncertain_symmetry
 
-from research.uncertain_symmetry import common  # noqa: E402
-
 import numpy as np  # noqa: E402
-
 import uncertain_symmetry as us  # noqa: E402
 import uncertain_symmetry_annealed as usa  # noqa: E402
 import uncertain_symmetry_datasize as usd  # noqa: E402
 import uncertain_symmetry_lengthscale as usls  # noqa: E402
+
 from pyro_invariance.data.arrays import train_arrays  # noqa: E402
+from research.uncertain_symmetry import common  # noqa: E402
 from research.uncertain_symmetry.laplace_evidence import laplace_readout_evidence  # noqa: E402
 
 STEM = "uncertain_symmetry_lengthscale_marginal"
@@ -110,21 +109,27 @@ def unit_path(work: Path, dataset: str, lengthscale: float, seed: int, k: int) -
     return work / f"{dataset}_lengthscale{lengthscale:.4g}_seed{seed}_part{k}.json"
 
 
-def run_item(dataset: str, lengthscale: float, seed: int, path: Path, k: int = 0, n: int = 1, data: Any = None) -> dict[str, Any]:
+def run_item(
+    dataset: str, lengthscale: float, seed: int, path: Path, k: int = 0, n: int = 1, data: Any = None
+) -> dict[str, Any]:
     """Points k, k + n, … of ``ETAS`` at (ℓ, seed), resuming from ``path``; the file is replaced after each η."""
     data = usd.load(dataset, SIZE) if data is None else data
     header = {"dataset": dataset, "lengthscale": lengthscale, "seed": seed}
     return usd.run_points(path, header, data, seed, ETAS[k::n], lengthscale=lengthscale)
 
 
-def points(work: Path, probe_work: Path, datasize_work: Path, dataset: str, lengthscale: float, seed: int) -> tuple[list[dict[str, Any]], str] | None:
+def points(
+    work: Path, probe_work: Path, datasize_work: Path, dataset: str, lengthscale: float, seed: int
+) -> tuple[list[dict[str, Any]], str] | None:
     """The points of (dataset, ℓ, seed) at ``ETAS``, sorted, and their source (b); None while incomplete."""
     if lengthscale == 1.0:
         pts, source = usd.unit_points(datasize_work, dataset, SIZE, seed) or [], "data-size"
     else:
-        files, source = ((probe_work.glob(f"{dataset}_lengthscale{lengthscale:g}_part*.json"), "probe")
-                         if seed == 0 and lengthscale in usls.LENGTHSCALES
-                         else (work.glob(f"{dataset}_lengthscale{lengthscale:.4g}_seed{seed}_part*.json"), "this script"))  # fmt: skip
+        files, source = (
+            (probe_work.glob(f"{dataset}_lengthscale{lengthscale:g}_part*.json"), "probe")
+            if seed == 0 and lengthscale in usls.LENGTHSCALES
+            else (work.glob(f"{dataset}_lengthscale{lengthscale:.4g}_seed{seed}_part*.json"), "this script")
+        )
         pts = [q for p in sorted(files) for q in json.loads(p.read_text())["points"]]
     pts = sorted((q for q in pts if q["eta"] in ETAS), key=lambda q: q["eta"])
     return (pts, source) if len(pts) == len(ETAS) else None
@@ -133,12 +138,32 @@ def points(work: Path, probe_work: Path, datasize_work: Path, dataset: str, leng
 def run_ais_check(work: Path, half: int) -> dict[str, Any]:
     """(d) for one AIS run (``half`` = its seed), resuming from its file; part 0 then adds the Laplace points at N = 300."""
     load = functools.cache(functools.partial(usd.load, "upright"))
-    unit = common.fill_unit(work / f"ais_check_half{half}.json", {"dataset": "upright", "seed": 0, "half": half}, AIS_CHECK, check_key,
-                            lambda key: {"size": key[0], "lengthscale": key[1], **usa.evaluate_point(load(key[0]), 0, key[2], half, lengthscale=key[1])},
-                            lambda key, p: f"AIS check half {half}, N {key[0]}, ℓ {key[1]:g}, η {key[2]:.2f}: {p['log_evidence']:.2f} ({p['seconds']:.0f} s)")  # fmt: skip
+    unit = common.fill_unit(
+        work / f"ais_check_half{half}.json",
+        {"dataset": "upright", "seed": 0, "half": half},
+        AIS_CHECK,
+        check_key,
+        lambda key: {
+            "size": key[0],
+            "lengthscale": key[1],
+            **usa.evaluate_point(load(key[0]), 0, key[2], half, lengthscale=key[1]),
+        },
+        lambda key, p: (
+            f"AIS check half {half}, N {key[0]}, ℓ {key[1]:g}, η {key[2]:.2f}: {p['log_evidence']:.2f} ({p['seconds']:.0f} s)"
+        ),
+    )
     if half == 0:
-        common.fill_unit(work / "ais_check_laplace.json", {"dataset": "upright", "seed": 0}, [c for c in AIS_CHECK if c[0] != SIZE], check_key,
-                         lambda key: {"size": key[0], "lengthscale": key[1], **usd.evaluate_point(load(key[0]), 0, key[2], lengthscale=key[1])})  # fmt: skip
+        common.fill_unit(
+            work / "ais_check_laplace.json",
+            {"dataset": "upright", "seed": 0},
+            [c for c in AIS_CHECK if c[0] != SIZE],
+            check_key,
+            lambda key: {
+                "size": key[0],
+                "lengthscale": key[1],
+                **usd.evaluate_point(load(key[0]), 0, key[2], lengthscale=key[1]),
+            },
+        )
     return unit
 
 
@@ -154,13 +179,29 @@ def run_edge_check(work: Path, k: int = 0, n: int = 1) -> dict[str, Any]:
     def widened(key: tuple[str, int, float]) -> dict[str, Any]:
         dataset, seed, eta = key
         model = usa.make_model(load(dataset), seed, eta, lengthscale=4.0)
-        r = laplace_readout_evidence(model, *train_arrays(load(dataset), model), num_scales=EDGE_SCALES, scale_span=EDGE_SPAN)
-        return {"dataset": dataset, "seed": seed, "eta": eta, "log_evidence": r.log_evidence, "edge_share": r.edge_share, "sigma_mode": r.sigma_mode}
+        r = laplace_readout_evidence(
+            model, *train_arrays(load(dataset), model), num_scales=EDGE_SCALES, scale_span=EDGE_SPAN
+        )
+        return {
+            "dataset": dataset,
+            "seed": seed,
+            "eta": eta,
+            "log_evidence": r.log_evidence,
+            "edge_share": r.edge_share,
+            "sigma_mode": r.sigma_mode,
+        }
 
     keys = [(dataset, seed, eta) for dataset, seed in EDGE_CHECK for eta in ETAS[k::n]]
-    return common.fill_unit(work / f"edge_check_part{k}.json", {"lengthscale": 4.0, "scale_span": list(EDGE_SPAN)}, keys,
-                            lambda p: (p["dataset"], p["seed"], p["eta"]), widened,
-                            lambda key, p: f"edge check {key[0]} seed {key[1]} η {key[2]:.2f}: {p['log_evidence']:.2f} (edge share {p['edge_share']:.2g})")  # fmt: skip
+    return common.fill_unit(
+        work / f"edge_check_part{k}.json",
+        {"lengthscale": 4.0, "scale_span": list(EDGE_SPAN)},
+        keys,
+        lambda p: (p["dataset"], p["seed"], p["eta"]),
+        widened,
+        lambda key, p: (
+            f"edge check {key[0]} seed {key[1]} η {key[2]:.2f}: {p['log_evidence']:.2f} (edge share {p['edge_share']:.2g})"
+        ),
+    )
 
 
 def edge_table(work: Path, rows: list[dict[str, Any]]) -> list[str]:
@@ -179,12 +220,17 @@ def edge_table(work: Path, rows: list[dict[str, Any]]) -> list[str]:
         best = max(row["log_p_data_given_ell"])
         before = row["log_p_data_given_ell"][i]
         if not out:
-            out = ["\n**(e) The σ_p grid's cut at ℓ = 4** (grid widened to [−2, 7]; post hoc).\n",
-                   "| data | seed | widened − stored, per η (nats) | edge share: stored max → widened max | log p(D \\| ℓ = 4) − the best ℓ: before → after |",
-                   "|:---|---:|:---|:---|:---|"]  # fmt: skip
+            out = [
+                "\n**(e) The σ_p grid's cut at ℓ = 4** (grid widened to [−2, 7]; post hoc).\n",
+                "| data | seed | widened − stored, per η (nats) | edge share: stored max → widened max | log p(D \\| ℓ = 4) − the best ℓ: before → after |",
+                "|:---|---:|:---|:---|:---|",
+            ]
         share = row["edge_share"][i]
-        out.append(f"| {dataset} | {seed} | " + " / ".join(f"{v:.2f}" for v in lev - stored)
-                   + f" | {share:.3f} → {max(q['edge_share'] for q in wide):.1e} | {before - best:.1f} → {after - best:.1f} |")  # fmt: skip
+        out.append(
+            f"| {dataset} | {seed} | "
+            + " / ".join(f"{v:.2f}" for v in lev - stored)
+            + f" | {share:.3f} → {max(q['edge_share'] for q in wide):.1e} | {before - best:.1f} → {after - best:.1f} |"
+        )
     return out
 
 
@@ -195,7 +241,10 @@ def ais_check(work: Path, probe_work: Path, datasize_work: Path = DATASIZE_WORK)
         return None
     runs = [{check_key(p): p for p in json.loads(h.read_text())["points"]} for h in halves]
     lap_path = work / "ais_check_laplace.json"
-    laplace = {check_key(p): p["log_evidence"] for p in (json.loads(lap_path.read_text())["points"] if lap_path.exists() else [])}
+    laplace = {
+        check_key(p): p["log_evidence"]
+        for p in (json.loads(lap_path.read_text())["points"] if lap_path.exists() else [])
+    }
     for ell in {e for _, e, _ in AIS_CHECK}:
         got = points(work, probe_work, datasize_work, "upright", ell, 0)
         laplace.update({(SIZE, ell, q["eta"]): q["log_evidence"] for q in (got[0] if got else [])})
@@ -205,17 +254,31 @@ def ais_check(work: Path, probe_work: Path, datasize_work: Path = DATASIZE_WORK)
             return None
         weights = np.concatenate([np.array(r[key]["log_weights"]) for r in runs])
         ais = float(np.logaddexp.reduce(weights) - math.log(len(weights)))
-        rows.append({"size": key[0], "lengthscale": key[1], "eta": key[2], "ais": ais, "noise": abs(runs[0][key]["log_evidence"] - runs[1][key]["log_evidence"]) / 2,
-                     "laplace": laplace[key], "weight_sd": float(np.mean([r[key]["weight_sd"] for r in runs]))})  # fmt: skip
+        rows.append(
+            {
+                "size": key[0],
+                "lengthscale": key[1],
+                "eta": key[2],
+                "ais": ais,
+                "noise": abs(runs[0][key]["log_evidence"] - runs[1][key]["log_evidence"]) / 2,
+                "laplace": laplace[key],
+                "weight_sd": float(np.mean([r[key]["weight_sd"] for r in runs])),
+            }
+        )
     return rows
 
 
 def ais_table(rows: list[dict[str, Any]]) -> list[str]:
     """(d)'s two tables: the points, then the ℓ = 4 − ℓ = 2 differences and the reading."""
-    out = ["\n**(d) AIS check of the ℓ ranking** (upright, seed 0).\n",
-           "| N | ℓ | η | AIS ± noise | per-chain log-weight sd | Laplace | AIS − Laplace |", "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    out += [f"| {r['size']} | {r['lengthscale']:g} | {r['eta']:.2f} | {r['ais']:.1f} ± {r['noise']:.1f} | {r['weight_sd']:.1f} | {r['laplace']:.1f} | {r['ais'] - r['laplace']:.1f} |"
-            for r in rows]  # fmt: skip
+    out = [
+        "\n**(d) AIS check of the ℓ ranking** (upright, seed 0).\n",
+        "| N | ℓ | η | AIS ± noise | per-chain log-weight sd | Laplace | AIS − Laplace |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    out += [
+        f"| {r['size']} | {r['lengthscale']:g} | {r['eta']:.2f} | {r['ais']:.1f} ± {r['noise']:.1f} | {r['weight_sd']:.1f} | {r['laplace']:.1f} | {r['ais'] - r['laplace']:.1f} |"
+        for r in rows
+    ]
     out += ["", "| N | η | ℓ = 4 − ℓ = 2, AIS | ℓ = 4 − ℓ = 2, Laplace | same sign |", "|---:|---:|---:|---:|:---|"]
     at = {(r["size"], r["lengthscale"], r["eta"]): r for r in rows}
     agree = []
@@ -225,13 +288,17 @@ def ais_table(rows: list[dict[str, Any]]) -> list[str]:
         if size == SIZE:
             agree.append(a * b > 0)
         out.append(f"| {size} | {eta:.2f} | {a:.1f} | {b:.1f} | {'yes' if a * b > 0 else 'no'} |")
-    verdict = "confirmed" if all(agree) else "not confirmed: (c)'s type-II ℓ and ℓ-integrated posteriors are not trusted"
+    verdict = (
+        "confirmed" if all(agree) else "not confirmed: (c)'s type-II ℓ and ℓ-integrated posteriors are not trusted"
+    )
     out.append(f"\nReading (fixed in advance): the Laplace ranking of ℓ at N = {SIZE} is **{verdict}**.")
     # the AIS estimate's own state, per N (see the docstring's (d), last paragraph: added after the check was rendered)
     for size in dict.fromkeys(n for n, _, _ in AIS_CHECK):
         gap = [r["ais"] - r["laplace"] for r in rows if r["size"] == size]
         sd = [r["weight_sd"] for r in rows if r["size"] == size]
-        out.append(f"At N = {size}: AIS − Laplace from {min(gap):.1f} to {max(gap):.1f} nats, per-chain log-weight sd {min(sd):.1f}–{max(sd):.1f}.")
+        out.append(
+            f"At N = {size}: AIS − Laplace from {min(gap):.1f} to {max(gap):.1f} nats, per-chain log-weight sd {min(sd):.1f}–{max(sd):.1f}."
+        )
     return out
 
 
@@ -249,20 +316,35 @@ def summarise(dataset: str, seed: int, units: dict[float, list[dict[str, Any]]])
     mixed = np.logaddexp.reduce(lev, axis=0) - math.log(len(ells))
     integrated = us.grid_summary(usa.posterior(etas, mixed))
     top, best = np.unravel_index(np.argmax(lev), lev.shape), np.unravel_index(np.argmin(nll), nll.shape)
-    return {"dataset": dataset, "seed": seed, "lengthscales": ells, "log_evidence": lev.tolist(), "nll": nll.tolist(),
-            "log_p_data_given_ell": log_ml.tolist(), "p_ell": p_ell.tolist(), "ell_star": ells[star],
-            "at_ell_star": at_star, "at_ell_star_criterion": us.location_criterion(dataset, at_star),
-            "integrated": integrated, "integrated_criterion": us.location_criterion(dataset, integrated),
-            "edge_share": [max((q.get("edge_share", math.nan) for q in units[e]), default=math.nan) for e in ells],
-            "joint_top": [ells[top[0]], float(etas[top[1]])], "best_nll": [ells[best[0]], float(etas[best[1]]), float(nll[best])],
-            "nll_at_top": float(nll[top] - nll[best])}  # fmt: skip
+    return {
+        "dataset": dataset,
+        "seed": seed,
+        "lengthscales": ells,
+        "log_evidence": lev.tolist(),
+        "nll": nll.tolist(),
+        "log_p_data_given_ell": log_ml.tolist(),
+        "p_ell": p_ell.tolist(),
+        "ell_star": ells[star],
+        "at_ell_star": at_star,
+        "at_ell_star_criterion": us.location_criterion(dataset, at_star),
+        "integrated": integrated,
+        "integrated_criterion": us.location_criterion(dataset, integrated),
+        "edge_share": [max((q.get("edge_share", math.nan) for q in units[e]), default=math.nan) for e in ells],
+        "joint_top": [ells[top[0]], float(etas[top[1]])],
+        "best_nll": [ells[best[0]], float(etas[best[1]]), float(nll[best])],
+        "nll_at_top": float(nll[top] - nll[best]),
+    }
 
 
 def render(work: Path, probe_work: Path, datasize_work: Path, out_dir: Path | None) -> tuple[Path, Path] | None:
     rows, sources = [], {"data-size": 0, "probe": 0, "this script": 0}
     for dataset in DATASETS:
         for seed in SEEDS:
-            got = {ell: g for ell in LENGTHSCALES if (g := points(work, probe_work, datasize_work, dataset, ell, seed)) is not None}
+            got = {
+                ell: g
+                for ell in LENGTHSCALES
+                if (g := points(work, probe_work, datasize_work, dataset, ell, seed)) is not None
+            }
             if len(got) < 2:
                 continue
             rows.append(summarise(dataset, seed, {ell: pts for ell, (pts, _) in got.items()}))
@@ -271,18 +353,24 @@ def render(work: Path, probe_work: Path, datasize_work: Path, out_dir: Path | No
     if not rows:
         return None
 
-    table = ["| data | seed | ℓ grid | log p(D \\| ℓ) − the best, per ℓ | type-II ℓ* (p(ℓ* \\| D)) | η at ℓ*: mode / mean / sd — criterion "
-             "| ℓ integrated: mode / mean / sd / 90 % interval — criterion | lowest held-out NLL: ℓ, η / NLL | NLL at the evidence's (ℓ, η) top − lowest |",
-             "|:---|---:|:---|:---|---:|:---|:---|:---|---:|"]  # fmt: skip
+    table = [
+        "| data | seed | ℓ grid | log p(D \\| ℓ) − the best, per ℓ | type-II ℓ* (p(ℓ* \\| D)) | η at ℓ*: mode / mean / sd — criterion "
+        "| ℓ integrated: mode / mean / sd / 90 % interval — criterion | lowest held-out NLL: ℓ, η / NLL | NLL at the evidence's (ℓ, η) top − lowest |",
+        "|:---|---:|:---|:---|---:|:---|:---|:---|---:|",
+    ]
     for r in rows:
         lm, s, t = np.array(r["log_p_data_given_ell"]), r["at_ell_star"], r["integrated"]
-        table.append(f"| {r['dataset']} | {r['seed']} | {', '.join(f'{e:.3g}' for e in r['lengthscales'])} | "
-                     + " / ".join(f"{v - lm.max():.1f}" for v in lm)
-                     + f" | {r['ell_star']:.3g} ({max(r['p_ell']):.2f}) | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} — {us.criterion_cell(r['at_ell_star_criterion'])}"
-                     f" | {t['mode']:.2f} / {t['mean']:.2f} / {t['sd']:.2f} / [{t['q05']:.2f}, {t['q95']:.2f}] — {us.criterion_cell(r['integrated_criterion'])}"
-                     f" | {r['best_nll'][0]:.3g}, {r['best_nll'][1]:.2f} / {r['best_nll'][2]:.4f} | {r['nll_at_top']:.4f} |")  # fmt: skip
-    summary = ["\n| data | seeds | type-II ℓ: criterion holds on | ℓ integrated: criterion holds on (fresh seeds 1, 2) | ℓ-integrated posterior mean, mean ± sd | reproduced with ℓ learned (≥ 2 of 3 seeds) |",
-               "|:---|:---|---:|---:|---:|:---|"]  # fmt: skip
+        table.append(
+            f"| {r['dataset']} | {r['seed']} | {', '.join(f'{e:.3g}' for e in r['lengthscales'])} | "
+            + " / ".join(f"{v - lm.max():.1f}" for v in lm)
+            + f" | {r['ell_star']:.3g} ({max(r['p_ell']):.2f}) | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} — {us.criterion_cell(r['at_ell_star_criterion'])}"
+            f" | {t['mode']:.2f} / {t['mean']:.2f} / {t['sd']:.2f} / [{t['q05']:.2f}, {t['q95']:.2f}] — {us.criterion_cell(r['integrated_criterion'])}"
+            f" | {r['best_nll'][0]:.3g}, {r['best_nll'][1]:.2f} / {r['best_nll'][2]:.4f} | {r['nll_at_top']:.4f} |"
+        )
+    summary = [
+        "\n| data | seeds | type-II ℓ: criterion holds on | ℓ integrated: criterion holds on (fresh seeds 1, 2) | ℓ-integrated posterior mean, mean ± sd | reproduced with ℓ learned (≥ 2 of 3 seeds) |",
+        "|:---|:---|---:|---:|---:|:---|",
+    ]
     for dataset in DATASETS:
         rs = [r for r in rows if r["dataset"] == dataset]
         if not rs:
@@ -291,35 +379,76 @@ def render(work: Path, probe_work: Path, datasize_work: Path, out_dir: Path | No
         fresh = [r for r in rs if r["seed"] != 0]
         held = sum(r["integrated_criterion"][0] for r in rs)
         verdict = "—" if len(rs) < len(SEEDS) else ("yes" if held >= 2 else "no")
-        summary.append(f"| {dataset} | {', '.join(str(r['seed']) for r in rs)} | {sum(r['at_ell_star_criterion'][0] for r in rs)} of {len(rs)} | "
-                       f"{held} of {len(rs)} ({sum(r['integrated_criterion'][0] for r in fresh)} of {len(fresh)}) | "
-                       + (f"{means.mean():.2f} ± {means.std(ddof=1):.2f}" if len(means) > 1 else f"{means[0]:.2f}") + f" | {verdict} |")  # fmt: skip
+        summary.append(
+            f"| {dataset} | {', '.join(str(r['seed']) for r in rs)} | {sum(r['at_ell_star_criterion'][0] for r in rs)} of {len(rs)} | "
+            f"{held} of {len(rs)} ({sum(r['integrated_criterion'][0] for r in fresh)} of {len(fresh)}) | "
+            + (f"{means.mean():.2f} ± {means.std(ddof=1):.2f}" if len(means) > 1 else f"{means[0]:.2f}")
+            + f" | {verdict} |"
+        )
     ais_rows = ais_check(work, probe_work, datasize_work)
     if ais_rows:
         summary += ais_table(ais_rows)
     summary += edge_table(work, rows)
-    settings = {"SIZE": SIZE, "DATASETS": list(DATASETS), "SEEDS": list(SEEDS), "LENGTHSCALES": list(LENGTHSCALES), "ETAS": list(ETAS),
-                "RUN_ORDER": [list(i) for i in RUN_ORDER], "NUM_SCALES": usd.NUM_SCALES, "SCALE_SPAN": list(usd.SCALE_SPAN),
-                "HELDOUT_DRAWS": usd.HELDOUT_DRAWS, "AIS_CHECK": [list(i) for i in AIS_CHECK],
-                "EDGE_CHECK": [list(i) for i in EDGE_CHECK], "EDGE_SPAN": list(EDGE_SPAN), "EDGE_SCALES": EDGE_SCALES}  # fmt: skip
+    settings = {
+        "SIZE": SIZE,
+        "DATASETS": list(DATASETS),
+        "SEEDS": list(SEEDS),
+        "LENGTHSCALES": list(LENGTHSCALES),
+        "ETAS": list(ETAS),
+        "RUN_ORDER": [list(i) for i in RUN_ORDER],
+        "NUM_SCALES": usd.NUM_SCALES,
+        "SCALE_SPAN": list(usd.SCALE_SPAN),
+        "HELDOUT_DRAWS": usd.HELDOUT_DRAWS,
+        "AIS_CHECK": [list(i) for i in AIS_CHECK],
+        "EDGE_CHECK": [list(i) for i in EDGE_CHECK],
+        "EDGE_SPAN": list(EDGE_SPAN),
+        "EDGE_SCALES": EDGE_SCALES,
+    }
     info, command = common.machine_info(), common.command_line()
-    intro = ("Issue 15: the Laplace evidence over (η, RFF lengthscale ℓ) on 1200 upright and ±90° digits, three feature seeds; "
-             "η's posterior with ℓ chosen by type-II and with ℓ integrated out. "
-             "Method: section *Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_lengthscale_marginal.py`).")  # fmt: skip
-    md = "\n".join([common.header_markdown("Uncertain symmetry: η with the RFF lengthscale learned", info, settings, command, intro),
-                    *table, *summary, "\nPoints by source (b): " + ", ".join(f"{k}: {v}" for k, v in sources.items()) + ".\n",
-                    "\n## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
-    return common.write_results(STEM, md, {"info": info, "settings": settings, "command": command, "units": rows, "sources": sources, "ais_check": ais_rows}, out_dir)
+    intro = (
+        "Issue 15: the Laplace evidence over (η, RFF lengthscale ℓ) on 1200 upright and ±90° digits, three feature seeds; "
+        "η's posterior with ℓ chosen by type-II and with ℓ integrated out. "
+        "Method: section *Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_lengthscale_marginal.py`)."
+    )
+    md = "\n".join(
+        [
+            common.header_markdown(
+                "Uncertain symmetry: η with the RFF lengthscale learned", info, settings, command, intro
+            ),
+            *table,
+            *summary,
+            "\nPoints by source (b): " + ", ".join(f"{k}: {v}" for k, v in sources.items()) + ".\n",
+            "\n## Method\n",
+            __doc__.split("\n\n", 1)[1],
+        ]
+    )
+    return common.write_results(
+        STEM,
+        md,
+        {
+            "info": info,
+            "settings": settings,
+            "command": command,
+            "units": rows,
+            "sources": sources,
+            "ais_check": ais_rows,
+        },
+        out_dir,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser, group = common.unit_script_parser(__doc__, STEM)
-    group.add_argument("--run", action="store_true", help="(b): every point of --part not yet in --work-dir, in RUN_ORDER")
+    group.add_argument(
+        "--run", action="store_true", help="(b): every point of --part not yet in --work-dir, in RUN_ORDER"
+    )
     group.add_argument("--render", action="store_true", help="no runs: the tables from the unit files (c), (d)")
     group.add_argument("--ais-check", action="store_true", help="(d): the AIS run of --part k/2 (its seed k)")
     group.add_argument("--edge-check", action="store_true", help="(e): the points of --part with the σ_p grid widened")
     parser.add_argument("--part", default="0/1", help="k/n: run points k, k + n, … of every item")
-    parser.add_argument("--lengthscales", default=None, help="comma-separated: run only RUN_ORDER's items at these ℓ (default all)")
+    parser.add_argument(
+        "--lengthscales", default=None, help="comma-separated: run only RUN_ORDER's items at these ℓ (default all)"
+    )
     parser.add_argument("--probe-work-dir", type=Path, default=PROBE_WORK)
     parser.add_argument("--datasize-work-dir", type=Path, default=DATASIZE_WORK)
     args = common.parse_script_args(parser, argv)

@@ -90,13 +90,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts
 sys.path.insert(1, str(Path(__file__).resolve().parents[3]))  # the repository root: research.uncertain_symmetry
 
-from research.uncertain_symmetry import common  # noqa: E402
-
 import numpy as np  # noqa: E402
-
 import uncertain_symmetry as us  # noqa: E402
+
 from pyro_invariance.data.images import load_dataset  # noqa: E402
 from pyro_invariance.diagnostics.symmetry_posterior import grid_posterior  # noqa: E402
+from research.uncertain_symmetry import common  # noqa: E402
 
 STEM = "uncertain_symmetry_refined"
 #: fine grid: η_j = j·STEP, j = 0..FINE_POINTS−1 (5°)
@@ -132,8 +131,9 @@ def load_inputs(paths: list[Path]) -> list[dict[str, Any]]:
         for u in p["units"]:
             mine = ref.get((u["dataset"], u["seed"]))
             if mine is None or mine["grid"]["points"] != u["grid"]["points"] or mine["type_ii"] != u["type_ii"]:
-                raise SystemExit(f"--from {path}: its reference for {u['dataset']} seed {u['seed']} is not "
-                                 f"{paths[0]}'s")  # fmt: skip
+                raise SystemExit(
+                    f"--from {path}: its reference for {u['dataset']} seed {u['seed']} is not {paths[0]}'s"
+                )
     return payloads
 
 
@@ -148,7 +148,9 @@ def unit_window(dataset: str, seed: int, payloads: list[dict[str, Any]]) -> list
     return window(intervals)
 
 
-def refine_unit(dataset: str, seed: int, payloads: list[dict[str, Any]], size: dict[str, Any], path: Path) -> dict[str, Any]:
+def refine_unit(
+    dataset: str, seed: int, payloads: list[dict[str, Any]], size: dict[str, Any], path: Path
+) -> dict[str, Any]:
     """The restarts on the unit's window (module docstring, a–b), saved to ``path`` after every fit; fits
     already in ``path`` are kept, not refitted (an interrupted run resumes; more restarts extend a unit):
     ``{"dataset", "seed", "window", "fits": [{"j", "eta", "restart", "iwae", "final_elbo_per_datum",
@@ -156,29 +158,56 @@ def refine_unit(dataset: str, seed: int, payloads: list[dict[str, Any]], size: d
     coarse = next(u for u in payloads[0]["units"] if (u["dataset"], u["seed"]) == (dataset, seed))
     stored = {round(p["eta"] / STEP): p for p in coarse["grid"]["points"]}
     js = unit_window(dataset, seed, payloads)
-    unit = (json.loads(path.read_text()) if path.exists()
-            else {"dataset": dataset, "seed": seed, "window": js, "fits": [], "seconds": 0.0})  # fmt: skip
+    unit = (
+        json.loads(path.read_text())
+        if path.exists()
+        else {"dataset": dataset, "seed": seed, "window": js, "fits": [], "seconds": 0.0}
+    )
     if unit["window"] != js:
         raise SystemExit(f"{path}: its window {unit['window']} is not this input's {js}")
     done = {(f["j"], f["restart"]) for f in unit["fits"]}
     todo = [(j, r) for r in range(RESTARTS) for j in js if (j, r) not in done]
-    data = load_dataset(us.DATASETS[dataset][0], train_size=size["train_size"], test_size=size["test_size"]) if todo else None
+    data = (
+        load_dataset(us.DATASETS[dataset][0], train_size=size["train_size"], test_size=size["test_size"])
+        if todo
+        else None
+    )
     for j, r in todo:
         eta = j * STEP
         if r == 0 and j in stored:
             p = stored[j]
-            unit["fits"].append({"j": j, "eta": eta, "restart": 0, "iwae": p["iwae"], "source": "coarse grid (stored)",
-                                 "final_elbo_per_datum": p["final_elbo_per_datum"], "fit_seconds": p["fit_seconds"]})  # fmt: skip
+            unit["fits"].append(
+                {
+                    "j": j,
+                    "eta": eta,
+                    "restart": 0,
+                    "iwae": p["iwae"],
+                    "source": "coarse grid (stored)",
+                    "final_elbo_per_datum": p["final_elbo_per_datum"],
+                    "fit_seconds": p["fit_seconds"],
+                }
+            )
             continue
         t0 = time.perf_counter()
         train_seed = seed + RESTART_SEED_OFFSET * r
         res = us.fit(data, size, seed, train_seed=train_seed, learn_symmetry=False, eta_init=float(eta))
-        unit["fits"].append({"j": j, "eta": eta, "restart": r, "iwae": us.bound(res, data, size, train_seed),
-                             "source": "fitted", "final_elbo_per_datum": res.final_elbo, "fit_seconds": res.seconds})  # fmt: skip
+        unit["fits"].append(
+            {
+                "j": j,
+                "eta": eta,
+                "restart": r,
+                "iwae": us.bound(res, data, size, train_seed),
+                "source": "fitted",
+                "final_elbo_per_datum": res.final_elbo,
+                "fit_seconds": res.seconds,
+            }
+        )
         unit["seconds"] += time.perf_counter() - t0
         path.write_text(json.dumps(unit, indent=1) + "\n")
-        common.log(f"  {dataset} seed {seed}: η {math.degrees(eta):.0f}° restart {r}: IWAE/N "
-                   f"{unit['fits'][-1]['iwae']['per_datum']:.4f} ({res.seconds:.0f} s)")  # fmt: skip
+        common.log(
+            f"  {dataset} seed {seed}: η {math.degrees(eta):.0f}° restart {r}: IWAE/N "
+            f"{unit['fits'][-1]['iwae']['per_datum']:.4f} ({res.seconds:.0f} s)"
+        )
     unit["fits"].sort(key=lambda f: (f["j"], f["restart"]))
     path.write_text(json.dumps(unit, indent=1) + "\n")
     return unit
@@ -195,8 +224,16 @@ def refit_q(dataset: str, seed: int, size: dict[str, Any], guide: str, train_see
     data = load_dataset(us.DATASETS[dataset][0], train_size=size["train_size"], test_size=size["test_size"])
     res = us.fit(data, size, seed, guide=guide, train_seed=train_seed, symmetry_prior="uniform")
     d = us.q_draws(res, data, size, train_seed)
-    return {"dataset": dataset, "seed": seed, "guide": guide, "train_seed": train_seed, "q_eta": us.draw_summary(d),
-            "q_draws": d.round(5).tolist(), "final_elbo_per_datum": res.final_elbo, "fit_seconds": res.seconds}  # fmt: skip
+    return {
+        "dataset": dataset,
+        "seed": seed,
+        "guide": guide,
+        "train_seed": train_seed,
+        "q_eta": us.draw_summary(d),
+        "q_draws": d.round(5).tolist(),
+        "final_elbo_per_datum": res.final_elbo,
+        "fit_seconds": res.seconds,
+    }
 
 
 def mutual_overlap(a: list[float], b: list[float]) -> tuple[float, float]:
@@ -214,15 +251,30 @@ def restart_q_unit(unit: dict[str, Any], again: dict[str, Any]) -> dict[str, Any
 
 
 def q_restart_table(units: list[dict[str, Any]], again: list[dict[str, Any]]) -> str:
-    header = ["data, seed", "q(η) mean ± sd, training seed s", "q(η) mean ± sd, s + 1000", "|Δ mean| / sd (larger)",
-              "second in first's 90 %", "first in second's 90 %", "final ELBO/N: s, s + 1000"]  # fmt: skip
+    header = [
+        "data, seed",
+        "q(η) mean ± sd, training seed s",
+        "q(η) mean ± sd, s + 1000",
+        "|Δ mean| / sd (larger)",
+        "second in first's 90 %",
+        "first in second's 90 %",
+        "final ELBO/N: s, s + 1000",
+    ]
     rows = []
     for u, v in zip(units, again):
         q0, q1 = u["full_bayes"]["q_eta"], v["full_bayes"]["q_eta"]
         a, b = mutual_overlap(u["q_draws"], v["q_draws"])
-        rows.append([f"{u['dataset']}, {u['seed']}", f"{q0['mean']:.3f} ± {q0['sd']:.3f}", f"{q1['mean']:.3f} ± {q1['sd']:.3f}",
-                     f"{abs(q0['mean'] - q1['mean']) / max(q0['sd'], q1['sd']):.1f}", f"{a:.2f}", f"{b:.2f}",
-                     f"{u['full_bayes']['final_elbo_per_datum']:.3f}, {v['full_bayes']['final_elbo_per_datum']:.3f}"])  # fmt: skip
+        rows.append(
+            [
+                f"{u['dataset']}, {u['seed']}",
+                f"{q0['mean']:.3f} ± {q0['sd']:.3f}",
+                f"{q1['mean']:.3f} ± {q1['sd']:.3f}",
+                f"{abs(q0['mean'] - q1['mean']) / max(q0['sd'], q1['sd']):.1f}",
+                f"{a:.2f}",
+                f"{b:.2f}",
+                f"{u['full_bayes']['final_elbo_per_datum']:.3f}, {v['full_bayes']['final_elbo_per_datum']:.3f}",
+            ]
+        )
     return common.md_table(header, rows)
 
 
@@ -247,7 +299,9 @@ def aligned_mean(refined: dict[str, Any], value: Any) -> tuple[np.ndarray, np.nd
 RULES = ("aligned-mean", "larger")
 
 
-def refined_points(coarse_points: list[dict[str, Any]], refined: dict[str, Any], rule: str = RULES[0]) -> list[dict[str, Any]]:
+def refined_points(
+    coarse_points: list[dict[str, Any]], refined: dict[str, Any], rule: str = RULES[0]
+) -> list[dict[str, Any]]:
     """The refined reference's points (module docstring, c): on the window one estimate from the restarts
     (``rule``: ``"aligned-mean"``, the mean of the restarts after each restart r ≥ 1 is shifted by its
     mean difference d_r to restart 0 over the window; ``"larger"``, the larger bound), the coarse points
@@ -260,7 +314,9 @@ def refined_points(coarse_points: list[dict[str, Any]], refined: dict[str, Any],
     coarse_j = {round(p["eta"] / STEP) for p in coarse_points}
     points = [{**p, "coarse": True} for p in coarse_points if round(p["eta"] / STEP) not in js]
     for j, row, value in zip(js, table, values):
-        points.append({"eta": j * STEP, "iwae": {"value": float(value)}, "restarts": row.tolist(), "coarse": j in coarse_j})
+        points.append(
+            {"eta": j * STEP, "iwae": {"value": float(value)}, "restarts": row.tolist(), "coarse": j in coarse_j}
+        )
     return sorted(points, key=lambda p: p["eta"])
 
 
@@ -273,8 +329,14 @@ def restart_noise(refined: dict[str, Any], num_train: int) -> dict[str, Any]:
     offsets = (table - table[:, :1]).mean(axis=0)
     aligned = table - offsets
     point_sd = float(np.sqrt(np.mean(aligned.var(axis=1, ddof=1)))) if len(restarts) > 1 else float("nan")
-    return {"offsets": offsets.tolist(), "offsets_per_datum": (offsets / num_train).tolist(), "point_sd": point_sd,
-            "mean_sd": point_sd / math.sqrt(len(restarts)), "restarts": len(restarts), "points": len(table)}  # fmt: skip
+    return {
+        "offsets": offsets.tolist(),
+        "offsets_per_datum": (offsets / num_train).tolist(),
+        "point_sd": point_sd,
+        "mean_sd": point_sd / math.sqrt(len(restarts)),
+        "restarts": len(restarts),
+        "points": len(table),
+    }
 
 
 def restart_posterior(refined: dict[str, Any], restart: int) -> Any:
@@ -292,10 +354,17 @@ def elbo_grid(refined: dict[str, Any], num_train: int, draws: list[float]) -> di
     _, iwae = aligned_mean(refined, lambda f: f["iwae"]["value"])
     gp = grid_posterior(grid, elbo, np.full_like(grid, -math.log(us.ETA_MAX)))
     gap = (iwae - elbo) / num_train
-    return {"mode": gp.mode, "q05": gp.quantile(0.05), "q95": gp.quantile(0.95),
-            "overlap": us.overlap(np.asarray(draws, dtype=np.float64), gp), "iwae_argmax": float(grid[np.argmax(iwae)]),
-            "gap_per_datum_low": float(gap[0]), "gap_per_datum_high": float(gap[-1]), "grid": grid.tolist(),
-            "density": gp.density.tolist()}  # fmt: skip
+    return {
+        "mode": gp.mode,
+        "q05": gp.quantile(0.05),
+        "q95": gp.quantile(0.95),
+        "overlap": us.overlap(np.asarray(draws, dtype=np.float64), gp),
+        "iwae_argmax": float(grid[np.argmax(iwae)]),
+        "gap_per_datum_low": float(gap[0]),
+        "gap_per_datum_high": float(gap[-1]),
+        "grid": grid.tolist(),
+        "density": gp.density.tolist(),
+    }
 
 
 def refined_unit(unit: dict[str, Any], refined: dict[str, Any], rule: str = RULES[0]) -> dict[str, Any]:
@@ -303,15 +372,26 @@ def refined_unit(unit: dict[str, Any], refined: dict[str, Any], rule: str = RULE
     recomputed), with the coarse grid's summary as ``coarse_grid`` and the restarts' noise."""
     coarse = {**unit}
     us.refresh_grid(coarse)
-    out = {**unit, "coarse_grid": coarse["grid"]["summary"], "rule": rule,
-           "grid": {"points": refined_points(unit["grid"]["points"], refined, rule)},
-           "restart_noise": restart_noise(refined, unit["num_train"])}  # fmt: skip
+    out = {
+        **unit,
+        "coarse_grid": coarse["grid"]["summary"],
+        "rule": rule,
+        "grid": {"points": refined_points(unit["grid"]["points"], refined, rule)},
+        "restart_noise": restart_noise(refined, unit["num_train"]),
+    }
     us.refresh_grid(out)
     out["restarts_alone"] = []
     for r in range(out["restart_noise"]["restarts"]):
         gp = restart_posterior(refined, r)
-        out["restarts_alone"].append({"mode": gp.mode, "q05": gp.quantile(0.05), "q95": gp.quantile(0.95),
-                                      "grid": gp.grid.tolist(), "density": gp.density.tolist()})  # fmt: skip
+        out["restarts_alone"].append(
+            {
+                "mode": gp.mode,
+                "q05": gp.quantile(0.05),
+                "q95": gp.quantile(0.95),
+                "grid": gp.grid.tolist(),
+                "density": gp.density.tolist(),
+            }
+        )
     out["elbo_grid"] = elbo_grid(refined, unit["num_train"], unit["q_draws"])
     return out
 
@@ -330,20 +410,30 @@ ROWS: list[tuple[str, Any]] = [
     ("refined grid: mean ± sd", lambda u: (u["grid"]["summary"]["mean"], u["grid"]["summary"]["sd"])),
     ("refined grid: 90 % interval", lambda u: (u["grid"]["summary"]["q05"], u["grid"]["summary"]["q95"])),
     ("each restart alone (window): modes", lambda u: ", ".join(f"{a['mode']:.2f}" for a in u["restarts_alone"])),
-    ("each restart alone (window): 90 % intervals", lambda u: " ".join(f"[{a['q05']:.2f}, {a['q95']:.2f}]" for a in u["restarts_alone"])),
+    (
+        "each restart alone (window): 90 % intervals",
+        lambda u: " ".join(f"[{a['q05']:.2f}, {a['q95']:.2f}]" for a in u["restarts_alone"]),
+    ),
     ("overlap with refined: q in grid 90 %", lambda u: u["overlap"]["q_in_grid90"]),
     ("overlap with refined: grid in q 90 %", lambda u: u["overlap"]["grid_in_q90"]),
-    ("restart offsets d_r = mean(IWAE_r − IWAE_0) (nats)", lambda u: ", ".join(f"{d:+.1f}" for d in u["restart_noise"]["offsets"][1:])),
+    (
+        "restart offsets d_r = mean(IWAE_r − IWAE_0) (nats)",
+        lambda u: ", ".join(f"{d:+.1f}" for d in u["restart_noise"]["offsets"][1:]),
+    ),
     ("noise of one restart's bound at a point, σ (nats)", lambda u: u["restart_noise"]["point_sd"]),
     ("noise of the aligned mean, σ/√R (nats)", lambda u: u["restart_noise"]["mean_sd"]),
     ("ELBO grid (window, g): mode", lambda u: u["elbo_grid"]["mode"]),
     ("ELBO grid: 90 % interval", lambda u: (u["elbo_grid"]["q05"], u["elbo_grid"]["q95"])),
-    ("overlap with the ELBO grid: q in grid 90 %, grid in q 90 %",
-     lambda u: f"{u['elbo_grid']['overlap']['q_in_grid90']:.2f}, {u['elbo_grid']['overlap']['grid_in_q90']:.2f}"),
-    ("IWAE − ELBO per datum at the window's lowest, highest η",
-     lambda u: f"{u['elbo_grid']['gap_per_datum_low']:.3f}, {u['elbo_grid']['gap_per_datum_high']:.3f}"),
+    (
+        "overlap with the ELBO grid: q in grid 90 %, grid in q 90 %",
+        lambda u: f"{u['elbo_grid']['overlap']['q_in_grid90']:.2f}, {u['elbo_grid']['overlap']['grid_in_q90']:.2f}",
+    ),
+    (
+        "IWAE − ELBO per datum at the window's lowest, highest η",
+        lambda u: f"{u['elbo_grid']['gap_per_datum_low']:.3f}, {u['elbo_grid']['gap_per_datum_high']:.3f}",
+    ),
     ("type-II η", lambda u: u["type_ii"]["eta"]),
-]  # fmt: skip
+]
 
 
 def unit_table(units: list[dict[str, Any]]) -> str:
@@ -391,8 +481,10 @@ def plot(by_input: dict[str, list[dict[str, Any]]], path: Path) -> None:
     for row, key in enumerate(datasets):
         for col, seed in enumerate(seeds):
             ax = axes[row][col]
-            units = {name: next((u for u in us_ if (u["dataset"], u["seed"]) == (key, seed)), None)
-                     for name, us_ in by_input.items()}  # fmt: skip
+            units = {
+                name: next((u for u in us_ if (u["dataset"], u["seed"]) == (key, seed)), None)
+                for name, us_ in by_input.items()
+            }
             base = next(iter(units.values()))
             if base is None:
                 ax.axis("off")
@@ -404,9 +496,24 @@ def plot(by_input: dict[str, list[dict[str, Any]]], path: Path) -> None:
             bins = np.linspace(lo, hi, 41)
             for i, (name, u) in enumerate(units.items()):
                 if u is not None:
-                    ax.hist(u["q_draws"], bins=bins, density=True, histtype="step", color=f"C{i}", lw=1.4, label=f"q(η), {name}")
+                    ax.hist(
+                        u["q_draws"],
+                        bins=bins,
+                        density=True,
+                        histtype="step",
+                        color=f"C{i}",
+                        lw=1.4,
+                        label=f"q(η), {name}",
+                    )
             for r, alone in enumerate(base["restarts_alone"]):
-                ax.plot(alone["grid"], alone["density"], color="0.6", ls=":", lw=0.9, label="each restart alone" if r == 0 else None)
+                ax.plot(
+                    alone["grid"],
+                    alone["density"],
+                    color="0.6",
+                    ls=":",
+                    lw=0.9,
+                    label="each restart alone" if r == 0 else None,
+                )
             ax.plot(eta, g["density"], "-o", color="k", ms=2.5, lw=1, label="refined grid posterior")
             eg = base["elbo_grid"]
             ax.plot(eg["grid"], eg["density"], "-", color="C2", lw=1.2, label="ELBO grid (g)")
@@ -415,8 +522,11 @@ def plot(by_input: dict[str, list[dict[str, Any]]], path: Path) -> None:
             ax.axvline(base["type_ii"]["eta"], color="k", ls=":", lw=1.2, label="type-II η")
             ax.set(xlim=(lo, hi), title=f"{key}, seed {seed}", xlabel="η (rad)" if row == len(datasets) - 1 else None)
     axes[0][0].legend(fontsize=6, loc="upper left")
-    fig.suptitle(f"q(η) (histograms) vs the refined grid posterior (5° points, aligned mean of {RESTARTS} restarts; black)\n"
-                 "grey: its coarse-grid points only (dashed), each restart alone (dotted); green: the ELBO grid; dotted black: type-II η", fontsize=9)  # fmt: skip
+    fig.suptitle(
+        f"q(η) (histograms) vs the refined grid posterior (5° points, aligned mean of {RESTARTS} restarts; black)\n"
+        "grey: its coarse-grid points only (dashed), each restart alone (dotted); green: the ELBO grid; dotted black: type-II η",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -428,34 +538,70 @@ def verdict_table(verdicts: dict[str, list[dict[str, Any]]]) -> str:
     rows = []
     for label, crit in verdicts.items():
         by_name = {r["criterion"]: r for r in crit}
-        rows.append([label, *[f"{by_name[c]['seeds_holding']}/{by_name[c]['num_seeds']}" if c in by_name else "–"
-                              for c in criteria]])  # fmt: skip
+        rows.append(
+            [
+                label,
+                *[
+                    f"{by_name[c]['seeds_holding']}/{by_name[c]['num_seeds']}" if c in by_name else "–"
+                    for c in criteria
+                ],
+            ]
+        )
     return common.md_table(["q(η): reference", *criteria], rows)
 
 
-def render(by_input: dict[str, list[dict[str, Any]]], verdicts: dict[str, dict[str, list[dict[str, Any]]]],
-           info: dict[str, Any], settings: dict[str, Any], stem: str, command: str,
-           again_by_input: dict[str, list[dict[str, Any]]] | None = None) -> str:  # fmt: skip
-    intro = (__doc__.split("\n\n")[0] + "\n\nMethod and the reason for every setting: section *Method* at the end "
-             "(the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_refined.py`); the criteria and the "
-             "fits they come from: `research/uncertain_symmetry/scripts/uncertain_symmetry.py`.")  # fmt: skip
-    parts = [common.header_markdown("Uncertain symmetry: q(η) against a refined grid reference", info, settings, command, intro)]
-    parts += ["## Verdicts by reference", "",
-              "Seeds on which each criterion holds, for each input's q(η), against the coarse 15° grid (the input's "
-              "own table); the refined points with restarts 0 and 1 only, under the rule chosen before the fits "
-              "(`larger`) and the one that replaced it (`aligned-mean`); and the refined reference used below "
-              f"({RESTARTS} restarts, `aligned-mean`; module docstring, c and *History*). The location criteria "
-              "do not use the reference: they change only on the row of the second training seed (f).", "",
-              verdict_table(verdicts), ""]  # fmt: skip
+def render(
+    by_input: dict[str, list[dict[str, Any]]],
+    verdicts: dict[str, dict[str, list[dict[str, Any]]]],
+    info: dict[str, Any],
+    settings: dict[str, Any],
+    stem: str,
+    command: str,
+    again_by_input: dict[str, list[dict[str, Any]]] | None = None,
+) -> str:
+    intro = (
+        __doc__.split("\n\n")[0] + "\n\nMethod and the reason for every setting: section *Method* at the end "
+        "(the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_refined.py`); the criteria and the "
+        "fits they come from: `research/uncertain_symmetry/scripts/uncertain_symmetry.py`."
+    )
+    parts = [
+        common.header_markdown(
+            "Uncertain symmetry: q(η) against a refined grid reference", info, settings, command, intro
+        )
+    ]
+    parts += [
+        "## Verdicts by reference",
+        "",
+        "Seeds on which each criterion holds, for each input's q(η), against the coarse 15° grid (the input's "
+        "own table); the refined points with restarts 0 and 1 only, under the rule chosen before the fits "
+        "(`larger`) and the one that replaced it (`aligned-mean`); and the refined reference used below "
+        f"({RESTARTS} restarts, `aligned-mean`; module docstring, c and *History*). The location criteria "
+        "do not use the reference: they change only on the row of the second training seed (f).",
+        "",
+        verdict_table(verdicts),
+        "",
+    ]
     for name, units in by_input.items():
-        parts += [f"## The issue's criteria against the refined reference: {name}", "",
-                  "Evaluated on the stored q(η) draws of that run for every seed (computed, not typed); the grid "
-                  "reference column is the refined grid posterior.", "", us.criteria_table(us.criteria(units)), ""]  # fmt: skip
+        parts += [
+            f"## The issue's criteria against the refined reference: {name}",
+            "",
+            "Evaluated on the stored q(η) draws of that run for every seed (computed, not typed); the grid "
+            "reference column is the refined grid posterior.",
+            "",
+            us.criteria_table(us.criteria(units)),
+            "",
+        ]
     for name, again in (again_by_input or {}).items():
-        parts += [f"## q(η) from a second training seed: {name}", "",
-                  "The input's full-Bayes fit (training seed s = the unit's seed) against the same fit with training "
-                  "seed s + 1000 (module docstring, f); its criteria against the refined reference are the verdict "
-                  "table's column *training seed + 1000*.", "", q_restart_table(by_input[name], again), ""]  # fmt: skip
+        parts += [
+            f"## q(η) from a second training seed: {name}",
+            "",
+            "The input's full-Bayes fit (training seed s = the unit's seed) against the same fit with training "
+            "seed s + 1000 (module docstring, f); its criteria against the refined reference are the verdict "
+            "table's column *training seed + 1000*.",
+            "",
+            q_restart_table(by_input[name], again),
+            "",
+        ]
     first = next(iter(by_input.values()))
     for key in us.DATASETS:
         for name, units in by_input.items():
@@ -464,21 +610,40 @@ def render(by_input: dict[str, list[dict[str, Any]]], verdicts: dict[str, dict[s
                 parts += [f"## {us.DATASETS[key][1]}: q(η) of {name}", "", unit_table(mine), ""]
         mine = sorted((u for u in first if u["dataset"] == key), key=lambda u: u["seed"])
         if mine:
-            parts += [f"IWAE_{settings['iwae_K']} / N of both restarts on the window ({us.DATASETS[key][1]}; "
-                      "the refined reference is their aligned mean):", "", evidence_table(mine), ""]  # fmt: skip
-    parts += [f"![q(η) vs the refined grid posterior]({stem}.png)", "",
-              "## Method", "", __doc__.split("\n\n", 1)[1].split("\n\nResults:")[0].strip(), ""]  # fmt: skip
+            parts += [
+                f"IWAE_{settings['iwae_K']} / N of both restarts on the window ({us.DATASETS[key][1]}; "
+                "the refined reference is their aligned mean):",
+                "",
+                evidence_table(mine),
+                "",
+            ]
+    parts += [
+        f"![q(η) vs the refined grid posterior]({stem}.png)",
+        "",
+        "## Method",
+        "",
+        __doc__.split("\n\n", 1)[1].split("\n\nResults:")[0].strip(),
+        "",
+    ]
     return "\n".join(parts)
 
 
 def add_input_arguments(parser: argparse.ArgumentParser, about: str) -> None:
     """``--from`` (results JSON files of ``uncertain_symmetry.py``) and ``--names`` (their labels)."""
-    parser.add_argument("--from", dest="inputs", type=Path, nargs="+", required=True,
-                        help=f"results JSON files of uncertain_symmetry.py ({about})")
+    parser.add_argument(
+        "--from",
+        dest="inputs",
+        type=Path,
+        nargs="+",
+        required=True,
+        help=f"results JSON files of uncertain_symmetry.py ({about})",
+    )
     parser.add_argument("--names", default=None, help="comma-separated labels of the inputs (default: their guides)")
 
 
-def read_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str], dict[str, Any], dict[str, Any], list[tuple[str, int]]]:  # fmt: skip
+def read_inputs(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], list[str], dict[str, Any], dict[str, Any], list[tuple[str, int]]]:
     """The inputs of :func:`add_input_arguments`, checked (one-line errors): (payloads, labels, the shared
     settings, the size preset they imply, the (dataset, seed) units in table order)."""
     for path in args.inputs:
@@ -488,23 +653,30 @@ def read_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tu
     names = args.names.split(",") if args.names else [p["settings"]["guide"] for p in payloads]
     if len(names) != len(payloads) or len(set(names)) != len(names):
         parser.error(f"--names needs {len(payloads)} distinct labels, got {names}")
-    keys = sorted({(u["dataset"], u["seed"]) for u in payloads[0]["units"]}, key=lambda k: (list(us.DATASETS).index(k[0]), k[1]))
+    keys = sorted(
+        {(u["dataset"], u["seed"]) for u in payloads[0]["units"]}, key=lambda k: (list(us.DATASETS).index(k[0]), k[1])
+    )
     settings = {k: v for k, v in payloads[0]["settings"].items() if k not in ("guide", "type-II and grid")}
     return payloads, names, settings, {k: settings[k] for k in us.SIZES["default"]}, keys
 
 
 def add_reference_arguments(parser: argparse.ArgumentParser, work_dir_help: str) -> None:
     """``--reference`` (this script's work dir: the refined reference's units) and ``--work-dir``."""
-    parser.add_argument("--reference", type=Path, required=True, help="the work dir of uncertain_symmetry_refined.py (its units)")
+    parser.add_argument(
+        "--reference", type=Path, required=True, help="the work dir of uncertain_symmetry_refined.py (its units)"
+    )
     parser.add_argument("--work-dir", type=Path, required=True, help=work_dir_help)
 
 
-def phase_parser(doc: str, input_about: str, work_dir_help: str, phases: dict[str, str],
-                 only_help: str) -> argparse.ArgumentParser:  # fmt: skip
+def phase_parser(
+    doc: str, input_about: str, work_dir_help: str, phases: dict[str, str], only_help: str
+) -> argparse.ArgumentParser:
     """The command line that the scripts built on this one's reference share (the IWAE refinement, the warm-up,
     the collapsed q(η)): ``--from``/``--names``, ``--reference``/``--work-dir``, exactly one of the ``phases``
     (flag -> help), ``--only`` (unit names), ``--out-dir`` and ``--threads``; a script adds its own before parsing."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_input_arguments(parser, input_about)
     add_reference_arguments(parser, work_dir_help)
     group = parser.add_mutually_exclusive_group(required=True)
@@ -516,7 +688,9 @@ def phase_parser(doc: str, input_about: str, work_dir_help: str, phases: dict[st
     return parser
 
 
-def parse_phase_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, list[dict[str, Any]], list[str], dict[str, Any], dict[str, Any], list[tuple[str, int]]]:  # fmt: skip
+def parse_phase_args(
+    parser: argparse.ArgumentParser, argv: list[str] | None
+) -> tuple[argparse.Namespace, list[dict[str, Any]], list[str], dict[str, Any], dict[str, Any], list[tuple[str, int]]]:
     """Parse, set the thread count, and read the inputs (:func:`read_inputs`): ``(args, payloads, names,
     settings, size, keys)``."""
     args = parser.parse_args(argv)
@@ -524,7 +698,9 @@ def parse_phase_args(parser: argparse.ArgumentParser, argv: list[str] | None) ->
     return (args, *read_inputs(parser, args))
 
 
-def read_unit_file(parser: argparse.ArgumentParser, directory: Path, dataset: str, seed: int, what: str) -> dict[str, Any]:
+def read_unit_file(
+    parser: argparse.ArgumentParser, directory: Path, dataset: str, seed: int, what: str
+) -> dict[str, Any]:
     """The JSON file ``<directory>/<dataset>_seed<seed>.json``; a missing one is a one-line error naming ``what``."""
     path = Path(directory) / f"{dataset}_seed{seed}.json"
     if not path.exists():
@@ -544,14 +720,19 @@ def log_verdicts(verdicts: dict[str, list[dict[str, Any]]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_input_arguments(parser, "the first one's reference is refined")
     parser.add_argument("--work-dir", type=Path, required=True, help="where every refined unit is saved (resumable)")
     parser.add_argument("--datasets", default=None, help="comma-separated subset of the inputs' datasets")
     parser.add_argument("--seeds", default=None, help="comma-separated subset of the inputs' seeds")
     parser.add_argument("--render", action="store_true", help="no fits: join the work dir's units into the results")
-    parser.add_argument("--q-restart", action="store_true",
-                        help="instead of the grid fits: refit each input's full-Bayes q(η) with training seed seed + 1000")
+    parser.add_argument(
+        "--q-restart",
+        action="store_true",
+        help="instead of the grid fits: refit each input's full-Bayes q(η) with training seed seed + 1000",
+    )
     parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -572,25 +753,36 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 again = refit_q(dataset, seed, size, guide, seed + RESTART_SEED_OFFSET)
                 path.write_text(json.dumps(again, indent=1) + "\n")
-                common.log(f"{guide} {dataset} seed {seed}, training seed {again['train_seed']}: q(η) mean "
-                           f"{again['q_eta']['mean']:.3f} sd {again['q_eta']['sd']:.3f} ({again['fit_seconds']:.0f} s) -> {path}")  # fmt: skip
+                common.log(
+                    f"{guide} {dataset} seed {seed}, training seed {again['train_seed']}: q(η) mean "
+                    f"{again['q_eta']['mean']:.3f} sd {again['q_eta']['sd']:.3f} ({again['fit_seconds']:.0f} s) -> {path}"
+                )
         return 0
     if not args.render:
         for dataset, seed in keys:
             path = args.work_dir / f"{dataset}_seed{seed}.json"
             unit = refine_unit(dataset, seed, payloads, size, path)
-            common.log(f"{dataset} seed {seed}: {len(unit['fits'])} fits ({unit['seconds'] / 60:.1f} min of fitting) -> {path}")
+            common.log(
+                f"{dataset} seed {seed}: {len(unit['fits'])} fits ({unit['seconds'] / 60:.1f} min of fitting) -> {path}"
+            )
         return 0
-    refined = {(d, s): read_unit_file(parser, args.work_dir, d, s, "--render (run without --render first)") for d, s in keys}
+    refined = {
+        (d, s): read_unit_file(parser, args.work_dir, d, s, "--render (run without --render first)") for d, s in keys
+    }
     for (dataset, seed), unit in refined.items():
         have = {r: sum(f["restart"] == r for f in unit["fits"]) for r in range(RESTARTS)}
         if any(n != len(unit["window"]) for n in have.values()):
-            parser.error(f"--render: {dataset} seed {seed} has {have} fits per restart, not {len(unit['window'])} "
-                         f"for each of {RESTARTS} (run without --render to complete it)")  # fmt: skip
+            parser.error(
+                f"--render: {dataset} seed {seed} has {have} fits per restart, not {len(unit['window'])} "
+                f"for each of {RESTARTS} (run without --render to complete it)"
+            )
 
     def refined_units(p: dict[str, Any], restarts: int, rule: str) -> list[dict[str, Any]]:
-        return [refined_unit(u, first_restarts(refined[(u["dataset"], u["seed"])], restarts), rule)
-                for u in p["units"] if (u["dataset"], u["seed"]) in refined]  # fmt: skip
+        return [
+            refined_unit(u, first_restarts(refined[(u["dataset"], u["seed"])], restarts), rule)
+            for u in p["units"]
+            if (u["dataset"], u["seed"]) in refined
+        ]
 
     by_input = {name: refined_units(p, RESTARTS, RULES[0]) for name, p in zip(names, payloads)}
     verdicts: dict[str, list[dict[str, Any]]] = {}
@@ -604,24 +796,44 @@ def main(argv: list[str] | None = None) -> int:
         verdicts[f"{name}: refined, {RESTARTS} restarts, {RULES[0]}"] = us.criteria(by_input[name])
     again_by_input: dict[str, list[dict[str, Any]]] = {}
     for name, p in zip(names, payloads):
-        paths = [args.work_dir / f"q_{p['settings']['guide']}_{u['dataset']}_seed{u['seed']}.json" for u in by_input[name]]
+        paths = [
+            args.work_dir / f"q_{p['settings']['guide']}_{u['dataset']}_seed{u['seed']}.json" for u in by_input[name]
+        ]
         if all(path.exists() for path in paths):
-            again_by_input[name] = [refined_unit(restart_q_unit(u, json.loads(path.read_text())), refined[(u["dataset"], u["seed"])])
-                                    for u, path in zip(by_input[name], paths)]  # fmt: skip
-            verdicts[f"{name}, training seed + 1000: refined, {RESTARTS} restarts, {RULES[0]}"] = us.criteria(again_by_input[name])
+            again_by_input[name] = [
+                refined_unit(restart_q_unit(u, json.loads(path.read_text())), refined[(u["dataset"], u["seed"])])
+                for u, path in zip(by_input[name], paths)
+            ]
+            verdicts[f"{name}, training seed + 1000: refined, {RESTARTS} restarts, {RULES[0]}"] = us.criteria(
+                again_by_input[name]
+            )
     suffix = Path(args.inputs[0]).stem.removeprefix(us.STEM).strip("_")  # e.g. "steps4000" or "quick"
     stem = f"{STEM}_{suffix}" if suffix else STEM
-    settings.update({"inputs": [Path(p).name for p in args.inputs], "input names": names, "fine spacing": "5° (π/36)",
-                     "margin": MARGIN, "restarts": RESTARTS, "restart seeds": f"seed + {RESTART_SEED_OFFSET} r",
-                     "rule": f"{RULES[0]} (also reported: {', '.join(RULES[1:])})",
-                     "refined fits": sum(1 for u in refined.values() for f in u["fits"] if f["source"] == "fitted"),
-                     "refined fit seconds": round(sum(u["seconds"] for u in refined.values()), 1)})  # fmt: skip
+    settings.update(
+        {
+            "inputs": [Path(p).name for p in args.inputs],
+            "input names": names,
+            "fine spacing": "5° (π/36)",
+            "margin": MARGIN,
+            "restarts": RESTARTS,
+            "restart seeds": f"seed + {RESTART_SEED_OFFSET} r",
+            "rule": f"{RULES[0]} (also reported: {', '.join(RULES[1:])})",
+            "refined fits": sum(1 for u in refined.values() for f in u["fits"] if f["source"] == "fitted"),
+            "refined fit seconds": round(sum(u["seconds"] for u in refined.values()), 1),
+        }
+    )
     info = common.machine_info()
     command = common.command_line()
     lean = without_draws  # the draws stay in the inputs and the work dir
-    payload = {"info": info, "settings": settings, "command": command, "verdicts": verdicts,
-               "refined": list(refined.values()), "units": {n: lean(u) for n, u in by_input.items()},
-               "q_restart_units": {n: lean(u) for n, u in again_by_input.items()}}  # fmt: skip
+    payload = {
+        "info": info,
+        "settings": settings,
+        "command": command,
+        "verdicts": verdicts,
+        "refined": list(refined.values()),
+        "units": {n: lean(u) for n, u in by_input.items()},
+        "q_restart_units": {n: lean(u) for n, u in again_by_input.items()},
+    }
     markdown = render(by_input, verdicts, info, settings, stem, command, again_by_input)
     common.write_results(stem, markdown, payload, args.out_dir)
     plot(by_input, Path(args.out_dir) / f"{stem}.png")

@@ -45,15 +45,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts
 sys.path.insert(1, str(Path(__file__).resolve().parents[3]))  # the repository root: research.uncertain_symmetry
 
-from research.uncertain_symmetry import common  # noqa: E402
-
 import numpy as np  # noqa: E402
-
 import uncertain_symmetry as us  # noqa: E402
 import uncertain_symmetry_annealed as usa  # noqa: E402
 import uncertain_symmetry_datasize as usd  # noqa: E402
 import uncertain_symmetry_lengthscale as usls  # noqa: E402
+
 from pyro_invariance.data import load_dataset  # noqa: E402
+from research.uncertain_symmetry import common  # noqa: E402
 
 STEM = "uncertain_symmetry_resolution"
 SIZE = 1200
@@ -73,7 +72,9 @@ def load(dataset: str, size: int = SIZE) -> Any:
     return load_dataset(DATASETS[dataset], train_size=size, test_size=us.SIZES["default"]["test_size"])
 
 
-def run_unit(dataset: str, seed: int, path: Path, k: int = 0, n: int = 1, data: Any = None, etas: tuple[float, ...] | None = None) -> dict[str, Any]:
+def run_unit(
+    dataset: str, seed: int, path: Path, k: int = 0, n: int = 1, data: Any = None, etas: tuple[float, ...] | None = None
+) -> dict[str, Any]:
     """Points k, k + n, … of ``etas`` (default ``ETAS``) for (dataset, seed), resuming from ``path``; the file is
     replaced after each η."""
     data = load(dataset) if data is None else data
@@ -84,7 +85,9 @@ def run_unit(dataset: str, seed: int, path: Path, k: int = 0, n: int = 1, data: 
 def unit_points(work: Path, dataset: str, seed: int, refine: bool = False) -> list[dict[str, Any]]:
     """The stored points of (dataset, seed) on ``ETAS`` (and with ``refine``, (d)'s), sorted by η."""
     pattern = f"{dataset}_seed{seed}{'*' if refine else ''}_part*.json"
-    return sorted((q for p in sorted(work.glob(pattern)) for q in json.loads(p.read_text())["points"]), key=lambda q: q["eta"])
+    return sorted(
+        (q for p in sorted(work.glob(pattern)) for q in json.loads(p.read_text())["points"]), key=lambda q: q["eta"]
+    )
 
 
 def summarise(dataset: str, seed: int, pts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -93,10 +96,21 @@ def summarise(dataset: str, seed: int, pts: list[dict[str, Any]]) -> dict[str, A
     lev, nll = np.array([p["log_evidence"] for p in pts]), np.array([p["nll"] for p in pts])
     s = us.grid_summary(usa.posterior(etas, lev))
     top, best = int(np.argmax(lev)), int(np.argmin(nll))
-    return {"dataset": dataset, "seed": seed, "etas": etas.tolist(), "log_evidence": lev.tolist(), "nll": nll.tolist(),
-            "posterior": s, "criterion": us.location_criterion(dataset, s), "top_eta": float(etas[top]), "gain": float(lev[top] - lev[0]),
-            "best_eta": float(etas[best]), "best_nll": float(nll[best]), "best_accuracy": pts[best]["accuracy"],
-            "nll_at_top": float(nll[top] - nll[best])}  # fmt: skip
+    return {
+        "dataset": dataset,
+        "seed": seed,
+        "etas": etas.tolist(),
+        "log_evidence": lev.tolist(),
+        "nll": nll.tolist(),
+        "posterior": s,
+        "criterion": us.location_criterion(dataset, s),
+        "top_eta": float(etas[top]),
+        "gain": float(lev[top] - lev[0]),
+        "best_eta": float(etas[best]),
+        "best_nll": float(nll[best]),
+        "best_accuracy": pts[best]["accuracy"],
+        "nll_at_top": float(nll[top] - nll[best]),
+    }
 
 
 def render(work: Path, out_dir: Path | None) -> tuple[Path, Path] | None:
@@ -111,36 +125,82 @@ def render(work: Path, out_dir: Path | None) -> tuple[Path, Path] | None:
                 refined.append(summarise(dataset, seed, fine))
     if not rows:
         return None
-    table = ["| data (28×28) | seed | posterior: mode / mean / sd / 90 % interval | the issue's criterion | evidence's top: η / ℓ(top) − ℓ(0.1) "
-             "| log p(D \\| η) − top, at η = " + " / ".join(f"{e:.2f}" for e in ETAS) + " | lowest held-out NLL: η / NLL / accuracy | NLL at the top − lowest |",
-             "|:---|---:|:---|:---|---:|:---|:---|---:|"]  # fmt: skip
+    table = [
+        "| data (28×28) | seed | posterior: mode / mean / sd / 90 % interval | the issue's criterion | evidence's top: η / ℓ(top) − ℓ(0.1) "
+        "| log p(D \\| η) − top, at η = "
+        + " / ".join(f"{e:.2f}" for e in ETAS)
+        + " | lowest held-out NLL: η / NLL / accuracy | NLL at the top − lowest |",
+        "|:---|---:|:---|:---|---:|:---|:---|---:|",
+    ]
     for r in rows:
         s, top = r["posterior"], max(r["log_evidence"])
-        table.append(f"| {DATASETS[r['dataset']]} | {r['seed']} | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} / [{s['q05']:.2f}, {s['q95']:.2f}] | {us.criterion_cell(r['criterion'])} | "
-                     f"{r['top_eta']:.2f} / {r['gain']:.1f} | " + " / ".join(f"{v - top:.1f}" for v in r["log_evidence"])
-                     + f" | {r['best_eta']:.2f} / {r['best_nll']:.4f} / {r['best_accuracy']:.3f} | {r['nll_at_top']:.4f} |")  # fmt: skip
-    summary = ["\n| data (28×28) | seeds run | criterion holds on | reading (fixed in advance) |", "|:---|:---|---:|:---|"]
+        table.append(
+            f"| {DATASETS[r['dataset']]} | {r['seed']} | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} / [{s['q05']:.2f}, {s['q95']:.2f}] | {us.criterion_cell(r['criterion'])} | "
+            f"{r['top_eta']:.2f} / {r['gain']:.1f} | "
+            + " / ".join(f"{v - top:.1f}" for v in r["log_evidence"])
+            + f" | {r['best_eta']:.2f} / {r['best_nll']:.4f} / {r['best_accuracy']:.3f} | {r['nll_at_top']:.4f} |"
+        )
+    summary = [
+        "\n| data (28×28) | seeds run | criterion holds on | reading (fixed in advance) |",
+        "|:---|:---|---:|:---|",
+    ]
     for dataset in DATASETS:
         rs = [r for r in rows if r["dataset"] == dataset]
         if rs:
             held = sum(r["criterion"][0] for r in rs)
-            reading = "supports the small-image explanation" if held == len(rs) else "contradicts it" if held == 0 else "mixed"
-            summary.append(f"| {DATASETS[dataset]} | {', '.join(str(r['seed']) for r in rs)} | {held} of {len(rs)} | {reading} |")
+            reading = (
+                "supports the small-image explanation"
+                if held == len(rs)
+                else "contradicts it"
+                if held == 0
+                else "mixed"
+            )
+            summary.append(
+                f"| {DATASETS[dataset]} | {', '.join(str(r['seed']) for r in rs)} | {held} of {len(rs)} | {reading} |"
+            )
     if refined:
-        summary += ["\n**(d) ±90° on the finer grid (post hoc)**: η ∈ ETAS ∪ " + ", ".join(f"{e:.2f}" for e in REFINE_ETAS) + ".\n",
-                    "| seed | posterior: mode / mean / sd / 90 % interval | the issue's criterion | lowest held-out NLL: η / NLL |", "|---:|:---|:---|:---|"]  # fmt: skip
+        summary += [
+            "\n**(d) ±90° on the finer grid (post hoc)**: η ∈ ETAS ∪ "
+            + ", ".join(f"{e:.2f}" for e in REFINE_ETAS)
+            + ".\n",
+            "| seed | posterior: mode / mean / sd / 90 % interval | the issue's criterion | lowest held-out NLL: η / NLL |",
+            "|---:|:---|:---|:---|",
+        ]
         for r in refined:
             s = r["posterior"]
-            summary.append(f"| {r['seed']} | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} / [{s['q05']:.2f}, {s['q95']:.2f}] | {us.criterion_cell(r['criterion'])} | {r['best_eta']:.2f} / {r['best_nll']:.4f} |")
-        summary.append(f"\nCriterion holds on the finer grid on {sum(r['criterion'][0] for r in refined)} of {len(refined)} seeds.")
-    settings = {"SIZE": SIZE, "DATASETS": DATASETS, "SEEDS": list(SEEDS), "ETAS": list(ETAS), "REFINE_ETAS": list(REFINE_ETAS), "NUM_SCALES": usd.NUM_SCALES,
-                "SCALE_SPAN": list(usd.SCALE_SPAN), "HELDOUT_DRAWS": usd.HELDOUT_DRAWS}  # fmt: skip
+            summary.append(
+                f"| {r['seed']} | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} / [{s['q05']:.2f}, {s['q95']:.2f}] | {us.criterion_cell(r['criterion'])} | {r['best_eta']:.2f} / {r['best_nll']:.4f} |"
+            )
+        summary.append(
+            f"\nCriterion holds on the finer grid on {sum(r['criterion'][0] for r in refined)} of {len(refined)} seeds."
+        )
+    settings = {
+        "SIZE": SIZE,
+        "DATASETS": DATASETS,
+        "SEEDS": list(SEEDS),
+        "ETAS": list(ETAS),
+        "REFINE_ETAS": list(REFINE_ETAS),
+        "NUM_SCALES": usd.NUM_SCALES,
+        "SCALE_SPAN": list(usd.SCALE_SPAN),
+        "HELDOUT_DRAWS": usd.HELDOUT_DRAWS,
+    }
     info, command = common.machine_info(), common.command_line()
-    intro = ("Issue 15: the Laplace evidence and held-out NLL along η for the reference model on 1200 upright and ±90° 28×28 "
-             "Fashion-MNIST images. Method: section *Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_resolution.py`).")  # fmt: skip
-    md = "\n".join([common.header_markdown("Uncertain symmetry: η on 28×28 images", info, settings, command, intro),
-                    *table, *summary, "\n## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
-    return common.write_results(STEM, md, {"info": info, "settings": settings, "command": command, "units": rows, "refined": refined}, out_dir)
+    intro = (
+        "Issue 15: the Laplace evidence and held-out NLL along η for the reference model on 1200 upright and ±90° 28×28 "
+        "Fashion-MNIST images. Method: section *Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_resolution.py`)."
+    )
+    md = "\n".join(
+        [
+            common.header_markdown("Uncertain symmetry: η on 28×28 images", info, settings, command, intro),
+            *table,
+            *summary,
+            "\n## Method\n",
+            __doc__.split("\n\n", 1)[1],
+        ]
+    )
+    return common.write_results(
+        STEM, md, {"info": info, "settings": settings, "command": command, "units": rows, "refined": refined}, out_dir
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

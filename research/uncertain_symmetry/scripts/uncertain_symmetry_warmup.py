@@ -82,16 +82,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts
 sys.path.insert(1, str(Path(__file__).resolve().parents[3]))  # the repository root: research.uncertain_symmetry
 
-from research.uncertain_symmetry import common  # noqa: E402
-
 import numpy as np  # noqa: E402
 import pyro  # noqa: E402
-
-import pyro_invariance as pi  # noqa: E402
 import uncertain_symmetry as us  # noqa: E402
 import uncertain_symmetry_iwae as usi  # noqa: E402
 import uncertain_symmetry_refined as usr  # noqa: E402
+
+import pyro_invariance as pi  # noqa: E402
 from pyro_invariance.diagnostics.symmetry_posterior import grid_posterior  # noqa: E402
+from research.uncertain_symmetry import common  # noqa: E402
 from research.uncertain_symmetry.symmetry_warmup import warm_up_conditional  # noqa: E402
 
 STEM = "uncertain_symmetry_warmup"
@@ -120,7 +119,9 @@ def make_guide(model: Any, variant: str) -> Any:
     return pi.guides.get(GUIDE, model, symmetry_dependence=VARIANTS[variant], symmetry_init_scale=SYMMETRY_INIT_SCALE)
 
 
-def fit_unit(variant: str, dataset: str, seed: int, size: dict[str, Any], warmup_steps: int, state: Path) -> dict[str, Any]:
+def fit_unit(
+    variant: str, dataset: str, seed: int, size: dict[str, Any], warmup_steps: int, state: Path
+) -> dict[str, Any]:
     """Warm-up and joint fit of one unit (module docstring, a), evaluated (b); the state saved to ``state``."""
     data = usi.load_dataset(us.DATASETS[dataset][0], size)
     pyro.set_rng_seed(seed)
@@ -134,22 +135,40 @@ def fit_unit(variant: str, dataset: str, seed: int, size: dict[str, Any], warmup
         res = pi.fit(model, guide, data, steps=size["steps"], seed=seed, progress=False)
     draws = us.q_draws(res, data, size, seed)
     x, y = us.train_arrays(data, model)
-    meta = {"variant": variant, "guide": GUIDE, "dataset": dataset, "seed": seed, "size": size,
-            "image_shape": list(data.image_shape), "num_classes": int(data.num_classes)}  # fmt: skip
+    meta = {
+        "variant": variant,
+        "guide": GUIDE,
+        "dataset": dataset,
+        "seed": seed,
+        "size": size,
+        "image_shape": list(data.image_shape),
+        "num_classes": int(data.num_classes),
+    }
     usi.save_state(state, model, guide, x, y, meta)
-    return {"meta": {k: v for k, v in meta.items() if k != "size"}, "q_eta": us.draw_summary(draws),
-            "q_draws": draws.round(5).tolist(), "iwae": us.bound(res, data, size, seed),
-            "metrics": us.held_out(res, data, size, seed), "warmup_seconds": warm.seconds, "fit_seconds": res.seconds,
-            "warmup_final_elbo_per_datum": warm.final_elbo, "final_elbo_per_datum": res.final_elbo}  # fmt: skip
+    return {
+        "meta": {k: v for k, v in meta.items() if k != "size"},
+        "q_eta": us.draw_summary(draws),
+        "q_draws": draws.round(5).tolist(),
+        "iwae": us.bound(res, data, size, seed),
+        "metrics": us.held_out(res, data, size, seed),
+        "warmup_seconds": warm.seconds,
+        "fit_seconds": res.seconds,
+        "warmup_final_elbo_per_datum": warm.final_elbo,
+        "final_elbo_per_datum": res.final_elbo,
+    }
 
 
 def evaluate(res: Any, variant: str, dataset: str, seed: int, size: dict[str, Any]) -> dict[str, Any]:
     """q(η) draws, IWAE_K bound and held-out metrics of a fit (``res.model``, ``res.guide``; module docstring, b)."""
     data = usi.load_dataset(us.DATASETS[dataset][0], size)
     draws = us.q_draws(res, data, size, seed)
-    return {"meta": {"variant": variant, "guide": GUIDE, "dataset": dataset, "seed": seed},
-            "q_eta": us.draw_summary(draws), "q_draws": draws.round(5).tolist(), "iwae": us.bound(res, data, size, seed),
-            "metrics": us.held_out((res.model, res.guide), data, size, seed)}  # fmt: skip
+    return {
+        "meta": {"variant": variant, "guide": GUIDE, "dataset": dataset, "seed": seed},
+        "q_eta": us.draw_summary(draws),
+        "q_draws": draws.round(5).tolist(),
+        "iwae": us.bound(res, data, size, seed),
+        "metrics": us.held_out((res.model, res.guide), data, size, seed),
+    }
 
 
 def refine_unit(state: Path, out_state: Path, size: dict[str, Any], device: str = "cpu") -> dict[str, Any]:
@@ -159,8 +178,12 @@ def refine_unit(state: Path, out_state: Path, size: dict[str, Any], device: str 
     cfg = usi.refine_config(size)
     t0 = time.perf_counter()
     res = pi.fit(model, guide, (x, y), seed=int(meta["seed"]), progress=False, device=device, **cfg)
-    done = {"refine": cfg, "device": device, "refine_seconds": time.perf_counter() - t0,
-            "refine_final_bound_per_datum": float(res.final_elbo)}  # fmt: skip
+    done = {
+        "refine": cfg,
+        "device": device,
+        "refine_seconds": time.perf_counter() - t0,
+        "refine_final_bound_per_datum": float(res.final_elbo),
+    }
     usi.save_state(out_state, model, guide, x, y, {**meta, **done})
     return evaluate_refined(out_state, size)
 
@@ -170,8 +193,13 @@ def evaluate_refined(out_state: Path, size: dict[str, Any]) -> dict[str, Any]:
     run ended before its evaluation). A state saved without its seconds (the first GPU run) reports ``None``."""
     model, guide, _, _, meta = load_state(out_state)
     ev = evaluate(SimpleNamespace(model=model, guide=guide), meta["variant"], meta["dataset"], int(meta["seed"]), size)
-    return {**ev, "refine": meta["refine"], "refine_seconds": meta.get("refine_seconds"), "device": meta.get("device", "cpu"),
-            "refine_final_bound_per_datum": meta.get("refine_final_bound_per_datum")}  # fmt: skip
+    return {
+        **ev,
+        "refine": meta["refine"],
+        "refine_seconds": meta.get("refine_seconds"),
+        "device": meta.get("device", "cpu"),
+        "refine_final_bound_per_datum": meta.get("refine_final_bound_per_datum"),
+    }
 
 
 def load_state(path: Path, device: str = "cpu") -> tuple[Any, Any, Any, Any, dict[str, Any]]:
@@ -180,10 +208,17 @@ def load_state(path: Path, device: str = "cpu") -> tuple[Any, Any, Any, Any, dic
     return usi.load_state(path, device, make_guide=lambda model, meta: make_guide(model, meta["variant"]))
 
 
-def variant_unit(unit: dict[str, Any], ev: dict[str, Any], ref: dict[str, Any], profile: dict[str, Any] | None) -> dict[str, Any]:
+def variant_unit(
+    unit: dict[str, Any], ev: dict[str, Any], ref: dict[str, Any], profile: dict[str, Any] | None
+) -> dict[str, Any]:
     """The input unit with its full-Bayes fit replaced by a variant's (``ev``), against the refined reference."""
-    fb = {**unit["full_bayes"], "q_eta": ev["q_eta"], "iwae": ev["iwae"], "metrics": ev["metrics"],
-          "final_elbo_per_datum": ev["final_elbo_per_datum"]}  # fmt: skip
+    fb = {
+        **unit["full_bayes"],
+        "q_eta": ev["q_eta"],
+        "iwae": ev["iwae"],
+        "metrics": ev["metrics"],
+        "final_elbo_per_datum": ev["final_elbo_per_datum"],
+    }
     out = usr.refined_unit({**unit, "full_bayes": fb, "q_draws": ev["q_draws"]}, ref)
     out["seconds"] = ev["warmup_seconds"] + ev["fit_seconds"]
     if profile is not None:
@@ -197,70 +232,122 @@ def profile_vs_reference(profile: dict[str, Any], reference: Any) -> dict[str, f
     docstring, e): its mass inside the reference's central 90 % interval, and the reference's inside its own."""
     etas = np.asarray(profile["etas"])
     gp = grid_posterior(etas, np.asarray(profile["refined"]), np.full_like(etas, -math.log(us.ETA_MAX)))
-    return {"profile_in_reference90": gp.mass(reference.quantile(0.05), reference.quantile(0.95)),
-            "reference_in_profile90": reference.mass(gp.quantile(0.05), gp.quantile(0.95))}
+    return {
+        "profile_in_reference90": gp.mass(reference.quantile(0.05), reference.quantile(0.95)),
+        "reference_in_profile90": reference.mass(gp.quantile(0.05), gp.quantile(0.95)),
+    }
 
 
 def comparison_table(base: list[dict[str, Any]], by_variant: dict[str, list[dict[str, Any]]]) -> str:
     """Per unit: the reference, q(η) and overlap of the input fit and of each variant, IWAE_K / N and test NLL;
     ``input``: the input run's fit (4000 steps, no warm-up, q(η) started at scale 1)."""
     names = list(by_variant)
-    header = ["data, seed", "reference: mean ± sd [90 %]",
-              *[f"{n}: q(η) mean ± sd [90 %]" for n in ["input", *names]],
-              f"overlap (q in grid, grid in q): {' / '.join(['input', *names])}",
-              f"IWAE_K / N: {' / '.join(['input', *names])}", f"test NLL: {' / '.join(['input', *names])}",
-              "type-II test NLL"]  # fmt: skip
+    header = [
+        "data, seed",
+        "reference: mean ± sd [90 %]",
+        *[f"{n}: q(η) mean ± sd [90 %]" for n in ["input", *names]],
+        f"overlap (q in grid, grid in q): {' / '.join(['input', *names])}",
+        f"IWAE_K / N: {' / '.join(['input', *names])}",
+        f"test NLL: {' / '.join(['input', *names])}",
+        "type-II test NLL",
+    ]
     rows = []
     for i, b in enumerate(base):
         units = [b, *[by_variant[n][i] for n in names]]
         g = b["grid"]["summary"]
-        rows.append([f"{b['dataset']}, {b['seed']}", f"{g['mean']:.3f} ± {g['sd']:.3f} [{g['q05']:.2f}, {g['q95']:.2f}]",
-                     *[f"{u['full_bayes']['q_eta']['mean']:.3f} ± {u['full_bayes']['q_eta']['sd']:.3f} "
-                       f"[{u['full_bayes']['q_eta']['q05']:.2f}, {u['full_bayes']['q_eta']['q95']:.2f}]" for u in units],
-                     " / ".join(f"{u['overlap']['q_in_grid90']:.2f}, {u['overlap']['grid_in_q90']:.2f}" for u in units),
-                     " / ".join(f"{u['full_bayes']['iwae']['per_datum']:.4f}" for u in units),
-                     " / ".join(f"{u['full_bayes']['metrics']['nll']:.4f}" for u in units),
-                     f"{b['type_ii']['metrics']['nll']:.4f}"])  # fmt: skip
+        rows.append(
+            [
+                f"{b['dataset']}, {b['seed']}",
+                f"{g['mean']:.3f} ± {g['sd']:.3f} [{g['q05']:.2f}, {g['q95']:.2f}]",
+                *[
+                    f"{u['full_bayes']['q_eta']['mean']:.3f} ± {u['full_bayes']['q_eta']['sd']:.3f} "
+                    f"[{u['full_bayes']['q_eta']['q05']:.2f}, {u['full_bayes']['q_eta']['q95']:.2f}]"
+                    for u in units
+                ],
+                " / ".join(f"{u['overlap']['q_in_grid90']:.2f}, {u['overlap']['grid_in_q90']:.2f}" for u in units),
+                " / ".join(f"{u['full_bayes']['iwae']['per_datum']:.4f}" for u in units),
+                " / ".join(f"{u['full_bayes']['metrics']['nll']:.4f}" for u in units),
+                f"{b['type_ii']['metrics']['nll']:.4f}",
+            ]
+        )
     return common.md_table(header, rows)
 
 
 def profile_table(by_variant: dict[str, list[dict[str, Any]]]) -> str:
-    header = ["fit", "data, seed", "profile's grid: mode [90 %]", "q(η) in the profile's 90 %",
-              "gap change: reference mode vs near q(η) (nats)", "profile noise, sd of one estimate (nats)",
-              "profile vs reference: profile in ref. 90 %, ref. in profile 90 %"]  # fmt: skip
+    header = [
+        "fit",
+        "data, seed",
+        "profile's grid: mode [90 %]",
+        "q(η) in the profile's 90 %",
+        "gap change: reference mode vs near q(η) (nats)",
+        "profile noise, sd of one estimate (nats)",
+        "profile vs reference: profile in ref. 90 %, ref. in profile 90 %",
+    ]
     rows = []
     for name, units in by_variant.items():
         for u in units:
             if "profile" not in u:
                 continue
             p = u["profile"]
-            rows.append([name, f"{u['dataset']}, {u['seed']}", f"{p['mode']:.2f} [{p['q05']:.2f}, {p['q95']:.2f}]",
-                         f"{p['overlap']['q_in_grid90']:.2f}", f"{p['gap_change']:+.1f}", f"{p['noise']:.1f}",
-                         f"{p['vs_reference']['profile_in_reference90']:.2f}, {p['vs_reference']['reference_in_profile90']:.2f}"])  # fmt: skip
+            rows.append(
+                [
+                    name,
+                    f"{u['dataset']}, {u['seed']}",
+                    f"{p['mode']:.2f} [{p['q05']:.2f}, {p['q95']:.2f}]",
+                    f"{p['overlap']['q_in_grid90']:.2f}",
+                    f"{p['gap_change']:+.1f}",
+                    f"{p['noise']:.1f}",
+                    f"{p['vs_reference']['profile_in_reference90']:.2f}, {p['vs_reference']['reference_in_profile90']:.2f}",
+                ]
+            )
     return common.md_table(header, rows)
 
 
 def refined_table(pairs: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> str:
     """Per refined unit (module docstring, f): q(η), overlap, IWAE_K / N and test NLL of the warm-up fit → its refinement."""
-    header = ["fit", "data, seed", "reference: mean ± sd [90 %]", "q(η): warm-up fit → refined (mean ± sd [90 %])",
-              "overlap (q in grid, grid in q): warm-up fit → refined", "IWAE_K / N: warm-up fit → refined",
-              "test NLL: warm-up fit → refined", "profile posterior: warm-up fit → refined (mode [90 %]; q in it)",
-              "profile vs reference: warm-up fit → refined", "refinement (wall s; 2 cores shared with other runs)"]  # fmt: skip
+    header = [
+        "fit",
+        "data, seed",
+        "reference: mean ± sd [90 %]",
+        "q(η): warm-up fit → refined (mean ± sd [90 %])",
+        "overlap (q in grid, grid in q): warm-up fit → refined",
+        "IWAE_K / N: warm-up fit → refined",
+        "test NLL: warm-up fit → refined",
+        "profile posterior: warm-up fit → refined (mode [90 %]; q in it)",
+        "profile vs reference: warm-up fit → refined",
+        "refinement (wall s; 2 cores shared with other runs)",
+    ]
     rows = []
     for name, b, a in pairs:
         g, qb, qa = b["grid"]["summary"], b["full_bayes"]["q_eta"], a["full_bayes"]["q_eta"]
-        rows.append([name, f"{b['dataset']}, {b['seed']}", f"{g['mean']:.3f} ± {g['sd']:.3f} [{g['q05']:.2f}, {g['q95']:.2f}]",
-                     f"{qb['mean']:.3f} ± {qb['sd']:.3f} [{qb['q05']:.2f}, {qb['q95']:.2f}] → "
-                     f"{qa['mean']:.3f} ± {qa['sd']:.3f} [{qa['q05']:.2f}, {qa['q95']:.2f}]",
-                     f"{b['overlap']['q_in_grid90']:.2f}, {b['overlap']['grid_in_q90']:.2f} → "
-                     f"{a['overlap']['q_in_grid90']:.2f}, {a['overlap']['grid_in_q90']:.2f}",
-                     f"{b['full_bayes']['iwae']['per_datum']:.4f} → {a['full_bayes']['iwae']['per_datum']:.4f}",
-                     f"{b['full_bayes']['metrics']['nll']:.4f} → {a['full_bayes']['metrics']['nll']:.4f}",
-                     " → ".join(f"{u['profile']['mode']:.2f} [{u['profile']['q05']:.2f}, {u['profile']['q95']:.2f}]; "
-                                f"{u['profile']['overlap']['q_in_grid90']:.2f}" if "profile" in u else "–" for u in (b, a)),
-                     " → ".join(f"{u['profile']['vs_reference']['profile_in_reference90']:.2f}, "
-                                f"{u['profile']['vs_reference']['reference_in_profile90']:.2f}" if "profile" in u else "–" for u in (b, a)),
-                     "not recorded" if a["refine_seconds"] is None else f"{a['refine_seconds']:.0f}"])  # fmt: skip
+        rows.append(
+            [
+                name,
+                f"{b['dataset']}, {b['seed']}",
+                f"{g['mean']:.3f} ± {g['sd']:.3f} [{g['q05']:.2f}, {g['q95']:.2f}]",
+                f"{qb['mean']:.3f} ± {qb['sd']:.3f} [{qb['q05']:.2f}, {qb['q95']:.2f}] → "
+                f"{qa['mean']:.3f} ± {qa['sd']:.3f} [{qa['q05']:.2f}, {qa['q95']:.2f}]",
+                f"{b['overlap']['q_in_grid90']:.2f}, {b['overlap']['grid_in_q90']:.2f} → "
+                f"{a['overlap']['q_in_grid90']:.2f}, {a['overlap']['grid_in_q90']:.2f}",
+                f"{b['full_bayes']['iwae']['per_datum']:.4f} → {a['full_bayes']['iwae']['per_datum']:.4f}",
+                f"{b['full_bayes']['metrics']['nll']:.4f} → {a['full_bayes']['metrics']['nll']:.4f}",
+                " → ".join(
+                    f"{u['profile']['mode']:.2f} [{u['profile']['q05']:.2f}, {u['profile']['q95']:.2f}]; "
+                    f"{u['profile']['overlap']['q_in_grid90']:.2f}"
+                    if "profile" in u
+                    else "–"
+                    for u in (b, a)
+                ),
+                " → ".join(
+                    f"{u['profile']['vs_reference']['profile_in_reference90']:.2f}, "
+                    f"{u['profile']['vs_reference']['reference_in_profile90']:.2f}"
+                    if "profile" in u
+                    else "–"
+                    for u in (b, a)
+                ),
+                "not recorded" if a["refine_seconds"] is None else f"{a['refine_seconds']:.0f}",
+            ]
+        )
     return common.md_table(header, rows)
 
 
@@ -291,14 +378,22 @@ def plot(base: list[dict[str, Any]], by_variant: dict[str, list[dict[str, Any]]]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = usr.phase_parser(__doc__, "the symmetry-conditional run, whose fits had no warm-up", "where the unit files go (resumable)",
-                              {"fit": "warm-up, joint fit and evaluation of every unit (CPU)",
-                               "profile": "the amortisation profile of every fitted unit",
-                               "refine": "continue fitted units by the IWAE-given-η refinement (f)",
-                               "render": "no fits: the tables from the unit files"},
-                              "comma-separated unit names <variant>_<dataset>_seed<s>")  # fmt: skip
+    parser = usr.phase_parser(
+        __doc__,
+        "the symmetry-conditional run, whose fits had no warm-up",
+        "where the unit files go (resumable)",
+        {
+            "fit": "warm-up, joint fit and evaluation of every unit (CPU)",
+            "profile": "the amortisation profile of every fitted unit",
+            "refine": "continue fitted units by the IWAE-given-η refinement (f)",
+            "render": "no fits: the tables from the unit files",
+        },
+        "comma-separated unit names <variant>_<dataset>_seed<s>",
+    )
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
-    parser.add_argument("--device", default="cpu", help="device of --refine (cuda on a GPU machine; evaluated on the CPU)")
+    parser.add_argument(
+        "--device", default="cpu", help="device of --refine (cuda on a GPU machine; evaluated on the CPU)"
+    )
     args, payloads, _, settings, size, keys = usr.parse_phase_args(parser, argv)
     if len(payloads) != 1:
         parser.error("--from: one results file of uncertain_symmetry.py (the fits without warm-up)")
@@ -319,20 +414,26 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             ev = fit_unit(variant, dataset, seed, size, warmup, state)
             evaluated.write_text(json.dumps(ev, indent=1) + "\n")
-            common.log(f"{name}: q(η) mean {ev['q_eta']['mean']:.3f} sd {ev['q_eta']['sd']:.3f} "
-                       f"({time.perf_counter() - t0:.0f} s) -> {evaluated}")  # fmt: skip
+            common.log(
+                f"{name}: q(η) mean {ev['q_eta']['mean']:.3f} sd {ev['q_eta']['sd']:.3f} "
+                f"({time.perf_counter() - t0:.0f} s) -> {evaluated}"
+            )
         elif args.refine and not (args.work_dir / "evaluated" / f"{name}_refined.json").exists():
             if not state.exists():
                 parser.error(f"--refine: {state} is missing (run --fit first)")
             refined = args.work_dir / "states" / f"{name}_refined.pt"
             ev = evaluate_refined(refined, size) if refined.exists() else refine_unit(state, refined, size, args.device)
             (args.work_dir / "evaluated" / f"{name}_refined.json").write_text(json.dumps(ev, indent=1) + "\n")
-            common.log(f"{name}: refined q(η) mean {ev['q_eta']['mean']:.3f} sd {ev['q_eta']['sd']:.3f} "
-                       f"({ev['refine_seconds'] or 0:.0f} s on {ev['device']})")  # fmt: skip
+            common.log(
+                f"{name}: refined q(η) mean {ev['q_eta']['mean']:.3f} sd {ev['q_eta']['sd']:.3f} "
+                f"({ev['refine_seconds'] or 0:.0f} s on {ev['device']})"
+            )
         elif args.profile:
             if not state.exists():
                 parser.error(f"--profile: {state} is missing (run --fit first)")
-            etas = [j * usr.STEP for j in usr.read_unit_file(parser, args.reference, dataset, seed, "--reference")["window"]]
+            etas = [
+                j * usr.STEP for j in usr.read_unit_file(parser, args.reference, dataset, seed, "--reference")["window"]
+            ]
             # the fit's profile, and its refinement's (f) where that ran
             for stem, path in ((name, state), (f"{name}_refined", args.work_dir / "states" / f"{name}_refined.pt")):
                 out_path = args.work_dir / "profile" / f"{stem}.json"
@@ -340,8 +441,14 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 model, guide, x, y, _ = load_state(path)
                 estimates = usi.amortised_profile(model, guide, x, y, etas, int(size["iwae_K"]), usi.PROFILE_REPS, seed)
-                out = {"etas": etas, "K": int(size["iwae_K"]), "reps": usi.PROFILE_REPS, "seed": seed,
-                       "refined_estimates": estimates, "refined": np.mean(estimates, axis=0).tolist()}  # fmt: skip
+                out = {
+                    "etas": etas,
+                    "K": int(size["iwae_K"]),
+                    "reps": usi.PROFILE_REPS,
+                    "seed": seed,
+                    "refined_estimates": estimates,
+                    "refined": np.mean(estimates, axis=0).tolist(),
+                }
                 out_path.write_text(json.dumps(out, indent=1) + "\n")
                 common.log(f"{stem}: amortisation profile on {len(etas)} points")
     if not args.render:
@@ -356,8 +463,11 @@ def main(argv: list[str] | None = None) -> int:
             if not path.exists():
                 parser.error(f"--render: {path} is missing (run --fit first)")
             prof = args.work_dir / "profile" / f"{unit_name(v, dataset, seed)}.json"
-            by_variant[v].append(variant_unit(unit, json.loads(path.read_text()), ref,
-                                              json.loads(prof.read_text()) if prof.exists() else None))  # fmt: skip
+            by_variant[v].append(
+                variant_unit(
+                    unit, json.loads(path.read_text()), ref, json.loads(prof.read_text()) if prof.exists() else None
+                )
+            )
     refined: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     pairs = []
     for v in variants:
@@ -366,10 +476,20 @@ def main(argv: list[str] | None = None) -> int:
             if path.exists():
                 ref, ev = refs[(dataset, seed)], json.loads(path.read_text())
                 prof = args.work_dir / "profile" / f"{unit_name(v, dataset, seed)}_refined.json"
-                a = {**variant_unit(usi.input_unit(payload, dataset, seed), {**ev, "final_elbo_per_datum": ev["refine_final_bound_per_datum"],
-                                                                              "warmup_seconds": 0.0, "fit_seconds": 0.0}, ref,
-                                    json.loads(prof.read_text()) if prof.exists() else None),
-                     "refine_seconds": ev["refine_seconds"]}  # fmt: skip
+                a = {
+                    **variant_unit(
+                        usi.input_unit(payload, dataset, seed),
+                        {
+                            **ev,
+                            "final_elbo_per_datum": ev["refine_final_bound_per_datum"],
+                            "warmup_seconds": 0.0,
+                            "fit_seconds": 0.0,
+                        },
+                        ref,
+                        json.loads(prof.read_text()) if prof.exists() else None,
+                    ),
+                    "refine_seconds": ev["refine_seconds"],
+                }
                 refined[v].append(a)
                 pairs.append((v, b, a))
     verdicts = {f"{payload['settings']['guide']}, no warm-up (the input)": us.criteria(base)}
@@ -380,41 +500,73 @@ def main(argv: list[str] | None = None) -> int:
             verdicts[f"{variant_label(v)}, then the IWAE refinement (f; the seeds it ran on)"] = us.criteria(refined[v])
     suffix = Path(args.inputs[0]).stem.removeprefix(us.STEM).strip("_").removeprefix(GUIDE).strip("_")
     stem = f"{STEM}_{suffix}" if suffix else STEM
-    settings.update({"input": Path(args.inputs[0]).name, "reference": f"{usr.STEM}: {usr.RESTARTS} restarts, {usr.RULES[0]}",
-                     "guide": GUIDE, "variants": {v: VARIANTS[v] for v in variants}, "warmup_steps": warmup,
-                     "symmetry_init_scale": SYMMETRY_INIT_SCALE,
-                     "fit seconds (warm-up + joint, all units)": round(sum(u["seconds"] for us_ in by_variant.values() for u in us_), 1)})  # fmt: skip
+    settings.update(
+        {
+            "input": Path(args.inputs[0]).name,
+            "reference": f"{usr.STEM}: {usr.RESTARTS} restarts, {usr.RULES[0]}",
+            "guide": GUIDE,
+            "variants": {v: VARIANTS[v] for v in variants},
+            "warmup_steps": warmup,
+            "symmetry_init_scale": SYMMETRY_INIT_SCALE,
+            "fit seconds (warm-up + joint, all units)": round(
+                sum(u["seconds"] for us_ in by_variant.values() for u in us_), 1
+            ),
+        }
+    )
     info, command = common.machine_info(), common.command_line()
-    intro = ("Issue 15's criteria for q(η) of the symmetry-conditional guide after a warm-up of q(θ | η) across a wide, "
-             "fixed q(η) (`research.uncertain_symmetry.symmetry_warmup.warm_up_conditional`), with the linear and with the "
-             "new nonlinear (`symmetry_dependence=\"rbf\"`) dependence on η, against the refined grid reference of "
-             "`uncertain_symmetry_refined.py`, beside the input run's fits (no warm-up, linear). Method and the reason for "
-             "every setting: section *Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_warmup.py`).")  # fmt: skip
-    parts = [common.header_markdown("Uncertain symmetry: q(η) after a warm-up of q(θ | η) across a wide q(η)", info, settings, command, intro),
-             "## Verdicts\n", "Seeds on which each criterion holds.\n", usr.verdict_table(verdicts),
-             "\n## Unit by unit\n", comparison_table(base, by_variant)]  # fmt: skip
+    intro = (
+        "Issue 15's criteria for q(η) of the symmetry-conditional guide after a warm-up of q(θ | η) across a wide, "
+        "fixed q(η) (`research.uncertain_symmetry.symmetry_warmup.warm_up_conditional`), with the linear and with the "
+        'new nonlinear (`symmetry_dependence="rbf"`) dependence on η, against the refined grid reference of '
+        "`uncertain_symmetry_refined.py`, beside the input run's fits (no warm-up, linear). Method and the reason for "
+        "every setting: section *Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_warmup.py`)."
+    )
+    parts = [
+        common.header_markdown(
+            "Uncertain symmetry: q(η) after a warm-up of q(θ | η) across a wide q(η)", info, settings, command, intro
+        ),
+        "## Verdicts\n",
+        "Seeds on which each criterion holds.\n",
+        usr.verdict_table(verdicts),
+        "\n## Unit by unit\n",
+        comparison_table(base, by_variant),
+    ]
     for v in variants:
-        parts += [f"\n### {variant_label(v)}: the issue's criteria against the refined reference\n",
-                  us.criteria_table(verdicts[variant_label(v)])]
+        parts += [
+            f"\n### {variant_label(v)}: the issue's criteria against the refined reference\n",
+            us.criteria_table(verdicts[variant_label(v)]),
+        ]
     if pairs:
-        parts += ["\n## The IWAE refinement of the warm-up fits (module docstring, f)\n",
-                  "Every unit it ran on (no GPU in this session: two at a time on a 2-core CPU shared with other runs), with "
-                  "the amortisation profile (d) of the warm-up fit and of its refinement, and each profile's posterior "
-                  "against the reference (e).\n", refined_table(pairs)]
+        parts += [
+            "\n## The IWAE refinement of the warm-up fits (module docstring, f)\n",
+            "Every unit it ran on (no GPU in this session: two at a time on a 2-core CPU shared with other runs), with "
+            "the amortisation profile (d) of the warm-up fit and of its refinement, and each profile's posterior "
+            "against the reference (e).\n",
+            refined_table(pairs),
+        ]
         for v in variants:
             if refined[v]:
                 label = f"{variant_label(v)}, then the IWAE refinement (f; the seeds it ran on)"
-                parts += [f"\n### {v}, refined: the issue's criteria on the units it ran on\n",
-                          us.criteria_table(verdicts[label])]
+                parts += [
+                    f"\n### {v}, refined: the issue's criteria on the units it ran on\n",
+                    us.criteria_table(verdicts[label]),
+                ]
     if any("profile" in u for units in by_variant.values() for u in units):
-        parts += ["\n## The amortisation profile of the fits (module docstring, d)\n",
-                  "IWAE_K(η) of each fit's own q(θ | η) at fixed η on the reference's window, its grid posterior, and how "
-                  "much more the fit loses against the per-η fits at the reference's mode than near its own q(η).\n",
-                  profile_table(by_variant)]  # fmt: skip
+        parts += [
+            "\n## The amortisation profile of the fits (module docstring, d)\n",
+            "IWAE_K(η) of each fit's own q(θ | η) at fixed η on the reference's window, its grid posterior, and how "
+            "much more the fit loses against the per-η fits at the reference's mode than near its own q(η).\n",
+            profile_table(by_variant),
+        ]
     parts += [f"\n![q(η) per unit]({stem}.png)\n", "## Method\n", __doc__.split("\n\n", 1)[1]]
-    payload_out = {"info": info, "settings": settings, "command": command, "verdicts": verdicts,
-                   "units": {v: usr.without_draws(u) for v, u in by_variant.items()},
-                   "refined_units": {v: usr.without_draws(u) for v, u in refined.items() if u}}  # fmt: skip
+    payload_out = {
+        "info": info,
+        "settings": settings,
+        "command": command,
+        "verdicts": verdicts,
+        "units": {v: usr.without_draws(u) for v, u in by_variant.items()},
+        "refined_units": {v: usr.without_draws(u) for v, u in refined.items() if u},
+    }
     common.write_results(stem, "\n".join(parts), payload_out, args.out_dir)
     plot(base, by_variant, Path(args.out_dir) / f"{stem}.png")
     usr.log_verdicts(verdicts)

@@ -69,17 +69,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts
 sys.path.insert(1, str(Path(__file__).resolve().parents[3]))  # the repository root: research.uncertain_symmetry
 
-from research.uncertain_symmetry import common  # noqa: E402
-
 import numpy as np  # noqa: E402
-
-import pyro_invariance as pi  # noqa: E402
 import uncertain_symmetry as us  # noqa: E402
 import uncertain_symmetry_collapsed as usc  # noqa: E402
 import uncertain_symmetry_fine_reference as usf  # noqa: E402
 import uncertain_symmetry_iwae as usi  # noqa: E402
 import uncertain_symmetry_warmup as usw  # noqa: E402
+
+import pyro_invariance as pi  # noqa: E402
 from pyro_invariance.diagnostics.symmetry_posterior import grid_posterior  # noqa: E402
+from research.uncertain_symmetry import common  # noqa: E402
 from research.uncertain_symmetry.collapsed_symmetry import collapse_symmetry  # noqa: E402
 from research.uncertain_symmetry.symmetry_warmup import warm_up_conditional  # noqa: E402
 
@@ -92,7 +91,12 @@ TREATMENTS: dict[str, float | None] = {"widened": 3.0, "held": 1.0, "as fitted":
 WIDEN = TREATMENTS["widened"]
 EXTRA_STEPS = 2000
 STREAMS = 20
-K_CHECK_UNITS = (("rbf", 0, "as fitted"), ("linear", 0, "as fitted"), ("rbf", 2, "as fitted"), ("linear", 2, "as fitted"))
+K_CHECK_UNITS = (
+    ("rbf", 0, "as fitted"),
+    ("linear", 0, "as fitted"),
+    ("rbf", 2, "as fitted"),
+    ("linear", 2, "as fitted"),
+)
 K_CHECK_STREAMS = 10
 
 
@@ -105,32 +109,57 @@ def units() -> list[tuple[str, int, str]]:
     return [(v, s, t) for s in SEEDS for v in VARIANTS for t in TREATMENTS]
 
 
-def run_unit(state: Path, fine: dict[str, Any], treatment: str, extra_steps: int = EXTRA_STEPS, K: int | None = None,
-             streams: int | None = None) -> dict[str, Any]:  # fmt: skip
+def run_unit(
+    state: Path,
+    fine: dict[str, Any],
+    treatment: str,
+    extra_steps: int = EXTRA_STEPS,
+    K: int | None = None,
+    streams: int | None = None,
+) -> dict[str, Any]:
     """(b)–(d, vi–vii) for one unit: re-train (unless ``"as fitted"``), collapse on the 1° points, evaluate. With
     ``K`` (g): the collapse at that K with ``streams``, no held-out metrics."""
     model, guide, x, y, meta = usw.load_state(state)
     seed, size = int(meta["seed"]), meta["size"]
     streams = STREAMS if streams is None else streams
     k = int(K or size["iwae_K"])
-    out: dict[str, Any] = {"meta": {"variant": meta["variant"], "dataset": meta["dataset"], "seed": seed, "treatment": treatment}}
+    out: dict[str, Any] = {
+        "meta": {"variant": meta["variant"], "dataset": meta["dataset"], "seed": seed, "treatment": treatment}
+    }
     widen = TREATMENTS[treatment]
     if widen is not None:
         res = warm_up_conditional(model, guide, (x, y), widen=widen, steps=extra_steps, seed=seed, progress=False)
-        out.update({"widen": widen, "extra_steps": extra_steps, "train_seconds": res.seconds,
-                    "final_elbo_per_datum": float(res.final_elbo)})  # fmt: skip
+        out.update(
+            {
+                "widen": widen,
+                "extra_steps": extra_steps,
+                "train_seconds": res.seconds,
+                "final_elbo_per_datum": float(res.final_elbo),
+            }
+        )
     t0 = time.perf_counter()
-    collapsed = collapse_symmetry(model, guide, x, y, grid=np.asarray(fine["etas"]), K=k,
-                                  streams=streams, stream_batch=1, seed=seed)  # fmt: skip
-    out.update({"collapse_seconds": time.perf_counter() - t0, "streams": streams, "K": k, "grid": fine["etas"],
-                "profile": collapsed.posterior.log_evidence.tolist(), "profile_noise": collapsed.profile_noise,
-                "stream_profiles": collapsed.stream_profiles.double().numpy().round(4).tolist()})  # fmt: skip
+    collapsed = collapse_symmetry(
+        model, guide, x, y, grid=np.asarray(fine["etas"]), K=k, streams=streams, stream_batch=1, seed=seed
+    )
+    out.update(
+        {
+            "collapse_seconds": time.perf_counter() - t0,
+            "streams": streams,
+            "K": k,
+            "grid": fine["etas"],
+            "profile": collapsed.posterior.log_evidence.tolist(),
+            "profile_noise": collapsed.profile_noise,
+            "stream_profiles": collapsed.stream_profiles.double().numpy().round(4).tolist(),
+        }
+    )
     if K is not None:
         return out
     data = usi.load_dataset(us.DATASETS[meta["dataset"]][0], size)
     n = int(size["eval_samples"])
-    out["metrics"] = {"gaussian": pi.evaluate((model, guide), data, num_samples=n, seed=seed),
-                      "collapsed": pi.evaluate((model, collapsed), data, num_samples=n, seed=seed)}  # fmt: skip
+    out["metrics"] = {
+        "gaussian": pi.evaluate((model, guide), data, num_samples=n, seed=seed),
+        "collapsed": pi.evaluate((model, collapsed), data, num_samples=n, seed=seed),
+    }
     return out
 
 
@@ -140,13 +169,20 @@ def widths(unit: dict[str, Any], fine: dict[str, Any]) -> dict[str, Any]:
     profile, each = np.asarray(unit["profile"]), np.asarray(unit["stream_profiles"])
     x = etas - eta0
     log_prior = np.full_like(etas, -math.log(us.ETA_MAX))
-    gap = [float(np.mean([f["iwae"]["value"] for f in fine["fits"] if f["k"] == k]) - profile[k]) for k in range(len(etas))]
+    gap = [
+        float(np.mean([f["iwae"]["value"] for f in fine["fits"] if f["k"] == k]) - profile[k]) for k in range(len(etas))
+    ]
     at0 = int(np.argmin(np.abs(x)))
     quad = usc.quadratic_curvature(x, profile, math.nan)
-    return {"grid_sd": grid_posterior(etas, profile, log_prior).sd, "sd": quad["sd"], "c": quad["c"],
-            "streams": usf.curvature_spread(np.array([usc.quadratic_curvature(x, p, math.nan)["c"] for p in each])),
-            "gap_at_mode": gap[at0], "gap_growth_at_ends": 0.5 * (gap[0] + gap[-1]) - gap[at0],
-            "profile_noise": unit["profile_noise"]}  # fmt: skip
+    return {
+        "grid_sd": grid_posterior(etas, profile, log_prior).sd,
+        "sd": quad["sd"],
+        "c": quad["c"],
+        "streams": usf.curvature_spread(np.array([usc.quadratic_curvature(x, p, math.nan)["c"] for p in each])),
+        "gap_at_mode": gap[at0],
+        "gap_growth_at_ends": 0.5 * (gap[0] + gap[-1]) - gap[at0],
+        "profile_noise": unit["profile_noise"],
+    }
 
 
 def gpu_cross_check(path: Path, fine: dict[str, Any]) -> float:
@@ -170,34 +206,65 @@ def k_check_rows(work: Path, fine_dir: Path) -> tuple[list[str], list[dict[str, 
         if not path.exists() or not check_path.exists():
             continue
         check = json.loads(check_path.read_text())
-        for K, unit_path, fine_unit in ((100, work / f"{unit_name(variant, seed, treatment)}.json", usf.k_check_reference(check, "iwae")),
-                                        (usf.K_CHECK, path, usf.k_check_reference(check))):  # fmt: skip
+        for K, unit_path, fine_unit in (
+            (100, work / f"{unit_name(variant, seed, treatment)}.json", usf.k_check_reference(check, "iwae")),
+            (usf.K_CHECK, path, usf.k_check_reference(check)),
+        ):
             unit, fine = json.loads(unit_path.read_text()), usf.fine_summary(fine_unit)
             w = widths(unit, fine_unit)
             lo, hi = fine["sd_interval"]
-            rows.append(f"| {variant} | {seed} | {K} | {unit['streams']} | {w['grid_sd']:.3f} ({fine['grid_sd']:.3f}) | "
-                        f"{w['sd']:.3f} {usf.interval(*w['streams']['sd_interval'])} | {fine['sd']:.3f} {usf.interval(lo, hi)} "
-                        f"({len(fine['restarts'])} restarts) | {'yes' if lo <= w['sd'] <= hi else 'no'} | "
-                        f"{w['gap_at_mode']:+.1f}; {w['gap_growth_at_ends']:+.1f} | {w['profile_noise']:.2f} |")  # fmt: skip
-            lean.append({"unit": unit_name(variant, seed, treatment), "K": K, "widths": w,
-                         "fine": {k: fine[k] for k in ("sd", "sd_interval", "grid_sd", "restarts")}})  # fmt: skip
+            rows.append(
+                f"| {variant} | {seed} | {K} | {unit['streams']} | {w['grid_sd']:.3f} ({fine['grid_sd']:.3f}) | "
+                f"{w['sd']:.3f} {usf.interval(*w['streams']['sd_interval'])} | {fine['sd']:.3f} {usf.interval(lo, hi)} "
+                f"({len(fine['restarts'])} restarts) | {'yes' if lo <= w['sd'] <= hi else 'no'} | "
+                f"{w['gap_at_mode']:+.1f}; {w['gap_growth_at_ends']:+.1f} | {w['profile_noise']:.2f} |"
+            )
+            lean.append(
+                {
+                    "unit": unit_name(variant, seed, treatment),
+                    "K": K,
+                    "widths": w,
+                    "fine": {k: fine[k] for k in ("sd", "sd_interval", "grid_sd", "restarts")},
+                }
+            )
     if not rows:
         return [], []
-    head = ["fit", "seed", "K", "streams", "q* sd on the points (reference's)", "q* implied sd [90 %, streams' curvatures]",
-            "reference implied sd [90 %] (its c), at the same K", "inside", "gap at the mode; its growth at ±0.2 rad (nats)",
-            "shape noise (nats)"]  # fmt: skip
-    return (["\n## q* and the reference at K = 1000 (g)\n", "| " + " | ".join(head) + " |", "|:---|---:|---:|---:|" + "---:|" * (len(head) - 4),
-             *rows], lean)  # fmt: skip
+    head = [
+        "fit",
+        "seed",
+        "K",
+        "streams",
+        "q* sd on the points (reference's)",
+        "q* implied sd [90 %, streams' curvatures]",
+        "reference implied sd [90 %] (its c), at the same K",
+        "inside",
+        "gap at the mode; its growth at ±0.2 rad (nats)",
+        "shape noise (nats)",
+    ]
+    return (
+        [
+            "\n## q* and the reference at K = 1000 (g)\n",
+            "| " + " | ".join(head) + " |",
+            "|:---|---:|---:|---:|" + "---:|" * (len(head) - 4),
+            *rows,
+        ],
+        lean,
+    )
 
 
 def render(work: Path, fine_dir: Path, collapsed_dir: Path, out_dir: Path | None) -> tuple[Path, Path]:
     rows, lean, counts = [], [], {t: [0, 0] for t in TREATMENTS}
-    for variant, seed, treatment in sorted(units(), key=lambda u: (u[1], VARIANTS.index(u[0]), list(TREATMENTS).index(u[2]))):
+    for variant, seed, treatment in sorted(
+        units(), key=lambda u: (u[1], VARIANTS.index(u[0]), list(TREATMENTS).index(u[2]))
+    ):
         path = work / f"{unit_name(variant, seed, treatment)}.json"
         if not path.exists():
             rows.append(f"| {variant} | {seed} | {treatment} | not run |" + " |" * 8)
             continue
-        unit, fine_unit = json.loads(path.read_text()), json.loads((fine_dir / f"{DATASET}_seed{seed}.json").read_text())
+        unit, fine_unit = (
+            json.loads(path.read_text()),
+            json.loads((fine_dir / f"{DATASET}_seed{seed}.json").read_text()),
+        )
         fine, w = usf.fine_summary(fine_unit), widths(unit, fine_unit)
         lo, hi = fine["sd_interval"]
         rlo, rhi = fine["restart_curvature"]["sd_interval"]
@@ -205,52 +272,124 @@ def render(work: Path, fine_dir: Path, collapsed_dir: Path, out_dir: Path | None
         counts[treatment][0] += inside
         counts[treatment][1] += 1
         st = w["streams"]
-        gpu = gpu_cross_check(collapsed_dir / "collapsed" / f"{usc.state_stem(variant, DATASET, seed)}_streams.json", fine_unit)
+        gpu = gpu_cross_check(
+            collapsed_dir / "collapsed" / f"{usc.state_stem(variant, DATASET, seed)}_streams.json", fine_unit
+        )
         m = unit["metrics"]
-        train = (f"{unit['final_elbo_per_datum']:.3f}; {unit['train_seconds']:.0f} s" if "train_seconds" in unit else "–")
-        rows.append(f"| {variant} | {seed} | {treatment} | {w['grid_sd']:.3f} ({fine['grid_sd']:.3f}) | {w['sd']:.3f} "
-                    f"{usf.interval(*st['sd_interval'])} | {fine['sd']:.3f} {usf.interval(lo, hi)} | {'yes' if inside else 'no'}, "
-                    f"{'yes' if inside_d else 'no'} | {w['gap_at_mode']:+.1f}; {w['gap_growth_at_ends']:+.1f} | {w['profile_noise']:.2f} | "
-                    f"{m['gaussian']['nll']:.3f} / {m['collapsed']['nll']:.3f} | {train} | "
-                    f"{'–' if math.isnan(gpu) else f'{gpu:.3f}'} |")  # fmt: skip
-        lean.append({"unit": unit_name(variant, seed, treatment), **unit["meta"], "widths": w, "fine": {k: fine[k] for k in
-                     ("sd", "sd_interval", "grid_sd")}, "fine_restart_interval": [rlo, rhi], "inside": bool(inside),
-                     "inside_restart_interval": bool(inside_d), "metrics": m, "gpu_cross_check_sd": gpu,
-                     **{k: unit[k] for k in ("train_seconds", "final_elbo_per_datum", "collapse_seconds") if k in unit}})  # fmt: skip
-    head = ["fit", "seed", "treatment", "q* sd on the points (1° reference's)", "q* implied sd [90 %, 20 streams' curvatures]",
-            "1° reference implied sd [90 %] (its c)", "q* inside the reference's interval (c), (d)",
-            "gap at the mode: reference − q* profile; its growth at ±0.2 rad (f) (nats)", "shape noise (nats)", "test NLL: Gaussian q(η) / q*",
-            "re-training: final ELBO/N; seconds", "(g) 100-stream GPU profile: implied sd"]  # fmt: skip
+        train = f"{unit['final_elbo_per_datum']:.3f}; {unit['train_seconds']:.0f} s" if "train_seconds" in unit else "–"
+        rows.append(
+            f"| {variant} | {seed} | {treatment} | {w['grid_sd']:.3f} ({fine['grid_sd']:.3f}) | {w['sd']:.3f} "
+            f"{usf.interval(*st['sd_interval'])} | {fine['sd']:.3f} {usf.interval(lo, hi)} | {'yes' if inside else 'no'}, "
+            f"{'yes' if inside_d else 'no'} | {w['gap_at_mode']:+.1f}; {w['gap_growth_at_ends']:+.1f} | {w['profile_noise']:.2f} | "
+            f"{m['gaussian']['nll']:.3f} / {m['collapsed']['nll']:.3f} | {train} | "
+            f"{'–' if math.isnan(gpu) else f'{gpu:.3f}'} |"
+        )
+        lean.append(
+            {
+                "unit": unit_name(variant, seed, treatment),
+                **unit["meta"],
+                "widths": w,
+                "fine": {k: fine[k] for k in ("sd", "sd_interval", "grid_sd")},
+                "fine_restart_interval": [rlo, rhi],
+                "inside": bool(inside),
+                "inside_restart_interval": bool(inside_d),
+                "metrics": m,
+                "gpu_cross_check_sd": gpu,
+                **{k: unit[k] for k in ("train_seconds", "final_elbo_per_datum", "collapse_seconds") if k in unit},
+            }
+        )
+    head = [
+        "fit",
+        "seed",
+        "treatment",
+        "q* sd on the points (1° reference's)",
+        "q* implied sd [90 %, 20 streams' curvatures]",
+        "1° reference implied sd [90 %] (its c)",
+        "q* inside the reference's interval (c), (d)",
+        "gap at the mode: reference − q* profile; its growth at ±0.2 rad (f) (nats)",
+        "shape noise (nats)",
+        "test NLL: Gaussian q(η) / q*",
+        "re-training: final ELBO/N; seconds",
+        "(g) 100-stream GPU profile: implied sd",
+    ]
     table = "\n".join(["| " + " | ".join(head) + " |", "|:---|---:|:---|" + "---:|" * (len(head) - 3), *rows])
-    verdicts = "\n".join(f"- {t}: q* inside the 1° reference's interval (c) on {k} of {n} units" for t, (k, n) in counts.items())
+    verdicts = "\n".join(
+        f"- {t}: q* inside the 1° reference's interval (c) on {k} of {n} units" for t, (k, n) in counts.items()
+    )
     k_rows, k_lean = k_check_rows(work, fine_dir)
-    settings = {"DATASET": DATASET, "SEEDS": list(SEEDS), "VARIANTS": list(VARIANTS), "TREATMENTS": TREATMENTS,
-                "EXTRA_STEPS": EXTRA_STEPS, "STREAMS": STREAMS, "K_CHECK_UNITS": [list(u) for u in K_CHECK_UNITS],
-                "K_CHECK_STREAMS": K_CHECK_STREAMS, "K_CHECK": usf.K_CHECK, "K": "the input run's iwae_K",
-                "fits": "uncertain_symmetry_warmup.py's states", "reference": usf.STEM}  # fmt: skip
+    settings = {
+        "DATASET": DATASET,
+        "SEEDS": list(SEEDS),
+        "VARIANTS": list(VARIANTS),
+        "TREATMENTS": TREATMENTS,
+        "EXTRA_STEPS": EXTRA_STEPS,
+        "STREAMS": STREAMS,
+        "K_CHECK_UNITS": [list(u) for u in K_CHECK_UNITS],
+        "K_CHECK_STREAMS": K_CHECK_STREAMS,
+        "K_CHECK": usf.K_CHECK,
+        "K": "the input run's iwae_K",
+        "fits": "uncertain_symmetry_warmup.py's states",
+        "reference": usf.STEM,
+    }
     info, command = common.machine_info(), common.command_line()
-    intro = ("Issue 15: the warm-up fits' conditional q(θ | η) re-trained across a widened q(η) (and, as a control, as long with "
-             "q(η) held as it is), then collapsed on the 1° reference's points, against that reference. Method: section "
-             "*Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_widened.py`).")  # fmt: skip
-    md = "\n".join([common.header_markdown("Uncertain symmetry: a widened conditional before the collapse", info, settings,
-                                           command, intro),
-                    "## Verdicts\n", verdicts, "\n## Units\n", table, *k_rows, "\n## Method\n", __doc__.split("\n\n", 1)[1]])  # fmt: skip
-    payload = {"info": info, "settings": settings, "command": command, "counts": counts, "units": lean, "k_check": k_lean}
+    intro = (
+        "Issue 15: the warm-up fits' conditional q(θ | η) re-trained across a widened q(η) (and, as a control, as long with "
+        "q(η) held as it is), then collapsed on the 1° reference's points, against that reference. Method: section "
+        "*Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_widened.py`)."
+    )
+    md = "\n".join(
+        [
+            common.header_markdown(
+                "Uncertain symmetry: a widened conditional before the collapse", info, settings, command, intro
+            ),
+            "## Verdicts\n",
+            verdicts,
+            "\n## Units\n",
+            table,
+            *k_rows,
+            "\n## Method\n",
+            __doc__.split("\n\n", 1)[1],
+        ]
+    )
+    payload = {
+        "info": info,
+        "settings": settings,
+        "command": command,
+        "counts": counts,
+        "units": lean,
+        "k_check": k_lean,
+    }
     return common.write_results(f"{STEM}_steps4000", md, payload, out_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--fit", action="store_true", help="re-train and collapse every unit not yet in --work-dir (b, c)")
+    group.add_argument(
+        "--fit", action="store_true", help="re-train and collapse every unit not yet in --work-dir (b, c)"
+    )
     group.add_argument("--render", action="store_true", help="no fits: the tables from the unit files (d, e)")
     group.add_argument("--k-check", action="store_true", help="the K = 1000 collapse of K_CHECK_UNITS (g)")
-    parser.add_argument("--states", type=Path, default=Path("research/uncertain_symmetry/results/uncertain_symmetry_warmup_units/states"),
-                        help="uncertain_symmetry_warmup.py's saved states")  # fmt: skip
-    parser.add_argument("--fine", type=Path, default=Path("research/uncertain_symmetry/results/uncertain_symmetry_fine_reference_units"),
-                        help="uncertain_symmetry_fine_reference.py's unit files")  # fmt: skip
-    parser.add_argument("--collapsed", type=Path, default=Path("research/uncertain_symmetry/results/uncertain_symmetry_collapsed_units"),
-                        help="uncertain_symmetry_collapsed.py's work dir (its (g) units, for the cross-check)")  # fmt: skip
+    parser.add_argument(
+        "--states",
+        type=Path,
+        default=Path("research/uncertain_symmetry/results/uncertain_symmetry_warmup_units/states"),
+        help="uncertain_symmetry_warmup.py's saved states",
+    )
+    parser.add_argument(
+        "--fine",
+        type=Path,
+        default=Path("research/uncertain_symmetry/results/uncertain_symmetry_fine_reference_units"),
+        help="uncertain_symmetry_fine_reference.py's unit files",
+    )
+    parser.add_argument(
+        "--collapsed",
+        type=Path,
+        default=Path("research/uncertain_symmetry/results/uncertain_symmetry_collapsed_units"),
+        help="uncertain_symmetry_collapsed.py's work dir (its (g) units, for the cross-check)",
+    )
     parser.add_argument("--work-dir", type=Path, default=Path(f"research/uncertain_symmetry/results/{STEM}_units"))
     parser.add_argument("--only", default=None, help="comma-separated unit names <fit>_upright_seed<s>_<treatment>")
     parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
@@ -277,12 +416,17 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"{what}: {need} is missing")
         common.log(f"{unit_name(variant, seed, treatment)}: start")
         fine = json.loads(fine_path.read_text())
-        unit = (run_unit(state, fine, treatment, K=usf.K_CHECK, streams=K_CHECK_STREAMS) if args.k_check
-                else run_unit(state, fine, treatment))  # fmt: skip
+        unit = (
+            run_unit(state, fine, treatment, K=usf.K_CHECK, streams=K_CHECK_STREAMS)
+            if args.k_check
+            else run_unit(state, fine, treatment)
+        )
         out.write_text(json.dumps(unit) + "\n")
         w = widths(unit, fine)
-        common.log(f"{unit_name(variant, seed, treatment)}: implied sd {w['sd']:.3f}, grid sd {w['grid_sd']:.3f}, "
-                   f"noise {w['profile_noise']:.2f}, {unit['collapse_seconds']:.0f} s")  # fmt: skip
+        common.log(
+            f"{unit_name(variant, seed, treatment)}: implied sd {w['sd']:.3f}, grid sd {w['grid_sd']:.3f}, "
+            f"noise {w['profile_noise']:.2f}, {unit['collapse_seconds']:.0f} s"
+        )
     return 0
 
 

@@ -9,9 +9,10 @@ import math
 import pytest
 import torch
 
-from research.uncertain_symmetry.annealed_evidence import annealed_readout_evidence, readout_design
 from pyro_invariance.models import InvariantMLP
-from research.uncertain_symmetry.tests.tiny_readout import tiny_readout_data as _data, tiny_readout_model as _tiny
+from research.uncertain_symmetry.annealed_evidence import annealed_readout_evidence, readout_design
+from research.uncertain_symmetry.tests.tiny_readout import tiny_readout_data as _data
+from research.uncertain_symmetry.tests.tiny_readout import tiny_readout_model as _tiny
 
 
 def _prior_importance(model: InvariantMLP, x: torch.Tensor, y: torch.Tensor, draws: int = 400_000) -> float:

@@ -19,14 +19,14 @@ import pyro_invariance as pi  # noqa: E402
 from pyro_invariance import guides  # noqa: E402
 from pyro_invariance.diagnostics.reference import entry  # noqa: E402
 from pyro_invariance.diagnostics.symmetry_posterior import exact_symmetry_posterior, grid_posterior  # noqa: E402
-from research.uncertain_symmetry.evidence_profile import guide_evidence_profile  # noqa: E402
-from research.uncertain_symmetry.distributions import PiecewiseLinear  # noqa: E402
 from research.uncertain_symmetry.collapsed_symmetry import (  # noqa: E402
     CollapsedSymmetryGuide,
     collapse_symmetry,
     default_symmetry_grid,
     profile_noise,
 )
+from research.uncertain_symmetry.distributions import PiecewiseLinear  # noqa: E402
+from research.uncertain_symmetry.evidence_profile import guide_evidence_profile  # noqa: E402
 from research.uncertain_symmetry.symmetry_warmup import warm_up_conditional  # noqa: E402
 from research.uncertain_symmetry.tests.helpers import basis_lambda_conditional  # noqa: E402
 
@@ -66,7 +66,8 @@ def test_piecewise_linear_is_the_grid_posteriors_density_moments_and_cdf() -> No
         below = fine[inside & (fine <= v)]
         head = torch.cat([below, torch.tensor([v], dtype=torch.float64)])
         assert d.cdf(torch.tensor(v, dtype=torch.float64)).item() == pytest.approx(
-            torch.trapezoid(d.log_prob(head).exp(), head).item(), abs=1e-7)
+            torch.trapezoid(d.log_prob(head).exp(), head).item(), abs=1e-7
+        )
     assert d.log_prob(torch.tensor([-0.1, 3.1], dtype=torch.float64)).isneginf().all()
 
 
@@ -95,8 +96,12 @@ def test_piecewise_linear_draws_follow_its_cdf_and_are_a_reparameterisation() ->
 
 def test_piecewise_linear_refuses_bad_grids_in_one_line() -> None:
     g = torch.linspace(0, 1, 5)
-    for grid, density, match in [(g.flip(0), torch.ones(5), "strictly increasing"), (g, -torch.ones(5), "non-negative"),
-                                 (g, torch.zeros(5), "not all 0"), (g, torch.ones(4), "one length")]:  # fmt: skip
+    for grid, density, match in [
+        (g.flip(0), torch.ones(5), "strictly increasing"),
+        (g, -torch.ones(5), "non-negative"),
+        (g, torch.zeros(5), "not all 0"),
+        (g, torch.ones(4), "one length"),
+    ]:
         with pytest.raises(ValueError, match=match) as err:
             PiecewiseLinear(grid, density)
         assert "\n" not in str(err.value)
@@ -144,8 +149,13 @@ def test_collapse_is_the_grid_posterior_of_the_common_noise_profile_and_a_guide_
     assert collapsed.posterior.log_marginal == pytest.approx(expected.log_marginal, rel=1e-12)
     # a guide: λ from q*, the weights from the fitted guide's q(θ | λ) at that λ
     torch.manual_seed(0)
-    lams = torch.stack([poutine.trace(collapsed).get_trace(x, y, num_data=x.shape[0]).nodes["lam"]["value"]
-                        for _ in range(4000)]).double().ravel()  # fmt: skip
+    lams = (
+        torch.stack(
+            [poutine.trace(collapsed).get_trace(x, y, num_data=x.shape[0]).nodes["lam"]["value"] for _ in range(4000)]
+        )
+        .double()
+        .ravel()
+    )
     post = collapsed.posterior
     assert abs(lams.mean().item() - post.mean) < 4 * post.sd / math.sqrt(4000)
     torch.manual_seed(1)
@@ -159,7 +169,8 @@ def test_collapse_is_the_grid_posterior_of_the_common_noise_profile_and_a_guide_
     assert torch.isfinite(torch.tensor(list(pi.evaluate((model, collapsed), (x, y), num_samples=4).values()))).all()
     with pytest.raises(ValueError, match="one η per call") as err:  # refused, not silently mis-shaped
         pyro.infer.Trace_ELBO(num_particles=2, vectorize_particles=True, max_plate_nesting=1).loss(
-            model, collapsed, x, y, num_data=x.shape[0])
+            model, collapsed, x, y, num_data=x.shape[0]
+        )
     assert "vectorize_particles=False" in str(err.value).splitlines()[0]  # ours; Pyro appends the trace's shapes
 
 
@@ -217,8 +228,14 @@ def test_stream_batch_draws_streams_as_blocks_of_one_pass() -> None:
     _perturbed(guide)
     four = collapse_symmetry(model, guide, x, y, num_points=11, K=3, streams=4, stream_batch=2, seed=7)
     grid = four.posterior.grid
-    each = torch.cat([guide_evidence_profile(model, guide, x, y, torch.as_tensor(grid).float(), K=3, seed=7 + c,
-                                             common_noise=True, blocks=2) for c in range(2)])  # fmt: skip
+    each = torch.cat(
+        [
+            guide_evidence_profile(
+                model, guide, x, y, torch.as_tensor(grid).float(), K=3, seed=7 + c, common_noise=True, blocks=2
+            )
+            for c in range(2)
+        ]
+    )
     assert torch.equal(four.stream_profiles, each)
     assert np.allclose(four.posterior.log_evidence, each.mean(0).numpy(), rtol=0, atol=1e-12)
     assert four.profile_noise is not None and four.profile_noise > 0
@@ -230,11 +247,16 @@ def test_stream_batch_draws_streams_as_blocks_of_one_pass() -> None:
 def test_collapse_refusals_are_one_line() -> None:
     model, guide, x, y = _basis()
     fixed, fx, fy = entry("basis-regression").build()  # λ a point estimate
-    cases = [(lambda: collapse_symmetry(fixed, guides.get("mean-field", fixed), fx, fy, num_points=5), "one latent symmetry site"),
-             (lambda: collapse_symmetry(model, object(), x, y, num_points=5), "catalogue guide"),
-             (lambda: collapse_symmetry(model, guide, x, y, grid=[0.5, 2.5]), "not strictly inside"),
-             (lambda: collapse_symmetry(model, guide, x, y, num_points=2), "num_points"),
-             (lambda: collapse_symmetry(model, guide, x, y, num_points=5, streams=0), "streams")]  # fmt: skip
+    cases = [
+        (
+            lambda: collapse_symmetry(fixed, guides.get("mean-field", fixed), fx, fy, num_points=5),
+            "one latent symmetry site",
+        ),
+        (lambda: collapse_symmetry(model, object(), x, y, num_points=5), "catalogue guide"),
+        (lambda: collapse_symmetry(model, guide, x, y, grid=[0.5, 2.5]), "not strictly inside"),
+        (lambda: collapse_symmetry(model, guide, x, y, num_points=2), "num_points"),
+        (lambda: collapse_symmetry(model, guide, x, y, num_points=5, streams=0), "streams"),
+    ]
     for call, match in cases:
         with pytest.raises(ValueError, match=match) as err:
             call()

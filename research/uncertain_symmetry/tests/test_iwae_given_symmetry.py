@@ -110,7 +110,9 @@ def test_bound_rises_with_k_and_stays_below_its_exact_limit(guide_name) -> None:
     means, ses = {}, {}
     for K in (1, 16, 256):
         with torch.no_grad():
-            v = torch.stack([-_loss(K).differentiable_loss(model, guide, x, y, num_data=n) for _ in range(reps)]).double()
+            v = torch.stack(
+                [-_loss(K).differentiable_loss(model, guide, x, y, num_data=n) for _ in range(reps)]
+            ).double()
         means[K], ses[K] = v.mean().item(), v.std().item() / math.sqrt(reps)
     limit_draws = _log_weight_of_lambda(model, guide, x, y, 2000)
     limit, limit_se = limit_draws.mean().item(), limit_draws.std().item() / math.sqrt(len(limit_draws))
@@ -121,7 +123,9 @@ def test_bound_rises_with_k_and_stays_below_its_exact_limit(guide_name) -> None:
 def test_a_guide_that_draws_lambda_jointly_is_refused() -> None:
     model, guide, x, y = _basis("full-rank")
     with pytest.raises(ValueError, match="draws the symmetry site 'lam' on its own") as err:
-        pi.fit(model, guide, (x, y), steps=2, batch_size=None, progress=False, elbo="iwae-given-symmetry", num_particles=4)
+        pi.fit(
+            model, guide, (x, y), steps=2, batch_size=None, progress=False, elbo="iwae-given-symmetry", num_particles=4
+        )
     assert "\n" not in str(err.value)
 
 
@@ -130,14 +134,26 @@ def test_a_model_without_a_latent_symmetry_is_refused() -> None:
     guide = guides.get("mean-field", model)
     assert model.symmetry_sites() == []
     with pytest.raises(ValueError, match="needs a latent symmetry"):
-        pi.fit(model, guide, (x, y), steps=2, batch_size=None, progress=False, elbo="iwae-given-symmetry", num_particles=4)
+        pi.fit(
+            model, guide, (x, y), steps=2, batch_size=None, progress=False, elbo="iwae-given-symmetry", num_particles=4
+        )
 
 
 def test_fit_trains_with_it_and_the_config_names_it() -> None:
     model, guide, x, y = _basis("symmetry-conditional", steps=100)
     before = {k: v.detach().clone() for k, v in guide.state_dict().items()}
-    result = pi.fit(model, guide, (x, y), seed=0, steps=20, batch_size=None, progress=False, lr=0.005,
-                    elbo="iwae-given-symmetry", num_particles=8)  # fmt: skip
+    result = pi.fit(
+        model,
+        guide,
+        (x, y),
+        seed=0,
+        steps=20,
+        batch_size=None,
+        progress=False,
+        lr=0.005,
+        elbo="iwae-given-symmetry",
+        num_particles=8,
+    )
     assert FitConfig(elbo="iwae-given-symmetry").elbo == result.config.elbo == "iwae-given-symmetry"
     after = guide.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before if "lam" in k)  # q(λ) is trained
@@ -157,7 +173,9 @@ def _exact_conditional_guide(model):
         phi, chol, yy = model._exact(x, y, lam)
         mean = torch.cholesky_solve(phi.T @ yy / model.noise_scale**2, chol)  # (F, D_out)
         scale_tril = torch.linalg.cholesky(torch.cholesky_inverse(chol))
-        pyro.sample("weight", dist.MultivariateNormal(mean.T.to(x.dtype), scale_tril=scale_tril.to(x.dtype)).to_event(1))
+        pyro.sample(
+            "weight", dist.MultivariateNormal(mean.T.to(x.dtype), scale_tril=scale_tril.to(x.dtype)).to_event(1)
+        )
 
     return guide
 
@@ -179,8 +197,10 @@ def test_profile_of_a_fitted_guide_rises_with_k_below_the_exact_evidence() -> No
     low = guide_evidence_profile(model, guide, x, y, lams, K=1, repeats=100, seed=0)
     high = guide_evidence_profile(model, guide, x, y, lams, K=256, repeats=20, seed=0)
     assert (low < high).all() and (high < exact + 0.5).all(), (low, high, exact)
-    assert torch.equal(guide_evidence_profile(model, guide, x, y, lams, K=16, seed=3),
-                       guide_evidence_profile(model, guide, x, y, lams, K=16, seed=3))  # seeded
+    assert torch.equal(
+        guide_evidence_profile(model, guide, x, y, lams, K=16, seed=3),
+        guide_evidence_profile(model, guide, x, y, lams, K=16, seed=3),
+    )  # seeded
 
 
 def test_profile_refuses_boundary_values_and_models_without_a_latent_symmetry() -> None:
@@ -192,8 +212,9 @@ def test_profile_refuses_boundary_values_and_models_without_a_latent_symmetry() 
         guide_evidence_profile(plain, guides.get("mean-field", plain), xp, yp, [1.0], K=2)
 
 
-@pytest.mark.parametrize("options", [{}, {"weight_covariance": "mvn"}, {"symmetry_density": "spline"}],
-                         ids=["normal", "mvn", "spline"])  # fmt: skip
+@pytest.mark.parametrize(
+    "options", [{}, {"weight_covariance": "mvn"}, {"symmetry_density": "spline"}], ids=["normal", "mvn", "spline"]
+)
 def test_profile_reads_the_symmetry_conditional_guide_at_the_held_lambda(options) -> None:
     """The symmetry-conditional guide draws θ through η's noise (``B (u_λ − m_λ)``): holding λ must set that
     noise, so that the draw of λ is λ_j and θ's location is m_θ + B (u_j − m_λ) (a regression: the noise

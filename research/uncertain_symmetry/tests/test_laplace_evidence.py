@@ -11,21 +11,29 @@ import numpy as np
 import pytest
 import torch
 
+from pyro_invariance.diagnostics.symmetry_posterior import grid_posterior
+from pyro_invariance.models import InvariantMLP
+from pyro_invariance.symmetry.priors import bounded_prior
+from research.uncertain_symmetry.annealed_evidence import readout_design
 from research.uncertain_symmetry.laplace_evidence import (
+    LaplaceSymmetryPosterior,
     _softmax_hessian,
     laplace_readout_evidence,
-    LaplaceSymmetryPosterior,
     laplace_readout_predictive,
     laplace_symmetry_posterior,
     laplace_symmetry_predictive,
     readout_log_evidence,
     readout_mode,
 )
-from research.uncertain_symmetry.annealed_evidence import readout_design
-from pyro_invariance.models import InvariantMLP
-from pyro_invariance.diagnostics.symmetry_posterior import grid_posterior
-from pyro_invariance.symmetry.priors import bounded_prior
-from research.uncertain_symmetry.tests.tiny_readout import tiny_latent_model, tiny_readout_data as _data, tiny_readout_model as _tiny
+from research.uncertain_symmetry.tests.tiny_readout import (
+    tiny_latent_model,
+)
+from research.uncertain_symmetry.tests.tiny_readout import (
+    tiny_readout_data as _data,
+)
+from research.uncertain_symmetry.tests.tiny_readout import (
+    tiny_readout_model as _tiny,
+)
 
 
 def _problem(n: int, m: int = 3, c: int = 3, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,10 +130,14 @@ def test_edge_share_is_the_integral_in_the_grid_s_last_five_percent() -> None:
     trap = torch.full_like(s, 0.25)  # the trapezoid rule's weights on the 0.25-spaced grid
     trap[[0, -1]] = 0.125
     mass = wide.scale_profile - 0.5 * (s - loc) ** 2 - 0.5 * math.log(2 * math.pi) + trap.log()
-    assert wide.edge_share == pytest.approx(float(torch.exp(torch.logsumexp(mass[39:], 0) - torch.logsumexp(mass, 0))), rel=1e-9)
+    assert wide.edge_share == pytest.approx(
+        float(torch.exp(torch.logsumexp(mass[39:], 0) - torch.logsumexp(mass, 0))), rel=1e-9
+    )
     assert wide.edge_share < 1e-3  # six prior sds above: nothing is cut off
     # a grid that ends below σ_p's posterior mode carries much of the integral at its end, and a lower evidence
-    short = laplace_readout_evidence(model, x, y, num_scales=21, scale_span=(-4.0, math.log(wide.sigma_mode) - loc - 1.0))
+    short = laplace_readout_evidence(
+        model, x, y, num_scales=21, scale_span=(-4.0, math.log(wide.sigma_mode) - loc - 1.0)
+    )
     assert short.edge_share > 0.1 and short.log_evidence < wide.log_evidence
 
 
@@ -165,7 +177,9 @@ def test_predictive_matches_importance_weighted_predictions_with_many_data() -> 
     g = torch.Generator().manual_seed(4)
     x = torch.rand(2005, 1, 4, 4, generator=g)
     design = readout_design(model, x, chains=1)[0]  # (2005, 4): full column rank
-    y = torch.distributions.Categorical(logits=design @ (3 * torch.randn(4, 3, generator=g, dtype=torch.float64))).sample()
+    y = torch.distributions.Categorical(
+        logits=design @ (3 * torch.randn(4, 3, generator=g, dtype=torch.float64))
+    ).sample()
     x, y, x_new, d_new, d = x[:2000], y[:2000], x[2000:], design[2000:], design[:2000]
     got = laplace_readout_predictive(model, x, y, x_new, sigma=1.5, draws=20_000).exp()
     onehot = torch.nn.functional.one_hot(y, 3).double()
@@ -205,7 +219,9 @@ def test_symmetry_posterior_conditions_the_latent_eta_and_uses_the_model_prior(s
     grid = [0.3, 0.9, 1.7, 2.6]
     post = laplace_symmetry_posterior(model, x, y, grid, num_scales=5)
     fixed = [laplace_readout_evidence(_tiny("hierarchical", eta=e), x, y, num_scales=5).log_evidence for e in grid]
-    log_prior = bounded_prior(symmetry_prior, model.eta_upper.double()).log_prob(torch.tensor(grid, dtype=torch.float64).unsqueeze(-1))
+    log_prior = bounded_prior(symmetry_prior, model.eta_upper.double()).log_prob(
+        torch.tensor(grid, dtype=torch.float64).unsqueeze(-1)
+    )
     expected = grid_posterior(grid, fixed, log_prior)
     assert post.log_evidence == pytest.approx(expected.log_evidence, abs=1e-9)
     assert post.density == pytest.approx(expected.density, rel=1e-9)
@@ -244,8 +260,12 @@ def test_symmetry_predictive_mixes_the_fixed_eta_predictives_by_the_grid_weights
     post = laplace_symmetry_posterior(model, x, y, grid, num_scales=5)
     assert isinstance(post, LaplaceSymmetryPosterior) and post.weights().sum() == pytest.approx(1.0)
     assert np.all(post.sigma_modes > 0)
-    each = torch.stack([laplace_readout_predictive(_tiny("hierarchical", eta=e), x, y, x_new, sigma=float(s), draws=16, seed=2)
-                        for e, s in zip(grid, post.sigma_modes)])  # fmt: skip
+    each = torch.stack(
+        [
+            laplace_readout_predictive(_tiny("hierarchical", eta=e), x, y, x_new, sigma=float(s), draws=16, seed=2)
+            for e, s in zip(grid, post.sigma_modes)
+        ]
+    )
     w = torch.as_tensor(post.weights())
     full = laplace_symmetry_predictive(model, x, y, x_new, post, mass=1.0, draws=16, seed=2)
     assert full.shape == (5, 3) and torch.allclose(full.exp().sum(-1), torch.ones(5, dtype=full.dtype))

@@ -15,8 +15,8 @@ import pytest  # noqa: E402
 
 from pyro_invariance import guides  # noqa: E402
 from pyro_invariance.diagnostics.reference import entry  # noqa: E402
-from research.uncertain_symmetry.symmetry_warmup import warm_up_conditional  # noqa: E402
 from research.uncertain_symmetry import symmetry_warmup  # noqa: E402
+from research.uncertain_symmetry.symmetry_warmup import warm_up_conditional  # noqa: E402
 from research.uncertain_symmetry.tests.helpers import basis_lambda_conditional  # noqa: E402
 
 WIDE = math.pi / math.sqrt(3.0)

@@ -49,8 +49,13 @@ def test_overlap_of_matching_and_disjoint_distributions(bench) -> None:
 def _unit(bench, dataset: str, seed: int, q_draws: np.ndarray, grid_centre: float) -> dict:
     grid = np.linspace(0.0, math.pi, 201)
     gp = grid_posterior(grid, -0.5 * ((grid - grid_centre) / 0.2) ** 2, np.full_like(grid, -math.log(math.pi)))
-    return {"dataset": dataset, "seed": seed, "full_bayes": {"q_eta": bench.draw_summary(q_draws)},
-            "grid": {"summary": bench.grid_summary(gp)}, "overlap": bench.overlap(q_draws, gp)}  # fmt: skip
+    return {
+        "dataset": dataset,
+        "seed": seed,
+        "full_bayes": {"q_eta": bench.draw_summary(q_draws)},
+        "grid": {"summary": bench.grid_summary(gp)},
+        "overlap": bench.overlap(q_draws, gp),
+    }
 
 
 def test_criteria_verdicts_and_reasons(bench) -> None:
@@ -83,8 +88,9 @@ def test_evaluate_draws_eta_from_the_guide() -> None:
         seen.append(float(self.eta[0] if eta is None else eta[0]))
         return original(self, num_transforms, eta)
 
-    narrow = pi.guides.get("mean-field", model, init_loc_fn=init_to_value(values={"eta": torch.tensor([2.0])}),
-                           init_scale=1e-4)  # fmt: skip
+    narrow = pi.guides.get(
+        "mean-field", model, init_loc_fn=init_to_value(values={"eta": torch.tensor([2.0])}), init_scale=1e-4
+    )
     wide = pi.guides.get("mean-field", model)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(InvariantMLP, "sample_transforms", record)
@@ -100,8 +106,17 @@ def test_evaluate_draws_eta_from_the_guide() -> None:
 
 
 def test_one_tiny_unit_runs(bench) -> None:
-    size = {"train_size": 40, "test_size": 20, "hidden": 8, "num_transforms": 2, "steps": 3, "grid_points": 3,
-            "iwae_K": 4, "num_draws": 30, "eval_samples": 2}  # fmt: skip
+    size = {
+        "train_size": 40,
+        "test_size": 20,
+        "hidden": 8,
+        "num_transforms": 2,
+        "steps": 3,
+        "grid_points": 3,
+        "iwae_K": 4,
+        "num_draws": 30,
+        "eval_samples": 2,
+    }
     with pytest.warns(UserWarning, match="too few for PSIS"):
         unit = bench.run_unit("upright", 0, size)
     unit["num_train"] = size["train_size"]
@@ -116,8 +131,17 @@ def test_a_unit_takes_type_ii_and_the_grid_from_an_earlier_run(bench, tmp_path) 
     and the grid come from the earlier unit, and a run with other settings is refused."""
     import json
 
-    size = {"train_size": 40, "test_size": 20, "hidden": 8, "num_transforms": 2, "steps": 3, "grid_points": 3,
-            "iwae_K": 4, "num_draws": 30, "eval_samples": 2}  # fmt: skip
+    size = {
+        "train_size": 40,
+        "test_size": 20,
+        "hidden": 8,
+        "num_transforms": 2,
+        "steps": 3,
+        "grid_points": 3,
+        "iwae_K": 4,
+        "num_draws": 30,
+        "eval_samples": 2,
+    }
     with pytest.warns(UserWarning, match="too few for PSIS"):
         earlier = bench.run_unit("upright", 0, size)
         fresh = dict(earlier["grid"]["summary"])
@@ -142,10 +166,22 @@ def test_runs_on_other_datasets_merge_into_one_table(bench, tmp_path) -> None:
     """``--merge``: runs of one setting on other (dataset, seed) units become one results file; other
     settings or a repeated unit are refused."""
     rng = np.random.default_rng(3)
-    a = {"info": {}, "settings": {"steps": 4, "datasets": ["rotated-digits"], "seeds": [0]}, "command": "a",
-         "wall_seconds": 2.0, "complete": True, "units": [_unit(bench, "rotated", 0, rng.normal(2.9, 0.1, 200), 2.9)]}
-    b = {"info": {}, "settings": {"steps": 4, "datasets": ["digits"], "seeds": [1]}, "command": "b",
-         "wall_seconds": 3.0, "complete": True, "units": [_unit(bench, "upright", 1, rng.normal(0.2, 0.1, 200), 0.2)]}
+    a = {
+        "info": {},
+        "settings": {"steps": 4, "datasets": ["rotated-digits"], "seeds": [0]},
+        "command": "a",
+        "wall_seconds": 2.0,
+        "complete": True,
+        "units": [_unit(bench, "rotated", 0, rng.normal(2.9, 0.1, 200), 2.9)],
+    }
+    b = {
+        "info": {},
+        "settings": {"steps": 4, "datasets": ["digits"], "seeds": [1]},
+        "command": "b",
+        "wall_seconds": 3.0,
+        "complete": True,
+        "units": [_unit(bench, "upright", 1, rng.normal(0.2, 0.1, 200), 0.2)],
+    }
     merged = bench.merge_runs([b, a], ["b.json", "a.json"])
     assert [(u["dataset"], u["seed"]) for u in merged["units"]] == [("rotated", 0), ("upright", 1)]
     assert merged["settings"]["datasets"] == ["rotated-digits", "digits"] and merged["settings"]["seeds"] == [0, 1]

@@ -30,7 +30,9 @@ def test_settings(bench) -> None:
     assert bench.SCANS["rotated"][-1] == pytest.approx(math.pi) and len(bench.SCANS["partially-rotated"]) == 16
     rotated = np.array(bench.SCANS["rotated"])  # (k): the rotated reference can put mass below 2.4 rad
     assert np.all(np.diff(rotated) > 0) and rotated[0] < 2.4 - 0.5 and len(bench.SCANS["rotated"]) == 13
-    assert bench.PARTIAL_EXTRA[-1] == pytest.approx(math.pi) and min(bench.PARTIAL_EXTRA) > max(bench.SCANS["partially-rotated"])
+    assert bench.PARTIAL_EXTRA[-1] == pytest.approx(math.pi) and min(bench.PARTIAL_EXTRA) > max(
+        bench.SCANS["partially-rotated"]
+    )
 
 
 def test_logit_normal_draws_have_the_stored_quantiles(bench) -> None:
@@ -40,9 +42,21 @@ def test_logit_normal_draws_have_the_stored_quantiles(bench) -> None:
     assert 0 < draws.min() and draws.max() < math.pi
 
 
-def _half(seed: int, half: int, etas: np.ndarray, values: np.ndarray, chains: int = 4, dataset: str = "upright") -> dict:
-    points = [{"eta": float(e), "log_evidence": float(v), "log_weights": [float(v)] * chains, "weight_sd": 0.0,
-               "acceptance": 0.7, "edge_share": 0.001, "sigma_mode": 15.0} for e, v in zip(etas, values)]  # fmt: skip
+def _half(
+    seed: int, half: int, etas: np.ndarray, values: np.ndarray, chains: int = 4, dataset: str = "upright"
+) -> dict:
+    points = [
+        {
+            "eta": float(e),
+            "log_evidence": float(v),
+            "log_weights": [float(v)] * chains,
+            "weight_sd": 0.0,
+            "acceptance": 0.7,
+            "edge_share": 0.001,
+            "sigma_mode": 15.0,
+        }
+        for e, v in zip(etas, values)
+    ]
     return {"dataset": dataset, "seed": seed, "half": half, "points": points}
 
 
@@ -84,11 +98,15 @@ def test_render_recovers_a_known_posterior(bench, tmp_path) -> None:
     for seed in bench.SEEDS:
         for half in bench.HALVES:
             values = -300 - 0.5 * ((etas - 0.5) / 0.06) ** 2 + (0.01 if half else 0.0)
-            (tmp_path / f"{bench.unit_name('upright', seed, half)}.json").write_text(json.dumps(_half(seed, half, etas, values)))
+            (tmp_path / f"{bench.unit_name('upright', seed, half)}.json").write_text(
+                json.dumps(_half(seed, half, etas, values))
+            )
     long_etas = np.array(bench.LONG_ETAS)
     for half in bench.HALVES:  # (i): T = 4000 one nat higher everywhere, and 0.5 nat more at 1.4 rad
         values = -299 - 0.5 * ((long_etas - 0.5) / 0.06) ** 2 + 0.5 * (long_etas == 1.4)
-        (tmp_path / f"long_{bench.unit_name('upright', 0, half)}.json").write_text(json.dumps(_half(0, half, long_etas, values)))
+        (tmp_path / f"long_{bench.unit_name('upright', 0, half)}.json").write_text(
+            json.dumps(_half(0, half, long_etas, values))
+        )
     md, js = bench.render(tmp_path, bench.common.RESULTS_DIR, tmp_path)
     payload = json.loads(js.read_text())
     for s in payload["seeds"]:

@@ -23,25 +23,57 @@ def bench():
 
 
 def _args(work: Path, states: Path, phase: str) -> list[str]:
-    return ["--from", str(QUICK), "--reference", str(work / "reference"), "--work-dir", str(work),
-            "--states", str(states), f"--{phase}", "--only", UNIT]  # fmt: skip
+    return [
+        "--from",
+        str(QUICK),
+        "--reference",
+        str(work / "reference"),
+        "--work-dir",
+        str(work),
+        "--states",
+        str(states),
+        f"--{phase}",
+        "--only",
+        UNIT,
+    ]
 
 
 def test_settings_are_the_stated_ones(bench) -> None:
     assert bench.NUM_POINTS == 181 and bench.NOISE_SEED_OFFSET == 1
-    assert bench.ELBO_STREAMS == 128 and bench.ELBO_SPACING == pytest.approx(math.pi / 180) and bench.ELBO_MARGIN == 0.35
+    assert (
+        bench.ELBO_STREAMS == 128 and bench.ELBO_SPACING == pytest.approx(math.pi / 180) and bench.ELBO_MARGIN == 0.35
+    )
     assert bench.ELBO_FITS == ("rbf", "linear")
     assert bench.STREAMS == 100 and bench.STREAM_BATCH == 20 and bench.RESOLUTION_REPLICATES == 200
     assert bench.CURVATURE_HALF_WIDTH == 0.2
-    assert bench.FITS == {"rbf": ("rbf", ""), "linear": ("linear", ""), "no-warm-up": ("no-warm-up", ""),
-                          "rbf, refined": ("rbf", "_refined"), "linear, refined": ("linear", "_refined")}  # fmt: skip
+    assert bench.FITS == {
+        "rbf": ("rbf", ""),
+        "linear": ("linear", ""),
+        "no-warm-up": ("no-warm-up", ""),
+        "rbf, refined": ("rbf", "_refined"),
+        "linear, refined": ("linear", "_refined"),
+    }
 
 
 def test_a_warmed_up_unit_is_collapsed_on_two_streams(bench, tmp_path, monkeypatch) -> None:
     warm = load_script("uncertain_symmetry_warmup")
     states = tmp_path / "warm"
-    assert warm.main(["--from", str(QUICK), "--reference", str(states / "reference"), "--work-dir", str(states),
-                      "--fit", "--only", UNIT]) == 0  # fmt: skip
+    assert (
+        warm.main(
+            [
+                "--from",
+                str(QUICK),
+                "--reference",
+                str(states / "reference"),
+                "--work-dir",
+                str(states),
+                "--fit",
+                "--only",
+                UNIT,
+            ]
+        )
+        == 0
+    )
     monkeypatch.setattr(bench, "NUM_POINTS", 9)  # the quick size
     work = tmp_path / "collapsed"
     with pytest.raises(SystemExit):  # render before any collapse
@@ -58,7 +90,9 @@ def test_a_warmed_up_unit_is_collapsed_on_two_streams(bench, tmp_path, monkeypat
     from research.uncertain_symmetry.collapsed_symmetry import collapse_symmetry
 
     model, guide, x, y, _ = warm.load_state(states / "states" / f"{UNIT}.pt")
-    again = collapse_symmetry(model, guide, x, y, num_points=9, K=int(json.loads(QUICK.read_text())["settings"]["iwae_K"]), seed=0)
+    again = collapse_symmetry(
+        model, guide, x, y, num_points=9, K=int(json.loads(QUICK.read_text())["settings"]["iwae_K"]), seed=0
+    )
     assert np.allclose(again.posterior.log_evidence, first["profile"], rtol=0, atol=1e-9)
     for phase in ("render", "elbo", "streams"):  # the reference is missing
         with pytest.raises(SystemExit):
@@ -69,7 +103,11 @@ def test_a_warmed_up_unit_is_collapsed_on_two_streams(bench, tmp_path, monkeypat
     size = {"iwae_K": 3, "num_draws": 500}
     out = bench.streams_unit(states / "states" / f"{UNIT}.pt", size, 0.5, 0.52, "cpu")
     grid = np.asarray(out["grid"])
-    assert grid[0] == pytest.approx(0.15) and grid[-1] == pytest.approx(0.87) and np.allclose(np.diff(grid), math.pi / 180, rtol=0.02)
+    assert (
+        grid[0] == pytest.approx(0.15)
+        and grid[-1] == pytest.approx(0.87)
+        and np.allclose(np.diff(grid), math.pi / 180, rtol=0.02)
+    )
     each = np.asarray(out["stream_profiles"])
     assert each.shape == (4, len(grid)) and out["streams"] == 4 and out["stream_batch"] == 2
     assert np.allclose(each.mean(0), out["profile"], atol=1e-3)  # kept rounded to 4 decimals
@@ -89,7 +127,10 @@ def test_the_reference_resolution_diagnostic(bench) -> None:
     fine = np.linspace(0.2, 1.2, 200)
     profile = -0.5 * ((fine - 0.5) / 0.04) ** 2
     step = math.pi / 36
-    points = [{"eta": j * step, "iwae": {"value": float(-0.5 * ((j * step - 0.5) / 0.08) ** 2)}, "restarts": [0.0]} for j in range(2, 12)]
+    points = [
+        {"eta": j * step, "iwae": {"value": float(-0.5 * ((j * step - 0.5) / 0.08) ** 2)}, "restarts": [0.0]}
+        for j in range(2, 12)
+    ]
     points += [{"eta": 1.5, "iwae": {"value": -200.0}}]  # a coarse point outside the window: not a window point
     unit = {"grid": {"points": points, "summary": {"sd": 0.081}}, "restart_noise": {"mean_sd": 2.0}}
     raw = {"grid": fine.tolist(), "profile": profile.tolist(), "q_eta": {"sd": 0.04}}
@@ -106,7 +147,10 @@ def test_the_reference_curvature_diagnostic(bench) -> None:
     """(i): an exact quadratic log evidence of sd 0.07 gives c = −1/(2·0.07²) and sd 0.07 back, with zero residuals; its
     interval is c ± 1.645 SE from σ/√R mapped to sd; points beyond 0.2 rad of the top are left out."""
     step = math.pi / 36
-    points = [{"eta": j * step, "iwae": {"value": float(-0.5 * ((j * step - 0.52) / 0.07) ** 2)}, "restarts": [0.0]} for j in range(2, 12)]
+    points = [
+        {"eta": j * step, "iwae": {"value": float(-0.5 * ((j * step - 0.52) / 0.07) ** 2)}, "restarts": [0.0]}
+        for j in range(2, 12)
+    ]
     unit = {"grid": {"points": points, "summary": {"sd": 0.07}}, "restart_noise": {"mean_sd": 2.0}}
     cur = bench.reference_curvature(unit)
     assert cur["eta0"] == pytest.approx(6 * step) and cur["points"] == 5

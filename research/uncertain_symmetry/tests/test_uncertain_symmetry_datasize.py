@@ -52,11 +52,22 @@ def _write_unit(bench, work, dataset, size, seed, top) -> None:
     etas = np.array(bench.ETAS)
     ell = -size * 0.8 - 0.5 * size / 30 * (etas - top) ** 2  # sharper with N, as an evidence is
     nll = 0.3 + 0.05 * (etas - top) ** 2
-    pts = [{"eta": float(e), "log_evidence": float(v), "sigma_mode": 15.0, "newton_steps": 40, "nll": float(h),
-            "accuracy": 0.9, "seconds": 1.0} for e, v, h in zip(etas, ell, nll)]  # fmt: skip
+    pts = [
+        {
+            "eta": float(e),
+            "log_evidence": float(v),
+            "sigma_mode": 15.0,
+            "newton_steps": 40,
+            "nll": float(h),
+            "accuracy": 0.9,
+            "seconds": 1.0,
+        }
+        for e, v, h in zip(etas, ell, nll)
+    ]
     for k in (0, 1):
-        bench.unit_path(work, dataset, size, seed, k).write_text(json.dumps({"dataset": dataset, "size": size, "seed": seed,
-                                                                             "points": pts[k::2]}))  # fmt: skip
+        bench.unit_path(work, dataset, size, seed, k).write_text(
+            json.dumps({"dataset": dataset, "size": size, "seed": seed, "points": pts[k::2]})
+        )
 
 
 def test_render_reads_moving_and_staying_tops(bench, tmp_path) -> None:
@@ -68,12 +79,22 @@ def test_render_reads_moving_and_staying_tops(bench, tmp_path) -> None:
         for size in bench.SIZES:  # ±90°: it stays
             _write_unit(bench, work, "partially-rotated", size, seed, 2.35)
     # upright seed 0 at N = 1200 incomplete: left out
-    bench.unit_path(work, "upright", 1200, 1, 0).write_text(json.dumps({"dataset": "upright", "size": 1200, "seed": 1,
-                                                                        "points": []}))  # fmt: skip
+    bench.unit_path(work, "upright", 1200, 1, 0).write_text(
+        json.dumps({"dataset": "upright", "size": 1200, "seed": 1, "points": []})
+    )
     shared = {0.1: -240.0 - 0.5 * 10 * 2.0**2, 0.6: -240.0 - 0.5 * 10 * 1.5**2 + 0.25}  # N = 300, seed 0: 0.25 nats off
-    (lap / "upright_seed0_part0.json").write_text(json.dumps({"points": [{"eta": e, "log_evidence": v} for e, v in shared.items()]}))
-    (work / "predictive_upright_n600_seed2.json").write_text(json.dumps({
-        "full_bayes": {"nll": 0.41, "accuracy": 0.9}, "type_ii": {"nll": 0.43, "accuracy": 0.89}, "points_mixed": 3}))
+    (lap / "upright_seed0_part0.json").write_text(
+        json.dumps({"points": [{"eta": e, "log_evidence": v} for e, v in shared.items()]})
+    )
+    (work / "predictive_upright_n600_seed2.json").write_text(
+        json.dumps(
+            {
+                "full_bayes": {"nll": 0.41, "accuracy": 0.9},
+                "type_ii": {"nll": 0.43, "accuracy": 0.89},
+                "points_mixed": 3,
+            }
+        )
+    )
     md, js = bench.render(work, lap, tmp_path)
     out = json.loads(js.read_text())
     assert out["moves_down"] == {"upright": "2/2", "partially-rotated": "0/2"}

@@ -24,9 +24,16 @@ def bench():
 
 def _reference(values: dict[int, float], restarts: int = 2) -> dict:
     """A refined-reference unit with the bound ``values[j]`` at 5° point j for every restart (restart r offset by r)."""
-    return {"dataset": "upright", "seed": 0, "window": sorted(values),
-            "fits": [{"j": j, "eta": j * STEP, "restart": r, "iwae": {"value": v + r}, "source": "fitted"}
-                     for j, v in values.items() for r in range(restarts)]}  # fmt: skip
+    return {
+        "dataset": "upright",
+        "seed": 0,
+        "window": sorted(values),
+        "fits": [
+            {"j": j, "eta": j * STEP, "restart": r, "iwae": {"value": v + r}, "source": "fitted"}
+            for j, v in values.items()
+            for r in range(restarts)
+        ],
+    }
 
 
 def test_settings_are_the_stated_ones(bench) -> None:
@@ -47,7 +54,11 @@ def test_points_sit_around_the_references_best_point(bench) -> None:
 def test_summary_recovers_an_exact_quadratic_and_uses_whole_restarts(bench) -> None:
     etas = list(0.5 + np.arange(-11, 12) * math.pi / 180)
     profile = [-0.5 * ((e - 0.52) / 0.05) ** 2 for e in etas]
-    fits = [{"k": k, "eta": e, "restart": r, "iwae": {"value": profile[k] + 3.0 * r}} for r in range(3) for k, e in enumerate(etas)]
+    fits = [
+        {"k": k, "eta": e, "restart": r, "iwae": {"value": profile[k] + 3.0 * r}}
+        for r in range(3)
+        for k, e in enumerate(etas)
+    ]
     fits += [{"k": 0, "eta": etas[0], "restart": 3, "iwae": {"value": 0.0}}]  # an unfinished restart
     unit = {"dataset": "upright", "seed": 0, "eta0": 0.5, "etas": etas, "fits": fits}
     assert bench.complete_restarts(unit) == [0, 1, 2]
@@ -55,7 +66,9 @@ def test_summary_recovers_an_exact_quadratic_and_uses_whole_restarts(bench) -> N
     assert out["restarts"] == [0, 1, 2] and out["points"] == 23
     assert out["c"] == pytest.approx(-1 / (2 * 0.05**2), rel=1e-9) and out["sd"] == pytest.approx(0.05, rel=1e-9)
     assert out["sigma"] == pytest.approx(0.0, abs=1e-9) and out["residual_sd"] == pytest.approx(0.0, abs=1e-6)
-    assert out["grid_sd"] == pytest.approx(0.05, rel=0.03)  # the 1° grid posterior (piecewise-linear, truncated at 4 sd)
+    assert out["grid_sd"] == pytest.approx(
+        0.05, rel=0.03
+    )  # the 1° grid posterior (piecewise-linear, truncated at 4 sd)
     rc = out["restart_curvature"]  # (d): every restart has the same shape
     assert np.allclose(rc["each_c"], out["c"]) and rc["se"] == pytest.approx(0.0, abs=1e-6)
     assert rc["sd_interval"] == pytest.approx([0.05, 0.05], rel=1e-6)
@@ -84,7 +97,10 @@ def test_fits_run_restart_by_restart_resume_and_repeat_the_reference(bench, tmp_
     assert all(math.isfinite(f["iwae"]["value"]) for f in unit["fits"])
     # the fit at the 5° point η₀ repeats a reference fit with the same seed: put its value in the reference
     centre = next(f for f in unit["fits"] if f["k"] == 2 and f["restart"] == 1)
-    ref["fits"] = [{**f, "iwae": {"value": centre["iwae"]["value"]}} if (f["j"], f["restart"]) == (6, 1) else f for f in ref["fits"]]
+    ref["fits"] = [
+        {**f, "iwae": {"value": centre["iwae"]["value"]}} if (f["j"], f["restart"]) == (6, 1) else f
+        for f in ref["fits"]
+    ]
     assert bench.repeats_reference({**unit, "fits": [centre]}, ref) == 0.0
     moved = [{**f, "restart": 0, "k": 2} for f in unit["fits"] if f["k"] == 2 and f["restart"] == 1]
     assert bench.repeats_reference({**unit, "fits": moved}, ref) > 0.0
@@ -103,22 +119,36 @@ def test_fits_run_restart_by_restart_resume_and_repeat_the_reference(bench, tmp_
     assert all(p["repeat_difference"] < 1e-6 for p in check["points"])
     as_reference = bench.k_check_reference(check, "iwae")
     assert bench.complete_restarts(as_reference) == [0, 1]
-    assert sorted(f["iwae"]["value"] for f in as_reference["fits"]) == sorted(f["iwae"]["value"] for f in unit["fits"] if f["restart"] < 2)
+    assert sorted(f["iwae"]["value"] for f in as_reference["fits"]) == sorted(
+        f["iwae"]["value"] for f in unit["fits"] if f["restart"] < 2
+    )
     out = bench.k_check_summary(check)
     assert out["points"] == 5 and set(out["reference"]) == {"K100", "K7"}
-    assert out["reference"]["K100"]["sd"] == pytest.approx(bench.fine_summary({**unit, "fits": [f for f in unit["fits"] if f["restart"] < 2]})["sd"])
+    assert out["reference"]["K100"]["sd"] == pytest.approx(
+        bench.fine_summary({**unit, "fits": [f for f in unit["fits"] if f["restart"] < 2]})["sd"]
+    )
 
 
 def test_k_check_summary_finds_the_curvature_of_the_difference(bench) -> None:
     etas = 0.5 + np.arange(-11, 12) * math.pi / 180
     base = -0.5 * ((etas - 0.5) / 0.05) ** 2
     more = base + 2.0 + 30.0 * (etas - 0.5) ** 2 + 0.5 * (etas - 0.5)  # K's gap bends the profile by +30 nats/rad²
-    check = {"dataset": "upright", "seed": 0, "eta0": 0.5, "etas": list(etas), "points": [{"k": k, "restart": 0, "eta": e, "iwae": b, "iwae_more": m, "repeat_difference": 0.0, "k_hat_more": 0.1 * k}
-                                     for k, (e, b, m) in enumerate(zip(etas, base, more))]}  # fmt: skip
+    check = {
+        "dataset": "upright",
+        "seed": 0,
+        "eta0": 0.5,
+        "etas": list(etas),
+        "points": [
+            {"k": k, "restart": 0, "eta": e, "iwae": b, "iwae_more": m, "repeat_difference": 0.0, "k_hat_more": 0.1 * k}
+            for k, (e, b, m) in enumerate(zip(etas, base, more))
+        ],
+    }
     out = bench.k_check_summary(check)
     assert out["points"] == 23 and out["sd"] == pytest.approx(0.05) and out["diff_c"] == pytest.approx(30.0)
     assert out["sd_more"] == pytest.approx(bench.usc.implied_sd(-1 / (2 * 0.05**2) + 30.0))
-    assert out["diff_se"] == pytest.approx(0.0, abs=1e-6) and out["diff_range"] == pytest.approx([(more - base).min(), (more - base).max()])
+    assert out["diff_se"] == pytest.approx(0.0, abs=1e-6) and out["diff_range"] == pytest.approx(
+        [(more - base).min(), (more - base).max()]
+    )
     assert out["k_hat_range"] == pytest.approx([0.0, 2.2]) and "reference" not in out  # one restart: no (f)
     assert "| upright, 0 | 23 | 0.050 |" in bench.k_check_table([("upright", 0, out)])
 
@@ -128,5 +158,16 @@ def test_render_refuses_a_missing_unit(bench, tmp_path) -> None:
     ref_dir.mkdir()
     (ref_dir / "upright_seed0.json").write_text(json.dumps(_reference({j: -((j - 6) ** 2) for j in range(4, 9)})))
     with pytest.raises(SystemExit):
-        bench.main(["--from", str(QUICK), "--reference", str(ref_dir), "--work-dir", str(tmp_path / "fine"), "--render",
-                    "--only", "upright_seed0"])  # fmt: skip
+        bench.main(
+            [
+                "--from",
+                str(QUICK),
+                "--reference",
+                str(ref_dir),
+                "--work-dir",
+                str(tmp_path / "fine"),
+                "--render",
+                "--only",
+                "upright_seed0",
+            ]
+        )

@@ -25,7 +25,17 @@ def bench():
 
 
 def _args(work: Path, phase: str) -> list[str]:
-    return ["--from", str(QUICK), "--reference", str(work / "reference"), "--work-dir", str(work), f"--{phase}", "--only", UNIT]
+    return [
+        "--from",
+        str(QUICK),
+        "--reference",
+        str(work / "reference"),
+        "--work-dir",
+        str(work),
+        f"--{phase}",
+        "--only",
+        UNIT,
+    ]
 
 
 def test_start_reproduces_and_reloads_the_input_fit_then_the_refinement_runs(bench, tmp_path) -> None:
@@ -55,7 +65,9 @@ def test_start_reproduces_and_reloads_the_input_fit_then_the_refinement_runs(ben
     (tmp_path / "reference" / "upright_seed0.json").write_text(json.dumps({"window": [0, 6, 12, 36]}))
     assert bench.main(_args(tmp_path, "profile")) == 0
     prof = json.loads((tmp_path / "profile" / f"{UNIT}.json").read_text())
-    assert prof["etas"] == pytest.approx([0.0, math.pi / 6, math.pi / 3, math.pi])  # 0 and π held inside only when fixed
+    assert prof["etas"] == pytest.approx(
+        [0.0, math.pi / 6, math.pi / 3, math.pi]
+    )  # 0 and π held inside only when fixed
     assert all(math.isfinite(v) for k in ("elbo_fit", "refined") for v in prof[k]) and prof["K"] == size["iwae_K"]
     with pytest.raises(SystemExit):  # the other units' references are missing
         bench.main(_args(tmp_path, "render"))

@@ -34,8 +34,12 @@ def test_a_tiny_run_in_two_parts_resumes(bench, tmp_path, monkeypatch) -> None:
     assert all(math.isfinite(q["log_evidence"]) and len(q["profile"]) == 2 for u in units for q in u["points"])
     monkeypatch.setattr(bench, "HELDOUT_DRAWS", 8)
     held = bench.heldout_unit("upright", 0, tmp_path, 1, 2)  # (d) at part 1's point, with its σ_p
-    assert [q["eta"] for q in held["points"]] == [1.2] and held["points"][0]["sigma"] == units[1]["points"][0]["sigma_mode"]
-    assert 0 < held["points"][0]["nll"] < math.inf and 0 <= held["points"][0]["accuracy"] <= 1  # σ_p = e^5 here: overconfident
+    assert [q["eta"] for q in held["points"]] == [1.2] and held["points"][0]["sigma"] == units[1]["points"][0][
+        "sigma_mode"
+    ]
+    assert (
+        0 < held["points"][0]["nll"] < math.inf and 0 <= held["points"][0]["accuracy"] <= 1
+    )  # σ_p = e^5 here: overconfident
     monkeypatch.setattr(bench, "evaluate_point", lambda *a, **k: pytest.fail("a finished point ran again"))
     monkeypatch.setattr(bench, "laplace_readout_predictive", lambda *a, **k: pytest.fail("a finished point ran again"))
     assert bench.run_unit("upright", 0, paths[0], 0, 2) == json.loads(paths[0].read_text())
@@ -43,8 +47,18 @@ def test_a_tiny_run_in_two_parts_resumes(bench, tmp_path, monkeypatch) -> None:
 
 
 def _ais_half(seed: int, half: int, etas: np.ndarray, values: np.ndarray, dataset: str) -> dict:
-    points = [{"eta": float(e), "log_evidence": float(v), "log_weights": [float(v)] * 4, "weight_sd": 0.0,
-               "acceptance": 0.7, "edge_share": 0.001, "sigma_mode": 15.0} for e, v in zip(etas, values)]  # fmt: skip
+    points = [
+        {
+            "eta": float(e),
+            "log_evidence": float(v),
+            "log_weights": [float(v)] * 4,
+            "weight_sd": 0.0,
+            "acceptance": 0.7,
+            "edge_share": 0.001,
+            "sigma_mode": 15.0,
+        }
+        for e, v in zip(etas, values)
+    ]
     return {"dataset": dataset, "seed": seed, "half": half, "points": points}
 
 
@@ -58,12 +72,25 @@ def test_render_a_constant_error_holds_and_a_tilt_fails(bench, tmp_path) -> None
             path = ais_dir / f"{bench.usa.unit_name('upright', seed, half)}.json"
             path.write_text(json.dumps(_ais_half(seed, half, etas, truth, "upright")))
         for k in (0, 1):
-            pts = [{"eta": float(e), "log_evidence": float(t + r), "sigma_mode": 12.0, "newton_steps": 40, "profile": [],
-                    "seconds": 20.0} for e, t, r in list(zip(etas, truth, error))[k::2]]  # fmt: skip
-            bench.unit_path(lap_dir, "upright", seed, k).write_text(json.dumps({"dataset": "upright", "seed": seed, "points": pts}))
+            pts = [
+                {
+                    "eta": float(e),
+                    "log_evidence": float(t + r),
+                    "sigma_mode": 12.0,
+                    "newton_steps": 40,
+                    "profile": [],
+                    "seconds": 20.0,
+                }
+                for e, t, r in list(zip(etas, truth, error))[k::2]
+            ]
+            bench.unit_path(lap_dir, "upright", seed, k).write_text(
+                json.dumps({"dataset": "upright", "seed": seed, "points": pts})
+            )
     nll = 0.3 + 0.01 * (etas - 1.0) ** 2  # (d) for seed 0 only: lowest at 1.0 rad
     held = [{"eta": float(e), "nll": float(v), "accuracy": 0.9, "sigma": 12.0} for e, v in zip(etas, nll)]
-    (lap_dir / "heldout_upright_seed0_part0.json").write_text(json.dumps({"dataset": "upright", "seed": 0, "points": held}))
+    (lap_dir / "heldout_upright_seed0_part0.json").write_text(
+        json.dumps({"dataset": "upright", "seed": 0, "points": held})
+    )
     md, js = bench.render(lap_dir, ais_dir, bench.common.RESULTS_DIR, tmp_path)
     units = {u["seed"]: u for u in json.loads(js.read_text())["units"]}
     assert set(units) == {0, 2} and units[0]["points"] == len(etas)

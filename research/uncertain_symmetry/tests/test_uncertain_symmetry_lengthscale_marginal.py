@@ -20,8 +20,10 @@ def bench():
 
 
 def curve(bench, top: float, height: float, etas: tuple[float, ...] | None = None) -> list[dict]:
-    return [{"eta": e, "log_evidence": height - 10.0 * (e - top) ** 2, "nll": 0.5 + 0.01 * (e - top) ** 2, "accuracy": 0.9}
-            for e in (bench.ETAS if etas is None else etas)]  # fmt: skip
+    return [
+        {"eta": e, "log_evidence": height - 10.0 * (e - top) ** 2, "nll": 0.5 + 0.01 * (e - top) ** 2, "accuracy": 0.9}
+        for e in (bench.ETAS if etas is None else etas)
+    ]
 
 
 def test_settings(bench) -> None:
@@ -62,9 +64,13 @@ def test_summarise_against_a_direct_computation(bench) -> None:
     # log p(D | ℓ): trapezoid over η of p(D | η, ℓ) / π
     direct = [math.log(np.trapezoid(np.exp(row), etas) / math.pi) for row in lev]
     assert r["log_p_data_given_ell"] == pytest.approx(direct, abs=1e-9) and r["ell_star"] == 4.0
-    assert sum(r["p_ell"]) == pytest.approx(1.0) and r["p_ell"][1] == pytest.approx(1 / (1 + math.exp(direct[0] - direct[1])))
+    assert sum(r["p_ell"]) == pytest.approx(1.0) and r["p_ell"][1] == pytest.approx(
+        1 / (1 + math.exp(direct[0] - direct[1]))
+    )
     mixed = bench.usa.posterior(etas, np.log(np.exp(lev).mean(0)))  # p(D | η) averaged over the ℓ grid, then U(0, π)
-    assert r["integrated"]["mean"] == pytest.approx(mixed.mean, abs=1e-9) and r["integrated"]["sd"] == pytest.approx(mixed.sd, abs=1e-9)
+    assert r["integrated"]["mean"] == pytest.approx(mixed.mean, abs=1e-9) and r["integrated"]["sd"] == pytest.approx(
+        mixed.sd, abs=1e-9
+    )
     assert r["at_ell_star"]["mode"] == 0.6 and r["at_ell_star_criterion"][0]
     assert r["joint_top"] == [4.0, 0.6] and r["best_nll"][:2] == [2.0, 1.6] and r["nll_at_top"] == pytest.approx(0.01)
 
@@ -78,9 +84,15 @@ def test_a_tiny_run_and_ais_check_resume(bench, tmp_path, monkeypatch) -> None:
     data = bench.usd.load("upright", 40)
     unit = bench.run_item("upright", 4.0, 1, bench.unit_path(tmp_path, "upright", 4.0, 1, 0), data=data)
     again = bench.usd.evaluate_point(data, 1, 0.6, lengthscale=4.0)
-    assert unit["lengthscale"] == 4.0 and unit["points"][0]["log_evidence"] == pytest.approx(again["log_evidence"], abs=1e-9)
-    assert again["log_evidence"] != pytest.approx(bench.usd.evaluate_point(data, 1, 0.6)["log_evidence"], abs=1e-3)  # ℓ reached the model
-    monkeypatch.setattr(bench.usa, "evaluate_point", functools.partial(bench.usa.evaluate_point, chains=2, temperatures=4))
+    assert unit["lengthscale"] == 4.0 and unit["points"][0]["log_evidence"] == pytest.approx(
+        again["log_evidence"], abs=1e-9
+    )
+    assert again["log_evidence"] != pytest.approx(
+        bench.usd.evaluate_point(data, 1, 0.6)["log_evidence"], abs=1e-3
+    )  # ℓ reached the model
+    monkeypatch.setattr(
+        bench.usa, "evaluate_point", functools.partial(bench.usa.evaluate_point, chains=2, temperatures=4)
+    )
     first = bench.run_ais_check(tmp_path, 0)
     assert [(p["size"], p["lengthscale"]) for p in first["points"]] == [(40, 2.0), (60, 4.0)]
     lap = json.loads((tmp_path / "ais_check_laplace.json").read_text())["points"]
@@ -95,20 +107,38 @@ def test_render(bench, tmp_path) -> None:
     for d in (own, probe, ds):
         d.mkdir()
     for seed in bench.SEEDS:  # upright: ℓ = 4 wins with its top at 0.6 on every seed; ±90°: seed 0 only, at π
-        bench.usd.unit_path(ds, "upright", 1200, seed, 0).write_text(json.dumps({"points": curve(bench, 2.35, -400.0, bench.usd.ETAS)}))
+        bench.usd.unit_path(ds, "upright", 1200, seed, 0).write_text(
+            json.dumps({"points": curve(bench, 2.35, -400.0, bench.usd.ETAS)})
+        )
         for ell, top, height in ((2.0, 1.6, -310.0), (4.0, 0.6, -300.0)):
-            path = (bench.usls.unit_path(probe, "upright", ell, 0) if seed == 0 else bench.unit_path(own, "upright", ell, seed, 0))
+            path = (
+                bench.usls.unit_path(probe, "upright", ell, 0)
+                if seed == 0
+                else bench.unit_path(own, "upright", ell, seed, 0)
+            )
             path.write_text(json.dumps({"points": curve(bench, top, height)}))
-    bench.usd.unit_path(ds, "partially-rotated", 1200, 0, 0).write_text(json.dumps({"points": curve(bench, math.pi, -500.0, bench.usd.ETAS)}))
-    bench.usls.unit_path(probe, "partially-rotated", 2.0, 0).write_text(json.dumps({"points": curve(bench, math.pi, -490.0)}))
+    bench.usd.unit_path(ds, "partially-rotated", 1200, 0, 0).write_text(
+        json.dumps({"points": curve(bench, math.pi, -500.0, bench.usd.ETAS)})
+    )
+    bench.usls.unit_path(probe, "partially-rotated", 2.0, 0).write_text(
+        json.dumps({"points": curve(bench, math.pi, -490.0)})
+    )
     md, js = bench.render(own, probe, ds, tmp_path)
     out = json.loads(js.read_text())
     assert [(u["dataset"], u["seed"], u["ell_star"]) for u in out["units"]] == [
-        ("upright", 0, 4.0), ("upright", 1, 4.0), ("upright", 2, 4.0), ("partially-rotated", 0, 2.0)]  # fmt: skip
+        ("upright", 0, 4.0),
+        ("upright", 1, 4.0),
+        ("upright", 2, 4.0),
+        ("partially-rotated", 0, 2.0),
+    ]
     assert out["sources"] == {"data-size": 32, "probe": 24, "this script": 32} and out["ais_check"] is None
     text = md.read_text()
     assert "| upright | 0, 1, 2 | 3 of 3 | 3 of 3 (2 of 2) |" in text and text.count("| yes |") == 1
-    assert "| partially-rotated | 0 | 0 of 1 | 0 of 1 (0 of 0) | 2.9" in text and "(\\|Δ\\| " in text and "(|Δ|" not in text
+    assert (
+        "| partially-rotated | 0 | 0 of 1 | 0 of 1 (0 of 0) | 2.9" in text
+        and "(\\|Δ\\| " in text
+        and "(|Δ|" not in text
+    )
 
 
 def test_the_ais_table_and_its_reading(bench, tmp_path) -> None:
@@ -117,22 +147,51 @@ def test_the_ais_table_and_its_reading(bench, tmp_path) -> None:
     ais = {(300, 2.0): -100.0, (300, 4.0): -95.0, (1200, 2.0): -300.0, (1200, 4.0): -290.0}
     lap = {(300, 2.0): -110.0, (300, 4.0): -108.0, (1200, 2.0): -310.0, (1200, 4.0): -318.0}  # Laplace: ℓ = 2 at 1200
     for half, shift in ((0, 0.5), (1, -0.5)):
-        pts = [{"size": n, "lengthscale": e, "eta": eta, "log_evidence": ais[(n, e)] + shift, "weight_sd": 2.0,
-                "log_weights": [ais[(n, e)] + shift] * 4} for n, e, eta in bench.AIS_CHECK]  # fmt: skip
+        pts = [
+            {
+                "size": n,
+                "lengthscale": e,
+                "eta": eta,
+                "log_evidence": ais[(n, e)] + shift,
+                "weight_sd": 2.0,
+                "log_weights": [ais[(n, e)] + shift] * 4,
+            }
+            for n, e, eta in bench.AIS_CHECK
+        ]
         (own / f"ais_check_half{half}.json").write_text(json.dumps({"points": pts}))
     assert bench.ais_check(own, probe) is None  # no Laplace points at N = 1200 yet
-    (own / "ais_check_laplace.json").write_text(json.dumps({"points": [
-        {"size": n, "lengthscale": e, "eta": eta, "log_evidence": lap[(n, e)]} for n, e, eta in bench.AIS_CHECK if n == 300]}))  # fmt: skip
+    (own / "ais_check_laplace.json").write_text(
+        json.dumps(
+            {
+                "points": [
+                    {"size": n, "lengthscale": e, "eta": eta, "log_evidence": lap[(n, e)]}
+                    for n, e, eta in bench.AIS_CHECK
+                    if n == 300
+                ]
+            }
+        )
+    )
     for ell in (2.0, 4.0):
-        bench.usls.unit_path(probe, "upright", ell, 0).write_text(json.dumps({"points": [
-            {"eta": e, "log_evidence": lap[(1200, ell)], "nll": 0.5, "accuracy": 0.9} for e in bench.ETAS]}))  # fmt: skip
+        bench.usls.unit_path(probe, "upright", ell, 0).write_text(
+            json.dumps(
+                {
+                    "points": [
+                        {"eta": e, "log_evidence": lap[(1200, ell)], "nll": 0.5, "accuracy": 0.9} for e in bench.ETAS
+                    ]
+                }
+            )
+        )
     rows = bench.ais_check(own, probe)
     # the combined estimate is the log mean of both runs' weights (e^{±0.5} around the value), not their average
-    assert [r["ais"] for r in rows][:2] == pytest.approx([-100.0 + math.log(math.cosh(0.5))] * 2) and rows[0]["noise"] == pytest.approx(0.5)
+    assert [r["ais"] for r in rows][:2] == pytest.approx([-100.0 + math.log(math.cosh(0.5))] * 2) and rows[0][
+        "noise"
+    ] == pytest.approx(0.5)
     text = "\n".join(bench.ais_table(rows))
     assert "| 1200 | 0.60 | 10.0 | -8.0 | no |" in text and "| 300 | 1.60 | 5.0 | 2.0 | yes |" in text
     assert "**not confirmed" in text
-    assert "At N = 1200: AIS − Laplace from 10.1 to 28.1 nats, per-chain log-weight sd 2.0–2.0." in text  # AIS's own state
+    assert (
+        "At N = 1200: AIS − Laplace from 10.1 to 28.1 nats, per-chain log-weight sd 2.0–2.0." in text
+    )  # AIS's own state
 
 
 def test_the_edge_check_widens_the_scale_grid_and_its_table(bench, tmp_path, monkeypatch) -> None:
@@ -144,7 +203,9 @@ def test_the_edge_check_widens_the_scale_grid_and_its_table(bench, tmp_path, mon
     assert [(p["dataset"], p["seed"], p["eta"]) for p in unit["points"]] == [("upright", 1, 1.6)]
     data = bench.usd.load("upright", 40)
     model = bench.usa.make_model(data, 1, 1.6, lengthscale=4.0)
-    again = bench.laplace_readout_evidence(model, *bench.train_arrays(data, model), num_scales=5, scale_span=bench.EDGE_SPAN)
+    again = bench.laplace_readout_evidence(
+        model, *bench.train_arrays(data, model), num_scales=5, scale_span=bench.EDGE_SPAN
+    )
     assert unit["points"][0]["log_evidence"] == pytest.approx(again.log_evidence, abs=1e-9)
     monkeypatch.setattr(bench, "laplace_readout_evidence", lambda *a, **k: pytest.fail("a finished point ran again"))
     assert bench.run_edge_check(tmp_path, 1, 2) == unit
@@ -154,15 +215,19 @@ def test_the_edge_check_widens_the_scale_grid_and_its_table(bench, tmp_path, mon
         p["edge_share"] = 0.1
     row = bench.summarise("upright", 1, units)
     assert row["edge_share"][1] == 0.1 and math.isnan(row["edge_share"][0])
-    wide = [{"dataset": "upright", "seed": 1, "eta": p["eta"], "log_evidence": p["log_evidence"] + 0.5, "edge_share": 1e-9}
-            for p in units[4.0]]  # fmt: skip
+    wide = [
+        {"dataset": "upright", "seed": 1, "eta": p["eta"], "log_evidence": p["log_evidence"] + 0.5, "edge_share": 1e-9}
+        for p in units[4.0]
+    ]
     table_dir = tmp_path / "table"
     table_dir.mkdir()
     (table_dir / "edge_check_part0.json").write_text(json.dumps({"points": wide}))
     text = "\n".join(bench.edge_table(table_dir, [row]))
     before = row["log_p_data_given_ell"][1] - max(row["log_p_data_given_ell"])
     assert f"| upright | 1 | 0.50 / 0.50 | 0.100 → 1.0e-09 | {before:.1f} → {before + 0.5:.1f} |" in text
-    assert bench.edge_table(table_dir, [bench.summarise("upright", 1, {2.0: units[2.0], 1.0: units[2.0]})]) == []  # no ℓ = 4
+    assert (
+        bench.edge_table(table_dir, [bench.summarise("upright", 1, {2.0: units[2.0], 1.0: units[2.0]})]) == []
+    )  # no ℓ = 4
 
 
 def test_fill_unit_evaluates_only_missing_keys_in_order_and_resumes(bench, tmp_path) -> None:
@@ -179,6 +244,8 @@ def test_fill_unit_evaluates_only_missing_keys_in_order_and_resumes(bench, tmp_p
     assert json.loads(path.read_text()) == {"name": "u", "points": [{"k": 1, "v": 1}, {"k": 2, "v": 4}]}
     assert not path.with_suffix(".partial").exists()
     calls.clear()
-    unit = bench.common.fill_unit(path, {"name": "ignored"}, [2, 4, 1], lambda p: p["k"], lambda k: calls.append(k) or {"k": k, "v": -k})
+    unit = bench.common.fill_unit(
+        path, {"name": "ignored"}, [2, 4, 1], lambda p: p["k"], lambda k: calls.append(k) or {"k": k, "v": -k}
+    )
     assert unit == json.loads(path.read_text()) and unit["name"] == "u"  # the stored header is kept
     assert [p["k"] for p in unit["points"]] == [1, 2, 4] and calls == [4]  # only 4 was missing

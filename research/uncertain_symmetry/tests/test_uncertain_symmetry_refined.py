@@ -34,8 +34,10 @@ def test_refined_points_on_the_window_only_under_both_rules(ref) -> None:
     window, then averaged; ``larger``: the larger bound; coarse points outside the window unchanged."""
     step = math.pi / 36
     coarse = [{"eta": j * step, "iwae": {"value": -float(j)}} for j in (0, 3, 6, 9)]
-    fits = [{"j": j, "eta": j * step, "restart": r, "iwae": {"value": v}}
-            for j, r, v in [(3, 0, -3.0), (3, 1, -2.5), (4, 0, -7.0), (4, 1, -8.5)]]  # fmt: skip
+    fits = [
+        {"j": j, "eta": j * step, "restart": r, "iwae": {"value": v}}
+        for j, r, v in [(3, 0, -3.0), (3, 1, -2.5), (4, 0, -7.0), (4, 1, -8.5)]
+    ]
     # offset d = mean(0.5, −1.5) = −0.5; aligned restart 1: −2.0 at j = 3, −8.0 at j = 4
     for rule, at3, at4 in [("aligned-mean", -2.5, -7.5), ("larger", -2.5, -7.0)]:
         points = ref.refined_points(coarse, {"fits": fits}, rule)
@@ -47,7 +49,7 @@ def test_refined_points_on_the_window_only_under_both_rules(ref) -> None:
     noise = ref.restart_noise({"fits": fits}, num_train=10)
     # aligned restart 1: −2.0, −8.0 against −3.0, −7.0: per-point variances 0.5, 0.5
     assert noise["offsets"] == pytest.approx([0.0, -0.5]) and noise["offsets_per_datum"][1] == pytest.approx(-0.05)
-    assert noise["point_sd"] == pytest.approx(0.5 ** 0.5) and noise["mean_sd"] == pytest.approx(0.5)
+    assert noise["point_sd"] == pytest.approx(0.5**0.5) and noise["mean_sd"] == pytest.approx(0.5)
     assert noise["restarts"] == 2 and noise["points"] == 2
     assert ref.first_restarts({"fits": fits, "x": 1}, 1) == {"fits": [fits[0], fits[2]], "x": 1}
     grid, values = ref.aligned_mean({"fits": fits}, lambda f: f["iwae"]["value"])  # the rule, for any value
@@ -83,14 +85,31 @@ def test_a_tiny_refinement_runs_resumes_extends_and_renders(ref, tmp_path, monke
     monkeypatch.setattr(ref, "window", lambda intervals, margin=ref.MARGIN: [18, 19])
     monkeypatch.setattr(ref, "RESTARTS", 2)
     work = tmp_path / "work"
-    args = ["--from", str(QUICK), str(QUICK), "--names", "a,b", "--work-dir", str(work), "--datasets", "upright",
-            "--seeds", "0", "--out-dir", str(tmp_path)]  # fmt: skip
+    args = [
+        "--from",
+        str(QUICK),
+        str(QUICK),
+        "--names",
+        "a,b",
+        "--work-dir",
+        str(work),
+        "--datasets",
+        "upright",
+        "--seeds",
+        "0",
+        "--out-dir",
+        str(tmp_path),
+    ]
     with pytest.warns(UserWarning, match="too few for PSIS"):  # the quick run's K = 10
         assert ref.main(args) == 0
     path = work / "upright_seed0.json"
     unit = json.loads(path.read_text())
     assert [(f["j"], f["restart"], f["source"]) for f in unit["fits"]] == [
-        (18, 0, "coarse grid (stored)"), (18, 1, "fitted"), (19, 0, "fitted"), (19, 1, "fitted")]
+        (18, 0, "coarse grid (stored)"),
+        (18, 1, "fitted"),
+        (19, 0, "fitted"),
+        (19, 1, "fitted"),
+    ]
     assert unit["fits"][1]["iwae"] != unit["fits"][0]["iwae"]  # another training seed
     before = path.read_text()
     assert ref.main(args) == 0 and path.read_text() == before
@@ -101,16 +120,28 @@ def test_a_tiny_refinement_runs_resumes_extends_and_renders(ref, tmp_path, monke
         assert ref.main(args) == 0
     extended = json.loads(path.read_text())
     assert extended["fits"][:2] == unit["fits"][:2] and [(f["j"], f["restart"]) for f in extended["fits"]] == [
-        (18, 0), (18, 1), (18, 2), (19, 0), (19, 1), (19, 2)]
+        (18, 0),
+        (18, 1),
+        (18, 2),
+        (19, 0),
+        (19, 1),
+        (19, 2),
+    ]
     assert ref.main([*args, "--q-restart"]) == 0  # both inputs use the mean-field guide: one refit
     again = json.loads((work / "q_mean-field_upright_seed0.json").read_text())
     assert again["train_seed"] == 1000 and len(again["q_draws"]) == 200
     assert ref.main([*args, "--render"]) == 0
     out = json.loads((tmp_path / "uncertain_symmetry_refined_quick.json").read_text())
     assert list(out["verdicts"]) == [
-        label for n in "ab" for label in (f"{n}: coarse grid", f"{n}: refined, 2 restarts, larger",
-                                          f"{n}: refined, 2 restarts, aligned-mean", f"{n}: refined, 3 restarts, aligned-mean")
-    ] + [f"{n}, training seed + 1000: refined, 3 restarts, aligned-mean" for n in "ab"]  # fmt: skip
+        label
+        for n in "ab"
+        for label in (
+            f"{n}: coarse grid",
+            f"{n}: refined, 2 restarts, larger",
+            f"{n}: refined, 2 restarts, aligned-mean",
+            f"{n}: refined, 3 restarts, aligned-mean",
+        )
+    ] + [f"{n}, training seed + 1000: refined, 3 restarts, aligned-mean" for n in "ab"]
     assert out["settings"]["refined fits"] == 5
     assert out["q_restart_units"]["a"][0]["full_bayes"]["q_eta"] == again["q_eta"]
     u = out["units"]["a"][0]

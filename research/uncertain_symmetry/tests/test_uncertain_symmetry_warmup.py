@@ -23,8 +23,17 @@ def bench():
 
 
 def _args(work: Path, phase: str) -> list[str]:
-    return ["--from", str(QUICK), "--reference", str(work / "reference"), "--work-dir", str(work), f"--{phase}",
-            "--only", UNIT]  # fmt: skip
+    return [
+        "--from",
+        str(QUICK),
+        "--reference",
+        str(work / "reference"),
+        "--work-dir",
+        str(work),
+        f"--{phase}",
+        "--only",
+        UNIT,
+    ]
 
 
 def test_a_unit_is_warmed_up_fitted_saved_and_profiled(bench, tmp_path) -> None:
@@ -56,7 +65,9 @@ def test_a_unit_is_warmed_up_fitted_saved_and_profiled(bench, tmp_path) -> None:
 
 def test_settings_are_the_stated_ones(bench) -> None:
     assert bench.WARMUP_STEPS == 2000 and bench.SYMMETRY_INIT_SCALE == pytest.approx(math.pi / math.sqrt(3))
-    assert bench.VARIANTS == {"rbf": "rbf", "linear": "linear", "no-warm-up": "linear"} and bench.CONTROLS == ("no-warm-up",)
+    assert bench.VARIANTS == {"rbf": "rbf", "linear": "linear", "no-warm-up": "linear"} and bench.CONTROLS == (
+        "no-warm-up",
+    )
 
 
 def test_the_control_fits_once_and_the_refinement_continues_a_fit(bench, tmp_path) -> None:
