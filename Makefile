@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 # ArviZ 1.x needs Python >= 3.12, for which no torch wheel is on the project's machines: a second,
-# torch-free environment tests pyro_invariance/diagnostics/arviz_compat.py there (tests/test_arviz_compat.py).
+# torch-free environment tests pyro_invariance/diagnostics/arviz_compat.py there (tests/diagnostics/test_arviz_compat.py).
 # Its interpreter: python3.12 / python3.13 if they run (a pyenv shim may not), else pyenv's versions.
 PY312 = $(shell for p in python3.12 python3.13 $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[2-9]*/bin/python3; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v "$$p"; break; }; done)
@@ -57,7 +57,7 @@ $(STAMP1):
 
 # ArviZ 1.x (xarray.DataTree) side of arviz_compat, without torch.
 test-arviz1: $(STAMP1)
-	$(VENV1)/bin/python -m pytest -q tests/test_arviz_compat.py
+	$(VENV1)/bin/python -m pytest -q tests/diagnostics/test_arviz_compat.py
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow

@@ -6,7 +6,7 @@ covariance-factor rate (``factor_lr = 1e-3``, chosen for the block-Cholesky guid
 1 and 4 ELBO particles per step, over seeds 0, 1, 2. The ELBO is estimated with 1000 particles in the
 ``E_q[log p(y, w) − log q(w)]`` form (Monte-Carlo error < 0.05 nats near the exact posterior).
 
-Data and model (the reference configuration of ``tests/test_evidence.py``): ``make_symmetric_toy(40,
+Data and model (the reference configuration of ``tests/infer/test_evidence.py``): ``make_symmetric_toy(40,
 seed=3, noise=0.3, even=True, num_outputs=3)``; ``basis-regression`` with ``in_features=1,
 out_features=3, num_features=8, lengthscale=0.6, prior_scale=0.5, noise_scale=0.3`` (λ = 1 fixed).
 Other settings: the library defaults (lr 0.05, batch 128 ≥ N = 40 so full batch, cosine schedule,

@@ -101,7 +101,7 @@ class CatalogueModel(PyroModule, PreparesInputs, metaclass=_CatalogueMeta):
             ``(*P, B, ...)``, scoring ``"obs"`` with batch shape ``(*P, B)``. Each particle is the
             model of one sequential particle: its own latents and its own symmetry samples
             (ε, flow weights), so the estimator is the same as ``vectorize_particles=False``
-            (``tests/test_vectorized_particles.py`` checks that identical draws give identical
+            (``tests/models/test_vectorized_particles.py`` checks that identical draws give identical
             losses and gradients). Default ``False``: the model runs one particle at a time.
 
     Instance attributes:

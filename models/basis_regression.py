@@ -151,7 +151,7 @@ class BasisRegression(CatalogueModel):
     #: Four ELBO particles per step: the model is tiny (full batch, D = features × outputs), so the
     #: cost is small, and with one particle the full-rank guide ended 3.96 ± 0.60 nats below the
     #: exact log evidence after 500 steps, with four 0.94 ± 0.12 (seeds 0-2, vectorised particles;
-    #: ``benchmarks/results/full_rank_defaults.md``, checked by ``tests/test_config.py``).
+    #: ``benchmarks/results/full_rank_defaults.md``, checked by ``tests/infer/test_config.py``).
     fit_defaults = {"num_particles": 4}
     #: ``forward`` broadcasts over a batch of ``"weight"`` (and latent λ) draws: vectorised ELBO particles.
     vectorizable_particles = True

@@ -44,7 +44,7 @@ with the same zero-padded support on both sides (p and T p both inside the image
 The two paths use the same draws ε_s and agree transform by transform up to interpolation error
 (not only in distribution: an earlier inputs path warped by T_s, pairing ε_s with −ε_s,
 and had no Jacobian, a different model for ``sx``/``sy``). The interpolation error is O(h²) for
-smooth images (smooth x and W1; tests/test_invariant_mlp.py), but bilinear warping low-passes the
+smooth images (smooth x and W1; tests/models/test_invariant_mlp.py), but bilinear warping low-passes the
 white-noise rows of the RFF W1 while the smooth inputs are warped almost exactly, so for RFF models
 the two paths' pre-activations differ by ≈10% of their scale at a generic angle. With ``"auto"``
 a fit with B < H (inputs) evaluated in chunks of ≥ H rows (weights) therefore scores a slightly
@@ -438,7 +438,7 @@ class InvariantMLP(CatalogueModel):
         :meth:`transform_path`, for the same batch), and the mean over transforms is taken per
         particle. Deterministic ε with a point-estimate η are the same for every particle: then the
         shared ``features(x)`` ``(B, H)`` is returned. Keep in step with :meth:`features`
-        (``tests/test_vectorized_particles.py`` compares the two).
+        (``tests/models/test_vectorized_particles.py`` compares the two).
         """
         w1, b1 = self.w1, self.b1
         if not self.generator_names:

@@ -52,7 +52,7 @@ Two ways to learn δ.
   ``prior="fixed"`` (δ become buffers) and call :func:`pyro_invariance.infer.laplace.fit_laplace` (CLI:
   ``pyro-invariance fit --objective laplace``): MAP steps on the weights, and every 50 steps the
   diagonal-GGN Laplace evidence sets each δ by MacKay's update. Measured on 16×16 quadrant digits
-  (α = 2, 200 steps, seed 0; ``tests/test_laplace.py``): FC+CONV 59.1% vs CONV 55.6% on the
+  (α = 2, 200 steps, seed 0; ``tests/infer/test_laplace.py``): FC+CONV 59.1% vs CONV 55.6% on the
   10-class task and 44.9% vs 8.2% on the 40-class task; δ_FC rose from 1 to 45–412 in all 8 blocks
   on the digit task (``benchmarks/results/layerwise_table1.md`` has the 300-step table).
 * **The ELBO** (``prior="learned"``, a density guide, :func:`pyro_invariance.fit`): δ are point

@@ -1,4 +1,4 @@
-"""What each rank of the 2-process data-parallel tests runs (``tests/test_distributed.py``).
+"""What each rank of the 2-process data-parallel tests runs (``tests/infer/test_distributed.py``).
 
 One spawn of 2 CPU processes (``gloo``) runs every scenario, so the processes start once; rank 0
 saves what the test compares with a one-process run to ``<tmp>/<name>.pt``.

@@ -5,7 +5,7 @@ learning-rate schedule state, every random number generator (torch, Python, NumP
 minibatch shuffler), the position in the current epoch, the history so far, the settings and a
 *fingerprint* of the run (:mod:`pyro_invariance.infer.fingerprint`) that a resume must match.
 
-Guarantees (tested in ``tests/test_run_safety.py``):
+Guarantees (tested in ``tests/infer/test_run_safety.py``):
 
 * **Safe loading.** Files are read with ``torch.load(..., weights_only=True)``: the unpickler
   builds only tensors and plain containers, so a crafted file cannot run code. Every value the
@@ -20,7 +20,7 @@ Guarantees (tested in ``tests/test_run_safety.py``):
 * **Reasons.** A file that cannot be read says why in one line: empty, truncated (its zip archive
   has no end: an incomplete copy), not a torch file at all, refused by the safe unpickler, or
   corrupt; a write that fails on a full disk says ``no space left on device`` even when the failure
-  surfaces as torch's own zip-writer error (tested in ``tests/test_checkpoint_io.py``).
+  surfaces as torch's own zip-writer error (tested in ``tests/infer/test_checkpoint_io.py``).
 * **Format version.** :data:`FORMAT` names the layout; other versions are refused with the reason.
 
 On the CPU a resumed run is identical to an uninterrupted one. The CUDA RNG states are saved too;

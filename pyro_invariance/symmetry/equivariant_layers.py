@@ -115,7 +115,7 @@ class _CircularPad(torch.autograd.Function):
     The forward is ``F.pad``'s. Its autograd backward scatters the padded gradient through a
     dozen slice copies and full-size zero tensors; here the gradient of the input is the interior
     of the padded gradient plus the wrapped borders, added in place: two copies and four slice
-    additions (on CPU bit-identical to ``F.pad``'s gradient; ``tests/test_equivariant_layers.py``).
+    additions (on CPU bit-identical to ``F.pad``'s gradient; ``tests/symmetry/test_equivariant_layers.py``).
     """
 
     @staticmethod
@@ -726,7 +726,7 @@ class RelaxedBlock(PyroModule):
     identity otherwise; ``b (C',)`` is the site ``bias`` with its own precision ``bias_precision``
     (shared over the group axis, so it keeps every equivariance).
 
-    Computed as (equal to the formula up to float rounding; ``tests/test_equivariant_layers.py``
+    Computed as (equal to the formula up to float rounding; ``tests/symmetry/test_equivariant_layers.py``
     keeps the direct formula as a reference): the equivariant pathways are all 3×3 circular
     convolutions of the same input, so their filters are summed and convolved once; 1/√K is folded
     into the (small) filters and F-FC/S-FC output factors θ₁ and into the FC input; at stride 1

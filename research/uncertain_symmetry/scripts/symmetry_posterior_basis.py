@@ -6,7 +6,7 @@ of cos(2x), λ ~ U(0, 2)): the exact ``p(λ | D)`` by quadrature
 NUTS draws, and q(λ) of the mean-field, full-rank and symmetry-conditional guides (the last added after
 the first two had run, same settings), then refined by the IWAE bound or reweighted wake-sleep with K
 draws (the K sweep, added last; ``elbo="rws"`` at K = 256 confirmed on seeds 3-5), each fitted with seeds 0–2 at the
-settings of ``tests/test_symmetry_posterior.py`` (fixed before any q(λ) was looked at: 1500 steps,
+settings of ``tests/diagnostics/test_symmetry_posterior.py`` (fixed before any q(λ) was looked at: 1500 steps,
 full batch, lr = factor_lr = 0.05, init scale 0.3, 4 particles; q(λ) from 4000 draws). The issue's
 criterion: q(λ)'s mean within 0.1·sd and its sd within 25 % of the exact posterior's.
 

@@ -1,6 +1,6 @@
 """The warm-up of q(θ | η) across a held q(η) (:func:`warm_up_conditional`), on basis regression with λ
 latent (exact evidence ``log p(D | λ)``). The guide options it relies on (``symmetry_dependence="rbf"``,
-``symmetry_init_scale``) are tested with the library (``tests/test_symmetry_conditional_rbf.py``)."""
+``symmetry_init_scale``) are tested with the library (``tests/guides/test_symmetry_conditional_rbf.py``)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from pyro_invariance.models.basis_regression import BasisRegression, make_symmet
 #: ``research/uncertain_symmetry/scripts/symmetry_posterior_basis.py``): the full-rank guide, a joint Gaussian over
 #: (weight, logit λ/2), is the family that can carry the λ–weight correlation (the odd part of the
 #: weights is free at λ = 1 and pinned by the data away from it); its settings are those of the
-#: full-rank check against the fixed-λ reference (tests/test_reference.py: lr 0.05 for means,
+#: full-rank check against the fixed-λ reference (tests/diagnostics/test_reference.py: lr 0.05 for means,
 #: scales and factors, init scale 0.3) with the reference module's default of 1500 steps for
 #: ``score``, full batch, and the model's default of 4 ELBO particles. q(λ) is read from 4000 draws.
 VI_GUIDE = "full-rank"
@@ -349,7 +349,7 @@ def test_invariant_mlp_eta_reference_concentrates_at_large_rotation():
     """The digits are rotated: the joint NUTS posterior of the rotation range puts η near the full
     circle. Stored draws (4×600): mean 2.79, sd 0.27, median 2.84, 95 % interval [2.18, 3.12],
     P(η < 2) = 0.015, no draw below 1; the four chains' means 2.77–2.81. (R-hat / ESS of every
-    scalar, η's included, are checked by tests/test_reference.py.)"""
+    scalar, η's included, are checked by tests/diagnostics/test_reference.py.)"""
     ref = load_reference("invariant-mlp-digits-eta")
     d = ref.metadata["diagnostics"]["sites"]["eta"]
     assert d["rhat_max"] < 1.01 and d["ess_bulk_min"] > 400

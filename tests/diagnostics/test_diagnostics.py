@@ -1,7 +1,7 @@
 """Tests of ``pyro_invariance.diagnostics.inference_data.to_inference_data`` (guide and MCMC draws -> ArviZ) and of
 the ArviZ functions on its result for every registered model (ArviZ 0.23 here; the ArviZ 1.x side of
 the container is checked through ``arviz_compat`` with a monkeypatched version, and for real by
-``make test-arviz1`` in tests/test_arviz_compat.py)."""
+``make test-arviz1`` in tests/diagnostics/test_arviz_compat.py)."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def rows(data, split="train"):
 def test_round_trip_every_registered_model(name):
     if name not in BUILDERS:
         pytest.fail(
-            f"model {name!r} is registered but tests/test_diagnostics.py has no builder for it: "
+            f"model {name!r} is registered but tests/diagnostics/test_diagnostics.py has no builder for it: "
             "add a build_<model>() returning (model, data, expected sites, obs dims) to BUILDERS"
         )
     result, data, sites, obs_dims = fitted(name)
@@ -184,7 +184,7 @@ def test_arviz_functions_every_registered_model(name):
     """az.summary, az.loo (Pareto k̂ per datum), the approximate-posterior LOO, az.plot_posterior and
     az.plot_forest on the guide draws of every catalogue model."""
     if name not in BUILDERS:
-        pytest.fail(f"model {name!r} is registered but has no builder in tests/test_diagnostics.py")
+        pytest.fail(f"model {name!r} is registered but has no builder in tests/diagnostics/test_diagnostics.py")
     result, data, _, _ = fitted(name)
     idata = to_inference_data(result, data, num_samples=DRAWS)
     n = rows(data)

@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-PACKAGE = Path(__file__).resolve().parents[1] / "pyro_invariance"
+PACKAGE = Path(__file__).resolve().parents[2] / "pyro_invariance"
 
 
 def _load(name, path):

@@ -241,7 +241,7 @@ def test_equivariant_start_is_the_he_scaled_conv_network():
 @pytest.fixture(scope="module")
 def quadrant_fits():
     """The diagonal curvature with MacKay's update (``fit_laplace``'s default before issue 12; the
-    default KFAC method's learning test is in ``tests/test_kfac_layers.py``): slow tests."""
+    default KFAC method's learning test is in ``tests/infer/test_kfac_layers.py``): slow tests."""
     out = {}
     for task in (10, 40):
         data = build_quadrant_dataset("digits", task)

@@ -26,7 +26,7 @@ import pyro_invariance as pi  # noqa: E402
 from pyro_invariance.diagnostics import plots  # noqa: E402
 from pyro_invariance.symmetry.conserved import oracle_generators  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGE_DIRS = [REPO / "pyro_invariance", REPO / "models", REPO / "guides"]
 
 

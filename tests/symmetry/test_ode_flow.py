@@ -88,7 +88,7 @@ def test_neural_model_contract_and_errors():
     assert fixed.symmetry_parameters() == [] and not any(p.requires_grad for p in fixed.conserved.parameters())
 
 
-# slow since the default suite gained tests/test_kepler_learning.py (warm-started neural C beat the HNN
+# slow since the default suite gained tests/models/test_kepler_learning.py (warm-started neural C beat the HNN
 # on Kepler, seeds 0-2), which covers learning with symmetry="neural" within the suite's 10 minutes
 @pytest.mark.slow
 def test_neural_conserved_quantities_learn_on_the_sho(tmp_path):

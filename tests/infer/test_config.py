@@ -22,7 +22,7 @@ torch.set_num_threads(1)
 
 
 def _basis_model():
-    # the reference configuration of tests/test_evidence.py (correlated RBF features, exact log Z)
+    # the reference configuration of tests/infer/test_evidence.py (correlated RBF features, exact log Z)
     return pi.models.get(
         "basis-regression",
         in_features=1,

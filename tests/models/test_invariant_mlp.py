@@ -218,7 +218,7 @@ def test_paths_pair_the_same_draws_exactly_for_translations():
 def test_white_noise_rff_rows_are_low_passed_by_the_weights_path():
     """Documents the size of "up to interpolation" for the default RFF W1 (white noise, not smooth):
     warping the rows off the grid averages neighbouring entries (variance × ≈0.44,
-    tests/test_symmetry.py), warping the smooth inputs does not. At ε = ±1 with η = 1 rad on 8×8
+    tests/symmetry/test_symmetry.py), warping the smooth inputs does not. At ε = ±1 with η = 1 rad on 8×8
     the pre-activations differ by ≈10% of their scale and the averaged RFF features by ≈15% of the
     largest (measured); at ε = 0 (the identity) the paths are the same to rounding."""
     x = _blobs(4, 8, seed=4)

@@ -31,7 +31,7 @@ from pyro_invariance.infer.runlock import RunLock
 
 torch.set_num_threads(1)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMALL = [
     "fit",
     "--model",

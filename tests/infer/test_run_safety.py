@@ -25,7 +25,7 @@ from pyro_invariance.infer.runlock import RunLock, RunLockedError
 
 torch.set_num_threads(1)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMALL = [
     "--model-arg",
     "hidden=16",

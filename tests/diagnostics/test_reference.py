@@ -115,7 +115,7 @@ def test_catalogue_metadata():
 
 def test_stored_references_are_package_data():
     """A wheel ships the draws and metadata: pyproject lists the subpackage and its posteriors folder."""
-    setuptools = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["tool"][
+    setuptools = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["tool"][
         "setuptools"
     ]
     package = "pyro_invariance.diagnostics.reference"
