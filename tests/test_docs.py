@@ -27,11 +27,11 @@ bs4 = pytest.importorskip("bs4", reason="the docs extra is not installed (pip in
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Text a reader should never see outside code: a Markdown table's rule row (a ``text/markdown``
-# output rendered as CommonMark), a TeX delimiter that MathJax did not typeset, and a command-line
+# Text a reader should never see outside code: a Markdown table's rule row (``|---|``: a
+# ``text/markdown`` output rendered as CommonMark), a TeX delimiter that MathJax did not typeset, and a command-line
 # option whose ``--`` was typeset as an en dash.
 RAW_MARKUP = {
-    "a Markdown table rule": re.compile(r"\|\s*:?-{3,}"),
+    "a Markdown table rule": re.compile(r"\|\s*:?[-—–]+:?\s*\|"),  # (SmartQuotes makes --- an em dash)
     "a raw math delimiter": re.compile(r"\\\(|\\\)|\\\[|\\\]|\$\$"),
     "an option with an en dash": re.compile(r"(?<!\S)–[a-z]"),
 }
@@ -152,13 +152,15 @@ def test_tables_and_math_render_offline(html):
         assert soup.select(".math"), f"{notebook}: no math"
 
     # MathJax comes from the build's own _static folder, never from a network.
-    assert (html / "_static" / "mathjax" / "tex-chtml.js").is_file()
+    assert (html / "_static" / "mathjax" / "tex-chtml.js").is_file(), "MathJax is not copied into _static"
     for page in _pages(html):
         source = page.read_text(encoding="utf-8")
         remote = re.findall(r"""<(?:script|link)\b[^>]*\b(?:src|href)="((?:https?:)?//[^"]*)\"""", source)
         assert not remote, f"{page.relative_to(html)} loads {remote}"
         if 'class="math' in source:
-            assert re.search(r"""<script\b[^>]*src="[^"]*_static/mathjax/tex-chtml\.js""", source), page
+            assert re.search(r"""<script\b[^>]*src="[^"]*_static/mathjax/tex-chtml\.js""", source), (
+                f"{page.relative_to(html)} has math but no local MathJax"
+            )
 
 
 def test_cli_page_is_the_parser(html):
