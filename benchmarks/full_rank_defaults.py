@@ -75,7 +75,8 @@ def verdict(gaps: dict[str, list[float]]) -> str:
     lib1, fast1, lib4, fast4 = mean.values()
     checks = [fast1 < lib1 and fast4 < lib4, lib4 < lib1 and fast4 < fast1, fast4 == min(mean.values())]
     lines = [
-        f"- factor_lr 0.05 narrows the gap at 1 and 4 particles: {lib1:.2f} → {fast1:.2f}, {lib4:.2f} → {fast4:.2f} nats",
+        f"- factor_lr 0.05 narrows the gap at 1 and 4 particles: {lib1:.2f} → {fast1:.2f}, "
+        f"{lib4:.2f} → {fast4:.2f} nats",
         f"- 4 particles narrow it at both rates: {lib1:.2f} → {lib4:.2f}, {fast1:.2f} → {fast4:.2f} nats",
         f"- what `pi.fit` resolves has the smallest gap ({fast4:.2f} nats): {'yes' if checks[2] else 'no'}",
         "- a check of this library's defaults, not a paper claim.",

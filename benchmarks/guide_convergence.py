@@ -305,7 +305,8 @@ def why(res: dict[str, Any]) -> list[str]:
             f"After {first} steps{default} {name} is {base:.3f} nats short (full-rank {full:.3f}): its "
             f"unit-triangular factor trains at the library's `factor_lr` {res['factor_lr'][name]:g}, which the "
             f"library chose for the digits demo's 256-wide blocks (0.05 inflated that guide's variance), while "
-            f"full-rank recommends 0.05 for itself. With `factor_lr` 0.05 it is {fast:.3f} nats short after {first} steps, {verdict_rate}.",
+            f"full-rank recommends 0.05 for itself. With `factor_lr` 0.05 it is {fast:.3f} nats short after "
+            f"{first} steps, {verdict_rate}.",
         ]
     narrow = {n: mean(f"{n}, noise 0.3", at) for n in TARGETS}
     fast = {n: mean(f"{n}, noise 0.3, factor_lr 0.05", at) for n in ("block-cholesky", "matrix-normal")}
@@ -386,7 +387,8 @@ def render(points: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
             "",
             part1,
             "",
-            f"Diagnostics (one setting changed each, or the narrower posterior of noise 0.3; {STEPS[-1]} steps not run):",
+            "Diagnostics (one setting changed each, or the narrower posterior of noise 0.3; "
+            f"{STEPS[-1]} steps not run):",
             "",
             diag,
             "",

@@ -116,7 +116,8 @@ DATASET_TITLES = {
     "scaled": "scaled",
 }
 
-# Paper 003 (MNIST, full size; H=1024, S=32): Table 1 -> row: (acc rotated, partial, regular, ELBO rotated, partial, regular)
+# Paper 003 (MNIST, full size; H=1024, S=32): Table 1 -> row:
+# (acc rotated, partial, regular, ELBO rotated, partial, regular)
 PAPER_T1 = {
     "fixed 5°": (79.29, 86.71, 96.00, -1.07, -0.80, -0.36),
     "fixed 45°": (87.35, 91.13, 95.93, -0.63, -0.49, -0.26),
@@ -499,8 +500,9 @@ def render_eta_paths(results: dict[str, Any]) -> list[str]:
     return [
         "## η during training",
         "",
-        "η after the first step and at 25 / 50 / 75 / 100% of the SVI steps of every fit that learns η (rotation in degrees, other "
-        "generators as raw η: translation in half-sides, scale and shear as log-scale). The cosine schedule takes "
+        "η after the first step and at 25 / 50 / 75 / 100% of the SVI steps of every fit that learns η "
+        "(rotation in degrees, other generators as raw η: translation in half-sides, scale and shear as "
+        "log-scale). The cosine schedule takes "
         "η's learning rate to 0 at the end, so a value still climbing at 75% was stopped by the schedule, not "
         "converged.",
         "",

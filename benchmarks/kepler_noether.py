@@ -14,8 +14,8 @@ Every setting below (sizes, steps, rates) was fixed before any Kepler result was
 talk's −ELBO/N and predictive-mean MSEs (:func:`pyro_invariance.diagnostics.hnn_metrics.evaluate_hnn`),
 seconds per step, and for the learned model the gradient-span analysis of
 :mod:`pyro_invariance.diagnostics.conserved_analysis` on the test states against H, L, A_x, A_y —
-with the same analysis of the untrained C (its random start) as the baseline it must beat. The issue's
-criteria: the learned model beats the HNN in test MSE and −ELBO/N, and its quantities' gradient span
+with the same analysis of the untrained C (its random start) as the baseline it must beat. The
+pre-registered criteria: the learned model beats the HNN in test MSE and −ELBO/N, and its quantities' gradient span
 contains ∇L and the Runge–Lenz directions (angles < 20°) in at least 2 of 3 seeds.
 
     .venv/bin/python benchmarks/kepler_noether.py [--seeds 0 1 2] [--steps 1000]
@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     spans = sum(row[-1] == "yes" for row in per_seed)
     verdict = [
         f"- learned beats the HNN in −ELBO/N and test MSE: {beats}/{len(per_seed)} seeds (criterion: every seed).",
-        f"- ∇L, ∇A_x, ∇A_y within {ANGLE_TOL:.0f}° of the learned span: {spans}/{len(per_seed)} seeds (criterion: ≥ 2 of 3).",
+        f"- ∇L, ∇A_x, ∇A_y within {ANGLE_TOL:.0f}° of the learned span: {spans}/{len(per_seed)} seeds "
+        "(criterion: ≥ 2 of 3).",
         "- The angles of the untrained C (random start) are the baseline: a random 3-dimensional span in R⁴ is "
         "already close to any given direction, so the conservation column (|{C_k, H}|, 0 = conserved) says more.",
     ]

@@ -375,12 +375,15 @@ def main(argv: list[str] | None = None) -> None:
         for st in (starts if v in OPEN else STARTS[:1])
     ]
     work = args.work_dir or common.REPO_ROOT / "results" / "grids" / stem
-    key_of = lambda point: tuple(point["key"].split("|")[:3]) + tuple(int(v) for v in point["key"].split("|")[3:])  # noqa: E731
+
+    def key_of(point):
+        return tuple(point["key"].split("|")[:3]) + tuple(int(v) for v in point["key"].split("|")[3:])
+
+    def describe(key, r):
+        return f"{key}: acc {r['accuracy']:.3f} log ev/N {r.get('log_evidence_per_datum')} ({r['seconds']} s)"
+
     if not args.collect:
         work.mkdir(parents=True, exist_ok=True)
-        describe = lambda key, r: (
-            f"{key}: acc {r['accuracy']:.3f} log ev/N {r.get('log_evidence_per_datum')} ({r['seconds']} s)"
-        )  # noqa: E731
         common.fill_unit(
             work / f"part{k}of{n}.json",
             {"stem": stem},

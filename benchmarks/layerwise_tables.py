@@ -607,7 +607,7 @@ def run_seeds(args: argparse.Namespace, sizes: dict[str, Any]) -> None:
 
 
 def seeds_verdict(rows: dict[str, Any]) -> str:
-    """Table 1's claim per seed: FC+CONV within 2 points of CONV on the 10-class task and above it on the 40-class one."""
+    """Table 1's claim per seed: FC+CONV within 2 points of CONV on the 10-class task, above it on the 40-class one."""
     held = []
     for seed in SEEDS:
         acc = {(v, t): _acc(rows, f"{v}|Laplace|{t}|{seed}") for v in ("conv", "fc+conv") for t in (10, 40)}

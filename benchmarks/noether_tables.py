@@ -1,9 +1,10 @@
 """Noether's razor tables (talk 000): SHO, n = 3 oscillators, 2-d 3-body; HNN / learned / oracle.
 
 For each system three ``symmetrised-hnn`` models are fitted with the matrix-normal guide on the
-same data -- ``symmetry="none"`` (HNN), ``"quadratic"`` (row "learned": K learned quadratic conserved quantities) and the oracle
-(SO(2), U(3), SE(2)) -- and evaluated with :func:`pyro_invariance.diagnostics.hnn_metrics.evaluate_hnn`
-(train MSE, NLL/N, KL/N, −ELBO/N, test / wider / moved MSE, energy drift). The learned generators
+same data -- ``symmetry="none"`` (HNN), ``"quadratic"`` (row "learned": K learned quadratic conserved
+quantities) and the oracle (SO(2), U(3), SE(2)) -- and evaluated with
+:func:`pyro_invariance.diagnostics.hnn_metrics.evaluate_hnn` (train MSE, NLL/N, KL/N, −ELBO/N, test /
+wider / moved MSE, energy drift). The learned generators
 are analysed by SVD (number of significant singular values against the target: 1 for SHO, n² = 9
 for 3 oscillators, 3 for the 3-body system) and their parallelness to the oracle span. The talk's
 numbers are printed next to ours. A step-timing section measures the time per SVI step of the HNN
@@ -15,9 +16,9 @@ are listed in :data:`REDUCED` / :data:`PAPER`. The reference's closed-form prior
 the 3-body system is available (``prior="closed-form"``) but not used here: started from a guide of
 scale 0.01 it collapses the prior at once (see the comment at :data:`REDUCED`). The reference's whole
 3-body recipe — a warm-up HNN all rows start from, the closed-form update after every step (past a
-fixed-prior warm-up), 2 weight samples, K = 10 — is ``benchmarks/threebody_recipe.py``. Each system writes ``results/noether_<system>.json``; the markdown
-``results/noether_tables.md`` is rebuilt from all JSON files present, so systems can be run one at
-a time::
+fixed-prior warm-up), 2 weight samples, K = 10 — is ``benchmarks/threebody_recipe.py``. Each system
+writes ``results/noether_<system>.json``; the markdown ``results/noether_tables.md`` is rebuilt from
+all JSON files present, so systems can be run one at a time::
 
     .venv/bin/python benchmarks/noether_tables.py --systems sho
     .venv/bin/python benchmarks/noether_tables.py --systems oscillators

@@ -20,7 +20,7 @@ that recipe with the library's options (nothing here is a benchmark-only mechani
 Reduced size (:data:`DATA`, :data:`MODEL`, :data:`WARMUP`, :data:`ROWS`): 3 × 64 ELU units instead of
 4 × 250, 50 × 20 training pairs instead of 200 × 50, S = 16 symmetry samples instead of 100, a few
 thousand steps instead of 1000 epochs. Every setting, the η learning rate included (0.01, the
-reference's ``lr_cyper``), was fixed before any test number of this script was seen; the issue's
+reference's ``lr_cyper``), was fixed before any test number of this script was seen; the pre-registered
 criteria are evaluated by the script, per seed, and printed with the table.
 
     .venv/bin/python benchmarks/threebody_recipe.py [--seeds 0 1 2] [--rows none learned oracle]
@@ -115,7 +115,7 @@ TALK = {
         train_mse=0.0019, nll=-19.27, kl=7.96, neg_elbo=-11.32, test_mse=0.0006, moved_mse=0.0006, wider_mse=0.0006
     ),
 }
-ANGLE_TOL = 15.0  # the issue's criterion: span of the 3 significant directions within 15° of SE(2)'s
+ANGLE_TOL = 15.0  # pre-registered criterion: span of the 3 significant directions within 15° of SE(2)'s
 STEM = "threebody_recipe"
 
 

@@ -1,7 +1,8 @@
 """Paper 003, Fig. 1: extrapolation of the 2-D rotation toy with no, some and full (and learned) invariance.
 
-Fits the catalogue model ``rotation-toy-2d`` (``models/toy2d.py``) on :func:`pyro_invariance.data.toy2d.make_rotation_toy`
-at fixed η = 0, π/2 and π (and, with ``--learned``, with η learned by the ELBO from 0.1), prints the accuracy
+Fits the catalogue model ``rotation-toy-2d`` (``models/toy2d.py``) on
+:func:`pyro_invariance.data.toy2d.make_rotation_toy` at fixed η = 0, π/2 and π (and, with ``--learned``,
+with η learned by the ELBO from 0.1), prints the accuracy
 inside / outside the training sector, the test NLL and the ELBO, and writes the figure ``OUT/extrapolation.png``
 (:func:`pyro_invariance.data.toy2d.plot_extrapolation`) and ``OUT/results.json``::
 

@@ -1,5 +1,5 @@
 """Reference forward of the layer-wise blocks and networks: the direct formula of paper 004 as the
-layers computed it before the step-time work of issue 14 (part 6), kept to check the optimised code
+layers computed it before they were optimised for step time, kept to check the optimised code
 (fused filters, folded 1/√K, fused bias, gathered polyphase component, circular padding with a
 lean backward) against it.
 

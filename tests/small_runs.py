@@ -1,5 +1,5 @@
 """Small invariant-MLP runs on 8×8 rotated digits shared by the training, run-safety and input tests, and the
-basis regression with a latent λ that the issue-15 guide tests share."""
+basis regression with a latent λ that the symmetry-posterior guide tests share."""
 
 from __future__ import annotations
 

@@ -193,17 +193,18 @@ def test_eta_max_with_an_unknown_name_is_refused_and_with_known_names_sets_the_b
     [
         (
             lambda: pi.MODELS.get("invariant-mlp", hidden_size=8),
-            r"^model 'invariant-mlp' takes no argument 'hidden_size' \(did you mean 'hidden'\?\); its arguments: image_shape, "
-            r"num_classes, hidden, .*init_seed, symmetry_prior$",
+            r"^model 'invariant-mlp' takes no argument 'hidden_size' \(did you mean 'hidden'\?\); "
+            r"its arguments: image_shape, num_classes, hidden, .*init_seed, symmetry_prior$",
         ),
         (
             lambda: pi.MODELS.get("layerwise-fc", alpah=1),
-            r"^model 'layerwise-fc' takes no argument 'alpah' \(did you mean 'alpha'\?\); its arguments: .*alpha.*init_seed",
+            r"^model 'layerwise-fc' takes no argument 'alpah' \(did you mean 'alpha'\?\); "
+            r"its arguments: .*alpha.*init_seed",
         ),
         (
             lambda: guides.get("mean-field", small_model(), init_scal=0.1),
-            r"^guide 'mean-field' takes no argument 'init_scal' \(did you mean 'init_scale'\?\); its arguments: init_loc_fn, "
-            r"init_scale$",
+            r"^guide 'mean-field' takes no argument 'init_scal' \(did you mean 'init_scale'\?\); "
+            r"its arguments: init_loc_fn, init_scale$",
         ),
         (
             lambda: guides.get("map", small_model(), init_scale=0.1),

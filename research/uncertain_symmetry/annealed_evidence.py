@@ -115,7 +115,10 @@ def readout_design(model: Any, x: Tensor, chains: int, seed: int = 0) -> Tensor:
 
 
 def _design(model: Any, x: Tensor, chains: int, seed: int, eta: Tensor | None = None) -> Tensor:
-    """:func:`readout_design` for checked arguments and flattened ``x`` (at ``eta`` ``(k,)`` if given, else the model's η)."""
+    """:func:`readout_design` for checked arguments and flattened ``x``.
+
+    At ``eta`` ``(k,)`` if given, else at the model's η.
+    """
     with torch.no_grad(), seeded_rng(seed):
         feats = torch.stack([model.features(x, eta) for _ in range(chains)]).double()
     ones = torch.ones(*feats.shape[:-1], 1, dtype=feats.dtype, device=feats.device)

@@ -52,7 +52,8 @@ def guide_evidence_profile(
     the importance-weighted bound (Burda et al. 2016, Eq. 8) with the guide's conditional ``q(θ | η_j)``
     as proposal, the mean of ``repeats`` estimates (float64 ``(J,)``, nats, all of ``(x, y)``)::
 
-        IWAE_K(η_j) = log (1/K) Σ_k p(D, θ_k | η_j) / q(θ_k | η_j),   θ_k ~ q(θ | η_j)   ≤ log p(D | η_j) (in expectation).
+        IWAE_K(η_j) = log (1/K) Σ_k p(D, θ_k | η_j) / q(θ_k | η_j),   θ_k ~ q(θ | η_j),
+        E[IWAE_K(η_j)] ≤ log p(D | η_j).
 
     A full-Bayes ``q(η)`` trained by ``elbo="iwae-given-symmetry"`` targets ``∝ p(η) exp(IWAE_K(η))`` of
     exactly this profile, so comparing it with a grid reference of fixed-η fits (each with its own

@@ -105,9 +105,7 @@ class LaplaceSymmetryPosterior(GridPosterior):
     sigma_modes: np.ndarray
 
     @classmethod
-    def from_grid(
-        cls, posterior: GridPosterior, sigma_modes: Sequence[float] | np.ndarray
-    ) -> LaplaceSymmetryPosterior:
+    def from_grid(cls, posterior: GridPosterior, sigma_modes: Sequence[float] | np.ndarray) -> LaplaceSymmetryPosterior:
         """``posterior`` with the σ_p of each of its grid points (e.g. rebuilt from stored evidences)."""
         sigmas = np.asarray(sigma_modes, dtype=np.float64)
         if sigmas.shape != posterior.grid.shape or not np.all(np.isfinite(sigmas) & (sigmas > 0)):
@@ -134,7 +132,10 @@ class LaplaceSymmetryPosterior(GridPosterior):
 
 
 def _softmax_hessian(basis: Tensor, probs: Tensor) -> Tensor:
-    """``(mC, mC)`` Σ_n (B_n B_nᵀ) ⊗ (diag p_n − p_n p_nᵀ), index ``k C + c`` (the negative log-likelihood's Hessian)."""
+    """``(mC, mC)`` Σ_n (B_n B_nᵀ) ⊗ (diag p_n − p_n p_nᵀ), index ``k C + c``.
+
+    The Hessian of the negative log-likelihood.
+    """
     m, c = basis.shape[1], probs.shape[1]
     g = (basis.unsqueeze(-1) * probs.unsqueeze(1)).reshape(basis.shape[0], m * c)  # (N, mC): B_nk p_nc
     hess = -(g.T @ g).reshape(m, c, m, c)
@@ -263,14 +264,15 @@ def laplace_symmetry_posterior(
     reference: compare ``symmetry_draws(model, guide, ...)["eta"]`` with this posterior. The
     read-out's parameters are integrated out at every η_j, the first layer is the model's (fixed) features. Cost:
     one Laplace evidence per grid point (about 30 s at N = 300, H = 256 on one CPU core). Its error is not diagnosed
-    here; ``research/uncertain_symmetry/scripts/uncertain_symmetry_laplace.py`` measures it against AIS (5–21 nats low, changing by 7–14 nats
-    along η on 300 digits).
+    here; ``research/uncertain_symmetry/scripts/uncertain_symmetry_laplace.py`` measures it against AIS
+    (5–21 nats low, changing by 7–14 nats along η on 300 digits).
 
     Args:
         model: an ``InvariantMLP`` with one generator, built with ``symmetry_prior``.
         x: ``(N, C, h, w)`` or ``(N, D)`` images; y: ``(N,)`` labels.
         grid: ``(G,)`` increasing η strictly inside ``(0, η_max)`` (a logit-normal prior's density is 0 at the ends);
-            default: the ``num_points`` interior points of an even grid on ``[0, η_max]`` (spacing ``η_max / (num_points + 1)``).
+            default: the ``num_points`` interior points of an even grid on ``[0, η_max]``
+            (spacing ``η_max / (num_points + 1)``).
         num_scales, scale_span, draws, seed: as in :func:`laplace_readout_evidence` (the same ``seed`` at every η_j:
             common random numbers for random transforms).
         progress: a tqdm bar over the grid.
@@ -332,10 +334,12 @@ def laplace_symmetry_predictive(
     ``w_j`` the grid points' probabilities (:meth:`LaplaceSymmetryPosterior.weights`) and ``p(y* | x*, D, η_j)`` the
     read-out's Laplace predictive at η_j and its σ_p (:func:`laplace_readout_predictive`). Only the fewest points that
     hold ``mass`` of the posterior enter (:meth:`LaplaceSymmetryPosterior.top_points`; their weights renormalised):
-    ``mass=0`` keeps the posterior's mode alone, the type-II (maximum a posteriori η on the grid) predictive of the same model.
+    ``mass=0`` keeps the posterior's mode alone, the type-II (maximum a posteriori η on the grid) predictive of the
+    same model.
 
     Args:
-        model: the ``InvariantMLP`` with a latent η that ``posterior`` was computed for (:func:`laplace_symmetry_posterior`).
+        model: the ``InvariantMLP`` with a latent η that ``posterior`` was computed for
+            (:func:`laplace_symmetry_posterior`).
         x, y: its training images and labels; x_new: ``(M, ...)`` images to predict.
         posterior: the grid posterior with σ_p per point.
         mass: in ``[0, 1]``; draws, seed: as in :func:`laplace_readout_predictive` (the same at every η_j).
@@ -406,12 +410,12 @@ def _evidence_of_design(
 def laplace_readout_predictive(
     model: Any, x: Tensor, y: Tensor, x_new: Tensor, *, sigma: float, draws: int = 256, seed: int = 0
 ) -> Tensor:
-    """``(M, C)`` log posterior-predictive probabilities of ``x_new`` under the Laplace posterior of the read-out at σ_p.
+    """``(M, C)`` log posterior-predictive probabilities of ``x_new``, Laplace posterior of the read-out at σ_p.
 
     The posterior is ``N(W*, Λ⁻¹)`` in the row space of the training features (:func:`readout_mode`) and the prior
     ``N(0, σ_p² I)`` outside it, where the data say nothing; ``log (1/K) Σ_k softmax(h̃(x_new) W_k)`` over ``draws``
-    draws W_k. Deterministic transforms (``sampling="deterministic"``) make the features, and so the result, a function of
-    η alone; random ones are drawn once, under ``seed``, for the training and the new inputs alike.
+    draws W_k. Deterministic transforms (``sampling="deterministic"``) make the features, and so the result, a
+    function of η alone; random ones are drawn once, under ``seed``, for the training and the new inputs alike.
 
     Args:
         model: an ``InvariantMLP`` whose η is not a latent site.

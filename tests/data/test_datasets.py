@@ -323,7 +323,7 @@ def test_cifar10_via_torchvision_on_tiny_batches(tmp_path, monkeypatch):
         batch = {"data": rng.integers(0, 256, (2, 3072), dtype=np.uint8), "labels": rng.integers(0, 10, 2).tolist()}
         batches[name] = batch
         (folder / name).write_bytes(pickle.dumps(batch))
-    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": ["c%d" % i for i in range(10)]}))
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [f"c{i}" for i in range(10)]}))
     d = load_dataset("scaled-cifar10", data_dir=tmp_path)
     assert d.x_train.shape == (10, 3, 32, 32) and d.x_test.shape == (2, 3, 32, 32) and d.num_classes == 10
     assert d.y_test.tolist() == batches["test_batch"]["labels"]

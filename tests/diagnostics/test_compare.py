@@ -1,4 +1,4 @@
-"""The guide-comparison workbench: ``compare_guides`` and ``pyro-invariance compare`` (issue 5)."""
+"""The guide-comparison workbench: ``compare_guides`` and ``pyro-invariance compare``."""
 
 import json
 

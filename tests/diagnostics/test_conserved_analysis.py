@@ -1,5 +1,5 @@
-"""Gradient-span analysis of learned conserved quantities (issue 13, part 4;
-``pyro_invariance/diagnostics/conserved_analysis.py``) against exact Kepler quantities."""
+"""Gradient-span analysis of learned conserved quantities
+(``pyro_invariance/diagnostics/conserved_analysis.py``) against exact Kepler quantities."""
 
 from __future__ import annotations
 

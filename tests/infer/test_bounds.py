@@ -1,4 +1,4 @@
-"""Evidence bounds against the exact evidence of BasisRegression (issue 5, "Done when").
+"""Evidence bounds against the exact evidence of BasisRegression.
 
 For every guide and K: ELBO ≤ IWAE_K ≤ log p(D) within Monte-Carlo error, and IWAE_K approaches
 log p(D) as K grows. Bad input (K ≤ 0, a model that observes nothing) gives a clear error.

@@ -1,6 +1,6 @@
 """Checkpoint files that cannot be written or read say why in one line: a full disk (on a real small
 file system, and through torch's own zip writer), an empty or truncated file, a file that is not a
-torch file at all (README "Reliability")."""
+torch file at all (``docs/reliability.md``)."""
 
 from __future__ import annotations
 

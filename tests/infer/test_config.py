@@ -110,7 +110,7 @@ def test_cli_options_are_generated_from_the_config():
 
 
 def test_step_settings_are_checked_and_generated_for_the_cli():
-    """Issue 14's settings: how a step runs (validation, compile, log_every, tf32)."""
+    """The step-time settings: how a step runs (validation, compile, log_every, tf32)."""
     assert FitConfig(compile=True).compile == "inductor" and FitConfig(compile=False).compile == "off"
     assert FitConfig().replace(compile=True).compile == "inductor"
     for bad, message in (

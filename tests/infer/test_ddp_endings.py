@@ -1,4 +1,4 @@
-"""Data-parallel runs end like one-process runs (README "More than one GPU or machine"): one message
+"""Data-parallel runs end like one-process runs (``docs/scale_out.md``, "More than one GPU or machine"): one message
 (rank 0), exit 130 / 143 under ``python -m pyro_invariance.launch``, a resume hint that names the
 shards, every failing rank's reason in torchrun's failure summary, no lock file left behind, and a
 ``result.json`` that lists the plots written.
@@ -221,7 +221,8 @@ def test_an_uncaught_error_under_torchrun_reaches_the_summary_with_its_traceback
         (["--shards", "2"], "; continue with --resume --shards 2"),
         (
             ["--shards", "4", "--strategy", "ddp"],
-            "; continue with the same command and --resume, or in one process with --resume --shards 4 (without --strategy ddp)",
+            "; continue with the same command and --resume, "
+            "or in one process with --resume --shards 4 (without --strategy ddp)",
         ),
     ],
 )

@@ -1,4 +1,4 @@
-"""Data-parallel SVI (issue 16): 2 CPU processes (``gloo``) against one process, same numbers.
+"""Data-parallel SVI: 2 CPU processes (``gloo``) against one process, same numbers.
 
 One module-scoped spawn runs every 2-rank scenario (``tests/ddp_worker.py``); each test compares
 what rank 0 saved with a one-process run of the same shards and draws.

@@ -1,4 +1,4 @@
-"""ELBO against exact evidence on the conjugate BasisRegression entry (issue 2, "Done when")."""
+"""ELBO against exact evidence on the conjugate BasisRegression entry."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""The lean training step of ``fit`` (issue 14, part 1 and 5; ``pyro_invariance/infer/fast_step.py``):
+"""The lean training step of ``fit`` (``pyro_invariance/infer/fast_step.py``):
 Pyro's ELBO without host reads, no per-step synchronisation, the history read in bulk, divergence
 located without a per-step check, Pyro's validation restored, ``compile`` (capture / torch.compile,
 with fallbacks) and TF32 ignored cleanly on CPU. Sizes are tiny (8×8 digits, H = 16, S = 4)."""

@@ -1,6 +1,6 @@
 """KFAC for fully connected layers, convolutions and the layer-wise pathways (F-FC, S-FC, S-CONV,
-p4 GCONV; paper 004 Sec. 5) and the KFAC-Laplace log marginal likelihood (issue 12, oracle tests (a)
-and (c); ``pyro_invariance/infer/kfac.py``), against dense references."""
+p4 GCONV; paper 004 Sec. 5) and the KFAC-Laplace log marginal likelihood (``pyro_invariance/infer/kfac.py``),
+against dense references (laplace-torch is the oracle in ``test_kfac_vs_laplace_torch.py``)."""
 
 from __future__ import annotations
 
@@ -161,8 +161,8 @@ def test_conv_factors_equal_their_definition_by_brute_force():
 
 def test_conv_kfc_against_the_exact_ggn_block_is_reported_not_exact():
     """KFC is an approximation for convolutions even on one input: the relative (Frobenius) error of
-    N·G⊗A against the exact GGN block of [W | b] (from Jacobians) is reported, not small (issue 12 asks
-    for it to be reported per layer type)."""
+    N·G⊗A against the exact GGN block of [W | b] (from Jacobians) is reported, not small (reported per
+    layer type, so the approximation's size is known)."""
     from pyro_invariance.infer.kfac import conv2d_factors
 
     conv, head = _conv_net(1)

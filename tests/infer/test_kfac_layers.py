@@ -1,4 +1,4 @@
-"""KFAC curvature of the layer-wise networks (issue 12): per-block factors against the exact GGN
+"""KFAC curvature of the layer-wise networks: per-block factors against the exact GGN
 from Jacobians, the polyphase scatter, sampled labels, marginal variances, the δ updates on the
 KFAC evidence and ``fit_laplace(curvature="kfac")``'s resume."""
 
@@ -269,9 +269,9 @@ def test_fit_laplace_with_kfac_and_gradient_resumes_bit_for_bit(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# learning (issue 12's "done when"), settings fixed before the first run: quadrant digits, the
-# 40-class task, α = 1, 200 MAP steps, KFAC-Laplace updates every 50 after 50 (fit_laplace's
-# defaults: exact labels, 100 Adam steps on log δ), equivariant start, seeds 0, 1, 2.
+# learning with KFAC-Laplace, settings fixed before the first run: quadrant digits, the 40-class
+# task, α = 1, 200 MAP steps, KFAC-Laplace updates every 50 after 50 (fit_laplace's defaults: exact
+# labels, 100 Adam steps on log δ), equivariant start, seeds 0, 1, 2.
 
 SEEDS = (0, 1, 2)
 

@@ -235,12 +235,12 @@ def test_equivariant_start_is_the_he_scaled_conv_network():
 
 
 # --------------------------------------------------------------------------------------------
-# learning (issue 4's "done when"): quadrant digits, α = 2, 200 steps, seed 0
+# learning with the diagonal Laplace: quadrant digits, α = 2, 200 steps, seed 0
 
 
 @pytest.fixture(scope="module")
 def quadrant_fits():
-    """The diagonal curvature with MacKay's update (``fit_laplace``'s default before issue 12; the
+    """The diagonal curvature with MacKay's update (``fit_laplace``'s default before KFAC; the
     default KFAC method's learning test is in ``tests/infer/test_kfac_layers.py``): slow tests."""
     out = {}
     for task in (10, 40):
@@ -260,7 +260,7 @@ def quadrant_fits():
                 lr=1e-2,
                 curvature="diagonal",
                 delta_update="mackay",
-            )  # issue 4's method (KFAC: test_kfac_layers)
+            )  # the diagonal method (KFAC: test_kfac_layers)
             acc = pi.evaluate(res, data, num_samples=1, num_particles=1)["accuracy"]
             out[variant, task] = (model, res, acc)
     return out

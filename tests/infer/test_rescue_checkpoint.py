@@ -1,4 +1,4 @@
-"""A diverged run names a checkpoint it can be continued from (README "Reliability": a diverging run
+"""A diverged run names a checkpoint it can be continued from (``docs/reliability.md``: a diverging run
 leaves a checkpoint it can continue from).
 
 Block-Cholesky on 8×8 digits at lr 3, 10, 30 and 100 diverges; the checkpoint written just before the

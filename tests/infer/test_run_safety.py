@@ -1,5 +1,5 @@
 """Runs you can trust: safe loading, integrity, no silent overwrite, one writer, clean divergence,
-resume of exactly the same run, interrupts, and one-line CLI errors (README "Reliability")."""
+resume of exactly the same run, interrupts, and one-line CLI errors (``docs/reliability.md``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The 3-body recipe's options (issue 13, part 1): warm start from a trained HNN
+"""The 3-body recipe's options: warm start from a trained HNN
 (``pyro_invariance/infer/warm_start.py``) and the closed-form prior update after every step as a
 ``fit`` callback (``ClosedFormPriorUpdate``), resuming bit-for-bit."""
 

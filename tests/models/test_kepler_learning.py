@@ -1,4 +1,4 @@
-"""Noether's razor on the Kepler problem at a small size (issue 13): learned non-quadratic conserved
+"""Noether's razor on the Kepler problem at a small size: learned non-quadratic conserved
 quantities (``symmetry="neural"``, flows by RK4) beat the plain HNN when both start from the same
 warm-up HNN — the 3-body recipe's warm start, ``benchmarks/kepler_noether.py --recipe warm``.
 

@@ -1,6 +1,6 @@
 """The factored fully-connected pathway F-FC (paper 004 Eq. 5) at the start of training.
 
-Issue 12, item 4: F-FC+CONV trains worse than FC+CONV. These tests pin the properties of the start
+F-FC+CONV was seen to train worse than FC+CONV. These tests pin the properties of the start
 that were checked while diagnosing it (they hold; the measured cause is the MAP objective with δ = 1
 on *both* factors, a dead zone around θ₁θ₂ = 0 whose width shrinks with N; see docs/methods.md
 §3, "F-FC under MAP at small N"): the F-FC pathway's output at a prior draw has the

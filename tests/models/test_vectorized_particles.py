@@ -1,4 +1,4 @@
-"""Vectorised ELBO particles (``CatalogueModel.vectorizable_particles``; issue 14, parts 2 and 3).
+"""Vectorised ELBO particles (``CatalogueModel.vectorizable_particles``): P particles in one pass.
 
 For every model that declares support, ``Trace_ELBO(num_particles=P, vectorize_particles=True,
 max_plate_nesting=1)`` must be the sequential P-particle estimator evaluated in one batched pass:

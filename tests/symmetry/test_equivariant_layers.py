@@ -238,7 +238,7 @@ def test_gconv_rejects_bad_shapes():
 
 
 # --------------------------------------------------------------------------------------------
-# the optimised forward (issue 14 part 6) equals the direct formula (tests/layerwise_reference.py)
+# the forward optimised for step time equals the direct formula (tests/layerwise_reference.py)
 
 
 @pytest.mark.parametrize("shape, p", [((2, 3, 5, 6), 1), ((2, 3, 1, 1), 1), ((1, 2, 2, 3), 1), ((1, 2, 4, 5), 2)])

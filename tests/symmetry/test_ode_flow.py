@@ -1,5 +1,5 @@
-"""Non-quadratic conserved quantities and their ODE flows (issue 13, part 2;
-``pyro_invariance/symmetry/ode_flow.py``) and the symmetrised HNN with ``symmetry="neural"``."""
+"""Non-quadratic conserved quantities and their ODE flows
+(``pyro_invariance/symmetry/ode_flow.py``) and the symmetrised HNN with ``symmetry="neural"``."""
 
 from __future__ import annotations
 
@@ -27,8 +27,9 @@ def _quadratics(k: int, m: int, seed: int = 0):
 
 
 def test_ode_flow_of_quadratic_quantities_equals_the_matrix_exponential():
-    """The issue's consistency check: with C quadratic the RK4 flow to τ = π equals expm(π Σ w G)
-    to 1e-5 (128 steps, float64), for random combinations of K = 2 quantities in M = 4."""
+    """Consistency with the closed form of the quadratic case: with C quadratic the RK4 flow to τ = π
+    equals expm(π Σ w G) to 1e-5 (128 steps, float64), for random combinations of K = 2 quantities in
+    M = 4."""
     a, b, c = _quadratics(2, 4)
     w = 2 * torch.rand(5, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64) - 1
     x = torch.randn(7, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)

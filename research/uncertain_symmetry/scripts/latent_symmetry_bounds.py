@@ -1,4 +1,4 @@
-"""Bounds with η latent vs η point-estimated, per guide, against the exact evidence (issue 15).
+"""Bounds with η latent vs η point-estimated, per guide, against the exact evidence.
 
 On basis regression (the catalogue entry with an exact evidence) :func:`pyro_invariance.compare_guides`
 fits each guide twice — λ point-estimated (type-II, ``symmetry_prior=None``) and λ latent with a

@@ -102,8 +102,8 @@ converged at 4000 either; what it shows is whether the verdicts move with traini
 machine with several cores, run one process per dataset (``--datasets <one> --out-dir <its own folder>``)
 and join their JSON files with ``--merge`` (settings must agree; each (dataset, seed) once).
 
-A finer reference: ``research/uncertain_symmetry/scripts/uncertain_symmetry_refined.py`` takes a finished run (the 4000-step
-ones), refits the grid on 5° points around the mass of the grid posterior and of q(η), with four
+A finer reference: ``research/uncertain_symmetry/scripts/uncertain_symmetry_refined.py`` takes a finished run (the
+4000-step ones), refits the grid on 5° points around the mass of the grid posterior and of q(η), with four
 training seeds per point, measures the reference's own fit-to-fit noise, and evaluates these criteria
 of the stored q(η) against it (``uncertain_symmetry_refined_steps4000.md``).
 
@@ -141,7 +141,7 @@ from research.uncertain_symmetry import common  # noqa: E402
 
 STEM = "uncertain_symmetry"
 ETA_MAX = math.pi
-#: criteria thresholds (issue 15)
+#: criteria thresholds
 ROTATED_THRESHOLD = 2.4
 PARTIAL_TARGET, PARTIAL_TOLERANCE = math.pi / 2, 0.5
 UPRIGHT_THRESHOLD = 1.0

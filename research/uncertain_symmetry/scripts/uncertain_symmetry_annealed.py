@@ -60,12 +60,12 @@ h. **The upright scan extended** (added while it ran, after upright seed 0's poi
    3.1 (11 points), was added the same way (run after (i), before (g)); the upright posterior is over all three,
    0.10–3.1 rad.
 
-i. **Is T = 1000 enough?** (added after upright seed 0's first render: PSIS k̂ 0.26–2.15 over its 21 points, above 0.7 at
-   some, while the halves agree to 0.6 nats — agreement that a bias shared by both halves would not show.) Upright seed 0,
-   ``LONG_ETAS`` = 0.4, 0.6, …, 1.4 rad, both halves with ``LONG_TEMPERATURES`` = 4000 scales, otherwise (b); against
-   the scan's T = 1000 estimates at the same η: the profile's shape (each estimate less its value at 0.8 rad), the
-   chains' sd and k̂. Run after (h) and before (g); (g) then runs the ±90° digits first, and the fully rotated ones only
-   if CPU time is left.
+i. **Is T = 1000 enough?** (added after upright seed 0's first render: PSIS k̂ 0.26–2.15 over its 21 points, above 0.7
+   at some, while the halves agree to 0.6 nats — agreement that a bias shared by both halves would not show.) Upright
+   seed 0, ``LONG_ETAS`` = 0.4, 0.6, …, 1.4 rad, both halves with ``LONG_TEMPERATURES`` = 4000 scales, otherwise (b);
+   against the scan's T = 1000 estimates at the same η: the profile's shape (each estimate less its value at 0.8 rad),
+   the chains' sd and k̂. Run after (h) and before (g); (g) then runs the ±90° digits first, and the fully rotated ones
+   only if CPU time is left.
 
 j. **±90° seed 0 past its scan** (added after its evidence was seen rising up to the scan's end at 2.3 rad; the CPU time
    left covered no more): ``PARTIAL_SEED0_EXTRA`` = 2.5, 2.7, 2.9 and π rad, both halves, otherwise (b). ±90° seed 1 and
@@ -83,8 +83,8 @@ k. **The rest of (g)** (added in a later session, before any fully rotated or ±
    the run logs' per-point values had been seen and no posterior of (k) had been rendered; the Laplace benchmark shared
    the two cores).
 
-Results: ``research/uncertain_symmetry/results/uncertain_symmetry_annealed.md``, ``.json``; unit files (``--work-dir``), one per
-(seed, half) plus the checks, written after every η (a stopped run resumes).
+Results: ``research/uncertain_symmetry/results/uncertain_symmetry_annealed.md``, ``.json``; unit files (``--work-dir``),
+one per (seed, half) plus the checks, written after every η (a stopped run resumes).
 """
 
 from __future__ import annotations
@@ -338,7 +338,8 @@ def long_check_rows(work: Path) -> tuple[list[str], list[dict[str, Any]]]:
     anchor = int(np.argmin(np.abs(etas - 0.8)))
     t_long, t_short = LONG_TEMPERATURES, TEMPERATURES
     rows = [
-        f"| η | T = {t_long} | T = {t_short} | shape at {t_long} (less 0.8 rad) | shape at {t_short} | k̂ at {t_long} / {t_short} |",
+        f"| η | T = {t_long} | T = {t_short} | shape at {t_long} (less 0.8 rad) | shape at {t_short} | "
+        f"k̂ at {t_long} / {t_short} |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
     short_k = np.asarray(short["k_hat"])[keep]
@@ -349,8 +350,10 @@ def long_check_rows(work: Path) -> tuple[list[str], list[dict[str, Any]]]:
         )
     shift = (a - a[anchor]) - (b - b[anchor])
     rows.append(
-        f"\nShape change from T = {t_short} to {t_long}: {np.min(shift):+.2f} to {np.max(shift):+.2f} nats; the T = {t_long} estimates "
-        f"are higher by {np.min(a - b):+.2f} to {np.max(a - b):+.2f}; the halves' noise at T = 4000 {long['noise'] / math.sqrt(2):.2f} nats."
+        f"\nShape change from T = {t_short} to {t_long}: {np.min(shift):+.2f} to {np.max(shift):+.2f} nats; "
+        f"the T = {t_long} estimates "
+        f"are higher by {np.min(a - b):+.2f} to {np.max(a - b):+.2f}; the halves' noise at T = 4000 "
+        f"{long['noise'] / math.sqrt(2):.2f} nats."
     )
     return rows, [
         {"eta": float(e), "long": float(x), "short": float(y), "k_hat_long": float(k1), "k_hat_short": float(k2)}
@@ -421,15 +424,18 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
         top_lo, top_hi = plateau(c["etas"], c["combined"])
         crit = us.location_criterion(dataset, us.grid_summary(gp))
         ref_rows.append(
-            f"| {dataset} | {seed} | {gp.mode:.2f} / {gp.mean:.3f} / {gp.sd:.3f} {usf.interval(gp.quantile(0.05), gp.quantile(0.95))} | "
+            f"| {dataset} | {seed} | {gp.mode:.2f} / {gp.mean:.3f} / {gp.sd:.3f} "
+            f"{usf.interval(gp.quantile(0.05), gp.quantile(0.95))} | "
             f"{top_lo:.2f}–{top_hi:.2f} | {gp.cdf(us.UPRIGHT_THRESHOLD):.2f} | {us.criterion_cell(crit)} | "
-            f"{', '.join(f'{e.mode:.2f} / {e.sd:.3f}' for e in each)} | {width['sd']:.3f} {usf.interval(*width['sd_interval'])} | "
+            f"{', '.join(f'{e.mode:.2f} / {e.sd:.3f}' for e in each)} | {width['sd']:.3f} "
+            f"{usf.interval(*width['sd_interval'])} | "
             f"{ref['mode']:.2f} / {ref['mean']:.3f} / {ref['sd']:.3f} {usf.interval(ref['q05'], ref['q95'])} | "
             f"{gap['gap_at_mode']:+.1f} ({gap['gap_min']:+.1f} to {gap['gap_max']:+.1f}) | {t2:.3f}, "
             f"{'inside' if gp.quantile(0.05) <= t2 <= gp.quantile(0.95) else 'outside'} |"
         )
         diag_rows.append(
-            f"| {dataset} | {seed} | {len(c['etas'])} | {c['noise'] / math.sqrt(2):.2f} | {min(c['weight_sd']):.1f}–{max(c['weight_sd']):.1f} | "
+            f"| {dataset} | {seed} | {len(c['etas'])} | {c['noise'] / math.sqrt(2):.2f} | "
+            f"{min(c['weight_sd']):.1f}–{max(c['weight_sd']):.1f} | "
             f"{min(c['k_hat']):.2f}–{max(c['k_hat']):.2f} | {min(c['acceptance']):.2f}–{max(c['acceptance']):.2f} | "
             f"{max(c['edge_share']):.3f} | {min(c['sigma_mode']):.1f}–{max(c['sigma_mode']):.1f} | "
             f"{dens[0]:.1e}, {dens[-1]:.1e} |"
@@ -456,7 +462,8 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
         return None
     overlaps, worst = q_overlaps(results, gps)
     q_rows = [
-        f"| {r['q']} | {r['dataset']} | {r['seed']} | {r['mean']:.3f} / {r['sd']:.3f} | {r['q_in_grid90']:.2f}, {r['grid_in_q90']:.2f} | "
+        f"| {r['q']} | {r['dataset']} | {r['seed']} | {r['mean']:.3f} / {r['sd']:.3f} | {r['q_in_grid90']:.2f}, "
+        f"{r['grid_in_q90']:.2f} | "
         f"{'yes' if r['holds'] else 'no'} |"
         for r in overlaps
     ]
@@ -475,7 +482,8 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
             p = json.loads(path.read_text())
             b = next(q for q in json.loads(base.read_text())["points"] if q["eta"] == CHECK_ETA)
             checks.append(
-                f"| {label} | {p['log_evidence']:.2f} | {b['log_evidence']:.2f} | {p['weight_sd']:.1f} | {b['weight_sd']:.1f} |"
+                f"| {label} | {p['log_evidence']:.2f} | {b['log_evidence']:.2f} | {p['weight_sd']:.1f} | "
+                f"{b['weight_sd']:.1f} |"
             )
     long_rows, long_lean = long_check_rows(work)
     settings = {
@@ -512,12 +520,16 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
             ),
             "## The reference, per seed\n",
             f"![ℓ_AIS and IWAE_100 profiles]({STEM}.png)\n",
-            "| data | seed | AIS posterior: mode / mean / sd [90 %] | η within 5 nats of the top | P(η < 1.0) | the issue's location criterion, on this reference | each half alone: mode / sd | implied sd near the top [90 %] | "
-            "refined IWAE_100 reference: mode / mean / sd [90 %] | ℓ_AIS − IWAE_100 at its mode (range) (nats) | type-II η |",
+            "| data | seed | AIS posterior: mode / mean / sd [90 %] | η within 5 nats of the top | P(η < 1.0) | "
+            "the issue's location criterion, on this reference | each half alone: mode / sd | "
+            "implied sd near the top [90 %] | "
+            "refined IWAE_100 reference: mode / mean / sd [90 %] | ℓ_AIS − IWAE_100 at its mode (range) (nats) | "
+            "type-II η |",
             "|:---|---:|---:|---:|---:|:---|---:|---:|---:|---:|---:|",
             *ref_rows,
             "\n## Diagnostics\n",
-            "| data | seed | η points | combined estimate's noise (nats) | chains' log-weight sd | PSIS k̂ (64 chains) | acceptance | "
+            "| data | seed | η points | combined estimate's noise (nats) | chains' log-weight sd | "
+            "PSIS k̂ (64 chains) | acceptance | "
             "σ_p integral in the path's top 5 % | σ_p posterior mode | edge densities / top |",
             "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             *diag_rows,
@@ -525,11 +537,13 @@ def render(work: Path, results: Path, out_dir: Path | None) -> tuple[Path, Path]
             "| variant | log p(D \\| η) | the scan's (16-point quadrature) | chains' sd | the scan's chains' sd |",
             "|:---|---:|---:|---:|---:|",
             *(checks or ["| not run | | | | |"]),
-            f"\n## T = {LONG_TEMPERATURES} against T = {TEMPERATURES} (i; upright seed {LONG_SEED}, both halves' 64 chains)\n",
+            f"\n## T = {LONG_TEMPERATURES} against T = {TEMPERATURES} (i; upright seed {LONG_SEED}, "
+            "both halves' 64 chains)\n",
             *(long_rows or ["not run"]),
             "\n## The issue's overlap criterion against this reference (f)\n",
             "\n".join(f"- {label}: {n} seeds" for label, n in counts.items()),
-            f"\nThe quantile stand-in for q(η)'s draws moves either mass by at most {worst:.3f} (the mean-field units' stored draws).\n",
+            f"\nThe quantile stand-in for q(η)'s draws moves either mass by at most {worst:.3f} (the mean-field units' "
+            "stored draws).\n",
             "| q(η) | data | seed | mean / sd | q in reference 90 %, reference in q 90 % | holds |",
             "|:---|:---|---:|---:|---:|:---|",
             *q_rows,

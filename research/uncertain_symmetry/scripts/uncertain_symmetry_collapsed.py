@@ -1,4 +1,5 @@
-r"""Issue 15: the collapsed q(η) — the optimal q(η) for each fitted q(θ | η), by quadrature — against the grid reference.
+r"""Issue 15: the collapsed q(η) — the optimal q(η) for each fitted q(θ | η), by quadrature — against the grid
+reference.
 
 Why. ``uncertain_symmetry_warmup.py`` left one criterion failing: the Gaussian q(η) of the warm-up fits sits
 inside the reference's 90 % interval but is about half as wide (sd 0.03 against 0.07–0.08 on upright digits;
@@ -99,8 +100,8 @@ i. **How wide the reference's own data allow it to be** (``--render``; a diagnos
    ≥ 0). Whether each (g) q*'s sd lies inside that interval says whether the reference's data can tell the two
    widths apart.
 
-Results: ``research/uncertain_symmetry/results/uncertain_symmetry_collapsed_<suffix>.md``, ``.json``, ``.png``; the unit files
-(``--work-dir``) hold each collapse (profile, density, draws, metrics).
+Results: ``research/uncertain_symmetry/results/uncertain_symmetry_collapsed_<suffix>.md``, ``.json``, ``.png``; the unit
+files (``--work-dir``) hold each collapse (profile, density, draws, metrics).
 """
 
 from __future__ import annotations
@@ -298,7 +299,8 @@ def streams_unit(state: Path, size: dict[str, Any], low: float, high: float, dev
 
 
 def judged(unit: dict[str, Any], ref: dict[str, Any], q: dict[str, Any]) -> dict[str, Any]:
-    """The input unit with its full-Bayes q(η) replaced by ``q`` (a collapse or a Gaussian fit), against the reference."""
+    """The input unit with its full-Bayes q(η) replaced by ``q`` (a collapse or a Gaussian fit), against the
+    reference."""
     fb = {**unit["full_bayes"], "q_eta": q["q_eta"], "metrics": q.get("metrics", {})}
     return usr.refined_unit({**unit, "full_bayes": fb, "q_draws": q["q_draws"]}, ref)
 
@@ -330,7 +332,8 @@ def unit_table(rows: list[dict[str, Any]]) -> str:
         both = f"{fmt_q(r['both']['full_bayes']['q_eta'])}; {ov(r['both'])}" if r["both"] else "–"
         noise = f"{r['shape_noise']:.1f}" if r["shape_noise"] is not None else "–"
         lines.append(
-            f"| {r['fit']} | {c['dataset']}, {c['seed']} | {fmt_q(c['grid']['summary'])} | {fmt_q(g['full_bayes']['q_eta'])} | "
+            f"| {r['fit']} | {c['dataset']}, {c['seed']} | {fmt_q(c['grid']['summary'])} | "
+            f"{fmt_q(g['full_bayes']['q_eta'])} | "
             f"{fmt_q(c['full_bayes']['q_eta'])} | {ov(g)} → {ov(c)} | {again} | {both} | {noise} | "
             f"{r['gaussian_bound']:.4f} → {r['collapsed_bound']:.4f} | "
             f"{g['full_bayes']['metrics']['nll']:.4f} → {c['full_bayes']['metrics']['nll']:.4f} "
@@ -436,8 +439,10 @@ def curvature_table(rows: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any
             for r in mine
         )
         lines.append(
-            f"| {key[0]}, {key[1]} | {cur['points']} ({cur['eta0']:.3f}) | {cur['c']:.0f} ± {cur['se_noise']:.0f}; {cur['se_residual']:.0f} | "
-            f"{cur['sd']:.3f} [{lo:.3f}, {'∞' if math.isinf(hi) else f'{hi:.3f}'}] | {cur['reference_sd']:.3f} | {fits} |"
+            f"| {key[0]}, {key[1]} | {cur['points']} ({cur['eta0']:.3f}) | {cur['c']:.0f} ± {cur['se_noise']:.0f}; "
+            f"{cur['se_residual']:.0f} | "
+            f"{cur['sd']:.3f} [{lo:.3f}, {'∞' if math.isinf(hi) else f'{hi:.3f}'}] | {cur['reference_sd']:.3f} | "
+            f"{fits} |"
         )
         out.append(
             {"dataset": key[0], "seed": key[1], **cur, "q_star_sd": {r["fit"]: r["raw"]["q_eta"]["sd"] for r in mine}}
@@ -465,7 +470,8 @@ def resolution_table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['fit']} | {m['dataset']}, {m['seed']} | {h['reference_window_sd']:.3f}; {h['reference_sd']:.3f} | "
             f"{h['q_star_sd']:.3f} | {h['clean_sd']:.3f} | {h['sigma']:.2f} | {h['noisy_sd_mean']:.3f} ± "
-            f"{h['noisy_sd_sd']:.3f} [{lo:.3f}, {hi:.3f}] | {'yes' if lo <= h['reference_window_sd'] <= hi else 'no'} | "
+            f"{h['noisy_sd_sd']:.3f} [{lo:.3f}, {hi:.3f}] | {'yes' if lo <= h['reference_window_sd'] <= hi else 'no'} "
+            "| "
             f"{h['points']} ({h['dropped']}) |"
         )
     return "\n".join(lines)
@@ -494,7 +500,8 @@ def streams_table(rows: list[dict[str, Any]], jobs: list[tuple[str, str, int]], 
         g, m, p, raw = r["gaussian"], r["streams"], r["pooled"], r["raw"]
         elbo = fmt_q(r["elbo"]["full_bayes"]["q_eta"]) if r["elbo"] is not None else "–"
         lines.append(
-            f"| {r['fit']} | {m['dataset']}, {m['seed']} | {fmt_q(m['grid']['summary'])} | {fmt_q(g['full_bayes']['q_eta'])} | "
+            f"| {r['fit']} | {m['dataset']}, {m['seed']} | {fmt_q(m['grid']['summary'])} | "
+            f"{fmt_q(g['full_bayes']['q_eta'])} | "
             f"{elbo} | {fmt_q(m['full_bayes']['q_eta'])} | {ov(g)} → {ov(m)} | {raw['profile_noise']:.2f} | "
             f"{fmt_q(p['full_bayes']['q_eta'])}; {ov(p)} | {raw['pooled']['noise']:.2f} | "
             f"{raw['edge_mass'][0]:.3f}, {raw['edge_mass'][1]:.3f} | {raw['collapse_seconds']:.0f} |"
@@ -643,7 +650,8 @@ def main(argv: list[str] | None = None) -> int:
             out_path.write_text(json.dumps(out) + "\n")
             common.log(
                 f"{stem} ({STREAMS} streams): q*(η) mean {out['q_eta']['mean']:.3f} sd {out['q_eta']['sd']:.3f}, noise "
-                f"{out['profile_noise']:.2f}; pooled {out['pooled']['q_eta']['mean']:.3f} ± {out['pooled']['q_eta']['sd']:.3f}, "
+                f"{out['profile_noise']:.2f}; pooled {out['pooled']['q_eta']['mean']:.3f} ± "
+                f"{out['pooled']['q_eta']['sd']:.3f}, "
                 f"noise {out['pooled']['noise']:.2f} ({out['collapse_seconds']:.0f} s)"
             )
         return 0
@@ -752,7 +760,8 @@ def main(argv: list[str] | None = None) -> int:
     info, command = common.machine_info(), common.command_line()
     intro = (
         "Issue 15's criteria for the *collapsed* q*(η) ∝ p(η) exp(IWAE_K(η)) of each fitted q(θ | η) "
-        "(`research.uncertain_symmetry.collapsed_symmetry.collapse_symmetry`: quadrature on 181 points over (0, π), common "
+        "(`research.uncertain_symmetry.collapsed_symmetry.collapse_symmetry`: quadrature on 181 points over (0, π), "
+        "common "
         "random numbers) of the fits of `uncertain_symmetry_warmup.py`, beside those fits' Gaussian q(η), against the "
         "refined grid reference. Method: section *Method* (the module docstring of "
         "`research/uncertain_symmetry/scripts/uncertain_symmetry_collapsed.py`)."
@@ -768,7 +777,8 @@ def main(argv: list[str] | None = None) -> int:
         unit_table(rows),
     ]
     held = [
-        "| fit | units | test NLL below type-II: Gaussian q(η) | collapsed q*(η) | collapsed below Gaussian | collapsed bound log Z above the Gaussian's IWAE_K |",
+        "| fit | units | test NLL below type-II: Gaussian q(η) | collapsed q*(η) | collapsed below Gaussian | "
+        "collapsed bound log Z above the Gaussian's IWAE_K |",
         "|:---|---:|---:|---:|---:|---:|",
     ]
     for fit in FITS:
@@ -806,7 +816,8 @@ def main(argv: list[str] | None = None) -> int:
             g, e, raw = r["gaussian"], r["elbo"], r["raw"]
             ov = lambda u: f"{u['overlap']['q_in_grid90']:.2f}, {u['overlap']['grid_in_q90']:.2f}"  # noqa: E731
             lines.append(
-                f"| {r['fit']} | {e['dataset']}, {e['seed']} | {fmt_q(e['grid']['summary'])} | {fmt_q(g['full_bayes']['q_eta'])} | "
+                f"| {r['fit']} | {e['dataset']}, {e['seed']} | {fmt_q(e['grid']['summary'])} | "
+                f"{fmt_q(g['full_bayes']['q_eta'])} | "
                 f"{fmt_q(e['full_bayes']['q_eta'])} | {ov(g)} → {ov(e)} | {raw['profile_noise']:.3f} | "
                 f"{raw['edge_mass'][0]:.3f}, {raw['edge_mass'][1]:.3f} | {raw['collapse_seconds']:.0f} |"
             )

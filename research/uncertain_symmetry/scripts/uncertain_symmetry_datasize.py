@@ -13,11 +13,12 @@ NLL along η says, at each N, which η predicts best, independently of the evide
 Method (every setting fixed and committed before any unit of this script ran; nothing of it was run on these data
 beforehand except one timing point, upright seed 0, N = 1200, η = 1.0, whose value was not compared with anything):
 
-a. **Model and data.** The reference model of the AIS and Laplace benchmarks (``uncertain_symmetry_annealed.make_model``:
-   random features of ``init_seed = seed``, H = 256, hierarchical σ_p ~ LogNormal(0, 1), the 16-point quadrature of
-   the orbit), on the first ``N`` ∈ ``SIZES`` = 300, 600, 1200 digits of the fixed 1347-digit training split (N = 300
-   is the earlier benchmarks' set) and the same 450 test digits; datasets upright and ±90° (``DATASETS``; the fully
-   rotated criterion already holds at N = 300 and is not run here); seeds 0, 2, 1 in that order.
+a. **Model and data.** The reference model of the AIS and Laplace benchmarks
+   (``uncertain_symmetry_annealed.make_model``: random features of ``init_seed = seed``, H = 256, hierarchical σ_p ~
+   LogNormal(0, 1), the 16-point quadrature of the orbit), on the first ``N`` ∈ ``SIZES`` = 300, 600, 1200 digits of the
+   fixed 1347-digit training split (N = 300 is the earlier benchmarks' set) and the same 450 test digits; datasets
+   upright and ±90° (``DATASETS``; the fully rotated criterion already holds at N = 300 and is not run here); seeds 0,
+   2, 1 in that order.
 b. **Points.** ``ETAS``: η = 0.1, 0.35, …, 2.85 (spacing 0.25) and π, 13 points. At each, the Laplace evidence
    (:func:`~research.uncertain_symmetry.laplace_evidence.laplace_readout_evidence`, ``NUM_SCALES`` = 29 scales on
    ``SCALE_SPAN`` = [−2, 5], as in ``uncertain_symmetry_laplace.py``), then the held-out NLL and accuracy of the Laplace
@@ -41,10 +42,11 @@ e. **Full Bayes against type-II on held-out digits** (added while (b) ran, befor
    (:class:`~research.uncertain_symmetry.laplace_evidence.LaplaceSymmetryPosterior`), and the held-out NLL and accuracy
    of :func:`~research.uncertain_symmetry.laplace_evidence.laplace_symmetry_predictive` with ``mass`` = 0.999 (full
    Bayes: η integrated out over the grid) and ``mass`` = 0 (type-II: the posterior's mode alone),
-   ``HELDOUT_DRAWS`` draws seeded by the data seed. Run after (b) (``--predictive``, two processes taking alternate units).
+   ``HELDOUT_DRAWS`` draws seeded by the data seed. Run after (b) (``--predictive``, two processes taking alternate
+   units).
 
-Results: ``research/uncertain_symmetry/results/uncertain_symmetry_datasize.md``, ``.json``, ``.png``; unit files (``--work-dir``), one per
-(dataset, N, seed, part), replaced after every η (a stopped run resumes).
+Results: ``research/uncertain_symmetry/results/uncertain_symmetry_datasize.md``, ``.json``, ``.png``; unit files
+(``--work-dir``), one per (dataset, N, seed, part), replaced after every η (a stopped run resumes).
 """
 
 from __future__ import annotations
@@ -97,9 +99,10 @@ def load(dataset: str, size: int) -> Any:
 
 
 def evaluate_point(data: Any, seed: int, eta: float, **model_kw: Any) -> dict[str, Any]:
-    """(b) at one η: the Laplace evidence, then the held-out NLL of the predictive at its σ_p mode (``model_kw``: further
-    model arguments, for ``uncertain_symmetry_lengthscale.py``). ``edge_share`` (the σ_p integral's share at the scale
-    grid's end) was added to the points after this benchmark's own units had been run; theirs do not have it."""
+    """(b) at one η: the Laplace evidence, then the held-out NLL of the predictive at its σ_p mode
+    (``model_kw``: further model arguments, for ``uncertain_symmetry_lengthscale.py``). ``edge_share`` (the σ_p
+    integral's share at the scale grid's end) was added to the points after this benchmark's own units had been
+    run; theirs do not have it."""
     model = usa.make_model(data, seed, eta, **model_kw)
     (x, y), (xt, yt) = train_arrays(data, model), test_arrays(data, model)
     start = time.perf_counter()
@@ -242,27 +245,33 @@ def render(work: Path, laplace_work: Path, out_dir: Path | None) -> tuple[Path, 
 
     table = [
         "| data | N | seed | posterior from the Laplace evidence: mode / mean / sd [90 %] | location criterion | "
-        "ℓ(top) − ℓ(0.1): nats (per datum) | lowest held-out NLL: η / NLL / accuracy | NLL at the evidence's top − lowest | s per point |",
+        "ℓ(top) − ℓ(0.1): nats (per datum) | lowest held-out NLL: η / NLL / accuracy | "
+        "NLL at the evidence's top − lowest | s per point |",
         "|:---|---:|---:|---:|:---|---:|---:|---:|---:|",
     ]
     for r in rows:
         s = r["posterior"]
         table.append(
             f"| {r['dataset']} | {r['size']} | {r['seed']} | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} "
-            f"[{s['q05']:.2f}, {s['q95']:.2f}] | {us.criterion_cell(r['location'])} | {r['gain']:.1f} ({r['gain'] / r['size']:.4f}) | "
-            f"{r['best_eta']:.2f} / {r['best_nll']:.4f} / {r['best_accuracy']:.3f} | {r['nll_at_top']:+.4f} | {r['seconds']:.0f} |"
+            f"[{s['q05']:.2f}, {s['q95']:.2f}] | {us.criterion_cell(r['location'])} | "
+            f"{r['gain']:.1f} ({r['gain'] / r['size']:.4f}) | "
+            f"{r['best_eta']:.2f} / {r['best_nll']:.4f} / {r['best_accuracy']:.3f} | {r['nll_at_top']:+.4f} | "
+            f"{r['seconds']:.0f} |"
         )
     summary = [
         "| data | N | seeds | posterior mean: mean ± sd over seeds | criterion holds | lowest-NLL η: mean ± sd |",
         "|:---|---:|---:|---:|---:|---:|",
     ]
     moves = {}
+
+    def sd(v):
+        return float(np.std(v, ddof=1)) if len(v) > 1 else math.nan
+
     for dataset in DATASETS:
         for size in SIZES:
             rs = [r for r in rows if r["dataset"] == dataset and r["size"] == size]
             if rs:
                 m, b = np.array([r["posterior"]["mean"] for r in rs]), np.array([r["best_eta"] for r in rs])
-                sd = lambda v: float(np.std(v, ddof=1)) if len(v) > 1 else math.nan
                 summary.append(
                     f"| {dataset} | {size} | {len(rs)} | {m.mean():.2f} ± {sd(m):.2f} | "
                     f"{sum(r['location'][0] for r in rs)}/{len(rs)} | {b.mean():.2f} ± {sd(b):.2f} |"
@@ -302,8 +311,10 @@ def render(work: Path, laplace_work: Path, out_dir: Path | None) -> tuple[Path, 
     }
     info, command = common.machine_info(), common.command_line()
     intro = (
-        "Issue 15: the Laplace evidence's posterior over η, and the held-out NLL along η, as the training set grows from "
-        "300 to 1200 digits. Method: section *Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_datasize.py`)."
+        "Issue 15: the Laplace evidence's posterior over η, and the held-out NLL along η, "
+        "as the training set grows from "
+        "300 to 1200 digits. Method: section *Method* (the module docstring of "
+        "`research/uncertain_symmetry/scripts/uncertain_symmetry_datasize.py`)."
     )
     md = "\n".join(
         [

@@ -53,8 +53,8 @@ f. **The K = 1000 reference** (``--k-check --k-restarts 4``; added after (e) was
    that (c) and (d) can be computed from the K = 1000 bounds of all ``FINE_RESTARTS`` restarts: its implied sd with
    both intervals and its grid sd on the points (``--render``), beside the same restarts' K = 100 values.
 
-Results: ``research/uncertain_symmetry/results/uncertain_symmetry_fine_reference_<suffix>.md``, ``.json``; the unit files
-(``--work-dir``) hold every fit.
+Results: ``research/uncertain_symmetry/results/uncertain_symmetry_fine_reference_<suffix>.md``, ``.json``; the unit
+files (``--work-dir``) hold every fit.
 """
 
 from __future__ import annotations
@@ -131,7 +131,8 @@ def fit_unit(
         )
         path.write_text(json.dumps(unit, indent=1) + "\n")
         common.log(
-            f"  {dataset} seed {seed}: η {etas[k]:.4f} restart {restart}: IWAE/N {unit['fits'][-1]['iwae']['per_datum']:.4f}"
+            f"  {dataset} seed {seed}: η {etas[k]:.4f} restart {restart}: IWAE/N "
+            f"{unit['fits'][-1]['iwae']['per_datum']:.4f}"
         )
     return unit
 
@@ -174,7 +175,8 @@ def k_check_unit(
         )
         path.write_text(json.dumps(out, indent=1) + "\n")
         common.log(
-            f"  k-check {dataset} seed {seed} restart {restart}: η {eta:.4f}: IWAE_{size['iwae_K']} {base['value']:.2f}, "
+            f"  k-check {dataset} seed {seed} restart {restart}: η {eta:.4f}: "
+            f"IWAE_{size['iwae_K']} {base['value']:.2f}, "
             f"IWAE_{K_CHECK} {more['value']:.2f}"
         )
     return out
@@ -423,10 +425,13 @@ def main(argv: list[str] | None = None) -> int:
             or "–"
         )
         rows.append(
-            f"| {d}, {s} | {fine['points']} × {len(fine['restarts'])} | {fine['mean_sd']:.2f}; {fine['residual_sd']:.2f} | "
-            f"{fine['c']:.0f} ± {fine['se_noise']:.0f}; {fine['se_residual']:.0f} | {fine['sd']:.3f} {interval(lo, hi)} | "
+            f"| {d}, {s} | {fine['points']} × {len(fine['restarts'])} | {fine['mean_sd']:.2f}; "
+            f"{fine['residual_sd']:.2f} | "
+            f"{fine['c']:.0f} ± {fine['se_noise']:.0f}; {fine['se_residual']:.0f} | "
+            f"{fine['sd']:.3f} {interval(lo, hi)} | "
             f"{', '.join(f'{c:.0f}' for c in rc['each_c'])}: {rc['c']:.0f} ± {rc['se']:.0f}; {interval(rlo, rhi)} | "
-            f"{fine['grid_sd']:.3f} | {coarse['sd']:.3f} {interval(*coarse['sd_interval'])}; {coarse['reference_sd']:.3f} | "
+            f"{fine['grid_sd']:.3f} | {coarse['sd']:.3f} {interval(*coarse['sd_interval'])}; "
+            f"{coarse['reference_sd']:.3f} | "
             f"{repeat:.2g} | {inside} |"
         )
         lean.append(
@@ -473,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     info, command = common.machine_info(), common.command_line()
     intro = (
-        "Issue 15: a 1° grid of fixed-η fits within 0.2 rad of the refined reference's mode on upright and ±90° digits, to "
+        "Issue 15: a 1° grid of fixed-η fits within 0.2 rad of the refined reference's mode on upright and ±90° "
+        "digits, to "
         "measure the evidence's curvature there. Method: section *Method* (the module docstring of "
         "`research/uncertain_symmetry/scripts/uncertain_symmetry_fine_reference.py`)."
     )

@@ -24,8 +24,9 @@ b. **Refinement.** That fit continued by ``REFINE``: ``elbo="iwae-given-symmetry
    symmetry-conditional guides both draw η on its own, so both can share it; the symmetry-conditional
    one adapts q(θ | η) to each η draw, the mean-field one cannot (its IWAE_K(η) uses one q(θ) for every
    η). ``--refine`` runs it (``--device cuda``: 2.7 s a step on one CPU core at K = 100, ~45 min a fit;
-   on a lent GPU machine without this project's environment, ``research/uncertain_symmetry/scripts/uncertain_symmetry_iwae_device.sh``
-   installs what is missing, refines every prepared unit and returns the states as one archive).
+   on a lent GPU machine without this project's environment,
+   ``research/uncertain_symmetry/scripts/uncertain_symmetry_iwae_device.sh`` installs what is missing, refines every
+   prepared unit and returns the states as one archive).
 c. **Evaluation** (``--render``, CPU). ``num_draws`` draws of the refined q(η) (seeded by the unit's
    seed), the issue's criteria (``uncertain_symmetry.criteria``) against the refined reference of
    ``uncertain_symmetry_refined.py`` (four restarts, aligned mean; its work dir, ``--reference``), beside
@@ -44,9 +45,9 @@ d. **Amortisation profile** (``--profile``, CPU; added after (c)'s results were 
    store; it was discarded and rerun through the library function, which runs in that scope. The
    symmetry-conditional guide's profiles were rerun once more on 2026-11-27: until then the function held η by
    setting that guide's standard-normal noise to u_j itself instead of (u_j − m)/s, so its q(θ | η) was read near
-   q(η)'s location whatever η_j was; the mean-field profiles, which hold the site itself, reproduce bit for bit.) The difference reference − profile is the *amortisation gap*: what
-   one guide loses at η_j against a fit made for η_j. The profile's own grid posterior (prior U(0, π),
-   truncated to the window) is what the refinement's q(η) targets.
+   q(η)'s location whatever η_j was; the mean-field profiles, which hold the site itself, reproduce bit for bit.) The
+   difference reference − profile is the *amortisation gap*: what one guide loses at η_j against a fit made for η_j. The
+   profile's own grid posterior (prior U(0, π), truncated to the window) is what the refinement's q(η) targets.
 
 Results: ``research/uncertain_symmetry/results/uncertain_symmetry_iwae_<suffix>.md``, ``.json``, ``.png``; the refined
 states are not kept (``.pt`` files are not committed): what the tables need is in the JSON.
@@ -476,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
         "Issue 15's criteria for q(η) after the ELBO fits of `uncertain_symmetry.py` were continued by "
         '`elbo="iwae-given-symmetry"` (an ELBO in η, the IWAE_K bound in θ given η), against the refined grid '
         "reference of `uncertain_symmetry_refined.py`. Method and the reason for every setting: section *Method* "
-        "(the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_iwae.py`). The refinement ran with `--refine` on "
+        "(the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_iwae.py`). "
+        "The refinement ran with `--refine` on "
         "the device named in the settings; the states it needs are not committed, so the command below "
         "re-renders from the evaluated units (`--evaluate` wrote them)."
     )
@@ -496,7 +498,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
         parts += [
             f"\n### {name}: the amortisation profile (module docstring, d)\n",
-            "IWAE_K(η) of each fit's own q(θ | η) at fixed η on the reference's window, its grid posterior, and how much "
+            "IWAE_K(η) of each fit's own q(θ | η) at fixed η on the reference's window, its grid posterior, "
+            "and how much "
             "more the fit loses against the per-η fits at the reference's mode than near its own q(η) (the gap change; "
             "positive: the guide's q(θ | η) is worse there).\n",
             profile_table(before, after),

@@ -33,18 +33,18 @@ c. **Measures** (``--render``), per unit, at the η where both exist (the AIS es
 
 d. **Held-out NLL along η** (added while (b) ran, before any of its points was rendered against AIS; no setting of
    (a)–(c) changed). Does the larger η that log p(D | η) prefers predict as well? At every point of (b), the Laplace
-   posterior predictive of the read-out (:func:`~research.uncertain_symmetry.laplace_evidence.laplace_readout_predictive`)
-   at σ_p = that point's Laplace σ_p mode, ``HELDOUT_DRAWS`` = 256 draws (seeded by the data seed), on the 450 test
-   images of the fixed split: mean NLL and accuracy. Reported per unit: the η of the lowest NLL, and the NLL at the AIS
-   posterior's top, at the refined IWAE_100 reference's mode and at the type-II η of the 4000-step fits (each at the
-   nearest scan point), less the lowest. Run after (b), the same two parts. Its first run was killed for memory (the
-   predictive's triangular solve was batched over the draws, copying the (mC)² factor per draw); after the fix (one
-   solve for all draws, the same random numbers) it was rerun from scratch, and only the rerun is reported.
-   ±90° seed 2's points past 2.3 rad have no AIS estimate (dropped there, ``uncertain_symmetry_annealed.py`` (k)); the
-   comparison uses the points that both have.
+   posterior predictive of the read-out
+   (:func:`~research.uncertain_symmetry.laplace_evidence.laplace_readout_predictive`) at σ_p = that point's Laplace σ_p
+   mode, ``HELDOUT_DRAWS`` = 256 draws (seeded by the data seed), on the 450 test images of the fixed split: mean NLL
+   and accuracy. Reported per unit: the η of the lowest NLL, and the NLL at the AIS posterior's top, at the refined
+   IWAE_100 reference's mode and at the type-II η of the 4000-step fits (each at the nearest scan point), less the
+   lowest. Run after (b), the same two parts. Its first run was killed for memory (the predictive's triangular solve was
+   batched over the draws, copying the (mC)² factor per draw); after the fix (one solve for all draws, the same random
+   numbers) it was rerun from scratch, and only the rerun is reported. ±90° seed 2's points past 2.3 rad have no AIS
+   estimate (dropped there, ``uncertain_symmetry_annealed.py`` (k)); the comparison uses the points that both have.
 
-Results: ``research/uncertain_symmetry/results/uncertain_symmetry_laplace.md``, ``.json``; unit files (``--work-dir``), one per
-(dataset, seed, part), written after every η (a stopped run resumes).
+Results: ``research/uncertain_symmetry/results/uncertain_symmetry_laplace.md``, ``.json``; unit files (``--work-dir``),
+one per (dataset, seed, part), written after every η (a stopped run resumes).
 """
 
 from __future__ import annotations
@@ -260,17 +260,22 @@ def render(work: Path, ais_work: Path, results: Path, out_dir: Path | None) -> t
         return f"{s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} {usf.interval(s['q05'], s['q95'])}"
 
     table = [
-        "| data | seed | points | ℓ_Laplace − ℓ_AIS: mean [range] | its shape: sd / spread | ℓ_IWAE_100 − ℓ_AIS [range] | "
-        "AIS posterior: mode / mean / sd [90 %] | Laplace posterior | overlap (Laplace in AIS 90 %, AIS in Laplace 90 %) | "
+        "| data | seed | points | ℓ_Laplace − ℓ_AIS: mean [range] | its shape: sd / spread | "
+        "ℓ_IWAE_100 − ℓ_AIS [range] | "
+        "AIS posterior: mode / mean / sd [90 %] | Laplace posterior | overlap (Laplace in AIS 90 %, "
+        "AIS in Laplace 90 %) | "
         "location criterion: AIS / Laplace | σ_p mode at the top: AIS / Laplace | s per point |",
         "|:---|---:|---:|---:|---:|---:|---:|---:|---:|:---|---:|---:|",
     ]
     for r in rows:
         table.append(
-            f"| {r['dataset']} | {r['seed']} | {r['points']} | {r['error_mean']:+.1f} [{r['error_range'][0]:+.1f}, {r['error_range'][1]:+.1f}] | "
-            f"{r['error_shape_sd']:.2f} / {r['error_spread']:.1f} | [{r['iwae_minus_ais'][0]:+.0f}, {r['iwae_minus_ais'][1]:+.0f}] | "
+            f"| {r['dataset']} | {r['seed']} | {r['points']} | {r['error_mean']:+.1f} [{r['error_range'][0]:+.1f}, "
+            f"{r['error_range'][1]:+.1f}] | "
+            f"{r['error_shape_sd']:.2f} / {r['error_spread']:.1f} | [{r['iwae_minus_ais'][0]:+.0f}, "
+            f"{r['iwae_minus_ais'][1]:+.0f}] | "
             f"{post(r['ais_posterior'])} | {post(r['laplace_posterior'])} | {r['overlap']['q_in_grid90']:.2f}, "
-            f"{r['overlap']['grid_in_q90']:.2f} ({'holds' if r['holds'] else 'fails'}) | {us.criterion_cell(r['location_ais'])} / {us.criterion_cell(r['location'])} | "
+            f"{r['overlap']['grid_in_q90']:.2f} ({'holds' if r['holds'] else 'fails'}) | "
+            f"{us.criterion_cell(r['location_ais'])} / {us.criterion_cell(r['location'])} | "
             f"{r['sigma_mode_ais']:.1f} / {r['sigma_mode_laplace']:.1f} | {r['seconds']:.0f} |"
         )
 
@@ -287,7 +292,8 @@ def render(work: Path, ais_work: Path, results: Path, out_dir: Path | None) -> t
         if h is not None:
             held.append(
                 f"| {r['dataset']} | {r['seed']} | {len(h['etas'])} | {h['best_eta']:.2f} / {h['best_nll']:.4f} / "
-                f"{h['best_accuracy']:.3f} | {above(h['at_ais_top'])} | {above(h['at_iwae_mode'])} | {above(h['at_type_ii'])} |"
+                f"{h['best_accuracy']:.3f} | {above(h['at_ais_top'])} | {above(h['at_iwae_mode'])} | "
+                f"{above(h['at_type_ii'])} |"
             )
     counts = {
         d: f"{sum(r['holds'] for r in rows if r['dataset'] == d)}/{sum(r['dataset'] == d for r in rows)}"
@@ -309,8 +315,10 @@ def render(work: Path, ais_work: Path, results: Path, out_dir: Path | None) -> t
     }
     info, command = common.machine_info(), common.command_line()
     intro = (
-        "Issue 15: the Laplace evidence of the invariant MLP's read-out against the AIS reference of log p(D | η), at every "
-        "point of the AIS scan. Method: section *Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_laplace.py`)."
+        "Issue 15: the Laplace evidence of the invariant MLP's read-out against the AIS reference of log p(D | η), "
+        "at every "
+        "point of the AIS scan. Method: section *Method* (the module docstring of "
+        "`research/uncertain_symmetry/scripts/uncertain_symmetry_laplace.py`)."
     )
     md = "\n".join(
         [

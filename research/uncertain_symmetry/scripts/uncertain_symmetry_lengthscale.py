@@ -16,13 +16,14 @@ a. **Model and data.** ``uncertain_symmetry_datasize.py``'s model on upright dig
 b. **Points.** η ∈ ``ETAS`` (every other point of the data-size grid, and its top 2.35): the Laplace evidence and the
    held-out NLL of the Laplace predictive at its σ_p mode, as ``uncertain_symmetry_datasize.evaluate_point``; two
    processes take alternate points of each ℓ (``--part``).
-c. **Measures** (``--render``), per ℓ: the evidence's top η and value, ℓ(top) − ℓ(0.1), the lowest held-out NLL and its η;
-   at ℓ = 1 the largest difference from the data-size run's points (the same function on the same data: a check).
+c. **Measures** (``--render``), per ℓ: the evidence's top η and value, ℓ(top) − ℓ(0.1), the lowest held-out NLL and its
+   η; at ℓ = 1 the largest difference from the data-size run's points (the same function on the same data: a check).
 d. **±90° digits** (added after (b)'s upright points had been rendered; the same settings otherwise): does a longer ℓ
    move the ±90° evidence's top (2.85 rad at every N with ℓ = 1) toward π/2? ``DATASETS`` gains ``partially-rotated``,
    run after upright (``--dataset``).
 
-Results: ``research/uncertain_symmetry/results/uncertain_symmetry_lengthscale.md``, ``.json``; unit files in ``--work-dir``.
+Results: ``research/uncertain_symmetry/results/uncertain_symmetry_lengthscale.md``, ``.json``; unit files in
+``--work-dir``.
 """
 
 from __future__ import annotations
@@ -123,8 +124,10 @@ def render(work: Path, datasize_work: Path, out_dir: Path | None) -> tuple[Path,
     }
     info, command = common.machine_info(), common.command_line()
     intro = (
-        "Issue 15: the Laplace evidence and held-out NLL along η on 1200 upright and ±90° digits for three RFF lengthscales. "
-        "Method: section *Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_lengthscale.py`)."
+        "Issue 15: the Laplace evidence and held-out NLL along η on 1200 upright and ±90° digits for three RFF "
+        "lengthscales. "
+        "Method: section *Method* (the module docstring of "
+        "`research/uncertain_symmetry/scripts/uncertain_symmetry_lengthscale.py`)."
     )
     md = "\n".join(
         [

@@ -1,8 +1,8 @@
 r"""Issue 15: with the RFF lengthscale chosen or integrated out by the evidence, where is η?
 
-Why. The lengthscale probe (``uncertain_symmetry_lengthscale.py``, seed 0, exploratory) found that on 1200 upright digits
-the Laplace evidence prefers ℓ = 2 to the catalogue's default ℓ = 1 by 101 nats and to ℓ = 4 by 7 nats, and that a
-longer ℓ moves the evidence's top in η down (2.35 → 1.6 → 0.6 rad for ℓ = 1, 2, 4); on ±90° digits the top stayed at
+Why. The lengthscale probe (``uncertain_symmetry_lengthscale.py``, seed 0, exploratory) found that on 1200 upright
+digits the Laplace evidence prefers ℓ = 2 to the catalogue's default ℓ = 1 by 101 nats and to ℓ = 4 by 7 nats, and that
+a longer ℓ moves the evidence's top in η down (2.35 → 1.6 → 0.6 rad for ℓ = 1, 2, 4); on ±90° digits the top stayed at
 π for every ℓ. A researcher would not fix ℓ by hand: they would learn it by the evidence with η, as van der Wilk et al.
 (2018) learn kernel hyperparameters with the invariance. This benchmark asks whether the issue's upright criterion
 (mode below 1.0 rad or P(η < 1) > 0.5) and ±90° criterion (mode within 0.5 rad of π/2) hold once ℓ is (i) chosen by
@@ -59,9 +59,11 @@ e. **The σ_p grid's cut at ℓ = 4** (added after (c) and (d) had been rendered
    ℓ = 4's evidence is cut short by an amount (c) did not measure. ``EDGE_CHECK``: per dataset the seed with the largest
    ``edge_share`` at ℓ = 4 (upright 2, ±90° 1), every η of ``ETAS``, the Laplace evidence alone with the grid widened to
    ``EDGE_SPAN`` = [−2, 7] (``EDGE_SCALES`` = 37 points, the same 0.25 spacing; ``--edge-check --part 0/2`` and
-   ``1/2``). Measures: per η the widened minus the stored evidence, and log p(D | ℓ = 4) − log p(D | ℓ*) before and after.
+   ``1/2``). Measures: per η the widened minus the stored evidence, and log p(D | ℓ = 4) − log p(D | ℓ*) before and
+   after.
 
-Results: ``research/uncertain_symmetry/results/uncertain_symmetry_lengthscale_marginal.md``, ``.json``; unit files in ``--work-dir``.
+Results: ``research/uncertain_symmetry/results/uncertain_symmetry_lengthscale_marginal.md``, ``.json``; unit files in
+``--work-dir``.
 """
 
 from __future__ import annotations
@@ -136,7 +138,8 @@ def points(
 
 
 def run_ais_check(work: Path, half: int) -> dict[str, Any]:
-    """(d) for one AIS run (``half`` = its seed), resuming from its file; part 0 then adds the Laplace points at N = 300."""
+    """(d) for one AIS run (``half`` = its seed), resuming from its file; part 0 then adds the Laplace points at
+    N = 300."""
     load = functools.cache(functools.partial(usd.load, "upright"))
     unit = common.fill_unit(
         work / f"ais_check_half{half}.json",
@@ -149,7 +152,8 @@ def run_ais_check(work: Path, half: int) -> dict[str, Any]:
             **usa.evaluate_point(load(key[0]), 0, key[2], half, lengthscale=key[1]),
         },
         lambda key, p: (
-            f"AIS check half {half}, N {key[0]}, ℓ {key[1]:g}, η {key[2]:.2f}: {p['log_evidence']:.2f} ({p['seconds']:.0f} s)"
+            f"AIS check half {half}, N {key[0]}, ℓ {key[1]:g}, η {key[2]:.2f}: "
+            f"{p['log_evidence']:.2f} ({p['seconds']:.0f} s)"
         ),
     )
     if half == 0:
@@ -199,7 +203,8 @@ def run_edge_check(work: Path, k: int = 0, n: int = 1) -> dict[str, Any]:
         lambda p: (p["dataset"], p["seed"], p["eta"]),
         widened,
         lambda key, p: (
-            f"edge check {key[0]} seed {key[1]} η {key[2]:.2f}: {p['log_evidence']:.2f} (edge share {p['edge_share']:.2g})"
+            f"edge check {key[0]} seed {key[1]} η {key[2]:.2f}: {p['log_evidence']:.2f} (edge share "
+            f"{p['edge_share']:.2g})"
         ),
     )
 
@@ -222,7 +227,8 @@ def edge_table(work: Path, rows: list[dict[str, Any]]) -> list[str]:
         if not out:
             out = [
                 "\n**(e) The σ_p grid's cut at ℓ = 4** (grid widened to [−2, 7]; post hoc).\n",
-                "| data | seed | widened − stored, per η (nats) | edge share: stored max → widened max | log p(D \\| ℓ = 4) − the best ℓ: before → after |",
+                "| data | seed | widened − stored, per η (nats) | edge share: stored max → widened max | log p(D \\| "
+                "ℓ = 4) − the best ℓ: before → after |",
                 "|:---|---:|:---|:---|:---|",
             ]
         share = row["edge_share"][i]
@@ -276,7 +282,8 @@ def ais_table(rows: list[dict[str, Any]]) -> list[str]:
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     out += [
-        f"| {r['size']} | {r['lengthscale']:g} | {r['eta']:.2f} | {r['ais']:.1f} ± {r['noise']:.1f} | {r['weight_sd']:.1f} | {r['laplace']:.1f} | {r['ais'] - r['laplace']:.1f} |"
+        f"| {r['size']} | {r['lengthscale']:g} | {r['eta']:.2f} | {r['ais']:.1f} ± {r['noise']:.1f} | "
+        f"{r['weight_sd']:.1f} | {r['laplace']:.1f} | {r['ais'] - r['laplace']:.1f} |"
         for r in rows
     ]
     out += ["", "| N | η | ℓ = 4 − ℓ = 2, AIS | ℓ = 4 − ℓ = 2, Laplace | same sign |", "|---:|---:|---:|---:|:---|"]
@@ -297,7 +304,8 @@ def ais_table(rows: list[dict[str, Any]]) -> list[str]:
         gap = [r["ais"] - r["laplace"] for r in rows if r["size"] == size]
         sd = [r["weight_sd"] for r in rows if r["size"] == size]
         out.append(
-            f"At N = {size}: AIS − Laplace from {min(gap):.1f} to {max(gap):.1f} nats, per-chain log-weight sd {min(sd):.1f}–{max(sd):.1f}."
+            f"At N = {size}: AIS − Laplace from {min(gap):.1f} to {max(gap):.1f} nats, "
+            f"per-chain log-weight sd {min(sd):.1f}–{max(sd):.1f}."
         )
     return out
 
@@ -354,8 +362,10 @@ def render(work: Path, probe_work: Path, datasize_work: Path, out_dir: Path | No
         return None
 
     table = [
-        "| data | seed | ℓ grid | log p(D \\| ℓ) − the best, per ℓ | type-II ℓ* (p(ℓ* \\| D)) | η at ℓ*: mode / mean / sd — criterion "
-        "| ℓ integrated: mode / mean / sd / 90 % interval — criterion | lowest held-out NLL: ℓ, η / NLL | NLL at the evidence's (ℓ, η) top − lowest |",
+        "| data | seed | ℓ grid | log p(D \\| ℓ) − the best, per ℓ | type-II ℓ* (p(ℓ* \\| D)) | η at ℓ*: "
+        "mode / mean / sd — criterion "
+        "| ℓ integrated: mode / mean / sd / 90 % interval — criterion | lowest held-out NLL: ℓ, η / NLL | "
+        "NLL at the evidence's (ℓ, η) top − lowest |",
         "|:---|---:|:---|:---|---:|:---|:---|:---|---:|",
     ]
     for r in rows:
@@ -363,12 +373,15 @@ def render(work: Path, probe_work: Path, datasize_work: Path, out_dir: Path | No
         table.append(
             f"| {r['dataset']} | {r['seed']} | {', '.join(f'{e:.3g}' for e in r['lengthscales'])} | "
             + " / ".join(f"{v - lm.max():.1f}" for v in lm)
-            + f" | {r['ell_star']:.3g} ({max(r['p_ell']):.2f}) | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} — {us.criterion_cell(r['at_ell_star_criterion'])}"
-            f" | {t['mode']:.2f} / {t['mean']:.2f} / {t['sd']:.2f} / [{t['q05']:.2f}, {t['q95']:.2f}] — {us.criterion_cell(r['integrated_criterion'])}"
+            + f" | {r['ell_star']:.3g} ({max(r['p_ell']):.2f}) | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} — "
+            f"{us.criterion_cell(r['at_ell_star_criterion'])}"
+            f" | {t['mode']:.2f} / {t['mean']:.2f} / {t['sd']:.2f} / [{t['q05']:.2f}, "
+            f"{t['q95']:.2f}] — {us.criterion_cell(r['integrated_criterion'])}"
             f" | {r['best_nll'][0]:.3g}, {r['best_nll'][1]:.2f} / {r['best_nll'][2]:.4f} | {r['nll_at_top']:.4f} |"
         )
     summary = [
-        "\n| data | seeds | type-II ℓ: criterion holds on | ℓ integrated: criterion holds on (fresh seeds 1, 2) | ℓ-integrated posterior mean, mean ± sd | reproduced with ℓ learned (≥ 2 of 3 seeds) |",
+        "\n| data | seeds | type-II ℓ: criterion holds on | ℓ integrated: criterion holds on (fresh seeds 1, 2) | "
+        "ℓ-integrated posterior mean, mean ± sd | reproduced with ℓ learned (≥ 2 of 3 seeds) |",
         "|:---|:---|---:|---:|---:|:---|",
     ]
     for dataset in DATASETS:
@@ -380,7 +393,8 @@ def render(work: Path, probe_work: Path, datasize_work: Path, out_dir: Path | No
         held = sum(r["integrated_criterion"][0] for r in rs)
         verdict = "—" if len(rs) < len(SEEDS) else ("yes" if held >= 2 else "no")
         summary.append(
-            f"| {dataset} | {', '.join(str(r['seed']) for r in rs)} | {sum(r['at_ell_star_criterion'][0] for r in rs)} of {len(rs)} | "
+            f"| {dataset} | {', '.join(str(r['seed']) for r in rs)} | {sum(r['at_ell_star_criterion'][0] for r in rs)} "
+            f"of {len(rs)} | "
             f"{held} of {len(rs)} ({sum(r['integrated_criterion'][0] for r in fresh)} of {len(fresh)}) | "
             + (f"{means.mean():.2f} ± {means.std(ddof=1):.2f}" if len(means) > 1 else f"{means[0]:.2f}")
             + f" | {verdict} |"
@@ -406,9 +420,11 @@ def render(work: Path, probe_work: Path, datasize_work: Path, out_dir: Path | No
     }
     info, command = common.machine_info(), common.command_line()
     intro = (
-        "Issue 15: the Laplace evidence over (η, RFF lengthscale ℓ) on 1200 upright and ±90° digits, three feature seeds; "
+        "Issue 15: the Laplace evidence over (η, RFF lengthscale ℓ) on 1200 upright and ±90° digits, "
+        "three feature seeds; "
         "η's posterior with ℓ chosen by type-II and with ℓ integrated out. "
-        "Method: section *Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_lengthscale_marginal.py`)."
+        "Method: section *Method* (the module docstring of "
+        "`research/uncertain_symmetry/scripts/uncertain_symmetry_lengthscale_marginal.py`)."
     )
     md = "\n".join(
         [

@@ -1,8 +1,8 @@
 """A refined grid reference for issue 15's overlap criterion: q(η) against a 5° grid with restarts.
 
-The overlap criterion of ``research/uncertain_symmetry/scripts/uncertain_symmetry.py`` compares q(η) with a grid posterior built
-from one fixed-η fit per point on a 15° grid. Two properties of that reference, not of q(η), can fail the
-check: (i) its **resolution**: a posterior narrower than 15° shows as a triangle of half-width 0.26 rad,
+The overlap criterion of ``research/uncertain_symmetry/scripts/uncertain_symmetry.py`` compares q(η) with a grid
+posterior built from one fixed-η fit per point on a 15° grid. Two properties of that reference, not of q(η), can fail
+the check: (i) its **resolution**: a posterior narrower than 15° shows as a triangle of half-width 0.26 rad,
 so its central 90 % interval is about ±0.18 rad wide whatever the true width; (ii) its **noise**: each
 ``log p(D | η_j)`` is one IWAE_K estimate after one fit, and a few nats of fit-to-fit noise (0.01 per
 datum at N = 300 is 3 nats) move the posterior between neighbouring points. This script refines the
@@ -524,7 +524,8 @@ def plot(by_input: dict[str, list[dict[str, Any]]], path: Path) -> None:
     axes[0][0].legend(fontsize=6, loc="upper left")
     fig.suptitle(
         f"q(η) (histograms) vs the refined grid posterior (5° points, aligned mean of {RESTARTS} restarts; black)\n"
-        "grey: its coarse-grid points only (dashed), each restart alone (dotted); green: the ELBO grid; dotted black: type-II η",
+        "grey: its coarse-grid points only (dashed), each restart alone (dotted); green: the ELBO grid; dotted black: "
+        "type-II η",
         fontsize=9,
     )
     fig.tight_layout()
@@ -561,7 +562,8 @@ def render(
 ) -> str:
     intro = (
         __doc__.split("\n\n")[0] + "\n\nMethod and the reason for every setting: section *Method* at the end "
-        "(the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_refined.py`); the criteria and the "
+        "(the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_refined.py`); "
+        "the criteria and the "
         "fits they come from: `research/uncertain_symmetry/scripts/uncertain_symmetry.py`."
     )
     parts = [
@@ -755,7 +757,8 @@ def main(argv: list[str] | None = None) -> int:
                 path.write_text(json.dumps(again, indent=1) + "\n")
                 common.log(
                     f"{guide} {dataset} seed {seed}, training seed {again['train_seed']}: q(η) mean "
-                    f"{again['q_eta']['mean']:.3f} sd {again['q_eta']['sd']:.3f} ({again['fit_seconds']:.0f} s) -> {path}"
+                    f"{again['q_eta']['mean']:.3f} sd {again['q_eta']['sd']:.3f} ({again['fit_seconds']:.0f} s) -> "
+                    f"{path}"
                 )
         return 0
     if not args.render:

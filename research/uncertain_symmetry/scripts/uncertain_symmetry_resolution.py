@@ -32,7 +32,8 @@ d. **A finer ±90° grid** (added after seed 0's ±90° points had been logged: 
    (``--refine``, after seeds 1 and 2). The table adds, per seed, the grid posterior on ``ETAS`` ∪ ``REFINE_ETAS`` and
    the criterion on it, labelled post hoc; (c)'s reading stays the one on ``ETAS``.
 
-Results: ``research/uncertain_symmetry/results/uncertain_symmetry_resolution.md``, ``.json``; unit files in ``--work-dir``.
+Results: ``research/uncertain_symmetry/results/uncertain_symmetry_resolution.md``, ``.json``; unit files in
+``--work-dir``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from research.uncertain_symmetry import common  # noqa: E402
 
 STEM = "uncertain_symmetry_resolution"
 SIZE = 1200
-#: the issue's dataset name (its criterion) → the 28×28 dataset
+#: the criteria's dataset name → the 28×28 dataset
 DATASETS = {"upright": "fashion-mnist", "partially-rotated": "partially-rotated-fashion-mnist"}
 SEEDS = (0, 1, 2)
 ETAS = usls.ETAS
@@ -126,7 +127,8 @@ def render(work: Path, out_dir: Path | None) -> tuple[Path, Path] | None:
     if not rows:
         return None
     table = [
-        "| data (28×28) | seed | posterior: mode / mean / sd / 90 % interval | the issue's criterion | evidence's top: η / ℓ(top) − ℓ(0.1) "
+        "| data (28×28) | seed | posterior: mode / mean / sd / 90 % interval | the issue's criterion | evidence's top: "
+        "η / ℓ(top) − ℓ(0.1) "
         "| log p(D \\| η) − top, at η = "
         + " / ".join(f"{e:.2f}" for e in ETAS)
         + " | lowest held-out NLL: η / NLL / accuracy | NLL at the top − lowest |",
@@ -135,7 +137,8 @@ def render(work: Path, out_dir: Path | None) -> tuple[Path, Path] | None:
     for r in rows:
         s, top = r["posterior"], max(r["log_evidence"])
         table.append(
-            f"| {DATASETS[r['dataset']]} | {r['seed']} | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} / [{s['q05']:.2f}, {s['q95']:.2f}] | {us.criterion_cell(r['criterion'])} | "
+            f"| {DATASETS[r['dataset']]} | {r['seed']} | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} / "
+            f"[{s['q05']:.2f}, {s['q95']:.2f}] | {us.criterion_cell(r['criterion'])} | "
             f"{r['top_eta']:.2f} / {r['gain']:.1f} | "
             + " / ".join(f"{v - top:.1f}" for v in r["log_evidence"])
             + f" | {r['best_eta']:.2f} / {r['best_nll']:.4f} / {r['best_accuracy']:.3f} | {r['nll_at_top']:.4f} |"
@@ -163,13 +166,15 @@ def render(work: Path, out_dir: Path | None) -> tuple[Path, Path] | None:
             "\n**(d) ±90° on the finer grid (post hoc)**: η ∈ ETAS ∪ "
             + ", ".join(f"{e:.2f}" for e in REFINE_ETAS)
             + ".\n",
-            "| seed | posterior: mode / mean / sd / 90 % interval | the issue's criterion | lowest held-out NLL: η / NLL |",
+            "| seed | posterior: mode / mean / sd / 90 % interval | the issue's criterion | lowest held-out NLL: "
+            "η / NLL |",
             "|---:|:---|:---|:---|",
         ]
         for r in refined:
             s = r["posterior"]
             summary.append(
-                f"| {r['seed']} | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} / [{s['q05']:.2f}, {s['q95']:.2f}] | {us.criterion_cell(r['criterion'])} | {r['best_eta']:.2f} / {r['best_nll']:.4f} |"
+                f"| {r['seed']} | {s['mode']:.2f} / {s['mean']:.2f} / {s['sd']:.2f} / [{s['q05']:.2f}, "
+                f"{s['q95']:.2f}] | {us.criterion_cell(r['criterion'])} | {r['best_eta']:.2f} / {r['best_nll']:.4f} |"
             )
         summary.append(
             f"\nCriterion holds on the finer grid on {sum(r['criterion'][0] for r in refined)} of {len(refined)} seeds."
@@ -186,8 +191,10 @@ def render(work: Path, out_dir: Path | None) -> tuple[Path, Path] | None:
     }
     info, command = common.machine_info(), common.command_line()
     intro = (
-        "Issue 15: the Laplace evidence and held-out NLL along η for the reference model on 1200 upright and ±90° 28×28 "
-        "Fashion-MNIST images. Method: section *Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_resolution.py`)."
+        "Issue 15: the Laplace evidence and held-out NLL along η for the reference model on 1200 upright and ±90° "
+        "28×28 "
+        "Fashion-MNIST images. Method: section *Method* (the module docstring of "
+        "`research/uncertain_symmetry/scripts/uncertain_symmetry_resolution.py`)."
     )
     md = "\n".join(
         [

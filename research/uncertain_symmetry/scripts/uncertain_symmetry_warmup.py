@@ -107,7 +107,10 @@ QUICK_WARMUP_STEPS = 20
 
 def variant_label(variant: str) -> str:
     if variant in CONTROLS:
-        return f"symmetry-conditional, {VARIANTS[variant]} dependence, one fit of warm-up + joint steps, no warm-up (control, g)"
+        return (
+            f"symmetry-conditional, {VARIANTS[variant]} dependence, one fit of warm-up + joint steps, "
+            "no warm-up (control, g)"
+        )
     return f"symmetry-conditional, {VARIANTS[variant]} dependence, warm-up"
 
 
@@ -297,14 +300,16 @@ def profile_table(by_variant: dict[str, list[dict[str, Any]]]) -> str:
                     f"{p['overlap']['q_in_grid90']:.2f}",
                     f"{p['gap_change']:+.1f}",
                     f"{p['noise']:.1f}",
-                    f"{p['vs_reference']['profile_in_reference90']:.2f}, {p['vs_reference']['reference_in_profile90']:.2f}",
+                    f"{p['vs_reference']['profile_in_reference90']:.2f}, "
+                    f"{p['vs_reference']['reference_in_profile90']:.2f}",
                 ]
             )
     return common.md_table(header, rows)
 
 
 def refined_table(pairs: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> str:
-    """Per refined unit (module docstring, f): q(η), overlap, IWAE_K / N and test NLL of the warm-up fit → its refinement."""
+    """Per refined unit (module docstring, f): q(η), overlap, IWAE_K / N and test NLL of the warm-up fit → its
+    refinement."""
     header = [
         "fit",
         "data, seed",
@@ -519,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
         "fixed q(η) (`research.uncertain_symmetry.symmetry_warmup.warm_up_conditional`), with the linear and with the "
         'new nonlinear (`symmetry_dependence="rbf"`) dependence on η, against the refined grid reference of '
         "`uncertain_symmetry_refined.py`, beside the input run's fits (no warm-up, linear). Method and the reason for "
-        "every setting: section *Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_warmup.py`)."
+        "every setting: section *Method* (the module docstring of "
+        "`research/uncertain_symmetry/scripts/uncertain_symmetry_warmup.py`)."
     )
     parts = [
         common.header_markdown(

@@ -48,12 +48,13 @@ f. **The gap across the window** (``--render``; a diagnostic added after the tab
 g. **q* at K = 1000** (``--k-check``; added after ``uncertain_symmetry_fine_reference.py`` (e) found one reference
    restart reshaped by 7–11 nats from K = 100 to 1000, settings fixed and committed before it ran). For
    ``K_CHECK_UNITS`` (rbf and linear, seed 0, as fitted; seed 2's two fits added while seed 0's ran, when a core came
-   free, before any seed-2 result of this section or of the K = 1000 reference beyond restart 0 was seen): (c) with K = ``uncertain_symmetry_fine_reference.K_CHECK``
-   = 1000 and ``K_CHECK_STREAMS`` = 10 streams (a K = 1000 stream costs ten K = 100 ones), evaluated as (d, i–iii)
-   against the K = 1000 reference of that script's (f) (its four restarts' K = 1000 bounds), beside the K = 100 q*
-   and reference; no held-out metrics.
+   free, before any seed-2 result of this section or of the K = 1000 reference beyond restart 0 was seen): (c) with K =
+   ``uncertain_symmetry_fine_reference.K_CHECK`` = 1000 and ``K_CHECK_STREAMS`` = 10 streams (a K = 1000 stream costs
+   ten K = 100 ones), evaluated as (d, i–iii) against the K = 1000 reference of that script's (f) (its four
+   restarts' K = 1000 bounds), beside the K = 100 q* and reference; no held-out metrics.
 
-Results: ``research/uncertain_symmetry/results/uncertain_symmetry_widened_<suffix>.md``, ``.json``; the unit files (``--work-dir``).
+Results: ``research/uncertain_symmetry/results/uncertain_symmetry_widened_<suffix>.md``, ``.json``; the unit files
+(``--work-dir``).
 """
 
 from __future__ import annotations
@@ -186,7 +187,8 @@ def widths(unit: dict[str, Any], fine: dict[str, Any]) -> dict[str, Any]:
 
 
 def gpu_cross_check(path: Path, fine: dict[str, Any]) -> float:
-    """(e): implied sd of the quadratic through (g)'s 100-stream profile interpolated to the 1° points (``nan``: none)."""
+    """(e): implied sd of the quadratic through (g)'s 100-stream profile interpolated to the 1° points
+    (``nan``: none)."""
     if not path.exists():
         return math.nan
     g = json.loads(path.read_text())
@@ -279,8 +281,10 @@ def render(work: Path, fine_dir: Path, collapsed_dir: Path, out_dir: Path | None
         train = f"{unit['final_elbo_per_datum']:.3f}; {unit['train_seconds']:.0f} s" if "train_seconds" in unit else "–"
         rows.append(
             f"| {variant} | {seed} | {treatment} | {w['grid_sd']:.3f} ({fine['grid_sd']:.3f}) | {w['sd']:.3f} "
-            f"{usf.interval(*st['sd_interval'])} | {fine['sd']:.3f} {usf.interval(lo, hi)} | {'yes' if inside else 'no'}, "
-            f"{'yes' if inside_d else 'no'} | {w['gap_at_mode']:+.1f}; {w['gap_growth_at_ends']:+.1f} | {w['profile_noise']:.2f} | "
+            f"{usf.interval(*st['sd_interval'])} | {fine['sd']:.3f} {usf.interval(lo, hi)} | "
+            f"{'yes' if inside else 'no'}, "
+            f"{'yes' if inside_d else 'no'} | {w['gap_at_mode']:+.1f}; {w['gap_growth_at_ends']:+.1f} | "
+            f"{w['profile_noise']:.2f} | "
             f"{m['gaussian']['nll']:.3f} / {m['collapsed']['nll']:.3f} | {train} | "
             f"{'–' if math.isnan(gpu) else f'{gpu:.3f}'} |"
         )
@@ -333,7 +337,8 @@ def render(work: Path, fine_dir: Path, collapsed_dir: Path, out_dir: Path | None
     }
     info, command = common.machine_info(), common.command_line()
     intro = (
-        "Issue 15: the warm-up fits' conditional q(θ | η) re-trained across a widened q(η) (and, as a control, as long with "
+        "Issue 15: the warm-up fits' conditional q(θ | η) re-trained across a widened q(η) (and, as a control, "
+        "as long with "
         "q(η) held as it is), then collapsed on the 1° reference's points, against that reference. Method: section "
         "*Method* (the module docstring of `research/uncertain_symmetry/scripts/uncertain_symmetry_widened.py`)."
     )

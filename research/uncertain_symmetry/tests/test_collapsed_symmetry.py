@@ -1,6 +1,7 @@
-"""Issue 15: the collapsed q(η) (:mod:`research.uncertain_symmetry.collapsed_symmetry`) — q* ∝ p(η) exp(IWAE_K(η))
-of a fitted q(θ | η) by quadrature — its grid density (:class:`~research.uncertain_symmetry.distributions.PiecewiseLinear`),
-the common random numbers of the profile, and q* against the exact p(λ | D) of basis regression."""
+"""The collapsed q(η) (:mod:`research.uncertain_symmetry.collapsed_symmetry`) — q* ∝ p(η) exp(IWAE_K(η)) of a
+fitted q(θ | η) by quadrature — its grid density
+(:class:`~research.uncertain_symmetry.distributions.PiecewiseLinear`), the common random numbers of the
+profile, and q* against the exact p(λ | D) of basis regression."""
 
 from __future__ import annotations
 
@@ -263,7 +264,7 @@ def test_collapse_refusals_are_one_line() -> None:
         assert "\n" not in str(err.value)
 
 
-# q* against the exact p(λ | D) (issue 15's criterion for q(λ)). Settings fixed before this test first ran:
+# q* against the exact p(λ | D) (the accuracy criterion for q(λ)). Settings fixed before this test first ran:
 # the symmetry-conditional guide with a full weight covariance (the exact p(θ | λ, D) is a correlated Gaussian),
 # q(λ) started wide (π/√3 in u) and the library's warm-up (400 steps) then the joint fit of the full-rank tests
 # (1500 steps, lr 0.05, full batch, 4 particles); the collapse at K = 100 on 201 points.
@@ -279,11 +280,11 @@ def exact_lambda():
 
 
 @pytest.mark.parametrize("seed", (0, 1, 2))
-def test_collapsed_q_lambda_meets_the_issue_criterion_against_the_exact_posterior(seed, exact_lambda) -> None:
-    """Issue 15's criterion, "q(λ) mean within 0.1·sd and sd within 25 % of the exact quadrature posterior",
+def test_collapsed_q_lambda_meets_the_accuracy_criterion_against_the_exact_posterior(seed, exact_lambda) -> None:
+    """The accuracy criterion, "q(λ) mean within 0.1·sd and sd within 25 % of the exact quadrature posterior",
     for the collapsed q*(λ) of a warmed-up symmetry-conditional fit. Measured
-    (research/uncertain_symmetry/results/symmetry_posterior_basis.md, the same settings): sd ratios 0.864, 0.980, 0.880 and
-    mean errors −0.032, +0.034, −0.042 sd on seeds 0–2, where the same fits' Gaussian q(λ) has sd ratios
+    (research/uncertain_symmetry/results/symmetry_posterior_basis.md, the same settings): sd ratios 0.864, 0.980,
+    0.880 and mean errors −0.032, +0.034, −0.042 sd on seeds 0–2, where the same fits' Gaussian q(λ) has sd ratios
     0.54–0.58. On the held-out seeds 3–5, run after this test was written, the sd part holds (1.036, 0.967,
     0.967) but the mean part fails on two (+0.100, +0.118 sd; −0.022 holds). The exact posterior is symmetric
     about 1, so the error is the profile's; a shift of 0.1 sd needs a tilt of only ≈ 0.1 nats across one sd

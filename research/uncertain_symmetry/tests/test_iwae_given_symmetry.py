@@ -1,9 +1,8 @@
-"""``elbo="iwae-given-symmetry"`` (issue 15): an ELBO in the symmetry latent, the IWAE bound in the
-other latents given it. One draw of η is shared by the K particles, K = 1 is the ELBO, the bound rises
-with K towards E_q(λ)[log p(D | λ) + log p(λ) − log q(λ)] (the exact evidence of basis regression), and
-guides or models that cannot share a draw are refused. The guide's evidence profile at fixed λ
-(:func:`guide_evidence_profile`) is exact with the exact conditional posterior as guide, and a bound below it
-otherwise."""
+"""``elbo="iwae-given-symmetry"``: an ELBO in the symmetry latent, the IWAE bound in the other latents given
+it. One draw of η is shared by the K particles, K = 1 is the ELBO, the bound rises with K towards
+E_q(λ)[log p(D | λ) + log p(λ) − log q(λ)] (the exact evidence of basis regression), and guides or models
+that cannot share a draw are refused. The guide's evidence profile at fixed λ (:func:`guide_evidence_profile`) is exact
+with the exact conditional posterior as guide, and a bound below it otherwise."""
 
 from __future__ import annotations
 

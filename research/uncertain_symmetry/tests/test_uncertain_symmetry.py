@@ -1,5 +1,6 @@
-"""Issue 15's benchmark (``research/uncertain_symmetry/scripts/uncertain_symmetry.py``): its statistics, its criteria, one tiny unit,
-and that the held-out evaluation of a full-Bayes model draws η from ``q(η)``."""
+"""The uncertain-symmetry benchmark (``research/uncertain_symmetry/scripts/uncertain_symmetry.py``): its
+statistics, its criteria, one tiny unit, and that the held-out evaluation of a full-Bayes model draws η
+from ``q(η)``."""
 
 from __future__ import annotations
 

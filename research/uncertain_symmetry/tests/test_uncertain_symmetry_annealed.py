@@ -1,5 +1,6 @@
-"""Issue 15's AIS reference (``research/uncertain_symmetry/scripts/uncertain_symmetry_annealed.py``): its settings, the quantile stand-in for
-q(η), combining the halves, one tiny run that resumes, and the tables from synthetic units with a known posterior."""
+"""The AIS reference (``research/uncertain_symmetry/scripts/uncertain_symmetry_annealed.py``): its settings,
+the quantile stand-in for q(η), combining the halves, one tiny run that resumes, and the tables from synthetic
+units with a known posterior."""
 
 from __future__ import annotations
 

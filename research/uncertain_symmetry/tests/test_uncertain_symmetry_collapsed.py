@@ -1,6 +1,7 @@
-"""Issue 15's collapsed-q(η) benchmark (``research/uncertain_symmetry/scripts/uncertain_symmetry_collapsed.py``) at the quick size: a
-warmed-up unit (``uncertain_symmetry_warmup.py --fit``) is collapsed on two streams, the first with held-out
-metrics, the phases refuse to run out of order, and the diagnostic (e) is what its docstring says."""
+"""The collapsed-q(η) benchmark (``research/uncertain_symmetry/scripts/uncertain_symmetry_collapsed.py``) at
+the quick size: a warmed-up unit (``uncertain_symmetry_warmup.py --fit``) is collapsed on two streams, the
+first with held-out metrics, the phases refuse to run out of order, and the diagnostic (e) is what its
+docstring says."""
 
 from __future__ import annotations
 

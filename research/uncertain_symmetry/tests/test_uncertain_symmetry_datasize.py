@@ -1,6 +1,7 @@
-"""Issue 15's data-size benchmark (``research/uncertain_symmetry/scripts/uncertain_symmetry_datasize.py``): its settings, a tiny real run in two
-parts that resumes, and the tables from synthetic units: an evidence whose top moves down with N is read as moving, one
-that stays is not, and the N = 300 check finds a changed value."""
+"""The data-size benchmark (``research/uncertain_symmetry/scripts/uncertain_symmetry_datasize.py``): its
+settings, a tiny real run in two parts that resumes, and the tables from synthetic units: an evidence whose
+top moves down with N is read as moving, one that stays is not, and the N = 300 check finds a changed
+value."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Issue 15's 1° reference near the mode (``research/uncertain_symmetry/scripts/uncertain_symmetry_fine_reference.py``): its points, the
-fits at the quick size (restart by restart, resumable, repeating the reference's fit where the points coincide),
-and the curvature summary against exact quadratics."""
+"""The 1° reference near the mode
+(``research/uncertain_symmetry/scripts/uncertain_symmetry_fine_reference.py``): its points, the fits at the
+quick size (restart by restart, resumable, repeating the reference's fit where the points coincide), and the
+curvature summary against exact quadratics."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Issue 15's IWAE-given-η refinement benchmark (``research/uncertain_symmetry/scripts/uncertain_symmetry_iwae.py``): the saved start
-reproduces the input's q(η) and reloads to the same q(η), the refinement runs with the pre-registered
-settings and K = the input's ``iwae_K``, the amortisation profile is finite on the boundary too, and the
-phases refuse to run out of order; at the quick size."""
+"""The IWAE-given-η refinement benchmark (``research/uncertain_symmetry/scripts/uncertain_symmetry_iwae.py``):
+the saved start reproduces the input's q(η) and reloads to the same q(η), the refinement runs with the
+pre-registered settings and K = the input's ``iwae_K``, the amortisation profile is finite on the boundary
+too, and the phases refuse to run out of order; at the quick size."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Issue 15's Laplace-against-AIS benchmark (``research/uncertain_symmetry/scripts/uncertain_symmetry_laplace.py``): its points, a tiny real
-run that resumes (two parts), and the tables from synthetic units: a constant error holds the overlap, a tilt fails it."""
+"""The Laplace-against-AIS benchmark (``research/uncertain_symmetry/scripts/uncertain_symmetry_laplace.py``):
+its points, a tiny real run that resumes (two parts), and the tables from synthetic units: a constant error
+holds the overlap, a tilt fails it."""
 
 from __future__ import annotations
 

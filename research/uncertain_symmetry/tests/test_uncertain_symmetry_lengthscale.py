@@ -1,5 +1,6 @@
-"""Issue 15's lengthscale probe (``research/uncertain_symmetry/scripts/uncertain_symmetry_lengthscale.py``): its settings, a tiny real run that
-passes the lengthscale to the model and resumes, and the table from synthetic units with the ℓ = 1 check."""
+"""The lengthscale probe (``research/uncertain_symmetry/scripts/uncertain_symmetry_lengthscale.py``): its
+settings, a tiny real run that passes the lengthscale to the model and resumes, and the table from synthetic
+units with the ℓ = 1 check."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Issue 15's lengthscale-marginal benchmark (``research/uncertain_symmetry/scripts/uncertain_symmetry_lengthscale_marginal.py``): its settings,
-where each point comes from, η's posterior with ℓ chosen and integrated out against a direct computation, a tiny real
-run (and AIS check) that resumes, and the tables from synthetic units."""
+"""The lengthscale-marginal benchmark
+(``research/uncertain_symmetry/scripts/uncertain_symmetry_lengthscale_marginal.py``): its settings, where each
+point comes from, η's posterior with ℓ chosen and integrated out against a direct computation, a tiny real run
+(and AIS check) that resumes, and the tables from synthetic units."""
 
 from __future__ import annotations
 

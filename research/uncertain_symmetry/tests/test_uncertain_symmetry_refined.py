@@ -1,6 +1,6 @@
-"""Issue 15's refined grid reference (``research/uncertain_symmetry/scripts/uncertain_symmetry_refined.py``): the window rule, the
-refined evidence (larger restart on the window, coarse points elsewhere), refusal of inputs with another
-reference, and a tiny end-to-end run (fits, resume, render)."""
+"""The refined grid reference (``research/uncertain_symmetry/scripts/uncertain_symmetry_refined.py``): the
+window rule, the refined evidence (larger restart on the window, coarse points elsewhere), refusal of inputs
+with another reference, and a tiny end-to-end run (fits, resume, render)."""
 
 from __future__ import annotations
 

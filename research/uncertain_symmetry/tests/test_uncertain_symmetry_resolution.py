@@ -1,5 +1,5 @@
-"""Issue 15's 28×28 benchmark (``research/uncertain_symmetry/scripts/uncertain_symmetry_resolution.py``): its settings, a tiny real run on
-Fashion-MNIST that resumes, and the tables from synthetic units."""
+"""The 28×28 benchmark (``research/uncertain_symmetry/scripts/uncertain_symmetry_resolution.py``): its
+settings, a tiny real run on Fashion-MNIST that resumes, and the tables from synthetic units."""
 
 from __future__ import annotations
 

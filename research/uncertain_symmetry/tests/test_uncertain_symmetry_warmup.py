@@ -1,6 +1,6 @@
-"""Issue 15's warm-up benchmark (``research/uncertain_symmetry/scripts/uncertain_symmetry_warmup.py``) at the quick size: a unit is
-warmed up (q(η) held) and fitted with the stated settings, its saved state reloads to the same q(η), the
-amortisation profile runs on the reference's window, and the phases refuse to run out of order."""
+"""The warm-up benchmark (``research/uncertain_symmetry/scripts/uncertain_symmetry_warmup.py``) at the quick
+size: a unit is warmed up (q(η) held) and fitted with the stated settings, its saved state reloads to the same
+q(η), the amortisation profile runs on the reference's window, and the phases refuse to run out of order."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Issue 15's widened re-training before the collapse (``research/uncertain_symmetry/scripts/uncertain_symmetry_widened.py``): its settings,
-a unit at the quick size equal to the library calls it names, the width measures against an exact quadratic, and
-the command line's refusals."""
+"""The widened re-training before the collapse
+(``research/uncertain_symmetry/scripts/uncertain_symmetry_widened.py``): its settings, a unit at the quick
+size equal to the library calls it names, the width measures against an exact quadratic, and the command
+line's refusals."""
 
 from __future__ import annotations
 
