@@ -17,7 +17,7 @@ attributes:
   particles) in one pass (``vectorize_particles=True``); see :class:`CatalogueModel`;
 * ``input_shapes()``, ``target_shapes()``, ``prepare_inputs(x, y)`` — the data boundary.
 
-Constructor vocabulary (README, "Model arguments"): ``symmetry`` is always the group / family of
+Constructor vocabulary (``docs/catalogue.md``, "Model arguments"): ``symmetry`` is always the group / family of
 symmetries; ``learn_symmetry`` learns its parameters η (else they stay at ``eta_init``);
 ``symmetry_prior`` (``None``: η is a point estimate; a prior name of
 :data:`~pyro_invariance.symmetry.priors.SYMMETRY_PRIORS`: η is a latent site with that prior);

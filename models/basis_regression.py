@@ -23,7 +23,7 @@ from pyro_invariance.data.basis_toy import make_symmetric_toy  # noqa: F401  (re
 from pyro_invariance.registry import MODELS
 from pyro_invariance.symmetry.priors import BOUNDED_PRIORS, bounded_prior
 from pyro_invariance.tasks import REGRESSION
-from pyro_invariance.validation import check_seed
+from pyro_invariance.validation import check_positive_float, check_positive_int, check_seed
 from pyro_invariance.weight_priors import normal_prior
 
 from .base import CatalogueModel
@@ -34,22 +34,6 @@ __all__ = ["BasisRegression", "make_symmetric_toy", "BASES"]
 BASES: tuple[str, ...] = ("rbf", "rff", "poly")
 
 _LOG_2PI = math.log(2.0 * math.pi)
-
-
-def _check_positive(name: str, value: Any) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a positive number, got {value!r}") from None
-    if not (math.isfinite(v) and v > 0.0):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return v
-
-
-def _check_count(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
 
 
 @MODELS.register(
@@ -118,9 +102,10 @@ class BasisRegression(CatalogueModel):
     when ``"weight"`` is batched, e.g. vectorised particles). With the exact posterior as guide the
     ELBO equals :meth:`log_evidence`. ``forward`` checks shapes only; :meth:`prepare_inputs` (called
     once by ``fit`` / ``evaluate``) converts ``x`` and ``y`` to the model's dtype and rejects
-    non-finite values; the exact-inference methods check their inputs themselves. The learnt λ is the module parameter ``lam`` (the package's calls
-    run with Pyro's ``module_local_params``, :func:`pyro_invariance.pyro_scope`, so models never share
-    it there; under plain Pyro it is also the param-store entry ``"lam"``).
+    non-finite values; the exact-inference methods check their inputs themselves. The learnt λ is the
+    module parameter ``lam`` (the package's calls run with Pyro's ``module_local_params``,
+    :func:`pyro_invariance.pyro_scope`, so models never share it there; under plain Pyro it is also
+    the param-store entry ``"lam"``).
 
     Args:
         in_features: input dimension ``D_in``.
@@ -184,14 +169,14 @@ class BasisRegression(CatalogueModel):
             raise ValueError(f"unknown symmetry {symmetry!r}; use one of {self.symmetries}")
         self.symmetry = symmetry
         self.prior = self.check_prior(prior)
-        self.in_features = _check_count("in_features", in_features)
-        self.out_features = _check_count("out_features", out_features)
+        self.in_features = check_positive_int("in_features", in_features)
+        self.out_features = check_positive_int("out_features", out_features)
         if basis not in BASES:
             raise ValueError(f"unknown basis {basis!r}; known bases: {', '.join(BASES)}")
         self.basis = basis
-        self.lengthscale = _check_positive("lengthscale", lengthscale)
-        self.prior_scale = _check_positive("prior_scale", prior_scale)
-        self.noise_scale = _check_positive("noise_scale", noise_scale)
+        self.lengthscale = check_positive_float("lengthscale", lengthscale)
+        self.prior_scale = check_positive_float("prior_scale", prior_scale)
+        self.noise_scale = check_positive_float("noise_scale", noise_scale)
         check_seed(init_seed, "init_seed")
         lo, hi = float(lo), float(hi)
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
@@ -199,7 +184,7 @@ class BasisRegression(CatalogueModel):
         self.lo, self.hi = lo, hi
 
         if basis == "poly":
-            self.degree = _check_count("degree", degree)
+            self.degree = check_positive_int("degree", degree)
             f = 1 + self.in_features * self.degree
             if num_features is not None and num_features != f:
                 raise ValueError(
@@ -225,11 +210,11 @@ class BasisRegression(CatalogueModel):
                     raise ValueError(f"num_features={num_features} but {c.shape[0]} centres were given")
                 self.num_features = c.shape[0]
             else:
-                self.num_features = _check_count("num_features", 20 if num_features is None else num_features)
+                self.num_features = check_positive_int("num_features", 20 if num_features is None else num_features)
                 c = self._grid_centres(self.num_features)
             self.register_buffer("centres", c)
         else:  # rff
-            f = _check_count("num_features", 20 if num_features is None else num_features, minimum=2)
+            f = check_positive_int("num_features", 20 if num_features is None else num_features, minimum=2)
             if f % 2:
                 raise ValueError(f"basis 'rff' needs an even num_features (cos/sin pairs), got {f}")
             if centres is not None:
@@ -400,7 +385,8 @@ class BasisRegression(CatalogueModel):
         return ["lam"] if self.symmetry_prior is not None else []
 
     def arviz_dims(self) -> dict[str, list[str]]:
-        """ArviZ dim names of the sample sites' own dims (:func:`pyro_invariance.diagnostics.inference_data.to_inference_data`)."""
+        """ArviZ dim names of the sample sites' own dims
+        (:func:`pyro_invariance.diagnostics.inference_data.to_inference_data`)."""
         return {"weight": ["output", "feature"], "obs": ["obs_dim_0", "output"], "lam": []}
 
     # ----------------------------------------------------------------------------------------------

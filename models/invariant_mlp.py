@@ -297,7 +297,8 @@ class InvariantMLP(CatalogueModel):
         return {"generator": list(self.generator_names)} if self.eta_is_latent else {}
 
     def arviz_dims(self) -> dict[str, list[str]]:
-        """ArviZ dim names of the sample sites' own dims (:func:`pyro_invariance.diagnostics.inference_data.to_inference_data`)."""
+        """ArviZ dim names of the sample sites' own dims
+        (:func:`pyro_invariance.diagnostics.inference_data.to_inference_data`)."""
         return {
             "out_weight": ["class", "hidden"],
             "out_bias": ["class"],

@@ -601,7 +601,8 @@ class LayerwiseNet(CatalogueModel):
         return sum(math.prod(s) for s in self.site_shapes().values())
 
     def arviz_dims(self) -> dict[str, list[str]]:
-        """ArviZ dim names of the sample sites' own dims (:func:`pyro_invariance.diagnostics.inference_data.to_inference_data`)."""
+        """ArviZ dim names of the sample sites' own dims
+        (:func:`pyro_invariance.diagnostics.inference_data.to_inference_data`)."""
         dims: dict[str, list[str]] = {}
         for name, shape in self.site_shapes().items():
             dims[name] = [f"{name}.out", f"{name}.in"] if len(shape) == 2 else [f"{name}.out"]

@@ -105,8 +105,8 @@ class SymmetrisedHNN(CatalogueModel):
         noise_scale: σ, standard deviation of the Gaussian likelihood (fixed, or the initial value if
             ``learn_noise``; default √0.001).
         learn_noise: learn σ² as a point estimate (``log_noise_var``).
-        prior: ``"fixed"``, ``"closed-form"`` (updated by :func:`pyro_invariance.infer.prior_update.update_prior_variance`)
-            or ``"hierarchical"``.
+        prior: ``"fixed"``, ``"closed-form"`` (updated by
+            :func:`pyro_invariance.infer.prior_update.update_prior_variance`) or ``"hierarchical"``.
         prior_scale: (initial) prior standard deviation √v₀ of every weight matrix.
         eta_init_std: std of the small random initial η (η = 0 cannot learn under symmetric sampling).
         init_seed: seed for the initial η and biases.

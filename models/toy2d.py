@@ -206,7 +206,8 @@ class RotationToy2D(CatalogueModel):
         return {} if guide_name == "map" else {"init_scale": 1.0}
 
     def arviz_dims(self) -> dict[str, list[str]]:
-        """ArviZ dim names of the sample sites' own dims (:func:`pyro_invariance.diagnostics.inference_data.to_inference_data`)."""
+        """ArviZ dim names of the sample sites' own dims
+        (:func:`pyro_invariance.diagnostics.inference_data.to_inference_data`)."""
         return {"out_weight": ["logit", "hidden"], "out_bias": ["logit"], "obs": ["obs_dim_0"], "eta": []}
 
     def angles(self) -> Tensor:

@@ -1,7 +1,7 @@
 """Priors over symmetry parameters, for models that treat η as a latent variable (full Bayes).
 
-Every catalogue model with symmetry parameters η takes ``symmetry_prior`` (README, "Model
-arguments"). ``None`` (default) keeps η a point estimate chosen by the bound — type-II maximum
+Every catalogue model with symmetry parameters η takes ``symmetry_prior`` (``docs/catalogue.md``,
+"Model arguments"). ``None`` (default) keeps η a point estimate chosen by the bound — type-II maximum
 likelihood, ``η* = argmax_η log p(D | η)`` (paper 003, Sec. 3; paper 004, Eq. 9). A prior name makes
 η a latent *sample site* instead, so that the guide carries ``q(η)`` and the bound is an ELBO on the
 evidence of the whole hierarchy::
