@@ -73,7 +73,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     ),
     # The demo's model at H = 64, S = 8 (each of the 1000 bound draws is a forward pass over all 1347
     # training images: ≈ 80 ms on a loaded core). low-rank is left out for time, map because with
-    # the hierarchical prior its σ_p collapses to 0 (README, "Known deviations").
+    # the hierarchical prior its σ_p collapses to 0 (docs/results.md, "Known deviations").
     "invariant-mlp": dict(
         data="rotated-digits",
         data_kwargs={},
