@@ -1,7 +1,8 @@
 """Building catalogue entries from names: model × guide × dataset, and rebuilding saved runs.
 
 :func:`model_kwargs_for` fills the arguments a model can take from the dataset
-(``image_shape``, ``num_classes`` for images; ``state_dim``, ``dt`` for physics data) so the CLI, tutorials and tests build any entry the same way.
+(``image_shape``, ``num_classes`` for images; ``state_dim``, ``dt`` for physics data) so the CLI,
+tutorials and tests build any entry the same way.
 A *spec* ``{"model", "model_kwargs", "guide", "guide_kwargs", "data", "data_kwargs"}`` records how
 a run was built; :func:`load_run` rebuilds model, guide and data from a checkpoint's spec.
 
@@ -25,17 +26,6 @@ from pyro_invariance.infer.checkpoint import CheckpointError, load_checkpoint
 from pyro_invariance.models.base import CatalogueModel
 from pyro_invariance.registry import DATASETS, MODELS
 from pyro_invariance.validation import check_trailing_shape
-
-#: The kind of data each data module's datasets hold, ``(task name, rows)`` with rows ``"images"`` or
-#: ``"vectors"``, known from a registered factory's module without building the dataset (which may
-#: need files). A new data module adds its line here.
-DATA_KINDS: dict[str, tuple[str, str]] = {
-    "pyro_invariance.data.images": ("classification", "images"),
-    "pyro_invariance.data.quadrant": ("classification", "images"),
-    "pyro_invariance.data.toy2d": ("classification", "vectors"),
-    "pyro_invariance.data.physics": ("dynamics", "vectors"),
-    "pyro_invariance.data.basis_toy": ("regression", "vectors"),
-}
 
 
 def _accepts(factory: Any, name: str) -> bool:
@@ -63,17 +53,18 @@ def model_kwargs_for(name: str, dataset: Any, **kwargs: Any) -> dict[str, Any]:
 
 
 def model_data_kind(model: Any) -> tuple[str, str] | None:
-    """The kind of data (a value of :data:`DATA_KINDS`) a catalogue model takes: its task's name and
-    whether its rows are images (an input shape ``(C, h, w)``) or vectors; ``None`` for other models."""
+    """The kind of data a catalogue model takes, as datasets declare it when they register
+    (``kind=``): its task's name and whether its rows are images (an input shape ``(C, h, w)``) or
+    vectors; ``None`` for other models."""
     if not isinstance(model, CatalogueModel):
         return None
     return model.task.name, "images" if any(len(shape) == 3 for shape in model.input_shapes()) else "vectors"
 
 
 def datasets_for(model: Any) -> list[str]:
-    """Registered datasets whose rows are of the kind ``model`` takes (:data:`DATA_KINDS`), sorted."""
+    """Registered datasets whose declared ``kind`` is the one ``model`` takes, sorted."""
     kind = model_data_kind(model)
-    return [e.name for e in DATASETS.items() if kind is not None and DATA_KINDS.get(e.factory.__module__) == kind]
+    return [e.name for e in DATASETS.items() if kind is not None and e.info.get("kind") == kind]
 
 
 def check_model_fits_data(model_name: str, model: Any, data_name: str, data: Any) -> None:

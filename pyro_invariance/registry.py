@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 import inspect
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -30,11 +30,13 @@ class UnknownNameError(KeyError):
 
 @dataclass(frozen=True)
 class Entry:
-    """A registered factory with a one-line summary for listings."""
+    """A registered factory with a one-line summary for listings, and what else its module declared
+    about it without building it (``info``; e.g. a dataset's ``kind``: task name and row type)."""
 
     name: str
     factory: Callable[..., Any]
     summary: str
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 class Registry:
@@ -48,14 +50,15 @@ class Registry:
         self.kind = kind
         self._entries: dict[str, Entry] = {}
 
-    def register(self, name: str, summary: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorator registering ``factory`` under ``name`` (names are unique)."""
+    def register(self, name: str, summary: str = "", **info: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator registering ``factory`` under ``name`` (names are unique); ``info`` is kept on the
+        :class:`Entry` (datasets declare ``kind=(task name, "images" | "vectors")``)."""
 
         def decorator(factory: Callable[..., Any]) -> Callable[..., Any]:
             if name in self._entries and self._entries[name].factory is not factory:
                 raise ValueError(f"{self.kind} name {name!r} is already registered")
             lines = (factory.__doc__ or "").strip().splitlines()
-            self._entries[name] = Entry(name, factory, summary or (lines[0] if lines else ""))
+            self._entries[name] = Entry(name, factory, summary or (lines[0] if lines else ""), dict(info))
             return factory
 
         return decorator

@@ -210,3 +210,10 @@ def test_no_getattr_probing_for_protocol_members_and_no_task_switches():
     ]
     assert not probes, probes
     assert not switches, switches
+
+
+@pytest.mark.parametrize("name", pi.DATASETS.names())
+def test_every_dataset_declares_its_kind_when_it_registers(name):
+    """A dataset's task and row type come with its registration, so no table elsewhere lists modules."""
+    task, rows = pi.DATASETS.entry(name).info["kind"]
+    assert task in {"classification", "regression", "dynamics"} and rows in {"images", "vectors"}

@@ -9,8 +9,10 @@
 * :mod:`.arrays` — turning a dataset or an ``(x, y)`` pair into checked tensors for a model.
 * :mod:`.idx` — the IDX file reader.
 
-A new dataset is one module here that registers its factory with ``@DATASETS.register(name)``
-and one import line below.
+A new dataset is one module here that registers its factory with
+``@DATASETS.register(name, kind=(task name, "images" | "vectors"))`` (the kind lets a model that cannot
+take the rows be refused, naming the datasets that fit, before any data is built) and one import line
+below.
 """
 
 from pyro_invariance.data import basis_toy, images, physics, quadrant, toy2d  # noqa: F401  (each registers its datasets)

@@ -26,9 +26,9 @@ converted and checked once, before any compute, so that no training step has to:
   other model gets the dtype rule above (integer ``y`` of a model without ``num_classes`` is left as
   it is).
 
-Tensors keep their device (the caller moves them). **Without a model** (``train_arrays(data)``,
-kept for backward compatibility) the tensors come back as given (``torch.as_tensor``) after the
-row-count, emptiness and finiteness checks.
+Tensors keep their device (the caller moves them). **Without a model** (``train_arrays(data)``:
+before a model exists, or to convert later) the tensors come back as given (``torch.as_tensor``)
+after the row-count, emptiness and finiteness checks.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def prepare_arrays(x: Any, y: Any, model: Any = None, input_scale: float | None 
 
     ``input_scale`` multiplies integer ``x`` (see the module docstring); it needs a model.
     """
-    if model is None:  # backward compatible: no conversion
+    if model is None:  # no model to convert for: as given
         x, y = torch.as_tensor(x), torch.as_tensor(y)
     else:
         x, y = as_real_tensor("x", x), as_real_tensor("y", y)

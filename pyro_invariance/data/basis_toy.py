@@ -132,4 +132,5 @@ def make_symmetric_toy(
 DATASETS.register(
     "basis-toy",
     summary="1-D regression y = cos(ωx) + ε (even; even=false adds sin(ωx)), the basis-regression toy (talk 000)",
+    kind=("regression", "vectors"),
 )(basis_toy)

@@ -386,10 +386,6 @@ def dataset_name(base: str, variant: str = REGULAR) -> str:
     return base if variant == REGULAR else f"{variant}-{base}"
 
 
-def _check_size(size: Any, available: int, what: str) -> int:
-    return check_subset_size(what, size, available)
-
-
 def _resolve_dir(data_dir: str | os.PathLike[str] | None, root: str | os.PathLike[str] | None) -> Path | None:
     check_data_dir(data_dir)
     check_data_dir(root, "root")
@@ -423,8 +419,8 @@ def build_dataset(
     loader, _ = BASES[base]
     raw = loader(_resolve_dir(data_dir, root), download)
     n_avail, m_avail = raw.x_train.shape[0], raw.x_test.shape[0]
-    n = _check_size(train_size, n_avail, "train_size")
-    m = _check_size(test_size, m_avail, "test_size")
+    n = check_subset_size("train_size", train_size, n_avail)
+    m = check_subset_size("test_size", test_size, m_avail)
     x_train = raw.x_train[:n].to(torch.float32) / raw.scale
     x_test = raw.x_test[:m].to(torch.float32) / raw.scale
     info: dict[str, Any] = {
@@ -487,7 +483,11 @@ def _make_factory(base: str, variant: str) -> Callable[..., ImageDataset]:
 for _base in BASES:
     for _variant in VARIANTS:
         _factory = _make_factory(_base, _variant)
-        DATASETS.register(dataset_name(_base, _variant), summary=_factory.__doc__.splitlines()[0])(_factory)
+        DATASETS.register(
+            dataset_name(_base, _variant),
+            summary=_factory.__doc__.splitlines()[0],
+            kind=("classification", "images"),
+        )(_factory)
 del _base, _variant, _factory
 
 

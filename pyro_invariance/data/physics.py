@@ -742,5 +742,5 @@ _REGISTERED = (
     ("kepler", kepler_dataset, "2-d Kepler problem, bound orbits; moved split = unseen orientations"),
 )
 for _name, _make, _summary in _REGISTERED:
-    DATASETS.register(_name, summary=_summary)(_registered(_name, _make))
+    DATASETS.register(_name, summary=_summary, kind=("dynamics", "vectors"))(_registered(_name, _make))
 del _name, _make, _summary

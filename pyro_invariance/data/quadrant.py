@@ -225,9 +225,11 @@ def _resized_factory(base: str, variant: str, size: int) -> Callable[..., ImageD
 for _base in QUADRANT_BASES:
     for _classes in (10, 40):
         _f = _quadrant_factory(_base, _classes)
-        DATASETS.register(f"quadrant-{_base}" + ("-40" if _classes == 40 else ""), summary=_f.__doc__)(_f)
+        _name = f"quadrant-{_base}" + ("-40" if _classes == 40 else "")
+        DATASETS.register(_name, summary=_f.__doc__, kind=("classification", "images"))(_f)
     for _variant in (REGULAR, "rotated", "translated"):
         _size = DEFAULT_SIZE[_base]
         _f = _resized_factory(_base, _variant, _size)
-        DATASETS.register(f"{dataset_name(_base, _variant)}-{_size}px", summary=_f.__doc__)(_f)
-del _base, _classes, _variant, _size, _f
+        _name = f"{dataset_name(_base, _variant)}-{_size}px"
+        DATASETS.register(_name, summary=_f.__doc__, kind=("classification", "images"))(_f)
+del _base, _classes, _variant, _size, _f, _name

@@ -169,6 +169,7 @@ def rotation_toy_2d(*, data_dir: Any = None, root: Any = None, download: bool = 
 DATASETS.register(
     "rotation-toy-2d",
     summary="2-D toy (paper 003 Fig. 1): two rings, training points on a 90° sector, test on the whole circle",
+    kind=("classification", "vectors"),
 )(rotation_toy_2d)
 
 
