@@ -4,7 +4,9 @@ For example::
 
     from pyro_invariance import guides
     guide = guides.get("matrix-normal", model, init_scale=1.0)
-    guides.names()  # ['block-cholesky', 'full-rank', 'low-rank', 'map', 'matrix-normal', 'mean-field', 'symmetry-conditional']
+    guides.names()
+    # ['block-cholesky', 'full-rank', 'low-rank', 'map', 'matrix-normal', 'mean-field',
+    #  'symmetry-conditional']
 
 A guide is "a callable that takes the model": every entry is ``factory(model, **kwargs)``
 returning a Pyro autoguide-style :class:`~pyro.nn.PyroModule` that works with ``SVI``,

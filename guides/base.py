@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import chain
 from operator import attrgetter
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
 
 import pyro
 import pyro.distributions as dist
@@ -61,7 +61,7 @@ import pyro_invariance.distributions  # noqa: F401  (registers the analytic KLs)
 from pyro_invariance._pyro_scope import own_params_in_store, pyro_scope
 
 InitLocFn = Callable[[dict], Tensor]
-SiteSelector = Union[None, bool, int, Iterable[str], Callable[[str, str, int], bool]]
+SiteSelector = None | bool | int | Iterable[str] | Callable[[str, str, int], bool]
 
 #: The one default ``init_scale`` of every catalogue guide (class and factory alike): where Pyro's
 #: autoguides start. From 1.0 (as wide as a unit prior) ordinary models trained badly: full-rank

@@ -87,6 +87,8 @@ from pyro_invariance.distributions import DensityDelta
 from pyro_invariance.models.base import CatalogueModel
 from pyro_invariance.registry import GUIDES
 
+from .base import DEFAULT_INIT_SCALE, CatalogueGuide, InitLocFn, check_init_scale
+
 #: ``symmetry_density``: the noise of q(u_η)
 SYMMETRY_DENSITIES = ("normal", "spline")
 #: ``weight_covariance``: the covariance of q(θ | η) within each weight site: diagonal or full (Pyro's "mvn")
@@ -99,8 +101,6 @@ SYMMETRY_DEPENDENCES = ("linear", "rbf")
 RBF_CENTRES, RBF_WIDTH = tuple(float(c) for c in range(-4, 5)), 1.0
 #: Monte-Carlo draws for the marginal quantiles of a nonlinear q(θ | η)
 QUANTILE_DRAWS = 8192
-
-from .base import DEFAULT_INIT_SCALE, CatalogueGuide, InitLocFn, check_init_scale
 
 __all__ = ["SymmetryConditional", "symmetry_conditional"]
 

@@ -41,7 +41,7 @@ import pyro_invariance.models as _models  # noqa: F401  (registers the models)
 from pyro_invariance._pyro_scope import pyro_scope
 from pyro_invariance.catalogue import build, load_run
 from pyro_invariance.data.images import load_dataset
-from pyro_invariance.diagnostics.compare import compare_guides, format_eta, image_size_of
+from pyro_invariance.diagnostics.compare import compare_guides, format_eta, image_size_of, text_table
 from pyro_invariance.diagnostics.evaluation import evaluate, task_for
 from pyro_invariance.diagnostics.plots import model_figures, plot_eta_history, save_figure
 from pyro_invariance.infer.checkpoint import atomic_write_text, peek_step
@@ -89,13 +89,6 @@ def _parse_kv(items: Sequence[str] | None, option: str = "--model-arg") -> dict[
                 raise ValueError(f"{option}: {item!r} is not valid JSON ({exc.msg}) nor a bare word") from None
             out[key] = raw
     return out
-
-
-def _table(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -355,7 +348,7 @@ def _print_summaries(summaries: list[dict[str, Any]]) -> None:
                 f"{s['seconds']:.0f}s",
             )
         )
-    print(_table(rows))
+    print(text_table(rows))
 
 
 def cmd_fit(args: argparse.Namespace) -> int:

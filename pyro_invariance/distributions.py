@@ -133,7 +133,56 @@ def _dense(factor: Tensor, diag: bool) -> Tensor:
     return torch.diag_embed(factor) if diag else factor
 
 
-class MatrixNormal(TorchDistribution):
+class _WhitenedGaussian(TorchDistribution):
+    """A Gaussian random matrix ``W = loc + colour(ε)``, ε standard normal of the event shape, that
+    keeps the noise of its last sample: ``log_prob`` of that sample reads ε instead of solving
+    ``whiten(W − loc)``. Subclasses define ``_colour``, ``_whiten`` and ``_normalizer`` (the log
+    normaliser ``(rc/2) log 2π + ½ log det Σ``)."""
+
+    support = constraints.independent(constraints.real, 2)
+    has_rsample = True
+    _noise_cache: tuple[Tensor, Tensor] | None
+
+    def _expanded(self, new: _WhitenedGaussian, batch_shape: torch.Size) -> _WhitenedGaussian:
+        """The end of ``expand``: ``new`` (its parameters set) as a distribution of ``batch_shape``."""
+        new._noise_cache = None
+        super(_WhitenedGaussian, new).__init__(batch_shape, self.event_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    @property
+    def mean(self) -> Tensor:
+        return self.loc.expand(self.batch_shape + self.event_shape)
+
+    @property
+    def mode(self) -> Tensor:
+        return self.mean
+
+    def rsample(self, sample_shape=torch.Size()) -> Tensor:
+        """``loc + colour(ε)``, shape sample_shape + batch + event."""
+        shape = self._extended_shape(sample_shape)
+        eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
+        value = self.loc + self._colour(eps)
+        self._noise_cache = (value, eps)
+        return value
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        """``−½‖whiten(W − loc)‖²_F − normaliser`` (the class docstring's density), shape batch."""
+        if self._validate_args:
+            self._validate_sample(value)
+        if self._noise_cache is not None and value is self._noise_cache[0]:
+            z = self._noise_cache[1]  # exact noise of our own sample
+        else:
+            z = self._whiten(value - self.loc)
+        return -0.5 * z.pow(2).sum((-2, -1)) - self._normalizer()
+
+    def entropy(self) -> Tensor:
+        """``½rc(1 + log 2π) + ½ log det Σ``, shape batch."""
+        r, c = self.event_shape
+        return (0.5 * r * c + self._normalizer()).expand(self.batch_shape)
+
+
+class MatrixNormal(_WhitenedGaussian):
     r"""Matrix normal distribution of a random ``(r, c)`` matrix.
 
     .. math::
@@ -170,9 +219,6 @@ class MatrixNormal(TorchDistribution):
         scale_row: diagonal ``L_U`` as a positive vector (..., r) (instead of ``scale_tril_row``).
         scale_col: diagonal ``L_V`` as a positive vector (..., c) (instead of ``scale_tril_col``).
     """
-
-    support = constraints.independent(constraints.real, 2)
-    has_rsample = True
 
     def __init__(
         self,
@@ -282,18 +328,7 @@ class MatrixNormal(TorchDistribution):
             new.scale_col = self.scale_col.expand(batch_shape + (c,))
         else:
             new.scale_tril_col = self.scale_tril_col.expand(batch_shape + (c, c))
-        new._noise_cache = None
-        super(MatrixNormal, new).__init__(batch_shape, self.event_shape, validate_args=False)
-        new._validate_args = self._validate_args
-        return new
-
-    @property
-    def mean(self) -> Tensor:
-        return self.loc.expand(self.batch_shape + self.event_shape)
-
-    @property
-    def mode(self) -> Tensor:
-        return self.mean
+        return self._expanded(new, batch_shape)
 
     @property
     def variance(self) -> Tensor:
@@ -302,15 +337,13 @@ class MatrixNormal(TorchDistribution):
         dv = _cov_diag(self.col_factor, self._col_diag)
         return (du.unsqueeze(-1) * dv.unsqueeze(-2)).expand(self.batch_shape + self.event_shape)
 
-    def rsample(self, sample_shape=torch.Size()) -> Tensor:
-        """``W = M + L_U E L_Vᵀ`` with ``E`` standard normal, shape sample_shape + batch + (r, c)."""
-        shape = self._extended_shape(sample_shape)
-        eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
-        value = self.loc + _right_mul_t(
-            _left_mul(self.row_factor, self._row_diag, eps), self.col_factor, self._col_diag
-        )
-        self._noise_cache = (value, eps)
-        return value
+    def _colour(self, eps: Tensor) -> Tensor:
+        """``L_U E L_Vᵀ``."""
+        return _right_mul_t(_left_mul(self.row_factor, self._row_diag, eps), self.col_factor, self._col_diag)
+
+    def _whiten(self, diff: Tensor) -> Tensor:
+        """``L_U⁻¹ (W − M) L_V⁻ᵀ``."""
+        return _right_solve_t(_left_solve(self.row_factor, self._row_diag, diff), self.col_factor, self._col_diag)
 
     def _normalizer(self) -> Tensor:
         r, c = self.event_shape
@@ -320,24 +353,8 @@ class MatrixNormal(TorchDistribution):
             + r * _half_log_det(self.col_factor, self._col_diag)
         )
 
-    def log_prob(self, value: Tensor) -> Tensor:
-        """``-½‖L_U⁻¹(W−M)L_V⁻ᵀ‖²_F − (rc/2)log 2π − c·Σlog diag L_U − r·Σlog diag L_V``."""
-        if self._validate_args:
-            self._validate_sample(value)
-        if self._noise_cache is not None and value is self._noise_cache[0]:
-            z = self._noise_cache[1]  # exact noise of our own sample
-        else:
-            diff = value - self.loc
-            z = _right_solve_t(_left_solve(self.row_factor, self._row_diag, diff), self.col_factor, self._col_diag)
-        return -0.5 * z.pow(2).sum((-2, -1)) - self._normalizer()
 
-    def entropy(self) -> Tensor:
-        """``½rc(1 + log 2π) + c·Σlog diag L_U + r·Σlog diag L_V``, shape batch."""
-        r, c = self.event_shape
-        return (0.5 * r * c + self._normalizer()).expand(self.batch_shape)
-
-
-class RowwiseMultivariateNormal(TorchDistribution):
+class RowwiseMultivariateNormal(_WhitenedGaussian):
     r"""A random ``(C, H)`` matrix with independent rows, each a full-covariance Gaussian.
 
     .. math::
@@ -361,8 +378,6 @@ class RowwiseMultivariateNormal(TorchDistribution):
         "loc": constraints.independent(constraints.real, 2),
         "scale_tril": constraints.independent(constraints.lower_cholesky, 1),
     }
-    support = constraints.independent(constraints.real, 2)
-    has_rsample = True
 
     def __init__(self, loc: Tensor, scale_tril: Tensor, validate_args: bool | None = None) -> None:
         if not torch.is_tensor(loc) or loc.dim() < 2:
@@ -392,10 +407,7 @@ class RowwiseMultivariateNormal(TorchDistribution):
         C, H = self.event_shape
         new.loc = self.loc.expand(batch_shape + (C, H))
         new.scale_tril = self.scale_tril.expand(batch_shape + (C, H, H))
-        new._noise_cache = None
-        super(RowwiseMultivariateNormal, new).__init__(batch_shape, self.event_shape, validate_args=False)
-        new._validate_args = self._validate_args
-        return new
+        return self._expanded(new, batch_shape)
 
     @property
     def covariance_matrix(self) -> Tensor:
@@ -403,42 +415,19 @@ class RowwiseMultivariateNormal(TorchDistribution):
         return self.scale_tril @ self.scale_tril.mT
 
     @property
-    def mean(self) -> Tensor:
-        return self.loc.expand(self.batch_shape + self.event_shape)
-
-    @property
-    def mode(self) -> Tensor:
-        return self.mean
-
-    @property
     def variance(self) -> Tensor:
         return self.scale_tril.pow(2).sum(-1).expand(self.batch_shape + self.event_shape)
 
-    def rsample(self, sample_shape=torch.Size()) -> Tensor:
-        shape = self._extended_shape(sample_shape)
-        eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
-        value = self.loc + (self.scale_tril @ eps.unsqueeze(-1)).squeeze(-1)
-        self._noise_cache = (value, eps)
-        return value
+    def _colour(self, eps: Tensor) -> Tensor:
+        return (self.scale_tril @ eps.unsqueeze(-1)).squeeze(-1)
+
+    def _whiten(self, diff: Tensor) -> Tensor:
+        return torch.linalg.solve_triangular(self.scale_tril, diff.unsqueeze(-1), upper=False).squeeze(-1)
 
     def _normalizer(self) -> Tensor:
         C, H = self.event_shape
         log_diag = self.scale_tril.diagonal(dim1=-2, dim2=-1).log()
         return 0.5 * C * H * _LOG_2PI + log_diag.expand(self.batch_shape + (C, H)).sum((-2, -1))
-
-    def log_prob(self, value: Tensor) -> Tensor:
-        if self._validate_args:
-            self._validate_sample(value)
-        if self._noise_cache is not None and value is self._noise_cache[0]:
-            z = self._noise_cache[1]
-        else:
-            diff = (value - self.loc).unsqueeze(-1)
-            z = torch.linalg.solve_triangular(self.scale_tril, diff, upper=False).squeeze(-1)
-        return -0.5 * z.pow(2).sum((-2, -1)) - self._normalizer()
-
-    def entropy(self) -> Tensor:
-        C, H = self.event_shape
-        return (0.5 * C * H + self._normalizer()).expand(self.batch_shape)
 
 
 # --------------------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ __all__ = [
     "image_size_of",
     "is_converged",
     "row_flags",
-    "task_kind",
+    "text_table",
 ]
 
 DEFAULT_GUIDES = ("mean-field", "matrix-normal", "block-cholesky")
@@ -103,12 +103,6 @@ DEFAULT_GUIDES = ("mean-field", "matrix-normal", "block-cholesky")
 
 # ------------------------------------------------------------------------------------------------
 # metrics and η, shared with the CLI
-
-
-def task_kind(data: Any, model: Any = None) -> str:
-    """The name of ``model``'s task (:func:`~pyro_invariance.diagnostics.evaluation.task_for`: ``model.task`` for a
-    catalogue model; for any other model classification or regression by its labels)."""
-    return task_for(model, data).name
 
 
 def format_eta(model: Any, image_size: int | None = None, guide: Any = None) -> str:
@@ -146,6 +140,14 @@ def image_size_of(data: Any) -> int | None:
     """The side of ``data``'s square images (its ``image_shape``'s last entry) for η in pixels, or ``None``."""
     shape = getattr(data, "image_shape", None)
     return int(shape[-1]) if shape else None
+
+
+def text_table(rows: Sequence[Sequence[str]]) -> str:
+    """Plain-text columns, each as wide as its widest cell, with a dashed rule under the first row."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -492,10 +494,7 @@ class GuideComparison:
 
     def to_text(self) -> str:
         """A plain-text table (as the CLI prints it), bounds with ± standard errors, and the notes below."""
-        rows = [self.header()] + self.table_rows(with_stderr=True)
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines = [line.rstrip() for line in text_table([self.header()] + self.table_rows(with_stderr=True)).split("\n")]
         s = self.settings
         title = f"{s['model']} on {s['data']}: {s['steps']} SVI steps per guide, seed {s['seed']}"
         return "\n".join([title, self.units(), "", *lines, "", *self.notes(with_units=False)])

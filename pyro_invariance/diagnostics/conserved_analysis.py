@@ -1,8 +1,9 @@
 """Which known conserved quantities did a model learn? Gradient spans on held-out states.
 
-A learned conserved quantity ``C_k`` (``symmetry="neural"``: :class:`~pyro_invariance.symmetry.ode_flow.NeuralConserved`)
-is a function, not a generator matrix, so it is compared with the known quantities ``Q_j`` (Kepler:
-H, L and the Runge–Lenz A_x, A_y; :func:`pyro_invariance.data.physics.kepler_conserved`) through
+A learned conserved quantity ``C_k`` (``symmetry="neural"``:
+:class:`~pyro_invariance.symmetry.ode_flow.NeuralConserved`) is a function, not a generator matrix,
+so it is compared with the known quantities ``Q_j`` (Kepler: H, L and the Runge–Lenz A_x, A_y;
+:func:`pyro_invariance.data.physics.kepler_conserved`) through
 their gradients at states ``x_n``: the learned span ``S_n = span{∇C_k(x_n)}`` and the known
 gradients ``∇Q_j(x_n)``. Reported, as medians over the states:
 

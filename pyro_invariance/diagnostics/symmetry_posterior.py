@@ -153,7 +153,8 @@ def exact_symmetry_posterior(model: Any, x: Tensor, y: Tensor, num_points: int =
     if not isinstance(model, BasisRegression) or model.symmetry_sites() != ["lam"]:
         raise ValueError(
             "exact_symmetry_posterior needs a BasisRegression with a latent λ (symmetry_prior='uniform' or "
-            f"'logit-normal'), got {type(model).__name__} with symmetry_prior={getattr(model, 'symmetry_prior', None)!r}"
+            f"'logit-normal'), got {type(model).__name__} "
+            f"with symmetry_prior={getattr(model, 'symmetry_prior', None)!r}"
         )
     grid, log_evidence, log_prior = model.log_evidence_grid(x, y, num_points)
     return grid_posterior(grid.cpu(), log_evidence.cpu(), log_prior.cpu())

@@ -56,6 +56,7 @@ __all__ = [
     "KroneckerFactors",
     "categorical_hessian_sqrt",
     "conv2d_factors",
+    "dense_factors",
     "mlp_kfac",
     "kfac_log_det",
     "kfac_log_marginal_likelihood",
@@ -88,6 +89,13 @@ def categorical_hessian_sqrt(logits: Tensor) -> Tensor:
     p = torch.softmax(logits, dim=-1)
     sp = p.sqrt()
     return torch.diag_embed(sp) - p.unsqueeze(-1) * sp.unsqueeze(-2)
+
+
+def dense_factors(a: Tensor, grads: Tensor) -> KroneckerFactors:
+    """FC factors from ``a (N, in)`` (bias column included) and the backpropagated columns
+    ``grads (N, K, out)``: ``G = Σ_nk g gᵀ / N``, ``A = Σ_n a aᵀ / N``."""
+    n = a.shape[0]
+    return KroneckerFactors(torch.einsum("nko,nkp->op", grads, grads) / n, a.T @ a / n, n)
 
 
 def conv2d_factors(
@@ -149,7 +157,7 @@ def mlp_kfac(layers: Sequence[nn.Linear], activation: Callable[[Tensor], Tensor]
         vjp = torch.autograd.grad(logits, outs, grad_outputs=sqrt_h[:, :, col], retain_graph=True)
         for g, v in zip(grads, vjp):
             g[:, col] = v
-    return [KroneckerFactors(torch.einsum("nco,ncp->op", g, g) / n, a.T @ a / n, n) for g, a in zip(grads, acts)]
+    return [dense_factors(a, g) for g, a in zip(grads, acts)]
 
 
 def kfac_log_det(factors: KroneckerFactors, prior_precision: Tensor | float) -> Tensor:
@@ -266,7 +274,8 @@ def ffc_factors(
       (``g_nk`` = ``output_grads[n, k]``)::
 
           G (C′, C′)    = (1/N) Σ_{n,k,c} g_nkc g_nkcᵀ
-          A (CP, CP)    = 1/(N·C) Σ_{n,c} a_nc a_ncᵀ  — block-diagonal: A[(c,p),(c,p′)] = Σ_n x_n(c,p) x_n(c,p′) / (N·C·P)
+          A (CP, CP)    = 1/(N·C) Σ_{n,c} a_nc a_ncᵀ
+                          — block-diagonal: A[(c,p),(c,p′)] = Σ_n x_n(c,p) x_n(c,p′) / (N·C·P)
 
       ordering ``site.flatten()`` = (c′, c, p) ↔ ``kron(G[c′], A[(c, p)])``.
     * ``weight_out`` θ₁ ``(C′, C·Q)``: for each output channel c′ the map ``z_n(c′, ·) ↦ y_n(c′, ·)``,
@@ -338,7 +347,8 @@ def sfc_factors(
     * ``weight_in`` u₂ ``(C′, C·M_in)``: ``G (C′, C′)`` as F-FC's; ``A (C·M_in, C·M_in)`` block-diagonal,
       ``A[(c,m),(c,m′)] = γ₂²/(N·C) Σ_n (B_in x_n(c, ·))_m (B_in x_n(c, ·))_m′``; order (c′, c, m) ↔ ``kron(G, A)``.
     * ``weight_out`` u₁ ``(C′, C·M_out)``: ``G (C′C, C′C)`` the input factor of F-FC with γ₁;
-      ``A (M_out, M_out) = (1/N) Σ_{n,k,c′} (B_out g_nk(c′, ·))(B_out g_nk(c′, ·))ᵀ``; order (c′, c, m) ↔ ``kron(G, A)``.
+      ``A (M_out, M_out) = (1/N) Σ_{n,k,c′} (B_out g_nk(c′, ·))(B_out g_nk(c′, ·))ᵀ``;
+      order (c′, c, m) ↔ ``kron(G, A)``.
 
     Args:
         inputs, output_grads, scale: as :func:`ffc_factors`.

@@ -39,6 +39,7 @@ from pyro_invariance.infer.kfac import (
     KroneckerFactors,
     categorical_hessian_sqrt,
     conv2d_factors,
+    dense_factors,
     ffc_factors,
     gconv_factors,
     sconv_factors,
@@ -111,17 +112,11 @@ def _lookup(table: dict[type, Callable[..., Finisher]], obj: Any) -> Callable[..
 # rules
 
 
-def _dense_factors(a: Tensor, grads: Tensor) -> KroneckerFactors:
-    """``a (N, in)`` (bias column included), ``grads (N, K, out)`` → ``G = Σ_nk g gᵀ / N``, ``A = Σ_n a aᵀ / N``."""
-    n = a.shape[0]
-    return KroneckerFactors(torch.einsum("nko,nkp->op", grads, grads) / n, a.T @ a / n, n)
-
-
 @kfac_rule(L.BayesianLinear)
 def _bayesian_linear(layer: L.BayesianLinear, x: Tensor, out: Tensor) -> Finisher:
     """``y = (s·x) θᵀ + b``: A over ``[s·x, 1]``, exact for one data point (Martens & Grosse 2015)."""
     a = torch.cat([x * layer.scale, x.new_ones(x.shape[0], 1)], dim=1)
-    return lambda grads: [KFACBlock(("weight", "bias"), _dense_factors(a, grads), (layer.in_features, 1))]
+    return lambda grads: [KFACBlock(("weight", "bias"), dense_factors(a, grads), (layer.in_features, 1))]
 
 
 @pathway_rule(L.FullyConnected)
@@ -130,7 +125,7 @@ def _fully_connected(path: L.FullyConnected, x: Tensor, scale: float) -> Finishe
     gain = math.sqrt(2.0 / path.spec.in_size)
     flat = x.reshape(x.shape[0], -1)
     a = torch.cat([flat * (gain * scale), flat.new_full((flat.shape[0], 1), scale)], dim=1)
-    return lambda grads: [KFACBlock(("weight", "bias"), _dense_factors(a, grads.flatten(2)), (path.spec.in_size, 1))]
+    return lambda grads: [KFACBlock(("weight", "bias"), dense_factors(a, grads.flatten(2)), (path.spec.in_size, 1))]
 
 
 @pathway_rule(L.Convolution)
@@ -161,7 +156,8 @@ def _factored_fully_connected(path: L.FactoredFullyConnected, x: Tensor, scale: 
 
 @pathway_rule(L.SparseFullyConnected)
 def _sparse_fully_connected(path: L.SparseFullyConnected, x: Tensor, scale: float) -> Finisher:
-    """S-FC: F-FC's factors projected through the RBF bases (Sec. 5.2; :func:`~pyro_invariance.infer.kfac.sfc_factors`)."""
+    """S-FC: F-FC's factors projected through the RBF bases
+    (Sec. 5.2; :func:`~pyro_invariance.infer.kfac.sfc_factors`)."""
     w_out, w_in = path.weight_out.detach(), path.weight_in.detach()
     return lambda grads: _single_sites(
         sfc_factors(

@@ -568,11 +568,6 @@ def fingerprint_settings(cfg: FitConfig) -> dict[str, Any]:
     return settings
 
 
-def _cloned(obj: Any) -> Any:
-    """A copy of a (nested) state, tensors cloned on their device."""
-    return copied_state(obj)
-
-
 class _Snapshot:
     """The state after ``step``, on the device, to re-run the steps after it with checks."""
 
@@ -588,10 +583,10 @@ class _Snapshot:
     ) -> None:
         self.step = step
         self.streams = streams.copy_states() if streams is not None else None
-        self.model = _cloned(model.state_dict())
-        self.guide = _cloned(guide.state_dict()) if isinstance(guide, nn.Module) else None
-        self.optim, self.sched = _cloned(optim.state_dict()), _cloned(sched.state_dict())
-        self.rng, self.batches = rng_state(), _cloned(batches.state())
+        self.model = copied_state(model.state_dict())
+        self.guide = copied_state(guide.state_dict()) if isinstance(guide, nn.Module) else None
+        self.optim, self.sched = copied_state(optim.state_dict()), copied_state(sched.state_dict())
+        self.rng, self.batches = rng_state(), copied_state(batches.state())
 
     def restore(
         self, model: nn.Module, guide: Any, optim: Any, sched: Any, batches: _Batches, streams: ShardStreams | None
@@ -601,10 +596,10 @@ class _Snapshot:
         model.load_state_dict(self.model)
         if self.guide is not None:
             guide.load_state_dict(self.guide)
-        optim.load_state_dict(_cloned(self.optim))
-        sched.load_state_dict(_cloned(self.sched))
+        optim.load_state_dict(copied_state(self.optim))
+        sched.load_state_dict(copied_state(self.sched))
         set_rng_state(self.rng)
-        batches.load(_cloned(self.batches))
+        batches.load(copied_state(self.batches))
 
 
 def _fit_locked(

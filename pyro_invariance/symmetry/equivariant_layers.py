@@ -598,11 +598,7 @@ class SparseConvolution(PathwayLayer):
         u = self.weight.reshape(s.out_channels, s.in_channels, -1)
         return (u @ self.basis * (self.scale * scale)).reshape(s.out_channels, s.in_channels, KERNEL, KERNEL)
 
-    def forward(self, x: Tensor) -> Tensor:
-        s = self.spec
-        b, _, _, h, w = x.shape
-        y = circular_conv2d(x.reshape(b, s.in_channels, h, w), self.filters())
-        return y.reshape(b, s.c_out, s.g_out, h, w)
+    forward = Convolution.forward  # the circular convolution with these filters
 
 
 class SparseFullyConnected(PathwayLayer):
@@ -647,14 +643,8 @@ class SparseFullyConnected(PathwayLayer):
         theta2 = self.weight_in.reshape(k, c, -1) @ self.basis_in * self.scale_in
         return theta1, theta2
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.scaled(x, 1.0).reshape(
-            x.shape[0], self.spec.c_out, self.spec.g_out, self.spec.h_out, self.spec.w_out
-        )
-
-    def scaled(self, x: Tensor, scale: float) -> Tensor:
-        """``scale·forward(x)`` as ``(B, C'G', H'W')`` (``scale`` folded into θ₁)."""
-        return _factored(x, *self.factors(scale), self.spec.in_channels)
+    # F-FC's product with these factors
+    forward, scaled = FactoredFullyConnected.forward, FactoredFullyConnected.scaled
 
 
 class GroupConvolution(PathwayLayer):
@@ -689,11 +679,7 @@ class GroupConvolution(PathwayLayer):
             return p4_lift_filters(theta.reshape(s.c_out, s.c_in, KERNEL, KERNEL))
         return p4_group_filters(theta.reshape(s.c_out, s.c_in, P4, KERNEL, KERNEL))
 
-    def forward(self, x: Tensor) -> Tensor:
-        s = self.spec
-        b, _, _, h, w = x.shape
-        y = circular_conv2d(x.reshape(b, s.in_channels, h, w), self.filters())
-        return y.reshape(b, s.c_out, P4, h, w)
+    forward = Convolution.forward  # the circular convolution with the filter bank (g_out = 4)
 
 
 #: Pathway classes by kind.

@@ -126,7 +126,8 @@ class ReferenceEntry:
             names_ = [n for n, p in model.named_parameters() if p.requires_grad]
             raise ValueError(
                 f"reference {self.name!r}: the model has learnable parameters {names_}; a reference posterior "
-                "needs every hyperparameter fixed (learn_symmetry=False, prior='fixed') or η latent (symmetry_prior=...)"
+                "needs every hyperparameter fixed (learn_symmetry=False, prior='fixed') "
+                "or η latent (symmetry_prior=...)"
             )
         return model, x, y
 
