@@ -99,9 +99,10 @@ def matmul_gflops(n: int = 2048, reps: int = 7) -> float:
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
-def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: Sequence[str] | None = None) -> str:
-    """A GitHub markdown table; ``align`` entries are "l" or "r" (default: first left, rest right)."""
-    header = [str(h) for h in header]
+def md_table(header: str | Sequence[str], rows: Iterable[Sequence[Any]], align: Sequence[str] | None = None) -> str:
+    """A GitHub markdown table; ``header`` a list or one string of cells joined by " | "; ``align`` entries are "l"
+    or "r" (default: first left, rest right)."""
+    header = header.split(" | ") if isinstance(header, str) else [str(h) for h in header]
     align = align or ["l"] + ["r"] * (len(header) - 1)
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(":---" if a == "l" else "---:" for a in align) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

@@ -55,37 +55,11 @@ from pyro_invariance.symmetry.affine import eta_to_human  # noqa: E402
 BASE = "fashion-mnist"
 
 #: size presets; "steps" is per fit.
+SIZE_KEYS = ("train_size", "test_size", "hidden", "samples", "batch_size", "steps", "eval_samples", "elbo_particles")
 SIZES: dict[str, dict[str, Any]] = {
-    "quick": {
-        "train_size": 500,
-        "test_size": 250,
-        "hidden": 32,
-        "samples": 4,
-        "batch_size": 64,
-        "steps": 40,
-        "eval_samples": 4,
-        "elbo_particles": 1,
-    },
-    "reduced": {
-        "train_size": 5000,
-        "test_size": 2000,
-        "hidden": 128,
-        "samples": 16,
-        "batch_size": 128,
-        "steps": 800,
-        "eval_samples": 16,
-        "elbo_particles": 2,
-    },
-    "paper": {
-        "train_size": None,
-        "test_size": None,
-        "hidden": 1024,
-        "samples": 32,
-        "batch_size": 128,
-        "steps": 30 * math.ceil(60000 / 128),
-        "eval_samples": 16,
-        "elbo_particles": 8,
-    },
+    "quick": dict(zip(SIZE_KEYS, (500, 250, 32, 4, 64, 40, 4, 1))),
+    "reduced": dict(zip(SIZE_KEYS, (5000, 2000, 128, 16, 128, 800, 16, 2))),
+    "paper": dict(zip(SIZE_KEYS, (None, None, 1024, 32, 128, 30 * math.ceil(60000 / 128), 16, 8))),
 }
 
 # Table 1: paper column order (fully rotated, partially rotated, regular).
@@ -155,19 +129,7 @@ def fit_spec(table: str, dataset: str, row: str, size: dict[str, Any], seed: int
         "dataset": dataset_name(BASE, dataset),
         "row": row,
         "seed": seed,
-        **{
-            k: size[k]
-            for k in (
-                "train_size",
-                "test_size",
-                "hidden",
-                "samples",
-                "batch_size",
-                "steps",
-                "eval_samples",
-                "elbo_particles",
-            )
-        },
+        **{k: size[k] for k in SIZE_KEYS},
     }
     if table == "1":
         deg = dict(T1_ROWS)[row]
@@ -507,7 +469,7 @@ def render_eta_paths(results: dict[str, Any]) -> list[str]:
         "converged.",
         "",
         common.md_table(
-            ["table", "dataset", "model", "generator", "step 1", "25%", "50%", "75%", "100%"],
+            "table | dataset | model | generator | step 1 | 25% | 50% | 75% | 100%",
             rows,
             align=["l", "l", "l", "l"] + ["r"] * 5,
         ),
@@ -588,19 +550,8 @@ def render(
         )
     out += [
         common.md_table(
-            [
-                "table",
-                "dataset",
-                "row",
-                "fit s (wall)",
-                "fit s (CPU)",
-                "ms/step (wall)",
-                "eval s",
-                "train ELBO/N (last 10%)",
-                "ELBO/N",
-                "acc %",
-                "test NLL",
-            ],
+            "table | dataset | row | fit s (wall) | fit s (CPU) | ms/step (wall) | eval s "
+            "| train ELBO/N (last 10%) | ELBO/N | acc % | test NLL",
             rows,
             align=["l", "l", "l"] + ["r"] * 8,
         ),

@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         __doc__.split("\n\n")[1],
     )
     md += "\n" + _common.md_table(
-        ["model", "−ELBO/N", "train MSE", "test MSE", "wider MSE", "moved MSE (unseen ω)", "s/step"], table
+        "model | −ELBO/N | train MSE | test MSE | wider MSE | moved MSE (unseen ω) | s/step", table
     )
     md += "\n\nPer seed (HNN / learned; angles: median over test states of the angle between the known "
     md += "quantity's gradient and the learned span):\n\n" + _common.md_table(

@@ -218,18 +218,8 @@ def render(table: str, rows: dict[str, dict[str, Any]], header: str) -> str:
             body.append(cells)
         parts.append(
             common.md_table(
-                [
-                    "layer",
-                    "params",
-                    "MAP NLL",
-                    "MAP acc",
-                    "Laplace NLL",
-                    "Laplace acc",
-                    "log evidence/N",
-                    "bound NLL",
-                    "bound acc",
-                    "ELBO/N",
-                ],
+                "layer | params | MAP NLL | MAP acc | Laplace NLL | Laplace acc | log evidence/N | bound NLL "
+                "| bound acc | ELBO/N",
                 body,
             )
         )
@@ -256,17 +246,8 @@ def render(table: str, rows: dict[str, dict[str, Any]], header: str) -> str:
             )
         parts.append(
             common.md_table(
-                [
-                    "data",
-                    "MAP acc",
-                    "Laplace NLL",
-                    "Laplace acc",
-                    "log evidence/N",
-                    "FC % mean (min–max)",
-                    "CONV %",
-                    "GCONV %",
-                    "δ_FC per block",
-                ],
+                "data | MAP acc | Laplace NLL | Laplace acc | log evidence/N | FC % mean (min–max) | CONV % "
+                "| GCONV % | δ_FC per block",
                 body,
             )
         )
@@ -281,7 +262,7 @@ def render(table: str, rows: dict[str, dict[str, Any]], header: str) -> str:
                 continue
             kind = {"fc": "fc", "fc+conv": "fc", "f-fc+conv": "ffc", "s-fc+s-conv": "sfc"}[r["variant"]]
             body.append([key.replace("|", " · "), delta_summary(r, kind), share_summary(r, kind)])
-        parts.append(common.md_table(["fit", "δ per block", "share % mean (min–max)"], body))
+        parts.append(common.md_table("fit | δ per block | share % mean (min–max)", body))
     return "\n".join(parts) + "\n\n" + verdict(table, rows)
 
 
@@ -453,7 +434,7 @@ def run_cost(args: argparse.Namespace, sizes: dict[str, Any]) -> None:
         "Each variant in a fresh process; peak RSS includes Python, torch and pyro "
         "(the baseline of an idle process is in the JSON).",
     )
-    md += "\n" + common.md_table(["variant", "params", "ms / step", "vs CONV", "peak RSS (MB)"], body) + "\n\n"
+    md += "\n" + common.md_table("variant | params | ms / step | vs CONV | peak RSS (MB)", body) + "\n\n"
     md += common.verdict_section("no claim", "a cost measurement; the paper reports parameter counts, not step times")
     common.write_results("layerwise_cost" + ("_quick" if args.quick else ""), md, {"settings": settings, "rows": rows})
 
@@ -600,7 +581,7 @@ def run_seeds(args: argparse.Namespace, sizes: dict[str, Any]) -> None:
         run_seeds.__doc__.replace("\n    ", " "),
     )
     md += "\n" + common.md_table(
-        ["seed", "CONV digit", "FC+CONV digit", "Δ", "CONV d+q", "FC+CONV d+q", "Δ", "δ_FC per block (FC+CONV, digit)"],
+        "seed | CONV digit | FC+CONV digit | Δ | CONV d+q | FC+CONV d+q | Δ | δ_FC per block (FC+CONV, digit)",
         body,
     )
     common.write_results(stem, md + "\n\n" + seeds_verdict(rows), {"settings": settings, "rows": rows})

@@ -336,7 +336,7 @@ def markdown() -> str:
         ]
         parts += [
             md_table(
-                ["setting", "HNN s", "S=8 s", "S=32 s", "ratio S=8", "ratio S=32"],
+                "setting | HNN s | S=8 s | S=32 s | ratio S=8 | ratio S=32",
                 [
                     [
                         r["setting"],

@@ -32,10 +32,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import inspect
 import json
 import math
 import os
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -329,6 +331,31 @@ def verdict(lines: Sequence[str] = ()) -> str:
     return common.verdict_section("no claim", "a timing of this library; compare ratios within one run", lines)
 
 
+#: what a section returns: settings, markdown body, JSON payload and (optionally) verdict lines
+Published = tuple[Any, ...]
+
+
+def intro_of(fn: Callable[..., Any]) -> str:
+    return inspect.cleandoc(fn.__doc__ or "")
+
+
+def section(base: str, title: str) -> Callable[[Callable[..., Published]], Callable[..., Published]]:
+    """Mark ``fn`` as a section whose result is published as ``base`` (``{kind}``: the device type) under ``title``,
+    its docstring the intro (:func:`run_section`)."""
+
+    def mark(fn: Callable[..., Published]) -> Callable[..., Published]:
+        fn.publish_as = (base, title)  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def run_section(args: argparse.Namespace, fn: Callable[..., Published]) -> Path:
+    base, title = fn.publish_as  # type: ignore[attr-defined]
+    kind = torch.device(args.device).type
+    return publish(args, base.format(kind=kind), title.format(kind=kind.upper()), intro_of(fn), *fn(args))
+
+
 def publish(
     args: argparse.Namespace,
     base: str,
@@ -600,7 +627,12 @@ def _fell_back(entry: dict[str, Any]) -> str:
     return f" (fell back to `{entry['step_stats'].get('compile')}`: {why}; not a compiled number)" if why else ""
 
 
-def section_step(args: argparse.Namespace) -> Path:
+@section("step_time", "SVI step time of InvariantMLP: fit vs hand-written PyTorch")
+def section_step(args: argparse.Namespace) -> Published:
+    """The invariant MLP of paper 003 (rotation learned, block-Cholesky guide): `fit`'s own loop, with a hand-written
+    PyTorch twin of the same ELBO (`twin`: same transforms, one reparameterised draw, analytic KLs, fit's Adam groups,
+    fused) and a plain Pyro step (`pyro`: validation on, per-tensor Adam, a host read per step) interleaved in its
+    callbacks. GFLOP/s counts only 4·B·S·H·D."""
     cfg = MLP_SIZES[{"full": "paper", "quick": "quick", "smoke": "smoke"}[args.mode]]
     warmup, steps = steps_of(args, (3, 25), (2, 10))
     B, S, H, D = cfg["batch"], cfg["samples"], cfg["hidden"], cfg["side"] ** 2
@@ -608,15 +640,8 @@ def section_step(args: argparse.Namespace) -> Path:
     matmul = common.matmul_gflops(256 if args.mode == "smoke" else 2048)
     res = run_mlp(args, cfg, warmup, steps, check=True)
     tables, lines = render_mlp(res, flops, matmul)
-    body = "\n".join(
-        [
-            f"Measured float32 matmul rate ({args.threads} thread(s)): **{matmul:.1f} GFLOP/s**.",
-            "",
-            "## Time per step",
-            "",
-            *tables,
-        ]
-    )
+    rate = f"Measured float32 matmul rate ({args.threads} thread(s)): **{matmul:.1f} GFLOP/s**."
+    body = "\n".join([rate, "", "## Time per step", "", *tables])
     settings = {
         "sizes": cfg,
         "warm-up / timed steps": f"{warmup} / {steps}",
@@ -624,120 +649,31 @@ def section_step(args: argparse.Namespace) -> Path:
         "compile modes": args.compile_modes or "off",
         "dominant FLOPs per step (4·B·S·H·D)": flops,
     }
-    intro = (
-        "The invariant MLP of paper 003 (rotation learned, block-Cholesky guide): `fit`'s own loop, with a "
-        "hand-written PyTorch twin of the same ELBO (`twin`: same transforms, one reparameterised draw, analytic "
-        "KLs, fit's Adam groups, fused) and a plain Pyro step (`pyro`: validation on, per-tensor Adam, a host "
-        "read per step) interleaved in its callbacks. GFLOP/s counts only 4·B·S·H·D."
-    )
-    return publish(
-        args,
-        "step_time",
-        "SVI step time of InvariantMLP: fit vs hand-written PyTorch",
-        intro,
-        settings,
-        body,
-        {"matmul_gflops": matmul, "flops_per_step": flops, "results": res},
-        lines,
-    )
+    return settings, body, {"matmul_gflops": matmul, "flops_per_step": flops, "results": res}, lines
 
 
 # ------------------------------------------------------------------------------------------------
 # The symmetrised HNN, the JAX reference and the GPU report (section gpu)
 # ------------------------------------------------------------------------------------------------
+#: the symmetrised HNN at the reference's SHO and 3-body settings, and a toy size
+HNN_KEYS = "state_dim hidden num_generators num_transforms euler_steps dt sampling batch particles".split()
 HNN = {
-    "hnn-sho": {
-        "state_dim": 2,
-        "hidden": (200, 200),
-        "num_generators": 1,
-        "num_transforms": 200,
-        "euler_steps": 20,
-        "dt": 0.2,
-        "sampling": "cube",
-        "batch": 28,
-        "particles": (1, 20),
-    },
-    "hnn-3body": {
-        "state_dim": 12,
-        "hidden": (250, 250, 250),
-        "num_generators": 10,
-        "num_transforms": 100,
-        "euler_steps": 10,
-        "dt": 1.0,
-        "sampling": "ball",
-        "batch": 20,
-        "particles": (2,),
-    },
-    "smoke": {
-        "state_dim": 2,
-        "hidden": (8, 8),
-        "num_generators": 1,
-        "num_transforms": 3,
-        "euler_steps": 2,
-        "dt": 0.2,
-        "sampling": "cube",
-        "batch": 6,
-        "particles": (1, 2),
-    },
+    "hnn-sho": dict(zip(HNN_KEYS, (2, (200, 200), 1, 200, 20, 0.2, "cube", 28, (1, 20)))),
+    "hnn-3body": dict(zip(HNN_KEYS, (12, (250, 250, 250), 10, 100, 10, 1.0, "ball", 20, (2,)))),
+    "smoke": dict(zip(HNN_KEYS, (2, (8, 8), 1, 3, 2, 0.2, "cube", 6, (1, 2)))),
 }
 #: the JAX reference's command-line settings for the same two systems (scripts/*/table*.sh of the reference)
 REFERENCE_ARGS = {
-    "hnn-sho": [
-        "--group",
-        "quadratic_learn1",
-        "--train_size",
-        "7",
-        "--train_steps",
-        "4",
-        "--steps",
-        "20",
-        "--stepsize",
-        "0.20",
-        "--sym_steps",
-        "50",
-        "--vi",
-        "--dynamics",
-        "harmonic-oscillator",
-        "--act_fun",
-        "elu2",
-        "--n_layers",
-        "3",
-        "--n_hidden",
-        "200",
-        "--sym_samples",
-        "200",
-        "--sym_over_path",
-        "--mc_samples",
-        "20",
-    ],
-    "hnn-3body": [
-        "--group",
-        "quadratic_learn10",
-        "--batch_size",
-        "20",
-        "--vi",
-        "--dynamics",
-        "nbody_2d_3b",
-        "--train_size",
-        "200",
-        "--train_steps",
-        "50",
-        "--stepsize",
-        "1.0",
-        "--act_fun",
-        "elu",
-        "--n_hidden",
-        "250",
-        "--n_layers",
-        "4",
-        "--sym_samples",
-        "100",
-        "--sym_over_path",
-        "--mc_samples",
-        "2",
-        "--measure_dist",
-        "ball",
-    ],
+    "hnn-sho": shlex.split(
+        "--group quadratic_learn1 --train_size 7 --train_steps 4 --steps 20 --stepsize 0.20 --sym_steps 50 --vi "
+        "--dynamics harmonic-oscillator --act_fun elu2 --n_layers 3 --n_hidden 200 --sym_samples 200 --sym_over_path "
+        "--mc_samples 20"
+    ),
+    "hnn-3body": shlex.split(
+        "--group quadratic_learn10 --batch_size 20 --vi --dynamics nbody_2d_3b --train_size 200 --train_steps 50 "
+        "--stepsize 1.0 --act_fun elu --n_hidden 250 --n_layers 4 --sym_samples 100 --sym_over_path --mc_samples 2 "
+        "--measure_dist ball"
+    ),
 }
 GPU_PARTS = ("mlp-overhead", "mlp-paper", "hnn-sho", "hnn-3body", "layerwise", "reference")
 
@@ -760,14 +696,7 @@ def hnn_case(h: dict[str, Any], seed: int, particles: int) -> dict[str, Any]:
     guide = guides.get("matrix-normal", model, init_scale=0.01)
     with poutine.block():
         guide(x, y, num_data=h["batch"])
-    return {
-        "model": model,
-        "guide": guide,
-        "x": x,
-        "y": y,
-        "batch": None,
-        "fit": {"batch_size": None, "num_particles": particles},
-    }
+    return dict(model=model, guide=guide, x=x, y=y, batch=None, fit={"batch_size": None, "num_particles": particles})
 
 
 def run_hnn(args: argparse.Namespace, part: str) -> dict[str, Any]:
@@ -908,7 +837,7 @@ def render_hnn(part: str, res: dict[str, Any], reference: dict[str, Any], cuda: 
         f"## Symmetrised HNN, {part.split('-')[1]} (hidden {h['hidden']}, S = {h['num_transforms']}, "
         f"E = {h['euler_steps']}, K = {h['num_generators']}, B = {h['batch']})"
     )
-    table = common.md_table(["weight samples", "variant", "median ms", "mean ms", "IQR ms", "steps", "peak MiB"], rows)
+    table = common.md_table("weight samples | variant | median ms | mean ms | IQR ms | steps | peak MiB", rows)
     return [title, "", table, ""], found
 
 
@@ -944,24 +873,21 @@ def render_gpu(results: dict[str, Any], device: str) -> tuple[str, list[str]]:
         out += [
             "## JAX reference (tychovdo/noethers-razor)",
             "",
-            f"Not run: {ref['skipped']}." if "skipped" in ref else common.md_table(["system", "ms/step"], rows),
+            f"Not run: {ref['skipped']}." if "skipped" in ref else common.md_table("system | ms/step", rows),
             "",
         ]
     return "\n".join(out), lines
 
 
-GPU_TITLE = "Training step time on {}: fit's loop vs a hand-written twin, compiled"
-GPU_INTRO = (
-    "Every `fit` row is `pyro_invariance.fit`'s own loop, timed between its callbacks; the other variants "
-    "run one step each inside those callbacks, interleaved: `twin` (a hand-written PyTorch twin of the same "
-    "ELBO), `pyro` (a plain Pyro step). `fit-<mode>` rows are separate runs with `compile=<mode>`, each with "
-    "its own twin. Compare ratios within a run, not absolute times across runs."
-)
+GPU_TITLE = "Training step time on {kind}: fit's loop vs a hand-written twin, compiled"
 
 
-def section_gpu(args: argparse.Namespace) -> Path:
-    if args.rerender:
-        return rerender_gpu(args)
+@section("gpu_step_time_{kind}", GPU_TITLE)
+def section_gpu(args: argparse.Namespace) -> Published:
+    """Every `fit` row is `pyro_invariance.fit`'s own loop, timed between its callbacks; the other variants run one
+    step each inside those callbacks, interleaved: `twin` (a hand-written PyTorch twin of the same ELBO), `pyro` (a
+    plain Pyro step). `fit-<mode>` rows are separate runs with `compile=<mode>`, each with its own twin. Compare
+    ratios within a run, not absolute times across runs."""
     results: dict[str, Any] = {}
     for part in args.parts:
         t0 = time.perf_counter()
@@ -985,17 +911,7 @@ def section_gpu(args: argparse.Namespace) -> Path:
         "fit settings": "library defaults, progress off",
     }
     body, lines = render_gpu(results, args.device)
-    kind = torch.device(args.device).type
-    return publish(
-        args,
-        f"gpu_step_time_{kind}",
-        GPU_TITLE.format(kind.upper()),
-        GPU_INTRO,
-        settings,
-        body,
-        {"results": results},
-        lines,
-    )
+    return settings, body, {"results": results}, lines
 
 
 def rerender_gpu(args: argparse.Namespace) -> Path:
@@ -1014,8 +930,8 @@ def rerender_gpu(args: argparse.Namespace) -> Path:
             reference = json.loads(Path(args.with_reference).read_text())["results"]["reference"]
             results = {**results, "reference": reference}
             command += f"\n# the JAX reference: {Path(args.with_reference).name}, the same session (--with-reference)"
-        title = GPU_TITLE.format(torch.device(device).type.upper())
-        md = common.header_markdown(title, payload["machine"], payload["settings"], command, GPU_INTRO)
+        title = GPU_TITLE.format(kind=torch.device(device).type.upper())
+        md = common.header_markdown(title, payload["machine"], payload["settings"], command, intro_of(section_gpu))
         body, lines = render_gpu(results, device)
         md_path, _ = common.write_results(path.stem, f"{md}\n{body}\n\n{verdict(lines)}", payload, Path(args.out_dir))
         common.log(f"re-rendered {md_path}")
@@ -1083,14 +999,8 @@ class TwinNet(nn.Module):
         self.head0 = nn.Linear(arch.head_in, arch.head_hidden)
         self.head1 = nn.Linear(arch.head_hidden, arch.num_classes)
         self.coef = {f"blocks.{i}.{k}": v for i, b in enumerate(self.blocks) for k, v in b.coef.items()}
-        self.coef.update(
-            {
-                "head0.weight": arch.head_in / 2.0,
-                "head0.bias": 1.0,
-                "head1.weight": arch.head_hidden / 1.0,
-                "head1.bias": 1.0,
-            }
-        )
+        head = {"head0.weight": arch.head_in / 2.0, "head0.bias": 1.0, "head1.weight": arch.head_hidden / 1.0}
+        self.coef.update({**head, "head1.bias": 1.0})
 
     def loss(self, x: Tensor, y: Tensor, num_data: int) -> Tensor:
         h = x
@@ -1107,12 +1017,9 @@ class TwinNet(nn.Module):
 
     @staticmethod
     def pyro_site(name: str) -> str:
-        return (
-            name.replace("ffc_out", "ffc.weight_out")
-            .replace("ffc_in", "ffc.weight_in")
-            .replace("head0", "head.0")
-            .replace("head1", "head.1")
-        )
+        for ours, pyros in (("ffc_out", "ffc.weight_out"), ("ffc_in", "ffc.weight_in"), ("head0", "head.0")):
+            name = name.replace(ours, pyros)
+        return name.replace("head1", "head.1")
 
     @torch.no_grad()
     def load_sites(self, values: dict[str, Tensor]) -> TwinNet:
@@ -1175,14 +1082,7 @@ def measure_layerwise(args: argparse.Namespace) -> list[dict[str, Any]]:
             guide = guides.get("map", model)
             with poutine.block():
                 guide(x[: size["batch"]], y[: size["batch"]], num_data=n)
-            case = {
-                "model": model,
-                "guide": guide,
-                "x": x,
-                "y": y,
-                "batch": size["batch"],
-                "fit": {"batch_size": size["batch"]},
-            }
+            case = dict(model=model, guide=guide, x=x, y=y, batch=size["batch"], fit={"batch_size": size["batch"]})
             twin = TwinNet(model.arch).load_sites({k: v.detach() for k, v in guide.median().items()})
             check = check_twin(case, twin)
             twin.to(device)
@@ -1261,32 +1161,27 @@ def render_layerwise(rows: list[dict[str, Any]]) -> str:
             f"## Layer-wise networks, α = {rows[0]['alpha']}",
             "",
             common.md_table(
-                [
-                    "size",
-                    "model",
-                    "variant",
-                    "params",
-                    "ms/step (mean: amortised)",
-                    "median ms",
-                    "twin ms",
-                    "× twin (medians)",
-                    "paired × twin",
-                    "peak MiB",
-                ],
+                "size | model | variant | params | ms/step (mean: amortised) | median ms | twin ms "
+                "| × twin (medians) | paired × twin | peak MiB",
                 table,
             ),
             "",
             "Twin check (the twin loaded with the MAP point, one minibatch, before timing):",
             "",
             common.md_table(
-                ["model", "Pyro loss", "twin loss + normaliser", "rel. diff", "max rel. grad diff (site)"], checks
+                "model | Pyro loss | twin loss + normaliser | rel. diff | max rel. grad diff (site)", checks
             ),
             "",
         ]
     )
 
 
-def section_layerwise(args: argparse.Namespace) -> Path:
+@section("layerwise_step_time", "Layer-wise networks: time per training step vs a plain torch twin")
+def section_layerwise(args: argparse.Namespace) -> Published:
+    """`fit` (the `map` guide, `prior="fixed"`: δ = 1) or `fit_laplace` (diagonal GGN, MacKay's update every 10
+    steps) timed between its callbacks; a plain torch twin (`nn.Conv2d` with circular padding at stride 1 + the same
+    polyphase selection, the same F-FC einsums and head; loss (N/B)·CE + ½ Σ δ‖θ‖²) steps inside them. The mean over
+    the timed steps is the amortised time (Laplace updates included)."""
     rows = measure_layerwise(args)
     lines = [
         f"- α = {r['alpha']}, `{r['model']}`, `{r['variant']}`: fit / twin = {r['paired_ratio_to_twin']:.2f}× "
@@ -1302,23 +1197,7 @@ def section_layerwise(args: argparse.Namespace) -> Path:
         "train_size N": "2·batch",
         "twin": "one Adam group (lr 0.01, fused), cosine, no host reads",
     }
-    intro = (
-        '`fit` (the `map` guide, `prior="fixed"`: δ = 1) or `fit_laplace` (diagonal GGN, MacKay\'s update '
-        f"every {LAPLACE_EVERY} steps) timed between its callbacks; a plain torch twin (`nn.Conv2d` with "
-        "circular padding at stride 1 + the same polyphase selection, the same F-FC einsums and head; loss "
-        "(N/B)·CE + ½ Σ δ‖θ‖²) steps inside them. The mean over the timed steps is the amortised time "
-        "(Laplace updates included)."
-    )
-    return publish(
-        args,
-        "layerwise_step_time",
-        "Layer-wise networks: time per training step vs a plain torch twin",
-        intro,
-        settings,
-        render_layerwise(rows),
-        {"rows": rows},
-        lines,
-    )
+    return settings, render_layerwise(rows), {"rows": rows}, lines
 
 
 def in_child(args: argparse.Namespace, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -1333,17 +1212,17 @@ def in_child(args: argparse.Namespace, kind: str, spec: dict[str, Any]) -> dict[
 # ------------------------------------------------------------------------------------------------
 # Smaller sections
 # ------------------------------------------------------------------------------------------------
-def section_noether_flow(args: argparse.Namespace) -> Path:
+@section(
+    "noether_flow_step_time",
+    "Symmetrised HNN: ODE-flow vs matrix-exponential symmetry samples, time per step",
+)
+def section_noether_flow(args: argparse.Namespace) -> Published:
     """The symmetrised HNN on Kepler-sized states (M = 4, batch 100, K = 3, ball sampling, matrix-normal guide) at
     S symmetry samples: the quadratic symmetry (matrix exponentials) vs the learned non-quadratic C (32 hidden units
     + a quadratic form; RK4 flows of n steps), and the plain HNN."""
     smoke = args.mode == "smoke"
-    base = {
-        "hidden": (8, 8) if smoke else (64, 64),
-        "euler_steps": 2 if smoke else 5,
-        "num_generators": 3,
-        "sampling": "ball",
-    }
+    base = {"hidden": (8, 8) if smoke else (64, 64), "euler_steps": 2 if smoke else 5}
+    base.update(num_generators=3, sampling="ball")
     warmup, steps = steps_of(args, (2, 10))
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(100, 4, generator=gen)
@@ -1366,13 +1245,8 @@ def section_noether_flow(args: argparse.Namespace) -> Path:
         if kw["symmetry"] == "none":
             kw.pop("num_generators"), kw.pop("sampling")
         model = SymmetrisedHNN(4, num_transforms=s, dt=0.5, **kw)
-        case = {
-            "model": model,
-            "guide": guides.get("matrix-normal", model, init_scale=0.01),
-            "x": x,
-            "y": y,
-            "fit": {"batch_size": None},
-        }
+        guide = guides.get("matrix-normal", model, init_scale=0.01)
+        case = {"model": model, "guide": guide, "x": x, "y": y, "fit": {"batch_size": None}}
         e = time_fit(case, {}, warmup, steps, 0, torch.device(args.device))
         st = e["stats"]["fit"]
         rows.append({"variant": label, "S": s, "s_per_step": st["mean"], "median_s": st["median"]})
@@ -1387,13 +1261,9 @@ def section_noether_flow(args: argparse.Namespace) -> Path:
         for r in rows
     ]
     settings = {**base, "state_dim": 4, "batch": 100, "timed_steps": steps, "warmup": warmup}
-    return publish(
-        args,
-        "noether_flow_step_time",
-        "Symmetrised HNN: ODE-flow vs matrix-exponential symmetry samples, time per step",
-        section_noether_flow.__doc__ or "",
+    return (
         settings,
-        common.md_table(["variant", "ms/step (mean)", "vs quadratic at the same S"], table) + "\n",
+        common.md_table("variant | ms/step (mean) | vs quadratic at the same S", table) + "\n",
         {"rows": rows},
     )
 
@@ -1436,7 +1306,8 @@ def _features_steps(cfg: dict[str, int], activation: str, seed: int) -> dict[str
     return {**{f"train {p}": train(p) for p in paths}, **{f"eval {p}": evaluate(p) for p in paths}}
 
 
-def section_transform_path(args: argparse.Namespace) -> Path:
+@section("transform_path", "Transform path of InvariantMLP: warp weights or inputs")
+def section_transform_path(args: argparse.Namespace) -> Published:
     """``InvariantMLP.features`` warps the S·H rows of W1 by T_s (``transform_on="weights"``, ~S·H·D
     interpolations) or the S·B inputs by T_s⁻¹ (``"inputs"``, ~S·B·D, with |det T_s|⁻¹); the matmul FLOPs
     2·S·B·H·D are the same.
@@ -1475,7 +1346,7 @@ def section_transform_path(args: argparse.Namespace) -> Path:
     ]
     parts += [
         common.md_table(
-            ["size/activation", "train weights", "train inputs", "eval weights", "eval inputs", "train w/i"], rows
+            "size/activation | train weights | train inputs | eval weights | eval inputs | train w/i", rows
         ),
         "",
         "## Crossover over B (median ms; w/i > 1: inputs faster)",
@@ -1495,18 +1366,8 @@ def section_transform_path(args: argparse.Namespace) -> Path:
     ]
     parts += [
         common.md_table(
-            [
-                "activation",
-                "H",
-                "B",
-                "B/H",
-                "train weights",
-                "train inputs",
-                "eval weights",
-                "eval inputs",
-                "train w/i",
-                "eval w/i",
-            ],
+            "activation | H | B | B/H | train weights | train inputs | eval weights | eval inputs | train w/i "
+            "| eval w/i",
             rows,
         ),
         "",
@@ -1517,15 +1378,7 @@ def section_transform_path(args: argparse.Namespace) -> Path:
         "sweep": f"S = 8, B per H: {grid}",
         "symmetry": "rotation, η learned (init 0.5)",
     }
-    return publish(
-        args,
-        "transform_path",
-        "Transform path of InvariantMLP: warp weights or inputs",
-        section_transform_path.__doc__ or "",
-        settings,
-        "\n".join(parts),
-        {"results": {"features": results, "sweep": sweep}},
-    )
+    return settings, "\n".join(parts), {"results": {"features": results, "sweep": sweep}}
 
 
 KFAC_VARIANTS = ("fc", "conv", "fc+conv", "f-fc+conv", "s-fc+s-conv", "fc+conv+gconv")
@@ -1565,7 +1418,8 @@ def child_kfac(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def section_kfac(args: argparse.Namespace) -> Path:
+@section("kfac_update_cost", "Layer-wise Laplace: cost of one curvature + δ update, KFAC vs diagonal")
+def section_kfac(args: argparse.Namespace) -> Published:
     """For every layer-wise variant at α = 2 on 16-px inputs: seconds for one curvature pass over the data
     (``kfac_curvature`` with exact labels, C backward passes per minibatch of 32; sampled labels, one; the diagonal
     GGN with one label draw) plus the δ update that follows (KFAC: 100 Adam steps on log δ; diagonal: MacKay's
@@ -1606,32 +1460,18 @@ def section_kfac(args: argparse.Namespace) -> Path:
         "delta update": "KFAC: 100 Adam steps on log δ; diagonal: MacKay",
     }
     table = common.md_table(
-        [
-            "variant",
-            "params",
-            "curvature",
-            "seconds / update",
-            "vs diagonal",
-            "peak RSS (MB)",
-            "peak above the loaded model (MB)",
-        ],
+        "variant | params | curvature | seconds / update | vs diagonal | peak RSS (MB) "
+        "| peak above the loaded model (MB)",
         body,
     )
-    return publish(
-        args,
-        "kfac_update_cost",
-        "Layer-wise Laplace: cost of one curvature + δ update, KFAC vs diagonal",
-        section_kfac.__doc__ or "",
-        settings,
-        table + "\n",
-        {"rows": rows},
-    )
+    return settings, table + "\n", {"rows": rows}
 
 
 GUIDE_NAMES = ("map", "mean-field", "matrix-normal", "block-cholesky", "full-rank")
 
 
-def section_guides(args: argparse.Namespace) -> Path:
+@section("guide_cost", "Guide cost per SVI step as the model grows (InvariantMLP, rotated digits)")
+def section_guides(args: argparse.Namespace) -> Published:
     """For every hidden width H (latents: W2 (10 × H), b2 and σ_p), the invariant MLP (RFF, learned rotation, S = 16,
     8×8 rotated digits) from the same seed with each guide: ``fit``'s step (batch 128), several short fits per guide
     in rotated order. ``map`` (no sampling, no log q) gives the model's own cost: t(guide) − t(map) is the guide's."""
@@ -1696,15 +1536,7 @@ def section_guides(args: argparse.Namespace) -> Path:
         "transform samples S": samples,
         "rounds × (warm-up / timed steps)": f"{rounds} × ({warmup} / {steps})",
     }
-    return publish(
-        args,
-        "guide_cost",
-        "Guide cost per SVI step as the model grows (InvariantMLP, rotated digits)",
-        section_guides.__doc__ or "",
-        settings,
-        "\n".join(parts),
-        {"rows": rows},
-    )
+    return settings, "\n".join(parts), {"rows": rows}
 
 
 def digits(mode: str, n: int | None = None) -> tuple[Tensor, Tensor]:
@@ -1759,7 +1591,8 @@ def ddp_rank(rank: int, world: int, spec: dict[str, Any], rendezvous: str, out: 
         torch.distributed.destroy_process_group()
 
 
-def section_ddp(args: argparse.Namespace) -> Path:
+@section("ddp_throughput", "Data-parallel SVI: time per step, 1 process vs 2 ranks")
+def section_ddp(args: argparse.Namespace) -> Published:
     """Three runs of ``fit`` with the same global minibatch, interleaved: 1 process on the whole minibatch; 1 process,
     2 shards one after another; ``strategy="ddp"`` on 2 ranks (``torch.multiprocessing.spawn``, ``gloo`` or ``nccl``),
     one shard each. A step is the median interval between callbacks after the warm-up. On one GPU both ranks share the
@@ -1803,22 +1636,19 @@ def section_ddp(args: argparse.Namespace) -> Path:
         for name, t in runs.items()
     ]
     body = (
-        common.md_table(["run", "ms/step (median)", "per repetition", "vs 1 shard"], rows) + "\n\nLargest "
+        common.md_table("run | ms/step (median) | per repetition | vs 1 shard", rows) + "\n\nLargest "
         "difference between the per-step ELBO/N of the 1-process 2-shard run and the 2-rank run: "
         f"{max_diff:.2e}.\n"
     )
-    return publish(
-        args,
-        "ddp_throughput",
-        "Data-parallel SVI: time per step, 1 process vs 2 ranks",
-        section_ddp.__doc__ or "",
+    return (
         spec,
         body,
         {"ms_per_step": {k: [1e3 * v for v in t] for k, t in runs.items()}, "max_elbo_difference": max_diff},
     )
 
 
-def section_particles(args: argparse.Namespace) -> Path:
+@section("hnn_particles", "symmetrised-hnn: time per step, sequential vs vectorised particles")
+def section_particles(args: argparse.Namespace) -> Published:
     """P ELBO particles of the symmetrised HNN (SHO, full batch, matrix-normal guide): one after another
     (``TraceMeanField_ELBO(num_particles=P)``) or vectorised (``vectorize_particles=True``: one pass, every Euler
     sub-step one ``autograd.grad`` over particles, symmetry samples and rows): the same estimator. The step is the
@@ -1873,18 +1703,15 @@ def section_particles(args: argparse.Namespace) -> Path:
         for r in rows
     ]
     header = ["setting", "particles", "sequential ms/step (IQR)", "vectorised ms/step (IQR)", "speed-up"]
-    return publish(
-        args,
-        "hnn_particles",
-        "symmetrised-hnn: time per step, sequential vs vectorised particles",
-        section_particles.__doc__ or "",
+    return (
         {"settings": settings, "particles": particles, "warmup": warmup, "reps": reps},
         common.md_table(header, table),
         {"rows": rows, "train_pairs": int(x.shape[0])},
     )
 
 
-def section_determinism(args: argparse.Namespace) -> Path:
+@section("gpu_determinism", "Do layer-wise MAP / Laplace fits repeat and resume bit for bit?")
+def section_determinism(args: argparse.Namespace) -> Published:
     """Fits ``layerwise-fc+conv`` (α = 2, 256 quadrant digits, 30 MAP steps with diagonal Laplace-evidence updates
     every 10) twice, and once more split at step 15 and resumed from its checkpoint: do δ, the weights and the log
     evidence agree exactly? With ``--deterministic`` (``make_deterministic()``), also the CLI twice. Measured on an
@@ -1934,54 +1761,25 @@ def section_determinism(args: argparse.Namespace) -> Path:
     if args.deterministic and not smoke:
         histories = []
         for name in ("r1", "r2"):
-            cli = [
-                "fit",
-                "--model",
-                "layerwise-fc+conv",
-                "--objective",
-                "laplace",
-                "--data",
-                "quadrant-digits",
-                "--device",
-                args.device,
-                "--deterministic",
-                "--steps",
-                "30",
-                "--laplace-every",
-                "10",
-                "--laplace-warmup",
-                "10",
-                "--model-arg",
-                "alpha=2",
-                "--train-size",
-                "300",
-                "--no-progress",
-                "--eval-samples",
-                "1",
-                "--out",
-                str(tmp / name),
-            ]
+            cli = shlex.split(
+                f"fit --model layerwise-fc+conv --objective laplace --data quadrant-digits --device {args.device}"
+            )
+            cli += shlex.split("--deterministic --steps 30 --laplace-every 10 --laplace-warmup 10 --model-arg alpha=2")
+            cli += [*shlex.split("--train-size 300 --no-progress --eval-samples 1 --out"), str(tmp / name)]
             code = f"import sys; from pyro_invariance.cli import main; sys.exit(main({cli!r}))"
             subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
             histories.append(json.loads((tmp / name / "result.json").read_text())["history"])
         found["CLI histories identical"] = histories[0] == histories[1]
     common.log(str(found))
-    body = common.md_table(["check", "result"], [[k, str(v)] for k, v in found.items()]) + "\n"
-    return publish(
-        args,
-        "gpu_determinism",
-        "Do layer-wise MAP / Laplace fits repeat and resume bit for bit?",
-        section_determinism.__doc__ or "",
-        {"deterministic kernels": args.deterministic, "steps": steps, "Laplace every": every},
-        body,
-        {"found": found},
-    )
+    body = common.md_table("check | result", [[k, str(v)] for k, v in found.items()]) + "\n"
+    return {"deterministic kernels": args.deterministic, "steps": steps, "Laplace every": every}, body, {"found": found}
 
 
 IMPORT_CODE = "import time; t = time.perf_counter(); import {}; print(time.perf_counter() - t)"
 
 
-def section_import(args: argparse.Namespace) -> Path:
+@section("import_time", "Import time of the package")
+def section_import(args: argparse.Namespace) -> Published:
     """Wall time of ``import pyro_invariance`` in fresh processes (median over repetitions; the import alone, and the
     whole process), beside ``import torch, pyro`` alone, and the slowest top-level packages (first import, with what
     they import) of one ``python -X importtime`` run."""
@@ -2017,29 +1815,21 @@ def section_import(args: argparse.Namespace) -> Path:
     top = sorted(top, reverse=True)[:12]
     body = "\n".join(
         [
-            common.md_table(["what", "import s (median)", "process s (median)", "each import s"], rows),
+            common.md_table("what | import s (median) | process s (median) | each import s", rows),
             "",
             "Slowest top-level packages in the import (`python -X importtime`, cumulative seconds):",
             "",
-            common.md_table(["module", "s"], [[f"`{m}`", f"{s:.2f}"] for s, m in top]),
+            common.md_table("module | s", [[f"`{m}`", f"{s:.2f}"] for s, m in top]),
             "",
         ]
     )
-    return publish(
-        args,
-        "import_time",
-        "Import time of the package",
-        section_import.__doc__ or "",
-        {"repetitions": reps},
-        body,
-        {"found": found, "top_level": top},
-    )
+    return {"repetitions": reps}, body, {"found": found, "top_level": top}
 
 
 # ------------------------------------------------------------------------------------------------
 # Command line
 # ------------------------------------------------------------------------------------------------
-SECTIONS: dict[str, Callable[[argparse.Namespace], Path]] = {
+SECTIONS: dict[str, Callable[[argparse.Namespace], Published]] = {
     "step": section_step,
     "gpu": section_gpu,
     "layerwise": section_layerwise,
@@ -2120,7 +1910,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         t0 = time.perf_counter()
         with pi.pyro_scope():
-            SECTIONS[name](args)
+            rerender_gpu(args) if name == "gpu" and args.rerender else run_section(args, SECTIONS[name])
         common.log(f"[{name}] {time.perf_counter() - t0:.0f} s")
     return 0
 
