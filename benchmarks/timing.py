@@ -68,14 +68,7 @@ from pyro_invariance.infer.training import is_factor_parameter, is_symmetry_para
 from pyro_invariance.models import InvariantMLP  # noqa: E402
 from pyro_invariance.models.layerwise import LayerwiseNet, make_init_loc_fn  # noqa: E402
 from pyro_invariance.models.symmetrised_hnn import SymmetrisedHNN  # noqa: E402
-from pyro_invariance.symmetry.affine import (  # noqa: E402  # noqa: E402
-    affine_det,
-    invert_affine,
-    lie_exp,
-    sample_epsilon,
-    transform_weight_rows,
-    warp_stack,
-)
+from pyro_invariance.symmetry import affine  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------------
@@ -87,14 +80,7 @@ def summary(ts: Sequence[float]) -> dict[str, float]:
     if not ts:
         return {}
     q = statistics.quantiles(ts, n=4, method="inclusive") if len(ts) >= 2 else [ts[0]] * 3
-    return {
-        "median": statistics.median(ts),
-        "mean": statistics.fmean(ts),
-        "min": min(ts),
-        "q1": q[0],
-        "q3": q[2],
-        "n": len(ts),
-    }
+    return dict(median=statistics.median(ts), mean=statistics.fmean(ts), min=min(ts), q1=q[0], q3=q[2], n=len(ts))
 
 
 def rotated(names: Sequence[str], k: int) -> list[str]:
@@ -273,32 +259,24 @@ def time_fit(
         sync()
         clock["end"] = time.perf_counter()
 
-    t0 = time.perf_counter()
-    result = fit_fn(
-        case["model"],
-        case["guide"],
-        (case["x"], case["y"]),
-        steps=end_step,
-        progress=False,
-        seed=seed,
-        callbacks=[callback],
-        device=str(device),
-        **case.get("fit", {}),
-        **fit_kw,
+    kw = dict(
+        steps=end_step, progress=False, seed=seed, callbacks=[callback], device=str(device), **case.get("fit", {})
     )
+    t0 = time.perf_counter()
+    result = fit_fn(case["model"], case["guide"], (case["x"], case["y"]), **kw, **fit_kw)
     wall = time.perf_counter() - t0
     paired = {k: summary([a / b for a, b in zip(times[k], times["twin"])]) for k in times} if "twin" in times else {}
-    stats = {k: summary(v) for k, v in times.items()}
-    return {
-        "times": times,
-        "stats": stats,
-        "paired_to_twin": paired,
-        "peak_mib": peaks,
-        "wall_s": wall,
-        "step_stats": result.step_stats,
-        "warmup": warmup,
-        "steps": steps,
-    }
+    out = dict(times=times, stats={k: summary(v) for k, v in times.items()}, paired_to_twin=paired, peak_mib=peaks)
+    return {**out, "wall_s": wall, "step_stats": result.step_stats, "warmup": warmup, "steps": steps}
+
+
+def make_case(model: Any, guide: str, x: Tensor, y: Tensor, batch: int | None, **guide_kw: Any) -> dict[str, Any]:
+    """A timing case: ``model`` and its catalogue ``guide``, set up on the first minibatch of ``x``, ``y`` (all N rows
+    counted); ``fit`` runs at that batch size (``None``: full batch). Seed before building ``model``."""
+    g, b = guides.get(guide, model, **guide_kw), batch or x.shape[0]
+    with poutine.block():
+        g(x[:b], y[:b], num_data=x.shape[0])
+    return {"model": model, "guide": g, "x": x, "y": y, "batch": batch, "fit": {"batch_size": batch}}
 
 
 def steps_of(args: argparse.Namespace, full: tuple[int, int], quick: tuple[int, int] | None = None) -> tuple[int, int]:
@@ -453,16 +431,17 @@ class InvariantMLPTwin(nn.Module):
         x = x.reshape(x.shape[0], -1)
         b, d = x.shape
         eta = self.eta_upper * torch.sigmoid(self.eta_u)
-        transforms = lie_exp(eta, sample_epsilon(self.num_samples, self.k, self.sampling, **std), self.generators)
+        eps = affine.sample_epsilon(self.num_samples, self.k, self.sampling, **std)
+        transforms = affine.lie_exp(eta, eps, self.generators)
         if self.transform_path(b) == "weights":  # warp the S·H rows of W1 (paper 003, Eq. 6)
-            rows = transform_weight_rows(self.w1, transforms, self.image_shape, layout="hsd")  # (H, S, D)
+            rows = affine.transform_weight_rows(self.w1, transforms, self.image_shape, layout="hsd")  # (H, S, D)
             pre = F.linear(x, rows.reshape(-1, d)).view(b, self.hidden, -1) + self.b1.unsqueeze(-1)  # (B, H, S)
             features = self._phi(pre).mean(-1)
         else:  # warp the S·B inputs by T_s⁻¹ (times |det T_s|⁻¹)
-            inverse = invert_affine(transforms)
-            warped = warp_stack(x.reshape(b, *self.image_shape), inverse).reshape(b, -1, d)  # (B, S, D)
+            inverse = affine.invert_affine(transforms)
+            warped = affine.warp_stack(x.reshape(b, *self.image_shape), inverse).reshape(b, -1, d)  # (B, S, D)
             if self.area_changing:
-                warped = warped * affine_det(inverse).unsqueeze(-1)
+                warped = warped * affine.affine_det(inverse).unsqueeze(-1)
             features = self._phi(F.linear(warped, self.w1, self.b1)).mean(1)
         nll = F.cross_entropy(features @ w2.T + b2, y, reduction="sum") * (num_data / b)
         kl_sigma = -torch.log(sp_scale) + 0.5 * (sp_scale**2 + (self.sp_loc - self.prior_scale_loc) ** 2) - 0.5
@@ -491,12 +470,8 @@ def mlp_case(cfg: dict[str, int], activation: str, seed: int) -> dict[str, Any]:
         learn_symmetry=True,
         num_transforms=cfg["samples"],
     )
-    guide = guides.get("block-cholesky", model)
-    with poutine.block():
-        guide(x, y, num_data=cfg["num_data"])
     n, b = cfg["num_data"], cfg["batch"]
-    x, y = x.repeat(-(-n // b), 1, 1, 1)[:n], y.repeat(-(-n // b))[:n]
-    return {"model": model, "guide": guide, "x": x, "y": y, "batch": b, "fit": {"batch_size": b}}
+    return make_case(model, "block-cholesky", x.repeat(-(-n // b), 1, 1, 1)[:n], y.repeat(-(-n // b))[:n], b)
 
 
 def check_same_elbo(case: dict[str, Any], twin: InvariantMLPTwin, seed: int) -> dict[str, float]:
@@ -551,46 +526,42 @@ def _tf32(args: argparse.Namespace) -> dict[str, Any]:
     return {"tf32": True} if args.tf32 and torch.device(args.device).type == "cuda" else {}
 
 
+def _cells(st: dict[str, float]) -> list[str]:
+    """Median, mean and interquartile range (ms) of a :func:`summary`: the first columns of every timing table."""
+    return [_ms(st), _ms(st, "mean"), f"{_ms(st, 'q1')}–{_ms(st, 'q3')}"]
+
+
+MLP_HEADER = (
+    "act. | variant | median ms | mean ms | IQR ms | ratio of medians to twin | paired ratio to twin (IQR) | peak MiB"
+)
+
+
 def render_mlp(res: dict[str, Any], flops: float = 0, matmul: float = 1) -> tuple[list[str], list[str]]:
     """Tables of an invariant-MLP result (per activation: every run's variants) and verdict lines."""
     out, found = [], []
     for act, runs in res["activations"].items():
         rows = []
         for run_name, entry in runs.items():
-            twin = entry["stats"].get("twin")
+            twin, fit, ss = entry["stats"].get("twin"), entry["stats"]["fit"], entry.get("step_stats", {})
             for name, st in entry["stats"].items():
-                pr = entry["paired_to_twin"].get(name)
-                row = [
-                    act.upper(),
-                    f"`{run_name if name == 'fit' else f'{name} (in {run_name})'}`",
-                    _ms(st),
-                    _ms(st, "mean"),
-                    f"{_ms(st, 'q1')}–{_ms(st, 'q3')}",
-                    f"{st['median'] / twin['median']:.2f}×" if twin and st else "–",
-                    f"{pr['median']:.2f}× ({pr['q1']:.2f}–{pr['q3']:.2f})" if pr else "–",
-                    _mib(entry["peak_mib"].get(name)),
-                ]
-                if flops:
-                    row.append(f"{flops / st['median'] / 1e9:.1f} ({100 * flops / st['median'] / 1e9 / matmul:.0f}%)")
-                rows.append(row)
-            ss = entry.get("step_stats", {})
-            if run_name != "fit" and ss:
-                rows.append(
-                    [
-                        act.upper(),
-                        f"`{run_name}` first lean step",
-                        "",
-                        "",
-                        "",
-                        "",
-                        "",
-                        f"capture {ss.get('capture_seconds', float('nan')):.1f} s"
-                        + (f", compile {ss['compile_seconds']:.1f} s" if ss.get("compile_seconds") else "")
-                        + (f", fell back: {ss['fallback']}" if ss.get("fallback") else ""),
-                    ]
-                    + [""] * bool(flops)
+                pr, variant = (
+                    entry["paired_to_twin"].get(name),
+                    run_name if name == "fit" else f"{name} (in {run_name})",
                 )
-            fit = entry["stats"]["fit"]
+                ratios = [f"{st['median'] / twin['median']:.2f}×" if twin and st else "–"]
+                ratios.append(f"{pr['median']:.2f}× ({pr['q1']:.2f}–{pr['q3']:.2f})" if pr else "–")
+                rate = (
+                    f"{flops / st['median'] / 1e9:.1f} ({100 * flops / st['median'] / 1e9 / matmul:.0f}%)"
+                    if flops
+                    else 0
+                )
+                rows.append([act.upper(), f"`{variant}`", *_cells(st), *ratios, _mib(entry["peak_mib"].get(name))])
+                rows[-1] += [rate] * bool(flops)
+            if run_name != "fit" and ss:
+                note = f"capture {ss.get('capture_seconds', float('nan')):.1f} s"
+                note += f", compile {ss['compile_seconds']:.1f} s" if ss.get("compile_seconds") else ""
+                note += f", fell back: {ss['fallback']}" if ss.get("fallback") else ""
+                rows.append([act.upper(), f"`{run_name}` first lean step", *[""] * 5, note, *[""] * bool(flops)])
             if twin and fit:
                 line = (
                     f"- {act.upper()}, `{run_name}`: fit / twin = {fit['median'] / twin['median']:.2f}× "
@@ -600,25 +571,10 @@ def render_mlp(res: dict[str, Any], flops: float = 0, matmul: float = 1) -> tupl
                     if entry["stats"].get(slow):
                         line += f"; the plain Pyro step / fit = {entry['stats'][slow]['median'] / fit['median']:.2f}×"
                 found.append(line + _fell_back(entry) + ".")
-        header = [
-            "act.",
-            "variant",
-            "median ms",
-            "mean ms",
-            "IQR ms",
-            "ratio of medians to twin",
-            "paired ratio to twin (IQR)",
-            "peak MiB",
-            *["GFLOP/s (of matmul rate)"] * bool(flops),
-        ]
-        out += [common.md_table(header, rows), ""]
-        checks = {k: v for k, v in runs.get("fit", {}).get("check", {}).items()}
-        if checks:
-            out += [
-                "Same ELBO (same parameters and seed, relative differences): "
-                + ", ".join(f"{k} {v:.3g}" for k, v in checks.items()),
-                "",
-            ]
+        out += [common.md_table(MLP_HEADER + " | GFLOP/s (of matmul rate)" * bool(flops), rows), ""]
+        if checks := runs.get("fit", {}).get("check", {}):
+            same = ", ".join(f"{k} {v:.3g}" for k, v in checks.items())
+            out += [f"Same ELBO (same parameters and seed, relative differences): {same}", ""]
     return out, found
 
 
@@ -693,10 +649,8 @@ def hnn_case(h: dict[str, Any], seed: int, particles: int) -> dict[str, Any]:
     )
     gen = torch.Generator().manual_seed(seed)
     x, y = (torch.randn(h["batch"], h["state_dim"], generator=gen) for _ in range(2))
-    guide = guides.get("matrix-normal", model, init_scale=0.01)
-    with poutine.block():
-        guide(x, y, num_data=h["batch"])
-    return dict(model=model, guide=guide, x=x, y=y, batch=None, fit={"batch_size": None, "num_particles": particles})
+    case = make_case(model, "matrix-normal", x, y, None, init_scale=0.01)
+    return {**case, "fit": {"batch_size": None, "num_particles": particles}}
 
 
 def run_hnn(args: argparse.Namespace, part: str) -> dict[str, Any]:
@@ -768,15 +722,8 @@ def run_reference(args: argparse.Namespace) -> dict[str, Any]:
             else:  # this process's torch holds GPU memory: JAX must not claim 75 % of it up front
                 env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
                 torch.cuda.empty_cache()
-            cmd = [
-                sys.executable,
-                "main.py",
-                *REFERENCE_ARGS[part],
-                "--n_epochs",
-                str(warmup + steps + 1),
-                "--seed",
-                str(args.seed),
-            ]
+            cmd = [sys.executable, "main.py", *REFERENCE_ARGS[part], "--n_epochs", str(warmup + steps + 1)]
+            cmd += ["--seed", str(args.seed)]
             proc = subprocess.run(cmd, cwd=ref, env=env, capture_output=True, text=True, check=False)
             if proc.returncode != 0 or not log_path.exists():
                 out[part] = {"error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
@@ -796,19 +743,11 @@ def run_reference(args: argparse.Namespace) -> dict[str, Any]:
 def render_hnn(part: str, res: dict[str, Any], reference: dict[str, Any], cuda: bool) -> tuple[list[str], list[str]]:
     h, rows, found = res["settings"], [], []
     for p, entry in res["particles"].items():
-        for name, st in entry["stats"].items():
-            if st:
-                rows.append(
-                    [
-                        p,
-                        f"`{name}`",
-                        _ms(st),
-                        _ms(st, "mean"),
-                        f"{_ms(st, 'q1')}–{_ms(st, 'q3')}",
-                        st["n"],
-                        _mib(entry["peak_mib"].get(name)),
-                    ]
-                )
+        rows += [
+            [p, f"`{n}`", *_cells(st), st["n"], _mib(entry["peak_mib"].get(n))]
+            for n, st in entry["stats"].items()
+            if st
+        ]
         fit, slow = entry["stats"]["fit"], entry["stats"].get("pyro") or entry["stats"].get("before")
         if slow:
             found.append(
@@ -1079,101 +1018,53 @@ def measure_layerwise(args: argparse.Namespace) -> list[dict[str, Any]]:
         for variant in args.layerwise_variants:
             pyro.set_rng_seed(seed)
             model = pi.MODELS.get(name, image_shape=size["image"], num_classes=10, alpha=size["alpha"], prior="fixed")
-            guide = guides.get("map", model)
-            with poutine.block():
-                guide(x[: size["batch"]], y[: size["batch"]], num_data=n)
-            case = dict(model=model, guide=guide, x=x, y=y, batch=size["batch"], fit={"batch_size": size["batch"]})
-            twin = TwinNet(model.arch).load_sites({k: v.detach() for k, v in guide.median().items()})
+            case = make_case(model, "map", x, y, size["batch"])
+            twin = TwinNet(model.arch).load_sites({k: v.detach() for k, v in case["guide"].median().items()})
             check = check_twin(case, twin)
-            twin.to(device)
-            others = {
-                "twin": torch_step(
-                    twin.loss, [{"params": list(twin.parameters()), "lr": 1e-2}], case, warmup + steps + 3, seed, device
-                )
-            }
-            fit_fn = (
-                functools.partial(
-                    pi.fit_laplace, every=LAPLACE_EVERY, warmup=0, curvature="diagonal", delta_update="mackay"
-                )
-                if variant == "fit-laplace"
-                else pi.fit
-            )
+            twin_groups = [{"params": list(twin.to(device).parameters()), "lr": 1e-2}]
+            others = {"twin": torch_step(twin.loss, twin_groups, case, warmup + steps + 3, seed, device)}
+            laplace = dict(every=LAPLACE_EVERY, warmup=0, curvature="diagonal", delta_update="mackay")
+            fit_fn = functools.partial(pi.fit_laplace, **laplace) if variant == "fit-laplace" else pi.fit
             mode = variant.removeprefix("fit-") if variant not in ("fit", "fit-laplace") else "off"
             e = time_fit(case, others, warmup, steps, seed, device, fit_fn=fit_fn, compile=mode)
             fit, tw = e["stats"]["fit"], e["stats"]["twin"]
-            rows.append(
-                {
-                    "model": name,
-                    "variant": variant,
-                    "device": str(device),
-                    "alpha": size["alpha"],
-                    "batch": size["batch"],
-                    "train_size": n,
-                    "params": model.num_parameters(),
-                    "ms_per_step": fit["mean"] * 1e3,
-                    "step_ms_median": fit["median"] * 1e3,
-                    "ms_q1": fit["q1"] * 1e3,
-                    "ms_q3": fit["q3"] * 1e3,
-                    "twin_ms": tw["median"] * 1e3,
-                    "ratio_to_twin": fit["median"] / tw["median"],
-                    "paired_ratio_to_twin": e["paired_to_twin"]["fit"]["median"],
-                    "peak_mem_mib": e["peak_mib"].get("fit"),
-                    "steps": fit["n"],
-                    "check": check,
-                    "step_stats": e["step_stats"],
-                }
-            )
+            row = dict(model=name, variant=variant, device=str(device), alpha=size["alpha"], batch=size["batch"])
+            row.update(train_size=n, params=model.num_parameters(), ms_per_step=fit["mean"] * 1e3)
+            row.update(step_ms_median=fit["median"] * 1e3, ms_q1=fit["q1"] * 1e3, ms_q3=fit["q3"] * 1e3)
+            row.update(twin_ms=tw["median"] * 1e3, ratio_to_twin=fit["median"] / tw["median"])
+            row.update(paired_ratio_to_twin=e["paired_to_twin"]["fit"]["median"], peak_mem_mib=e["peak_mib"].get("fit"))
+            rows.append({**row, "steps": fit["n"], "check": check, "step_stats": e["step_stats"]})
             common.log(f"[layerwise {name} {variant}] {_brief(e)}")
     return rows
+
+
+LAYERWISE_ROW = (
+    "α={alpha}, B={batch} | `{model}` | `{variant}` | {params:,} | {ms_per_step:.1f} | {step_ms_median:.1f} "
+    "| {twin_ms:.1f} | {ratio_to_twin:.2f}× | {paired_ratio_to_twin:.2f}× | {peak}"
+)
+CHECK_ROW = (
+    "`{model}` | {loss_pyro:.6g} | {loss_twin_plus_const:.6g} | {loss_rel_diff:.1e} "
+    "| {max_grad_rel_diff:.1e} ({max_grad_rel_diff_site})"
+)
 
 
 def render_layerwise(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "No layer-wise rows."
-    table = [
-        [
-            f"α={r['alpha']}, B={r['batch']}",
-            f"`{r['model']}`",
-            f"`{r['variant']}`",
-            f"{r['params']:,}",
-            f"{r['ms_per_step']:.1f}",
-            f"{r.get('step_ms_median', float('nan')):.1f}",
-            f"{r.get('twin_ms', float('nan')):.1f}",
-            f"{r.get('ratio_to_twin', float('nan')):.2f}×",
-            f"{r.get('paired_ratio_to_twin', float('nan')):.2f}×",
-            _mib(r.get("peak_mem_mib")),
-        ]
-        for r in rows
-    ]
+    nan = dict.fromkeys(("step_ms_median", "twin_ms", "ratio_to_twin", "paired_ratio_to_twin"), float("nan"))
+    table = [LAYERWISE_ROW.format(**{**nan, **r}, peak=_mib(r.get("peak_mem_mib"))).split(" | ") for r in rows]
+    first = rows[0]["variant"]
     checks = [
-        [
-            f"`{r['model']}`",
-            f"{c['loss_pyro']:.6g}",
-            f"{c['loss_twin_plus_const']:.6g}",
-            f"{c['loss_rel_diff']:.1e}",
-            f"{c['max_grad_rel_diff']:.1e} ({c['max_grad_rel_diff_site']})",
-        ]
+        CHECK_ROW.format(model=r["model"], **c).split(" | ")
         for r in rows
-        if (c := r.get("check")) and r["variant"] == rows[0]["variant"]
+        if (c := r.get("check")) and r["variant"] == first
     ]
-    return "\n".join(
-        [
-            f"## Layer-wise networks, α = {rows[0]['alpha']}",
-            "",
-            common.md_table(
-                "size | model | variant | params | ms/step (mean: amortised) | median ms | twin ms "
-                "| × twin (medians) | paired × twin | peak MiB",
-                table,
-            ),
-            "",
-            "Twin check (the twin loaded with the MAP point, one minibatch, before timing):",
-            "",
-            common.md_table(
-                "model | Pyro loss | twin loss + normaliser | rel. diff | max rel. grad diff (site)", checks
-            ),
-            "",
-        ]
-    )
+    head = "size | model | variant | params | ms/step (mean: amortised) | median ms | twin ms | × twin (medians) "
+    head += "| paired × twin | peak MiB"
+    check_head = "model | Pyro loss | twin loss + normaliser | rel. diff | max rel. grad diff (site)"
+    note = "Twin check (the twin loaded with the MAP point, one minibatch, before timing):"
+    title = f"## Layer-wise networks, α = {rows[0]['alpha']}"
+    return "\n".join([title, "", common.md_table(head, table), "", note, "", common.md_table(check_head, checks), ""])
 
 
 @section("layerwise_step_time", "Layer-wise networks: time per training step vs a plain torch twin")
@@ -1344,34 +1235,16 @@ def section_transform_path(args: argparse.Namespace) -> Published:
         ]
         for key, e in results.items()
     ]
-    parts += [
-        common.md_table(
-            "size/activation | train weights | train inputs | eval weights | eval inputs | train w/i", rows
-        ),
-        "",
-        "## Crossover over B (median ms; w/i > 1: inputs faster)",
-        "",
-    ]
-    rows = [
-        [
-            r["activation"],
-            r["hidden"],
-            r["batch"],
-            f"{r['batch'] / r['hidden']:.3g}",
-            *(f"{r['median_s'][f'{m} {p}'] * 1e3:.2f}" for m in ("train", "eval") for p in ("weights", "inputs")),
-            f"{r['median_s']['train weights'] / r['median_s']['train inputs']:.2f}",
-            f"{r['median_s']['eval weights'] / r['median_s']['eval inputs']:.2f}",
-        ]
-        for r in sweep
-    ]
-    parts += [
-        common.md_table(
-            "activation | H | B | B/H | train weights | train inputs | eval weights | eval inputs | train w/i "
-            "| eval w/i",
-            rows,
-        ),
-        "",
-    ]
+    head = "size/activation | train weights | train inputs | eval weights | eval inputs | train w/i"
+    parts += [common.md_table(head, rows), "", "## Crossover over B (median ms; w/i > 1: inputs faster)", ""]
+    rows = []
+    for r in sweep:
+        ms = {k: f"{v * 1e3:.2f}" for k, v in r["median_s"].items()}
+        ratios = [f"{r['median_s'][f'{m} weights'] / r['median_s'][f'{m} inputs']:.2f}" for m in ("train", "eval")]
+        cells = [ms[f"{m} {p}"] for m in ("train", "eval") for p in ("weights", "inputs")]
+        rows.append([r["activation"], r["hidden"], r["batch"], f"{r['batch'] / r['hidden']:.3g}", *cells, *ratios])
+    head = "activation | H | B | B/H | train weights | train inputs | eval weights | eval inputs | train w/i | eval w/i"
+    parts += [common.md_table(head, rows), ""]
     settings = {
         "sizes": TRANSFORM_SIZES,
         "repetitions": args.steps or reps,
@@ -1427,29 +1300,14 @@ def section_kfac(args: argparse.Namespace) -> Published:
     sizes = {"full": (512, 3, 2, 16), "quick": (128, 1, 2, 16), "smoke": (16, 1, 1, 8)}
     num_data, repeats, alpha, size = sizes[args.mode]
     variants = ("fc", "conv") if args.mode == "smoke" else KFAC_VARIANTS
-    rows = [
-        in_child(
-            args,
-            "kfac",
-            {"variant": v, "method": m, "num_data": num_data, "repeats": repeats, "alpha": alpha, "size": size},
-        )
-        for v in variants
-        for m in KFAC_METHODS
-    ]
+    spec = {"num_data": num_data, "repeats": repeats, "alpha": alpha, "size": size}
+    rows = [in_child(args, "kfac", {"variant": v, "method": m, **spec}) for v in variants for m in KFAC_METHODS]
     body = []
     for r in rows:
         diag = next(d for d in rows if d["variant"] == r["variant"] and d["method"] == "diagonal")
-        body.append(
-            [
-                r["variant"],
-                f"{r['params']:,}",
-                r["method"],
-                f"{r['seconds']:.2f}",
-                f"{r['seconds'] / diag['seconds']:.1f}×",
-                f"{r['peak_rss_mb']:.0f}",
-                f"{r['peak_rss_mb'] - r['model_loaded_rss_mb']:+.0f}",
-            ]
-        )
+        cost = [f"{r['seconds']:.2f}", f"{r['seconds'] / diag['seconds']:.1f}×", f"{r['peak_rss_mb']:.0f}"]
+        rss = f"{r['peak_rss_mb'] - r['model_loaded_rss_mb']:+.0f}"
+        body.append([r["variant"], f"{r['params']:,}", r["method"], *cost, rss])
     settings = {
         "alpha": alpha,
         "input": f"1×{size}×{size}",
@@ -1676,9 +1534,7 @@ def section_particles(args: argparse.Namespace) -> Published:
                 model = pi.MODELS.get(
                     "symmetrised-hnn", symmetry="quadratic", num_generators=1, sampling="cube", **setting
                 )
-                guide = guides.get("matrix-normal", model, init_scale=0.01)
-                guide(x, y, num_data=x.shape[0])
-                case = {"model": model, "guide": guide, "x": x, "y": y, "batch": None}
+                case = make_case(model, "matrix-normal", x, y, None, init_scale=0.01)
                 steppers[v] = pyro_step(
                     case, warmup + reps + 3, args.seed, torch.device("cpu"), particles=p, vectorise=v == "vectorised"
                 )
