@@ -41,12 +41,12 @@ demo: $(STAMP)
 # The ArviZ 1.x tests run first (≈1 min to install on first use, seconds after), when a Python
 # >= 3.12 exists; the main suite's summary is the last line. The suite runs in TEST_WORKERS processes
 # (pytest-xdist; one torch thread each, tests/conftest.py), one test file per worker at a time so that
-# a module's fixtures run once: on CI's 2 cores 5.4 min instead of 9.3 min in one process.
+# a module's fixtures run once; the 15 slowest tests are listed, to keep the suite within 10 minutes.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	@if [ -n "$(PY312)" ]; then $(MAKE) --no-print-directory test-arviz1; \
 	else echo "make test: NOT RUN: the ArviZ 1.x tests (no Python >= 3.12 found); install one, then make test-arviz1"; fi
-	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 $(STAMP1):
 	@test -n "$(PY312)" || { echo "test-arviz1: no Python >= 3.12 found (python3.12, python3.13, pyenv versions)"; exit 1; }
