@@ -17,8 +17,36 @@ gradients ``∇Q_j(x_n)``. Reported, as medians over the states:
 
 Note (2-d Kepler): every conserved quantity's gradient is orthogonal to ``J∇H`` at each state, so
 the known gradients span (at most) a 3-dimensional subspace of R⁴ — H, L and A are functionally
-dependent (‖A‖² = 1 + 2HL²). A small ``known_angle`` for L and A therefore means the learned
-quantities are conserved *and* independent enough to span that subspace.
+dependent (‖A‖² = 1 + 2HL²). The angles above keep every direction of the learned span down to
+1e-6 of the largest singular value, and three generic gradients span a 3-d subspace of R⁴ that is
+close to almost any direction: untrained quantities already score small angles. They cannot tell
+what was learned.
+
+:func:`analyse_discovery` is the measure that can fail. Per state ``x_n``, with the learned
+gradients stacked as ``G_n = [∇C_1 … ∇C_K] (M, K)``, the flow direction ``f̂_n = J∇H / ‖J∇H‖``:
+
+* (a) **conservation**, ``flow_share_n = ‖G_nᵀ f̂_n‖ / ‖G_n‖_F`` ∈ [0, 1]: the learned gradients'
+  component along the Hamiltonian flow relative to their size (0: every C_k is conserved,
+  ``{C_k, H} = ∇C_k · J∇H = 0``; about 1/√M for gradients in random directions);
+* the **significant span** ``U_n (M, r_n)``: the left singular vectors of ``G_n`` whose singular
+  value is at least :data:`SIGNIFICANT_RTOL` (0.1) times the largest — three copies of ∇L plus
+  small noise count as one direction, not three;
+* (b) **what is new**, ``new_share_n = ‖N_nᵀ U_n‖_F² / min(r_n, d_n)`` ∈ [0, 1]: the mean squared
+  cosine of the principal angles between the significant span and the new directions ``N_n (M, d_n)``
+  (orthonormal): the gradients of the ``new`` quantities with their components along the
+  ``baseline`` gradients removed (Kepler: ∇A_x, ∇A_y beyond ∇H, ∇L — one direction, the Runge–Lenz
+  / periapsis direction), or, with ``new=None``, everything orthogonal to the flow and the baseline
+  gradients. For ``d_n = 1`` it is the squared cosine of the angle between that direction and the
+  significant span (1: contained; 0: orthogonal);
+* ``known_share[j]_n = ‖U_nᵀ ∇Q_j‖² / ‖∇Q_j‖²``: the same squared cosine for each baseline
+  quantity (which known directions the span holds);
+* ``rank_n = r_n`` and the singular values of ``G_n`` relative to the largest.
+
+(c) The baseline is the same analysis of the untrained quantities (the caller's start). Exact
+reference subspaces (baseline, new) keep directions down to :data:`REFERENCE_RTOL` of their largest
+singular value: they are exact gradients, so only rounding is dropped. A learned span that is
+conserved (small flow share) and holds a direction beyond ∇H and ∇L has ``new_share`` near 1;
+three conserved copies of angular momentum have ``new_share`` near 0 whatever their number.
 """
 
 from __future__ import annotations
@@ -38,7 +66,23 @@ from pyro_invariance.data.physics import symplectic
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["ConservedAnalysis", "gradients", "analyse_conserved", "plot_level_sets"]
+__all__ = [
+    "SIGNIFICANT_RTOL",
+    "REFERENCE_RTOL",
+    "ConservedAnalysis",
+    "DiscoveryAnalysis",
+    "gradients",
+    "analyse_conserved",
+    "discovery_measures",
+    "analyse_discovery",
+    "plot_level_sets",
+]
+
+SIGNIFICANT_RTOL = 0.1
+"""A learned direction counts when its singular value is at least this share of the largest."""
+
+REFERENCE_RTOL = 1e-6
+"""Numerical rank of exact reference gradients (baseline, new): only rounding is dropped."""
 
 
 def gradients(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
@@ -129,6 +173,145 @@ def analyse_conserved(
         bracket = (gk * flow_h).sum(-1).abs() / (gk.norm(dim=-1) * flow_h.norm(dim=-1)).clamp_min(1e-30)
         conservation.append(float(bracket.median()))
     return ConservedAnalysis(names, known_angle, learned_angle, match, conservation, int(states.shape[0]))
+
+
+def _orthonormal(vectors: Tensor, rtol: float) -> Tensor:
+    """An orthonormal basis ``(N, M, R)`` of the span of ``vectors (N, M, R)``, per state; directions
+    below ``rtol`` × the largest singular value are zeroed (columns of zeros, so ranks may differ)."""
+    u, s, _ = torch.linalg.svd(vectors, full_matrices=False)
+    return u * (s >= rtol * s[:, :1].clamp_min(1e-300)).unsqueeze(1)
+
+
+def _complement(basis: Tensor) -> Tensor:
+    """An orthonormal basis ``(N, M, M)`` (zero columns padded) of what ``basis (N, M, R)`` misses."""
+    eye = torch.eye(basis.shape[1], dtype=basis.dtype).expand(basis.shape[0], -1, -1)
+    rest = eye - basis @ basis.transpose(1, 2)  # projector onto the orthogonal complement
+    return _orthonormal(rest, 0.5)  # a projector's singular values are 0 or 1
+
+
+def _beyond(known: Tensor, g: Tensor) -> Tensor:
+    """An orthonormal basis ``(N, M, D)`` of what ``g (N, M, D)`` holds beyond the orthonormal
+    ``known (N, M, B)``; a remainder at rounding level of ``g``'s size counts as nothing."""
+    rest = g - known @ (known.transpose(1, 2) @ g)
+    basis = _orthonormal(rest, REFERENCE_RTOL)
+    real = rest.flatten(1).norm(dim=-1) > REFERENCE_RTOL * g.flatten(1).norm(dim=-1)
+    return basis * real.to(basis.dtype)[:, None, None]
+
+
+def discovery_measures(
+    g_learned: Tensor,
+    flow: Tensor,
+    g_known: Tensor,
+    g_new: Tensor | None = None,
+    rtol: float = SIGNIFICANT_RTOL,
+) -> dict[str, Tensor]:
+    """The per-state measures of :func:`analyse_discovery` (module docstring) from gradients.
+
+    Args:
+        g_learned: learned gradients ``(N, K, M)``.
+        flow: the Hamiltonian vector field ``J∇H`` at the states ``(N, M)``.
+        g_known: gradients of the known (baseline) quantities ``(N, B, M)``, e.g. ∇H, ∇L.
+        g_new: gradients of the quantities whose directions beyond the baseline are "new"
+            ``(N, D, M)``, e.g. ∇A_x, ∇A_y; ``None``: every direction orthogonal to the flow and the
+            baseline gradients.
+        rtol: significance threshold of the learned singular values, relative to the largest.
+
+    Returns:
+        ``flow_share (N,)``, ``new_share (N,)``, ``rank (N,)``, ``known_share (N, B)`` and
+        ``relative_singular_values (N, min(K, M))``.
+    """
+    f_hat = flow / flow.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    along = torch.einsum("nkm,nm->nk", g_learned, f_hat).norm(dim=-1)
+    flow_share = along / g_learned.flatten(1).norm(dim=-1).clamp_min(1e-300)
+    u, s, _ = torch.linalg.svd(g_learned.transpose(1, 2), full_matrices=False)  # u (N, M, min(K, M))
+    rel = s / s[:, :1].clamp_min(1e-300)
+    keep = rel >= rtol
+    span = u * keep.unsqueeze(1)
+    rank = keep.sum(-1)
+    known = _orthonormal(g_known.transpose(1, 2), REFERENCE_RTOL)
+    if g_new is None:
+        new = _complement(torch.cat([known, f_hat.unsqueeze(-1)], dim=-1))
+    else:
+        new = _beyond(known, g_new.transpose(1, 2))
+    d = (new.norm(dim=1) > 0.5).sum(-1)
+    overlap = (new.transpose(1, 2) @ span).square().sum((1, 2))
+    new_share = overlap / torch.minimum(rank, d).clamp_min(1).to(overlap.dtype)
+    g_hat = g_known / g_known.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    known_share = (g_hat @ span).square().sum(-1)  # (N, B)
+    return {
+        "flow_share": flow_share,
+        "new_share": new_share,
+        "rank": rank,
+        "known_share": known_share,
+        "relative_singular_values": rel,
+    }
+
+
+@dataclass
+class DiscoveryAnalysis:
+    """Medians over states of :func:`discovery_measures` (module docstring: (a) ``flow_share``,
+    (b) ``new_share``), with the settings they were read with."""
+
+    flow_share: float
+    new_share: float
+    rank: float
+    known_share: dict[str, float]
+    relative_singular_values: list[float]
+    baseline: tuple[str, ...]
+    new: tuple[str, ...] | None
+    rtol: float
+    num_states: int
+
+    def summary(self) -> str:
+        """One line: ``flow 0.04, new 0.07, rank 2, H 0.98, L 1.00``."""
+        known = ", ".join(f"{n} {v:.2f}" for n, v in self.known_share.items())
+        return f"flow {self.flow_share:.2f}, new {self.new_share:.2f}, rank {self.rank:g}, {known}"
+
+
+def analyse_discovery(
+    learned: Callable[[Tensor], Tensor],
+    known: Callable[[Tensor], Mapping[str, Tensor]],
+    states: Tensor,
+    *,
+    hamiltonian: str = "H",
+    baseline: tuple[str, ...] = ("H", "L"),
+    new: tuple[str, ...] | None = ("A_x", "A_y"),
+    rtol: float = SIGNIFICANT_RTOL,
+) -> DiscoveryAnalysis:
+    """(a) conservation and (b) what is new (module docstring) on ``states (N, M)``, as medians.
+
+    Args:
+        learned: ``x (N, M)`` → ``(N, K)`` (e.g. ``model.conserved`` in the states' dtype).
+        known: ``x (N, M)`` → ``{name: (N,)}``, holding ``hamiltonian``, ``baseline`` and ``new``
+            (defaults: Kepler's :func:`~pyro_invariance.data.physics.kepler_conserved`).
+        baseline: the quantities already known (their directions are not new).
+        new: the quantities whose directions beyond ``baseline`` count as new; ``None``: every
+            direction orthogonal to the flow and the baseline.
+        rtol: significance threshold of the learned singular values (:data:`SIGNIFICANT_RTOL`).
+    """
+    if states.dim() != 2:
+        raise ValueError(f"states must have shape (N, M), got {tuple(states.shape)}")
+    names = list(known(states[:1]).keys())
+    missing = [n for n in (hamiltonian, *baseline, *(new or ())) if n not in names]
+    if missing:
+        raise ValueError(f"known quantities {names} do not include {missing}")
+    g_learned = gradients(learned, states)  # (N, K, M)
+    g_all = gradients(lambda x: torch.stack(list(known(x).values()), dim=-1), states)  # (N, Q, M)
+    pick = lambda which: g_all[:, [names.index(n) for n in which]]  # noqa: E731
+    flow = symplectic(g_all[:, names.index(hamiltonian)])
+    m = discovery_measures(g_learned, flow, pick(baseline), pick(new) if new else None, rtol)
+    median = lambda t: float(t.to(states.dtype).median())  # noqa: E731
+    return DiscoveryAnalysis(
+        flow_share=median(m["flow_share"]),
+        new_share=median(m["new_share"]),
+        rank=median(m["rank"]),
+        known_share={n: median(m["known_share"][:, j]) for j, n in enumerate(baseline)},
+        relative_singular_values=[float(v) for v in m["relative_singular_values"].median(0).values],
+        baseline=tuple(baseline),
+        new=tuple(new) if new else None,
+        rtol=rtol,
+        num_states=int(states.shape[0]),
+    )
 
 
 def plot_level_sets(
