@@ -44,12 +44,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common  # noqa: E402
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import pyro  # noqa: E402
 import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402  (a Figure of its own: no backend switch)
 
 from pyro_invariance import fit, guides, pyro_scope  # noqa: E402
 from pyro_invariance.data import physics  # noqa: E402
@@ -321,7 +318,8 @@ def figure(seeds: list[dict[str, Any]], path: Path) -> None:
     analysed = [s for s in seeds if s.get("analysis")]
     if not analysed:
         return
-    fig, axes = plt.subplots(len(analysed), 2, figsize=(8, 2.6 * len(analysed)), squeeze=False)
+    fig = Figure(figsize=(8, 2.6 * len(analysed)))
+    axes = fig.subplots(len(analysed), 2, squeeze=False)
     for (ax_sv, ax_par), s in zip(axes, analysed):
         a = s["analysis"]
         idx = range(1, len(a["singular_values"]) + 1)
@@ -334,7 +332,6 @@ def figure(seeds: list[dict[str, Any]], path: Path) -> None:
     axes[-1][1].set_xlabel("singular vector")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:

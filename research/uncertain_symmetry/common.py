@@ -1,10 +1,10 @@
 """Shared helpers of the investigation's scripts: threads, machine info, result files, resumable units.
 
-A frozen copy of the pieces of the benchmarks' helpers that these scripts use, so that they run as they
-did when their results were made. Every script calls :func:`set_threads` first (default 1 thread: the
-project's machines have 2 cores shared with other jobs), records :func:`machine_info` and the exact
-command that regenerates it at the top of its markdown file, and writes
-``research/uncertain_symmetry/results/<name>.md`` with a JSON twin.
+The benchmarks' helpers for threads, command line, headers and unit files, plus what these scripts need of
+their own: their results folder, machine record, argument parsing and resumable units. Every script calls
+:func:`set_threads` first (default 1 thread: the project's machines have 2 cores shared with other jobs),
+records :func:`machine_info` and the exact command that regenerates it at the top of its markdown file, and
+writes ``research/uncertain_symmetry/results/<name>.md`` with a JSON twin.
 """
 
 from __future__ import annotations
@@ -13,9 +13,6 @@ import argparse
 import json
 import os
 import platform
-import shlex
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
@@ -24,36 +21,20 @@ from typing import Any
 import pyro
 import torch
 
+# The helpers that do not depend on where results go are the benchmarks' own (re-exported for the scripts).
+from benchmarks._common import (
+    _git,
+    _json_default,
+    cpu_model,
+    set_threads,
+    write_unit,
+)
+from benchmarks._common import command_line as command_line
+from benchmarks._common import header_markdown as header_markdown
+from benchmarks._common import parse_part as parse_part
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def set_threads(threads: int) -> None:
-    """``torch.set_num_threads(threads)`` (and the inter-op pool where it is still settable)."""
-    torch.set_num_threads(int(threads))
-    try:
-        torch.set_num_interop_threads(int(threads))
-    except RuntimeError:  # already set, or parallel work already started
-        pass
-
-
-def cpu_model() -> str:
-    """CPU model name from /proc/cpuinfo (or ``platform.processor()``)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _git(*args: str) -> str:
-    try:
-        out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
 
 
 def machine_info() -> dict[str, Any]:
@@ -75,16 +56,6 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def command_line() -> str:
-    """The command that reproduces this run, relative to the repository root."""
-    script = Path(sys.argv[0]).resolve()
-    try:
-        script_str = str(script.relative_to(REPO_ROOT))
-    except ValueError:
-        script_str = str(script)
-    return shlex.join([".venv/bin/python", script_str, *sys.argv[1:]])
-
-
 def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: Sequence[str] | None = None) -> str:
     """A GitHub markdown table; ``align`` entries are "l" or "r" (default: first left, rest right)."""
     header = [str(h) for h in header]
@@ -92,20 +63,6 @@ def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: Sequen
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(":---" if a == "l" else "---:" for a in align) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def header_markdown(title: str, info: dict[str, Any], settings: dict[str, Any], command: str, intro: str = "") -> str:
-    """Title, intro, the regenerate command, the machine and the exact settings."""
-    parts = [f"# {title}", ""]
-    if intro:
-        parts += [intro.strip(), ""]
-    parts += ["Regenerate with (from the repository root):", "", "```", command, "```", ""]
-    parts += ["Machine:", ""]
-    parts += [f"- {k}: `{v}`" for k, v in info.items()]
-    parts += ["", "Settings:", ""]
-    parts += [f"- {k}: `{v}`" for k, v in settings.items()]
-    parts.append("")
-    return "\n".join(parts)
 
 
 def write_results(stem: str, markdown: str, payload: dict[str, Any], out_dir: Path | None = None) -> tuple[Path, Path]:
@@ -116,14 +73,6 @@ def write_results(stem: str, markdown: str, payload: dict[str, Any], out_dir: Pa
     md_path.write_text(markdown.rstrip() + "\n")
     json_path.write_text(json.dumps(payload, indent=1, default=_json_default) + "\n")
     return md_path, json_path
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    return str(obj)
 
 
 def log(msg: str) -> None:
@@ -152,17 +101,6 @@ def parse_script_args(parser: argparse.ArgumentParser, argv: list[str] | None) -
     return args
 
 
-def parse_part(parser: Any, value: str) -> tuple[int, int]:
-    """``--part k/n`` (this process runs items k, k + n, …) as ``(k, n)``; anything else ends with ``parser.error``."""
-    try:
-        k, n = (int(v) for v in value.split("/"))
-        if not 0 <= k < n:
-            raise ValueError
-    except ValueError:
-        parser.error(f"--part must be k/n with 0 ≤ k < n, got {value!r}")
-    return k, n
-
-
 def parse_seeds(parser: Any, value: str, allowed: tuple[int, ...]) -> tuple[int, ...]:
     """``--seeds a,b,…`` (in run order) as a tuple, each among ``allowed``; anything else ends with ``parser.error``."""
     try:
@@ -172,13 +110,6 @@ def parse_seeds(parser: Any, value: str, allowed: tuple[int, ...]) -> tuple[int,
     except ValueError:
         parser.error(f"--seeds must be comma-separated seeds from {allowed}, got {value!r}")
     return seeds
-
-
-def write_unit(path: Path, unit: dict[str, Any]) -> None:
-    """Replace ``path`` whole with ``unit`` as JSON (a run stopped mid-write leaves the last complete file)."""
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(unit) + "\n")
-    partial.replace(path)
 
 
 def fill_unit(
@@ -208,12 +139,9 @@ def fill_unit(
 
 
 def save_figure(fig: Any, path: Path) -> None:
-    """Lay out ``fig``, save it to ``path`` (100 dpi) and close it."""
-    import matplotlib.pyplot as plt
-
+    """Lay out ``fig`` (a :class:`matplotlib.figure.Figure`, not held by pyplot) and save it to ``path`` (100 dpi)."""
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def publish(stem: str, markdown: str, payload: dict[str, Any], out_dir: Path | str | None = None) -> tuple[Path, Path]:

@@ -569,13 +569,12 @@ def criteria_table(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(units: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A Figure of its own, not pyplot: the script draws without switching the process's backend.
+    from matplotlib.figure import Figure
 
     keys = [k for k in DATASETS if any(u["dataset"] == k for u in units)]
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 3.6), squeeze=False)
+    fig = Figure(figsize=(4.6 * len(keys), 3.6))
+    axes = fig.subplots(1, len(keys), squeeze=False)
     bins = np.linspace(0.0, ETA_MAX, 49)
     for ax, key in zip(axes[0], keys):
         for u in sorted((u for u in units if u["dataset"] == key), key=lambda u: u["seed"]):
@@ -602,7 +601,6 @@ def plot(units: list[dict[str, Any]], path: Path) -> None:
     )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def render(

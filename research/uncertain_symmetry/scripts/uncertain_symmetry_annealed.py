@@ -370,12 +370,11 @@ def plateau(etas: np.ndarray, values: np.ndarray, within: float = PLATEAU_NATS) 
 def plot(lean: list[dict[str, Any]], results: Path, path: Path) -> None:
     """ℓ_AIS(η) − its top per (dataset, seed), each half and combined, beside the refined IWAE_100 reference's points
     (less their own top): the shapes that the two references give the evidence."""
-    import matplotlib
+    # A Figure of its own, not pyplot: the script draws without switching the process's backend.
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(lean), figsize=(3.6 * len(lean), 3.2), squeeze=False, sharey=True)
+    fig = Figure(figsize=(3.6 * len(lean), 3.2))
+    axes = fig.subplots(1, len(lean), squeeze=False, sharey=True)
     for ax, u in zip(axes[0], lean):
         etas, combined = np.array(u["etas"]), np.array(u["combined"])
         for h, each in enumerate(u["each"]):

@@ -515,13 +515,12 @@ def streams_table(rows: list[dict[str, Any]], jobs: list[tuple[str, str, int]], 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     """Per (dataset, seed): the reference, each fit's collapsed IWAE q*(η) (first stream, lines), its ELBO's own q*
     (f; dashed, where it ran), its 100-stream IWAE q* (g; dotted, where it ran) and its Gaussian q(η) (histograms)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A Figure of its own, not pyplot: the script draws without switching the process's backend.
+    from matplotlib.figure import Figure
 
     keys = sorted({(r["collapsed"]["dataset"], r["collapsed"]["seed"]) for r in rows})
-    fig, axes = plt.subplots(3, (len(keys) + 2) // 3, figsize=(10, 7), squeeze=False)
+    fig = Figure(figsize=(10, 7))
+    axes = fig.subplots(3, (len(keys) + 2) // 3, squeeze=False)
     for ax, key in zip(axes.T.flat, keys):
         mine = [r for r in rows if (r["collapsed"]["dataset"], r["collapsed"]["seed"]) == key]
         ref = us.refresh_grid(dict(mine[0]["collapsed"]))
@@ -567,7 +566,6 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=4, fontsize=6)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -352,12 +352,11 @@ def render(work: Path, laplace_work: Path, out_dir: Path | None) -> tuple[Path, 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     """Top row: log p(D | η) − top per dataset, coloured by N; bottom row: held-out NLL; one line per seed."""
-    import matplotlib
+    # A Figure of its own, not pyplot: the script draws without switching the process's backend.
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, len(DATASETS), figsize=(4.5 * len(DATASETS), 6.0), squeeze=False, sharex=True)
+    fig = Figure(figsize=(4.5 * len(DATASETS), 6.0))
+    axes = fig.subplots(2, len(DATASETS), squeeze=False, sharex=True)
     styles = {s: ls for s, ls in zip(sorted(SEEDS), ("-", "--", ":"))}
     for col, dataset in enumerate(DATASETS):
         for r in (r for r in rows if r["dataset"] == dataset):

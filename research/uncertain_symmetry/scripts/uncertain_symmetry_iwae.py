@@ -332,14 +332,13 @@ def profile_table(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> 
 def plot(pairs: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]], path: Path) -> None:
     """q(η) of the ELBO fit and of its refinement against the refined reference and the refined fit's
     amortisation profile (module docstring, d), one panel per unit."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A Figure of its own, not pyplot: the script draws without switching the process's backend.
+    from matplotlib.figure import Figure
 
     names = list(pairs)
     units = pairs[names[0]][0]
-    fig, axes = plt.subplots(len(names), len(units), figsize=(2.2 * len(units), 2.2 * len(names)), squeeze=False)
+    fig = Figure(figsize=(2.2 * len(units), 2.2 * len(names)))
+    axes = fig.subplots(len(names), len(units), squeeze=False)
     for i, name in enumerate(names):
         for j, (b, a) in enumerate(zip(*pairs[name])):
             ax = axes[i][j]
@@ -359,7 +358,6 @@ def plot(pairs: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]], pa
     axes[0][0].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:

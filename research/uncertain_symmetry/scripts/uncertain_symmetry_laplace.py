@@ -344,12 +344,11 @@ def render(work: Path, ais_work: Path, results: Path, out_dir: Path | None) -> t
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     """ℓ(η) − its top for AIS and Laplace, one panel per (dataset, seed)."""
-    import matplotlib
+    # A Figure of its own, not pyplot: the script draws without switching the process's backend.
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(rows), figsize=(3.0 * len(rows), 3.0), squeeze=False, sharey=True)
+    fig = Figure(figsize=(3.0 * len(rows), 3.0))
+    axes = fig.subplots(1, len(rows), squeeze=False, sharey=True)
     for ax, r in zip(axes[0], rows):
         etas, a, lp = (np.array(r[k]) for k in ("etas", "ais", "laplace"))
         ax.plot(etas, a - a.max(), "o-", ms=2.5, lw=1.2, color="C3", label="AIS, 64 chains")

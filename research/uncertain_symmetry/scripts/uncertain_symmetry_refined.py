@@ -468,16 +468,15 @@ def evidence_table(units: list[dict[str, Any]]) -> str:
 
 
 def plot(by_input: dict[str, list[dict[str, Any]]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A Figure of its own, not pyplot: the script draws without switching the process's backend.
+    from matplotlib.figure import Figure
 
     first = next(iter(by_input.values()))
     keys = [(u["dataset"], u["seed"]) for u in first]
     datasets = [k for k in us.DATASETS if any(d == k for d, _ in keys)]
     seeds = sorted({s for _, s in keys})
-    fig, axes = plt.subplots(len(datasets), len(seeds), figsize=(3.6 * len(seeds), 2.8 * len(datasets)), squeeze=False)
+    fig = Figure(figsize=(3.6 * len(seeds), 2.8 * len(datasets)))
+    axes = fig.subplots(len(datasets), len(seeds), squeeze=False)
     for row, key in enumerate(datasets):
         for col, seed in enumerate(seeds):
             ax = axes[row][col]
@@ -530,7 +529,6 @@ def plot(by_input: dict[str, list[dict[str, Any]]], path: Path) -> None:
     )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def verdict_table(verdicts: dict[str, list[dict[str, Any]]]) -> str:

@@ -358,12 +358,11 @@ def refined_table(pairs: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> st
 
 def plot(base: list[dict[str, Any]], by_variant: dict[str, list[dict[str, Any]]], path: Path) -> None:
     """Per unit: q(η) of the input fit and of each variant against the refined reference."""
-    import matplotlib
+    # A Figure of its own, not pyplot: the script draws without switching the process's backend.
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(3, (len(base) + 2) // 3, figsize=(9, 7), squeeze=False)
+    fig = Figure(figsize=(9, 7))
+    axes = fig.subplots(3, (len(base) + 2) // 3, squeeze=False)
     for ax, (i, b) in zip(axes.T.flat, enumerate(base)):
         gp = us.refresh_grid(dict(b))
         units = {"input": b, **{n: by_variant[n][i] for n in by_variant}}
@@ -379,7 +378,6 @@ def plot(base: list[dict[str, Any]], by_variant: dict[str, list[dict[str, Any]]]
     axes[0][0].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
