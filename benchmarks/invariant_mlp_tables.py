@@ -18,7 +18,7 @@ thread (see ``SIZES``); ``--paper-size`` uses the paper's H=1024, S=32, batch 12
 (``--steps`` to choose the length; the paper does not state it); ``--quick`` is a ~1–2 min smoke test.
 
 Held-out metrics: accuracy and NLL of the posterior predictive averaged over ``eval_samples`` guide
-draws on the test split (``pyro_invariance.diagnostics.evaluation.posterior_predictive``, as ``evaluate`` does), and
+draws on the test split (``pyro_invariance.tasks.posterior_predictive``, as ``evaluate`` does), and
 the ELBO per datum on the training split with ``elbo_particles`` draws. The ELBO is computed in chunks
 of training rows with a fresh guide draw per chunk (the same expectation as ``evaluate``'s full-batch
 estimate, whose memory grows as N·S·H and would need ~8 GB per tensor at paper size).
@@ -48,9 +48,9 @@ from pyro.infer import TraceMeanField_ELBO  # noqa: E402
 import pyro_invariance  # noqa: E402
 from pyro_invariance import guides  # noqa: E402
 from pyro_invariance.data.images import dataset_name, load_dataset  # noqa: E402
-from pyro_invariance.diagnostics.evaluation import posterior_predictive  # noqa: E402
 from pyro_invariance.models import InvariantMLP  # noqa: E402
 from pyro_invariance.symmetry.affine import eta_to_human  # noqa: E402
+from pyro_invariance.tasks import posterior_predictive  # noqa: E402
 
 BASE = "fashion-mnist"
 

@@ -54,12 +54,7 @@ from pyro_invariance._optional import pyplot as plt
 from pyro_invariance._pyro_scope import pyro_scope
 from pyro_invariance.catalogue import check_model_fits_data, model_kwargs_for
 from pyro_invariance.data.arrays import train_arrays
-from pyro_invariance.diagnostics.evaluation import (  # noqa: F401  (regression_metrics: re-exported)
-    evaluate,
-    exact_log_evidence,
-    regression_metrics,
-    task_for,
-)
+from pyro_invariance.diagnostics.evaluation import evaluate, exact_log_evidence, task_for
 from pyro_invariance.diagnostics.plots import save_figure
 from pyro_invariance.guides import num_guide_parameters
 from pyro_invariance.infer.bounds import PSIS_MIN_DRAWS, _validate_Ks, check_observed, evidence_bounds

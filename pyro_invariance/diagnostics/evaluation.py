@@ -31,12 +31,11 @@ from pyro_invariance.guides.base import check_guide_for
 from pyro_invariance.infer.modes import eval_mode
 from pyro_invariance.infer.training import FitResult
 from pyro_invariance.models.base import CatalogueModel
-from pyro_invariance.tasks import (  # noqa: F401  (seeded_rng, model_device, posterior_predictive: re-exported)
+from pyro_invariance.tasks import (
     CLASSIFICATION,
     REGRESSION,
     Task,
     evaluation_device,
-    model_device,
     posterior_predictive,
     seeded_rng,
 )

@@ -45,9 +45,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pyro_invariance.diagnostics.evaluation import seeded_rng
 from pyro_invariance.infer.bounds import psis_khat
 from pyro_invariance.models.invariant_mlp import InvariantMLP
+from pyro_invariance.tasks import seeded_rng
 from pyro_invariance.validation import check_labels, check_positive_int, check_seed
 
 __all__ = ["AnnealedEvidence", "annealed_readout_evidence", "readout_design"]
@@ -108,7 +108,7 @@ def readout_design(model: Any, x: Tensor, chains: int, seed: int = 0) -> Tensor:
     """``(R, N, H + 1)`` float64: ``[h(x), 1]`` for each of ``chains`` draws of the S transforms.
 
     ``model.features`` draws its transforms from torch's RNG; here it runs under ``seed``
-    (:func:`~pyro_invariance.diagnostics.evaluation.seeded_rng`), so the same seed gives the same ε
+    (:func:`~pyro_invariance.tasks.seeded_rng`), so the same seed gives the same ε
     at every η. Deterministic ε (``sampling="deterministic"``) gives R equal matrices."""
     model = _invariant_mlp(model)
     return _design(model, model._flatten(torch.as_tensor(x)), check_positive_int("chains", chains), check_seed(seed))

@@ -17,7 +17,7 @@ from pyro_invariance import guides
 from pyro_invariance.data.arrays import test_arrays as held_out_arrays
 from pyro_invariance.data.arrays import train_arrays
 from pyro_invariance.data.images import load_dataset
-from pyro_invariance.diagnostics.compare import regression_metrics
+from pyro_invariance.diagnostics.evaluation import regression_metrics
 from pyro_invariance.diagnostics.hnn_metrics import evaluate_hnn
 from pyro_invariance.models.basis_regression import make_symmetric_toy
 from pyro_invariance.registry import DATASETS

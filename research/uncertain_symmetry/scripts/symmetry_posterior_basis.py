@@ -105,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import pyro_invariance as pi
     from pyro_invariance import guides
-    from pyro_invariance.diagnostics.evaluation import seeded_rng as pyro_invariance_seeded
     from pyro_invariance.diagnostics.reference import load_reference
     from pyro_invariance.diagnostics.symmetry_posterior import exact_symmetry_posterior, symmetry_draws
+    from pyro_invariance.tasks import seeded_rng as pyro_invariance_seeded
 
     ref = load_reference("basis-regression-lambda")
     model, x, y = ref.entry.build()

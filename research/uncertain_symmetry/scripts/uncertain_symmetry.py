@@ -133,10 +133,10 @@ import pyro  # noqa: E402
 import pyro_invariance as pi  # noqa: E402
 from pyro_invariance.data.arrays import train_arrays  # noqa: E402
 from pyro_invariance.data.images import load_dataset  # noqa: E402
-from pyro_invariance.diagnostics.evaluation import seeded_rng  # noqa: E402
 from pyro_invariance.diagnostics.symmetry_posterior import GridPosterior, grid_posterior, symmetry_draws  # noqa: E402
 from pyro_invariance.infer.bounds import iwae_bound  # noqa: E402
 from pyro_invariance.models import InvariantMLP  # noqa: E402
+from pyro_invariance.tasks import seeded_rng  # noqa: E402
 from research.uncertain_symmetry import common  # noqa: E402
 
 STEM = "uncertain_symmetry"

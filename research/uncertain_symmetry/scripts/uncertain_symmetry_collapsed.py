@@ -124,8 +124,8 @@ import uncertain_symmetry_refined as usr  # noqa: E402
 import uncertain_symmetry_warmup as usw  # noqa: E402
 
 import pyro_invariance as pi  # noqa: E402
-from pyro_invariance.diagnostics.evaluation import seeded_rng  # noqa: E402
 from pyro_invariance.diagnostics.symmetry_posterior import grid_posterior  # noqa: E402
+from pyro_invariance.tasks import seeded_rng  # noqa: E402
 from research.uncertain_symmetry import common  # noqa: E402
 from research.uncertain_symmetry.collapsed_symmetry import collapse_symmetry  # noqa: E402
 from research.uncertain_symmetry.distributions import PiecewiseLinear  # noqa: E402
