@@ -15,6 +15,8 @@ attributes:
   ``log_evidence(x, y)`` — recommendations and capabilities with defaults;
 * ``vectorizable_particles`` — whether ``forward`` evaluates a batch of weight samples (ELBO
   particles) in one pass (``vectorize_particles=True``); see :class:`CatalogueModel`;
+* ``capturable`` — whether ``fit``'s default ``compile="auto"`` may replay the model's loss from a
+  captured graph (:mod:`pyro_invariance.infer.auto_compile`);
 * ``input_shapes()``, ``target_shapes()``, ``prepare_inputs(x, y)`` — the data boundary.
 
 Constructor vocabulary (``docs/catalogue.md``, "Model arguments"): ``symmetry`` is always the group / family of
@@ -63,6 +65,7 @@ __all__ = [
     "PRIORS",
     "CatalogueModel",
     "PrecisionGroup",
+    "capturable",
     "check_prior",
     "symmetry_parameters",
     "symmetry_sites",
@@ -103,6 +106,12 @@ class CatalogueModel(PyroModule, PreparesInputs, metaclass=_CatalogueMeta):
             (ε, flow weights), so the estimator is the same as ``vectorize_particles=False``
             (``tests/models/test_vectorized_particles.py`` checks that identical draws give identical
             losses and gradients). Default ``False``: the model runs one particle at a time.
+        capturable: ``forward``'s Python control flow depends only on shapes and constructor
+            settings, never on tensor values or on Python attributes changed during a run, and its
+            state lives in parameters and buffers; so ``fit``'s default ``compile="auto"`` may replay
+            its loss from a captured graph, which computes the same numbers (checked to the bit
+            before it is used; :mod:`pyro_invariance.infer.auto_compile`). Default ``True``; a
+            subclass that breaks the contract sets ``False``.
 
     Instance attributes:
         prior: the prior mode this model was built with (one of :attr:`priors`).
@@ -115,6 +124,7 @@ class CatalogueModel(PyroModule, PreparesInputs, metaclass=_CatalogueMeta):
     priors: ClassVar[tuple[str, ...]] = ()
     symmetry_priors: ClassVar[tuple[str, ...]] = ()
     vectorizable_particles: ClassVar[bool] = False
+    capturable: ClassVar[bool] = True
     prior: str
     symmetry_prior: str | None = None
     num_classes: int | None = None
@@ -271,6 +281,12 @@ def vectorizable_particles(model: Any) -> bool:
     """``model.vectorizable_particles`` for a :class:`CatalogueModel`; ``False`` for any other model
     (its ELBO particles run one after another)."""
     return isinstance(model, CatalogueModel) and bool(model.vectorizable_particles)
+
+
+def capturable(model: Any) -> bool:
+    """``model.capturable`` for a :class:`CatalogueModel`, or for any ``nn.Module`` that declares it;
+    ``False`` for any other model (a plain function, a ``PyroModule`` that does not say)."""
+    return bool(getattr(model, "capturable", False)) and isinstance(model, nn.Module)
 
 
 def symmetry_sites(model: Any) -> list[str]:

@@ -36,7 +36,9 @@ SCHEDULES = ("cosine", "constant")
 #: ``FitConfig.validation``: Pyro's validation on the first step of each ``fit`` call, or on every step.
 VALIDATIONS = ("first-step", "always")
 #: ``FitConfig.compile`` (``True`` means ``"inductor"``, ``False`` ``"off"``).
-COMPILE_MODES = ("off", "capture", "inductor", "cudagraphs")
+COMPILE_MODES = ("auto", "off", "capture", "inductor", "cudagraphs")
+#: the modes that compute the numbers of eager Pyro (and so may run with shards or validation on every step)
+_EAGER_NUMBERS = ("auto", "off")
 
 
 def _opt(default: Any, help: str, **cli: Any) -> Any:
@@ -68,8 +70,8 @@ class FitConfig:
     :mod:`pyro_invariance.infer.distributed`.
 
     The last four fields set how fast a step runs, not what it computes
-    (:mod:`pyro_invariance.infer.fast_step`): ``validation``, ``compile`` (``"capture"`` gives the same
-    numbers as ``"off"``; ``"inductor"`` other random draws), ``log_every`` and ``tf32`` (CUDA only).
+    (:mod:`pyro_invariance.infer.fast_step`): ``validation``, ``compile`` (``"auto"`` and ``"capture"``
+    give the same numbers as ``"off"``; ``"inductor"`` other random draws), ``log_every`` and ``tf32`` (CUDA only).
     ``validation`` and ``log_every`` may differ between a run and its resumption (they are left out
     of the run's fingerprint); ``compile="inductor"`` and ``tf32=True`` are part of it. ``threads``
     sets torch's thread count for the call (restored after it returns); a thread count given is part
@@ -117,9 +119,11 @@ class FitConfig:
         choices=VALIDATIONS,
     )
     compile: str = _opt(
-        "off",
-        "off: eager Pyro; capture: replay the loss from a captured graph (same numbers, checked "
-        "against Pyro's); inductor: torch.compile that graph (CUDA graphs on a GPU; other random draws); cudagraphs: "
+        "auto",
+        "auto: capture where the model declares it safe, the call runs enough steps and the replay equals Pyro's "
+        "to the bit, else off (pyro_invariance.infer.auto_compile); off: eager Pyro; capture: replay the loss "
+        "from a captured graph (same numbers, checked against Pyro's); inductor: torch.compile that graph "
+        "(CUDA graphs on a GPU; other random draws); cudagraphs: "
         "that graph's forward and backward recorded as CUDA graphs (CUDA only; other random draws)",
         choices=COMPILE_MODES,
     )
@@ -181,7 +185,7 @@ class FitConfig:
             )
         if self.strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {self.strategy!r}; use one of {list(STRATEGIES)}")
-        if self.compile != "off" and (self.shards > 1 or self.strategy == "ddp"):
+        if self.compile not in _EAGER_NUMBERS and (self.shards > 1 or self.strategy == "ddp"):
             raise ValueError(
                 f"compile={self.compile!r} needs shards=1 and strategy='single': a captured graph replays "
                 "one stream on one process"
@@ -191,7 +195,7 @@ class FitConfig:
             check_positive_int("threads", self.threads)
         if not isinstance(self.tf32, bool):
             raise ValueError(f"tf32 must be True or False, got {self.tf32!r}")
-        if self.compile != "off" and self.validation == "always":
+        if self.compile not in _EAGER_NUMBERS and self.validation == "always":
             raise ValueError(
                 f"compile={self.compile!r} needs validation='first-step': validation reads tensor values on "
                 "every step, which a captured graph cannot"

@@ -53,6 +53,7 @@ import pyro_invariance.guides as guide_registry
 from pyro_invariance._pyro_scope import pyro_scope
 from pyro_invariance.data.arrays import train_arrays
 from pyro_invariance.guides.base import check_guide_for
+from pyro_invariance.infer.auto_compile import resolve_compile
 from pyro_invariance.infer.checkpoint import (
     CheckpointError,
     atomic_write_text,
@@ -418,7 +419,10 @@ def fit(
             whole run) and ``device`` (model, guide and data are moved there); how fast a step runs:
             ``validation`` (``"first-step"``: Pyro's validation on the first step of this call, then
             off; ``"always"``: on every step, the loss checked after each), ``log_every`` (bulk reads
-            of the history and state snapshots), ``compile`` (``"off"``; ``"capture"``: the loss
+            of the history and state snapshots), ``compile`` (``"auto"``: ``"capture"`` where the model
+            declares it safe, the call runs at least
+            :data:`~pyro_invariance.infer.auto_compile.AUTO_CAPTURE_STEPS` steps and the replay equals
+            Pyro's to the bit, else ``"off"``, silently; ``"off"``: eager Pyro; ``"capture"``: the loss
             replayed from a captured graph, the same numbers; ``"inductor"`` or ``True``:
             ``torch.compile`` of that graph, other random draws; ``"cudagraphs"``: that graph's forward
             and backward replayed as CUDA graphs, other random draws; each falls back with a warning
@@ -693,6 +697,7 @@ def _fit_locked(
         ranks=ranks,
         streams=streams,
         engine=engine,
+        compile_mode=resolve_compile(cfg, model, guide, (until_step or cfg.steps) - start),
     )
     # states a diverged run can be rescued from (kept in host memory; one process only: the check re-runs steps)
     points = RescuePoints(enabled=path is not None and not ranks.ddp)
@@ -875,8 +880,12 @@ class _Loop:
         ranks: Ranks,
         streams: ShardStreams | None,
         engine: Callable[..., Tensor],
+        compile_mode: tuple[str, str | None] | None = None,
     ) -> None:
         self.ranks, self.streams, self.engine = ranks, streams, engine
+        # the mode this call runs (compile="auto" resolved; auto_compile), and why auto chose eager
+        self.mode, why = compile_mode or (cfg.compile, None)
+        self.auto = cfg.compile == "auto"
         # this process's shards (None: the whole minibatch on the global stream, as before shards existed)
         self.own: list[int | None] = list(ranks.own_shards(cfg.shards)) if streams is not None else [None]
         self.model, self.guide, self.cfg, self.dev = model, guide, cfg, dev
@@ -889,11 +898,11 @@ class _Loop:
         self.pending: dict[str, list[Any]] = {"step": [], "lr": [], "eta_lr": [], "loss": [], "eta": []}
         self.snapshot: _Snapshot | None = None
         self.captured: CapturedLoss | None = None
-        self.capture_tried = cfg.compile == "off"
+        self.capture_tried = self.mode == "off"
         self.validating: bool | None = None  # the validation state this loop last set
         self.last_read = time.perf_counter()
         self.bar: Any = None
-        self.stats: dict[str, Any] = {"compile": cfg.compile, "snapshots": 0}
+        self.stats: dict[str, Any] = {"compile": self.mode, "snapshots": 0, **({"auto": why} if why else {})}
 
     # -- one step --------------------------------------------------------------------------------
     def _validation(self, on: bool) -> None:
@@ -975,7 +984,7 @@ class _Loop:
             self._validation(False)
             try:
                 self.captured = CapturedLoss.capture(
-                    self.loss_fn, self.model, self.guide, x, y, self.kwargs, self.cfg.compile, self.dev
+                    self.loss_fn, self.model, self.guide, x, y, self.kwargs, self.mode, self.dev
                 )
                 self.stats.update(
                     compile=self.captured.mode,
@@ -984,6 +993,8 @@ class _Loop:
                 )
             except CaptureError as exc:
                 self._fall_back(str(exc))
+            if self.auto and self.captured is not None and not self.captured.bit_identical:
+                self._fall_back("the captured loss is not bit-identical to Pyro's")
         # a re-run replays the captured graph only where eager Pyro would draw other numbers
         use_graph = self.captured is not None and (not checked or (rerun and not self._eager_equals_graph()))
         if use_graph:
@@ -1004,10 +1015,14 @@ class _Loop:
         return self.captured is not None and self.captured.mode == "capture" and self.captured.bit_identical
 
     def _fall_back(self, reason: str) -> None:
+        """Run eagerly from now on: with a warning where the mode was asked for, silently for ``"auto"``."""
+        self.captured = None
+        if self.auto:
+            self.stats.update(compile="off", auto=reason)
+            return
         warnings.warn(
             f"compile={self.cfg.compile!r}: {reason}; running the eager Pyro step instead", RuntimeWarning, stacklevel=4
         )
-        self.captured = None
         self.stats.update(compile="off", fallback=reason)
 
     # -- bulk reads -------------------------------------------------------------------------------
