@@ -5,8 +5,12 @@ Sections, and the result file each writes (``benchmarks/results/<stem>.md`` and 
 - ``step`` (``step_time``): the invariant MLP at paper 003 size on CPU: ``fit``'s step vs a hand-written PyTorch twin
   of the same ELBO and a plain Pyro step; GFLOP/s against the machine's matmul rate.
 - ``gpu`` (``gpu_step_time_<device>``): the same on ``--device`` (CUDA by default) at two sizes and with ``compile``
-  modes, the symmetrised HNN (SHO, 3-body), the layer-wise networks and the JAX reference (``--parts``);
-  ``--rerender`` redraws a GPU session's tables (``benchmarks/gpu_session.sh``) from its JSON.
+  modes, each against a twin given the same treatment (eager, ``torch.compile``, one CUDA graph per step), over
+  ``--repeats`` fresh runs; the symmetrised HNN (SHO; 3-body at the reference's 1000 pairs per step with the
+  closed-form prior update), the layer-wise networks and the JAX reference (``--parts``). Settings fixed before any
+  result: MLP parts 20 warm-up + max(200, 2·log_every) timed steps (paper size on a CPU 2 + 2·log_every), HNN
+  5 + 2·log_every, layer-wise 10 + 2·log_every. ``--render-speed`` draws the speed table (README, docs/speed.md)
+  from result JSON files or a GPU session's folder (``benchmarks/gpu_session.sh``).
 - ``layerwise`` (``layerwise_step_time``): the layer-wise networks of paper 004, ``fit`` / ``fit_laplace`` vs a
   torch twin.
 - ``noether-flow`` (``noether_flow_step_time``): the symmetrised HNN, ODE-flow vs matrix-exponential symmetry samples.
@@ -42,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -62,8 +67,10 @@ import pyro_invariance as pi  # noqa: E402
 from pyro_invariance import guides  # noqa: E402
 from pyro_invariance.data.arrays import train_arrays  # noqa: E402
 from pyro_invariance.data.quadrant import build_quadrant_dataset  # noqa: E402
+from pyro_invariance.infer.fast_step import CapturedLoss, static_matrix_exp  # noqa: E402
 from pyro_invariance.infer.kfac_layers import kfac_curvature  # noqa: E402
 from pyro_invariance.infer.laplace import diagonal_ggn, gradient_update, mackay_update  # noqa: E402
+from pyro_invariance.infer.prior_update import ClosedFormPriorUpdate  # noqa: E402
 from pyro_invariance.infer.training import is_factor_parameter, is_symmetry_parameter, make_deterministic  # noqa: E402
 from pyro_invariance.models import InvariantMLP  # noqa: E402
 from pyro_invariance.models.layerwise import LayerwiseNet, make_init_loc_fn  # noqa: E402
@@ -108,26 +115,27 @@ def sync_of(device: torch.device) -> Callable[[], None]:
 
 
 class Shuffler:
-    """Minibatch row indices as ``fit`` draws them: a seeded permutation, reshuffled after each pass."""
+    """Minibatch row indices as ``fit`` draws them: a seeded permutation, reshuffled after each pass, copied to the
+    device once per pass (a host→device copy per step would synchronise the twin with the host every step)."""
 
     def __init__(self, n: int, batch: int | None, seed: int, device: torch.device) -> None:
         self.n, self.batch, self.device = n, min(batch or n, n), device
         self.gen = torch.Generator().manual_seed(seed)
-        self.perm, self.pos = torch.randperm(n, generator=self.gen), 0
+        self.perm, self.pos = torch.randperm(n, generator=self.gen).to(device), 0
 
     def next(self) -> Tensor:
         if self.pos + self.batch > self.n:
-            self.perm, self.pos = torch.randperm(self.n, generator=self.gen), 0
+            self.perm, self.pos = torch.randperm(self.n, generator=self.gen).to(self.device), 0
         self.pos += self.batch
-        return self.perm[self.pos - self.batch : self.pos].to(self.device)
+        return self.perm[self.pos - self.batch : self.pos]
 
 
-def adam(groups: list[dict[str, Any]], fused: bool = True) -> torch.optim.Optimizer:
+def adam(groups: list[dict[str, Any]], fused: bool = True, **kw: Any) -> torch.optim.Optimizer:
     """Adam over ``groups``: fused (as ``fit``'s) where torch allows it, else per tensor."""
     with contextlib.suppress(RuntimeError, ValueError, TypeError):
         if fused:
-            return torch.optim.Adam(groups, fused=True)
-    return torch.optim.Adam(groups)
+            return torch.optim.Adam(groups, fused=True, **kw)
+    return torch.optim.Adam(groups, **kw)
 
 
 def fit_groups(model: nn.Module, guide: nn.Module, cfg: pi.FitConfig) -> list[dict[str, Any]]:
@@ -171,6 +179,141 @@ def torch_step(
     return step
 
 
+class NoTwin(RuntimeError):
+    """The twin-side variant does not exist here (the reason in the message)."""
+
+
+#: the twin-side treatment that matches each ``compile`` mode of ours (``default``: none passed, the library's)
+TWIN_OF_MODE = {"default": "eager", "off": "eager", "auto": "eager", "capture": "eager"}
+TWIN_OF_MODE.update(inductor="compiled", cudagraphs="graphed")
+
+
+def twin_compile(kind: str, device: torch.device) -> str:
+    """How the twin's step runs, in words (recorded with every twin variant)."""
+    cuda = device.type == "cuda"
+    return {
+        "eager": "eager, fused Adam",
+        "compiled": f"loss under torch.compile ({CapturedLoss.backend}, fullgraph, static shapes"
+        + (", reduce-overhead" if cuda else "")
+        + "), fused Adam",
+        "graphed": "whole step (forward, backward, fused Adam) one CUDA graph",
+    }[kind]
+
+
+def compiled_loss(loss: Callable[[Tensor, Tensor, int], Tensor], device: torch.device) -> Callable[..., Tensor]:
+    """``loss`` under ``torch.compile`` with the options of ``fit(compile="inductor")``'s captured loss
+    (:class:`~pyro_invariance.infer.fast_step.CapturedLoss`: its backend, ``fullgraph``, static shapes, on CUDA
+    ``mode="reduce-overhead"``, i.e. CUDA graphs, with a step mark per call); the optimiser stays eager, as ours."""
+    cuda = device.type == "cuda"
+    compiled = torch.compile(
+        loss,
+        backend=CapturedLoss.backend,
+        fullgraph=True,
+        dynamic=False,
+        mode="reduce-overhead" if cuda else None,
+    )
+
+    def call(x: Tensor, y: Tensor, n: int) -> Tensor:
+        if cuda:
+            torch.compiler.cudagraph_mark_step_begin()
+        return compiled(x, y, n)
+
+    return call
+
+
+def graphed_step(
+    loss: Callable[[Tensor, Tensor, int], Tensor],
+    groups: list[dict[str, Any]],
+    case: dict[str, Any],
+    total: int,
+    seed: int,
+    device: torch.device,
+) -> Callable[[], None]:
+    """The twin's whole step recorded as one CUDA graph (``torch.cuda.graph``): forward, backward and fused Adam
+    (``capturable=True``, each group's rate a device tensor). A call copies the next minibatch into the graph's
+    static inputs, replays it, and sets the cosine rates in place (outside the graph, no host read)."""
+    if device.type != "cuda":
+        raise NoTwin("CUDA graphs need a CUDA device (on a CPU fit(compile='cudagraphs') replays the captured graph)")
+    base = [float(g["lr"]) for g in groups]
+    optim = adam([{**g, "lr": torch.tensor(b, device=device)} for g, b in zip(groups, base)], capturable=True)
+    x_all, y_all = case["x"].to(device), case["y"].to(device)
+    rows, n = Shuffler(x_all.shape[0], case["batch"], seed, device), x_all.shape[0]
+    first = rows.next()
+    sx, sy = x_all[first].clone(), y_all[first].clone()
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # Adam's state and the libraries' kernel choices made before the recording
+        for _ in range(3):
+            optim.zero_grad(set_to_none=True)
+            loss(sx, sy, n).backward()
+            optim.step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    optim.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        loss(sx, sy, n).backward()  # gradients written, not accumulated, on every replay
+        optim.step()
+    done = [0]
+
+    def step() -> None:
+        idx = rows.next()
+        sx.copy_(x_all[idx])
+        sy.copy_(y_all[idx])
+        graph.replay()
+        done[0] += 1
+        factor = 0.5 * (1.0 + math.cos(math.pi * min(done[0], total) / total))
+        for g, b in zip(optim.param_groups, base):
+            g["lr"].fill_(b * factor)
+
+    return step
+
+
+def twin_for(
+    mode: str,
+    loss: Callable[[Tensor, Tensor, int], Tensor],
+    groups: list[dict[str, Any]],
+    case: dict[str, Any],
+    total: int,
+    seed: int,
+    device: torch.device,
+) -> tuple[Callable[[], None] | None, dict[str, Any]]:
+    """The twin's step for our ``compile`` ``mode`` (:data:`TWIN_OF_MODE`) and its record; the compiled twin takes
+    one untimed step here, so that its compilation (or failure) happens before ``fit`` starts. ``None`` and the
+    reason where the variant does not exist or fails."""
+    kind = TWIN_OF_MODE[mode]
+    info: dict[str, Any] = {"kind": kind, "compile": twin_compile(kind, device)}
+    try:
+        if kind == "graphed":
+            return graphed_step(loss, groups, case, total, seed, device), info
+        step = torch_step(
+            compiled_loss(loss, device) if kind == "compiled" else loss, groups, case, total, seed, device
+        )
+        if kind == "compiled":
+            t0 = time.perf_counter()
+            step()
+            info["compile_seconds"] = time.perf_counter() - t0
+        return step, info
+    except NoTwin as exc:
+        return None, {**info, "skipped": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - a compiler or recording failure is reported, not timed
+        return None, {**info, "failed": (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]}
+
+
+def machine_load(top: int = 3) -> dict[str, Any]:
+    """The 1-min load average and the ``top`` other processes by ``ps``'s %CPU (CPU time over each process's
+    lifetime, so a long idle process reads low), this process and its children left out."""
+    out: dict[str, Any] = {"load_1min": round(os.getloadavg()[0], 2), "unix_time": time.time()}
+    with contextlib.suppress(OSError, ValueError, subprocess.SubprocessError):
+        ps = subprocess.run(
+            ["ps", "-eo", "pid=,ppid=,pcpu=,comm="], capture_output=True, text=True, timeout=5, check=True
+        ).stdout
+        rows = [line.split(None, 3) for line in ps.splitlines() if len(line.split(None, 3)) == 4]
+        me = os.getpid()
+        others = [(float(c), name) for pid, ppid, c, name in rows if me not in (int(pid), int(ppid)) and name != "ps"]
+        out["top_other_processes"] = [f"{name} {c:.0f}%" for c, name in sorted(others, reverse=True)[:top]]
+    return out
+
+
 def pyro_step(
     case: dict[str, Any],
     total: int,
@@ -207,6 +350,22 @@ def pyro_step(
     return step
 
 
+class PeakMemory:
+    """CUDA memory allocated above the level at :meth:`start`, at its peak until :meth:`read` (MiB)."""
+
+    def __init__(self, device: torch.device, sync: Callable[[], None]) -> None:
+        self.device, self.sync, self.base = device, sync, 0
+
+    def start(self) -> None:
+        self.sync()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.base = torch.cuda.memory_allocated(self.device)
+
+    def read(self) -> float:
+        self.sync()
+        return (torch.cuda.max_memory_allocated(self.device) - self.base) / 2**20
+
+
 def time_fit(
     case: dict[str, Any],
     others: dict[str, Callable[[], Any]],
@@ -215,28 +374,27 @@ def time_fit(
     seed: int,
     device: torch.device,
     fit_fn: Callable[..., Any] = pi.fit,
+    before: Sequence[Callable[..., Any]] = (),
+    run_steps: int = 0,
     **fit_kw: Any,
 ) -> dict[str, Any]:
     """``fit_fn`` for 1 + warmup + steps (+ 1 on CUDA, for the allocator's peak) steps timed between its callbacks,
-    one step of each of ``others`` inside each callback. Returns times, their statistics, the paired ratio of each
-    to ``twin`` (median over callbacks of its step over the twin's step of the same callback), CUDA peak MiB of the
-    last step, and fit's ``step_stats``."""
+    one step of each of ``others`` inside each callback; the callbacks ``before`` run first, inside fit's timed
+    interval (e.g. a prior update after every step). ``run_steps``: the run's length, if longer (fit's choices may
+    depend on it; the steps after the window run untimed). Returns times, their statistics, the paired ratio of
+    each to ``twin`` (median over callbacks of its step over the twin's), CUDA peak MiB of the last step, fit's
+    ``step_stats``, the compile mode asked for (``default``: none passed), warm-up, timed and run steps."""
     times: dict[str, list[float]] = {"fit": [], **{k: [] for k in others}}
     peaks: dict[str, float] = {}
     first, last = warmup + 2, warmup + steps + 1
     cuda = device.type == "cuda"
-    end_step, sync, clock = last + 1 if cuda else last, sync_of(device), {"end": None, "base": 0}
-
-    def peak_start() -> None:
-        sync()
-        torch.cuda.reset_peak_memory_stats(device)
-        clock["base"] = torch.cuda.memory_allocated(device)
-
-    def peak() -> float:
-        sync()
-        return (torch.cuda.max_memory_allocated(device) - clock["base"]) / 2**20
+    end_step, sync, clock = last + 1 if cuda else last, sync_of(device), {"end": None}
+    memory = PeakMemory(device, sync)
+    peak, peak_start = memory.read, memory.start
 
     def callback(step: int, model: Any, guide: Any) -> None:
+        if step > end_step:
+            return
         sync()
         now = time.perf_counter()
         measure = cuda and step == end_step
@@ -259,15 +417,15 @@ def time_fit(
         sync()
         clock["end"] = time.perf_counter()
 
-    kw = dict(
-        steps=end_step, progress=False, seed=seed, callbacks=[callback], device=str(device), **case.get("fit", {})
-    )
+    kw = {"steps": max(end_step, run_steps), "progress": False, "seed": seed, "device": str(device)}
+    kw.update(callbacks=[*before, callback], **case.get("fit", {}))
     t0 = time.perf_counter()
     result = fit_fn(case["model"], case["guide"], (case["x"], case["y"]), **kw, **fit_kw)
     wall = time.perf_counter() - t0
     paired = {k: summary([a / b for a, b in zip(times[k], times["twin"])]) for k in times} if "twin" in times else {}
     out = dict(times=times, stats={k: summary(v) for k, v in times.items()}, paired_to_twin=paired, peak_mib=peaks)
-    return {**out, "wall_s": wall, "step_stats": result.step_stats, "warmup": warmup, "steps": steps}
+    out.update(wall_s=wall, step_stats=result.step_stats, warmup=warmup, steps=steps)
+    return {**out, "compile": fit_kw.get("compile", "default"), "run_steps": max(end_step, run_steps)}
 
 
 def make_case(model: Any, guide: str, x: Tensor, y: Tensor, batch: int | None, **guide_kw: Any) -> dict[str, Any]:
@@ -387,6 +545,7 @@ class InvariantMLPTwin(nn.Module):
         self.image_shape, self.num_samples, self.activation = model.image_shape, model.num_transforms, model.activation
         self.hidden, self.k, self.sampling = model.hidden, len(model.generator_names), model.sampling
         self.transform_path = model.transform_path
+        self.graph_safe = False  # True: exp by static_matrix_exp (no host read), as fit's CUDA-graph path records it
         self.area_changing = bool((model.generators.diagonal(dim1=-2, dim2=-1).sum(-1) != 0).any())
         for name in ("generators", "eta_upper", "prior_scale_loc"):
             self.register_buffer(name, getattr(model, name).clone())
@@ -432,7 +591,8 @@ class InvariantMLPTwin(nn.Module):
         b, d = x.shape
         eta = self.eta_upper * torch.sigmoid(self.eta_u)
         eps = affine.sample_epsilon(self.num_samples, self.k, self.sampling, **std)
-        transforms = affine.lie_exp(eta, eps, self.generators)
+        algebra = torch.einsum("sk,kij->sij", eps * eta, self.generators)  # affine.lie_exp's exponent
+        transforms = static_matrix_exp(algebra) if self.graph_safe else torch.linalg.matrix_exp(algebra)
         if self.transform_path(b) == "weights":  # warp the S·H rows of W1 (paper 003, Eq. 6)
             rows = affine.transform_weight_rows(self.w1, transforms, self.image_shape, layout="hsd")  # (H, S, D)
             pre = F.linear(x, rows.reshape(-1, d)).view(b, self.hidden, -1) + self.b1.unsqueeze(-1)  # (B, H, S)
@@ -499,27 +659,69 @@ def check_same_elbo(case: dict[str, Any], twin: InvariantMLPTwin, seed: int) -> 
     return out
 
 
-def run_mlp(args: argparse.Namespace, cfg: dict[str, int], warmup: int, steps: int, check: bool) -> dict[str, Any]:
-    """Per activation: ``fit`` with the twin and the plain Pyro step interleaved, then one ``fit`` run per compile
-    mode with its own twin (so that each ratio is from its own run)."""
+def mlp_run(
+    args: argparse.Namespace, cfg: dict[str, int], act: str, mode: str, warmup: int, steps: int, pyro_too: bool
+) -> dict[str, Any]:
+    """One fresh ``fit(compile=mode)`` (``default``: no ``compile`` passed, and a run of the library's default
+    length, ``--fit-steps``, timed over its window) with the twin of that mode (:func:`twin_for`) and, with
+    ``pyro_too``, the plain Pyro step interleaved in its callbacks; each variant's transform path and compile mode
+    recorded under ``variants``."""
     device, total, seed = torch.device(args.device), warmup + steps + 3, args.seed
-    out: dict[str, Any] = {"sizes": cfg, "activations": {}}
+    case = mlp_case(cfg, act, seed)
+    twin = InvariantMLPTwin(case["model"], case["guide"]).to(device)
+    twin.graph_safe = TWIN_OF_MODE[mode] == "graphed"
+    step, info = twin_for(mode, twin.loss, twin.param_groups(pi.FitConfig()), case, total, seed, device)
+    others: dict[str, Callable[[], Any]] = {"twin": step} if step else {}
+    if pyro_too and mode == "default":
+        others["pyro"] = pyro_step(mlp_case(cfg, act, seed), total, seed, device)
+    path = case["model"].transform_path(cfg["batch"])
+    length = fit_length(args) if mode == "default" else 0
+    entry = time_fit(case, others, warmup, steps, seed, device, run_steps=length, **_compile(mode), **_tf32(args))
+    entry["variants"] = {"fit": {"path": path, "compile": mode}, "twin": {"path": path, **info}}
+    if pyro_too and mode == "default":
+        entry["variants"]["pyro"] = {"path": path, "compile": "eager Pyro, per-tensor Adam, a host read per step"}
+    return entry
+
+
+def run_mlp(
+    args: argparse.Namespace, cfg: dict[str, int], warmup: int, steps: int, check: bool, pyro_too: bool = False
+) -> dict[str, Any]:
+    """Per activation: ``--repeats`` rounds, each a fresh ``fit`` per compile mode (the order rotating by round)
+    with the matching twin interleaved (:func:`mlp_run`); per mode the paired fit / twin ratio of each round and
+    their median."""
+    out: dict[str, Any] = {"sizes": cfg, "activations": {}, "repeats": args.repeats}
+    modes = ["default"] * (not args.skip_default) + args.compile_modes
     for act in args.activations:
-        runs: dict[str, Any] = {}
-        for mode in ["off", *args.compile_modes]:
-            case = mlp_case(cfg, act, seed)
-            twin = InvariantMLPTwin(case["model"], case["guide"]).to(device)
-            others = {"twin": torch_step(twin.loss, twin.param_groups(pi.FitConfig()), case, total, seed, device)}
-            if mode == "off":
-                others["pyro"] = pyro_step(mlp_case(cfg, act, seed), total, seed, device)
-            entry = time_fit(case, others, warmup, steps, seed, device, compile=mode, **_tf32(args))
-            if check and mode == "off":
-                fresh = mlp_case(cfg, act, seed)
-                entry["check"] = check_same_elbo(fresh, InvariantMLPTwin(fresh["model"], fresh["guide"]), seed)
-            runs["fit" if mode == "off" else f"fit-{mode}"] = entry
-            common.log(f"[mlp {act}, compile {mode}] {_brief(entry)}")
+        reps: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+        for r in range(args.repeats):
+            for mode in rotated(modes, r):
+                reps[mode].append(mlp_run(args, cfg, act, mode, warmup, steps, pyro_too))
+                common.log(f"[mlp {act}, compile {mode}, repetition {r + 1}] {_brief(reps[mode][-1])}")
+        runs = {("fit" if m == "default" else f"fit-{m}"): combine(reps[m]) for m in modes}
+        if check and "fit" in runs:
+            fresh = mlp_case(cfg, act, args.seed)
+            runs["fit"]["check"] = check_same_elbo(fresh, InvariantMLPTwin(fresh["model"], fresh["guide"]), args.seed)
         out["activations"][act] = runs
     return out
+
+
+def _compile(mode: str) -> dict[str, str]:
+    """``fit``'s ``compile`` keyword for a mode of ours: none for ``default`` (the library's own choice)."""
+    return {} if mode == "default" else {"compile": mode}
+
+
+def fit_length(args: argparse.Namespace) -> int:
+    """The length of the ``default`` MLP runs: ``--fit-steps``, else the library's default (``FitConfig().steps``),
+    as a user's run; the smoke runs are as short as their window."""
+    if args.mode == "smoke":
+        return 0
+    return args.fit_steps if args.fit_steps is not None else pi.FitConfig().steps
+
+
+def combine(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Repetitions of one run: each one's paired fit / twin ratio and their median (``None`` without a twin)."""
+    ratios = [e["paired_to_twin"]["fit"]["median"] for e in reps if e["paired_to_twin"].get("fit")]
+    return {"reps": reps, "ratio_per_repetition": ratios, "ratio": statistics.median(ratios) if ratios else None}
 
 
 def _tf32(args: argparse.Namespace) -> dict[str, Any]:
@@ -532,45 +734,65 @@ def _cells(st: dict[str, float]) -> list[str]:
 
 
 MLP_HEADER = (
-    "act. | variant | median ms | mean ms | IQR ms | ratio of medians to twin | paired ratio to twin (IQR) | peak MiB"
+    "act. | run | variant | transform path | compile | median ms | mean ms | IQR ms "
+    "| fit / twin, paired (median of repetitions) | each repetition | peak MiB"
 )
+
+
+def variant_compile(entry: dict[str, Any], name: str) -> str:
+    """A variant's compile mode as recorded; for ``fit`` the mode asked for and, if it fell back, what ran."""
+    info = entry.get("variants", {}).get(name, {})
+    if name != "fit":
+        why = info.get("skipped") or info.get("failed")
+        return info.get("compile", "–") + (f" — not run: {why}" if why else "")
+    ss = entry.get("step_stats", {})
+    ran, asked, why = ss.get("compile"), entry.get("compile", "default"), ss.get("auto")
+    return f"`{asked}`" + (f" (ran `{ran}`" + (f": {why}" if why else "") + ")" if ran and ran != asked else "")
+
+
+def mlp_rows(act: str, run_name: str, run: dict[str, Any], rate: Callable[[float], list[str]]) -> list[list[Any]]:
+    """Table rows of one run: every variant's times pooled over the repetitions; the ratio on the ``fit`` row."""
+    reps, rows = run["reps"], []
+    names = list(dict.fromkeys([*reps[0]["stats"], *reps[0].get("variants", {})]))
+    for name in names:
+        st = summary([t for e in reps for t in e["times"].get(name, [])])
+        label = run_name if name == "fit" else f"{name} (in {run_name})"
+        ratio = ["–", "–"]
+        if name == "fit" and run.get("ratio") is not None:
+            ratio = [f"{run['ratio']:.2f}×", ", ".join(f"{r:.2f}" for r in run["ratio_per_repetition"])]
+        path = reps[0].get("variants", {}).get(name, {}).get("path", "–")
+        cells = _cells(st) if st else ["–"] * 3
+        peak = _mib(reps[0]["peak_mib"].get(name))
+        rows.append([act.upper(), f"`{run_name}`", f"`{label}`", path, variant_compile(reps[0], name), *cells])
+        rows[-1] += [*ratio, peak, *(rate(st["median"]) if st else [])]
+    return rows
 
 
 def render_mlp(res: dict[str, Any], flops: float = 0, matmul: float = 1) -> tuple[list[str], list[str]]:
     """Tables of an invariant-MLP result (per activation: every run's variants) and verdict lines."""
     out, found = [], []
+
+    def rate(seconds: float) -> list[str]:
+        return [f"{flops / seconds / 1e9:.1f} ({100 * flops / seconds / 1e9 / matmul:.0f}%)"] if flops else []
+
     for act, runs in res["activations"].items():
         rows = []
-        for run_name, entry in runs.items():
-            twin, fit, ss = entry["stats"].get("twin"), entry["stats"]["fit"], entry.get("step_stats", {})
-            for name, st in entry["stats"].items():
-                pr, variant = (
-                    entry["paired_to_twin"].get(name),
-                    run_name if name == "fit" else f"{name} (in {run_name})",
-                )
-                ratios = [f"{st['median'] / twin['median']:.2f}×" if twin and st else "–"]
-                ratios.append(f"{pr['median']:.2f}× ({pr['q1']:.2f}–{pr['q3']:.2f})" if pr else "–")
-                rate = (
-                    f"{flops / st['median'] / 1e9:.1f} ({100 * flops / st['median'] / 1e9 / matmul:.0f}%)"
-                    if flops
-                    else 0
-                )
-                rows.append([act.upper(), f"`{variant}`", *_cells(st), *ratios, _mib(entry["peak_mib"].get(name))])
-                rows[-1] += [rate] * bool(flops)
+        for run_name, run in runs.items():
+            rows += mlp_rows(act, run_name, run, rate)
+            ss = run["reps"][0].get("step_stats", {})
             if run_name != "fit" and ss:
                 note = f"capture {ss.get('capture_seconds', float('nan')):.1f} s"
                 note += f", compile {ss['compile_seconds']:.1f} s" if ss.get("compile_seconds") else ""
-                note += f", fell back: {ss['fallback']}" if ss.get("fallback") else ""
-                rows.append([act.upper(), f"`{run_name}` first lean step", *[""] * 5, note, *[""] * bool(flops)])
-            if twin and fit:
-                line = (
-                    f"- {act.upper()}, `{run_name}`: fit / twin = {fit['median'] / twin['median']:.2f}× "
-                    f"(ratio of medians), {entry['paired_to_twin']['fit']['median']:.2f}× paired"
+                rows.append([act.upper(), f"`{run_name}`", "first lean step", *[""] * 5, note, "", ""])
+                rows[-1] += [""] * bool(flops)
+            if run.get("ratio") is not None:
+                twin = run["reps"][0]["variants"]["twin"]["compile"]
+                found.append(
+                    f"- {act.upper()}, `{run_name}` ({run['reps'][0]['variants']['fit']['path']} path) / twin "
+                    f"({twin}) = {run['ratio']:.2f}×, paired, median of {len(run['reps'])} repetition(s)"
+                    + _fell_back(run["reps"][0])
+                    + "."
                 )
-                for slow in ("pyro", "before"):
-                    if entry["stats"].get(slow):
-                        line += f"; the plain Pyro step / fit = {entry['stats'][slow]['median'] / fit['median']:.2f}×"
-                found.append(line + _fell_back(entry) + ".")
         out += [common.md_table(MLP_HEADER + " | GFLOP/s (of matmul rate)" * bool(flops), rows), ""]
         if checks := runs.get("fit", {}).get("check", {}):
             same = ", ".join(f"{k} {v:.3g}" for k, v in checks.items())
@@ -587,14 +809,15 @@ def _fell_back(entry: dict[str, Any]) -> str:
 def section_step(args: argparse.Namespace) -> Published:
     """The invariant MLP of paper 003 (rotation learned, block-Cholesky guide): `fit`'s own loop, with a hand-written
     PyTorch twin of the same ELBO (`twin`: same transforms, one reparameterised draw, analytic KLs, fit's Adam groups,
-    fused) and a plain Pyro step (`pyro`: validation on, per-tensor Adam, a host read per step) interleaved in its
-    callbacks. GFLOP/s counts only 4·B·S·H·D."""
+    fused) and a plain Pyro step (`pyro`: validation on, per-tensor Adam, a host read per step; its time shown, no
+    ratio: it is the loop as it was, not a like-for-like side) interleaved in its callbacks. GFLOP/s counts only
+    4·B·S·H·D."""
     cfg = MLP_SIZES[{"full": "paper", "quick": "quick", "smoke": "smoke"}[args.mode]]
     warmup, steps = steps_of(args, (3, 25), (2, 10))
     B, S, H, D = cfg["batch"], cfg["samples"], cfg["hidden"], cfg["side"] ** 2
     flops = 4 * B * S * H * D  # x·W1^(s)ᵀ forward 2·B·S·H·D and its backward to the warped rows 2·B·S·H·D
     matmul = common.matmul_gflops(256 if args.mode == "smoke" else 2048)
-    res = run_mlp(args, cfg, warmup, steps, check=True)
+    res = run_mlp(args, cfg, warmup, steps, check=True, pyro_too=True)
     tables, lines = render_mlp(res, flops, matmul)
     rate = f"Measured float32 matmul rate ({args.threads} thread(s)): **{matmul:.1f} GFLOP/s**."
     body = "\n".join([rate, "", "## Time per step", "", *tables])
@@ -602,7 +825,8 @@ def section_step(args: argparse.Namespace) -> Published:
         "sizes": cfg,
         "warm-up / timed steps": f"{warmup} / {steps}",
         "activations": args.activations,
-        "compile modes": args.compile_modes or "off",
+        "compile modes": ["default", *args.compile_modes],
+        "default run length": fit_length(args),
         "dominant FLOPs per step (4·B·S·H·D)": flops,
     }
     return settings, body, {"matmul_gflops": matmul, "flops_per_step": flops, "results": res}, lines
@@ -612,185 +836,241 @@ def section_step(args: argparse.Namespace) -> Published:
 # The symmetrised HNN, the JAX reference and the GPU report (section gpu)
 # ------------------------------------------------------------------------------------------------
 #: the symmetrised HNN at the reference's SHO and 3-body settings, and a toy size
-HNN_KEYS = "state_dim hidden num_generators num_transforms euler_steps dt sampling batch particles".split()
+HNN_KEYS = "state_dim hidden num_generators num_transforms euler_steps dt sampling batch num_data particles".split()
 HNN = {
-    "hnn-sho": dict(zip(HNN_KEYS, (2, (200, 200), 1, 200, 20, 0.2, "cube", 28, (1, 20)))),
-    "hnn-3body": dict(zip(HNN_KEYS, (12, (250, 250, 250), 10, 100, 10, 1.0, "ball", 20, (2,)))),
-    "smoke": dict(zip(HNN_KEYS, (2, (8, 8), 1, 3, 2, 0.2, "cube", 6, (1, 2)))),
+    "hnn-sho": {
+        **dict(zip(HNN_KEYS, (2, (200, 200), 1, 200, 20, 0.2, "cube", 28, 28, (20, 1)))),
+        "prior": "fixed",
+        "eta_init_std": 0.0,  # the reference's --conserved_init_std default (table1.sh does not set it)
+    },
+    # the reference's batch counts trajectories: 20 trajectories × 50 steps = 1000 pairs of 200 × 50 = 10 000
+    "hnn-3body": {
+        **dict(zip(HNN_KEYS, (12, (250, 250, 250), 10, 100, 10, 1.0, "ball", 1000, 10000, (2,)))),
+        "prior": "closed-form",  # updated after every step (ClosedFormPriorUpdate), as the reference's recipe
+        "elu_alpha": 1.0,  # the reference's --act_fun elu (the SHO's elu2 is the model's default α = 2)
+    },
+    "smoke": dict(zip(HNN_KEYS, (2, (8, 8), 1, 3, 2, 0.2, "cube", 6, 12, (1, 2)))),
 }
-#: the JAX reference's command-line settings for the same two systems (scripts/*/table*.sh of the reference)
-REFERENCE_ARGS = {
-    "hnn-sho": shlex.split(
-        "--group quadratic_learn1 --train_size 7 --train_steps 4 --steps 20 --stepsize 0.20 --sym_steps 50 --vi "
-        "--dynamics harmonic-oscillator --act_fun elu2 --n_layers 3 --n_hidden 200 --sym_samples 200 --sym_over_path "
-        "--mc_samples 20"
-    ),
-    "hnn-3body": shlex.split(
-        "--group quadratic_learn10 --batch_size 20 --vi --dynamics nbody_2d_3b --train_size 200 --train_steps 50 "
-        "--stepsize 1.0 --act_fun elu --n_hidden 250 --n_layers 4 --sym_samples 100 --sym_over_path --mc_samples 2 "
-        "--measure_dist ball"
-    ),
-}
+#: fit's steps between bulk reads of the loss: timed windows span at least two
+LOG_EVERY = pi.FitConfig().log_every
+#: the JAX reference's command lines for the same two systems (its scripts/harmonic-oscillator/table1.sh and
+#: scripts/nbody/table3.sh; the learned lines add reference_step.LEARNED_GROUP), kept with the script timing its step
+from reference_step import REFERENCE_ARGS, VARIANTS, compare_settings  # noqa: E402
+
 GPU_PARTS = ("mlp-overhead", "mlp-paper", "hnn-sho", "hnn-3body", "layerwise", "reference")
 
 
-def hnn_case(h: dict[str, Any], seed: int, particles: int) -> dict[str, Any]:
-    """The symmetrised HNN (quadratic symmetry) with its matrix-normal guide set up; full batch."""
+def hnn_case(
+    h: dict[str, Any], seed: int, particles: int, symmetry: str = "quadratic", closed_form: bool = False
+) -> dict[str, Any]:
+    """The symmetrised HNN (``symmetry``: quadratic, or none for the plain HNN) with its matrix-normal guide set up;
+    ``h["num_data"]`` random pairs in minibatches of ``h["batch"]``; ``closed_form``: ``prior="closed-form"``, whose
+    variances :class:`ClosedFormPriorUpdate` sets."""
     pyro.set_rng_seed(seed)
+    kw = {"num_generators": h["num_generators"], "sampling": h["sampling"]} if symmetry != "none" else {}
+    if symmetry != "none" and "eta_init_std" in h:
+        kw["eta_init_std"] = h["eta_init_std"]
+    if "elu_alpha" in h:
+        kw["elu_alpha"] = h["elu_alpha"]
     model = SymmetrisedHNN(
         h["state_dim"],
         h["hidden"],
-        symmetry="quadratic",
-        num_generators=h["num_generators"],
+        symmetry=symmetry,
         num_transforms=h["num_transforms"],
         euler_steps=h["euler_steps"],
         dt=h["dt"],
-        sampling=h["sampling"],
+        prior="closed-form" if closed_form else "fixed",
+        **kw,
     )
     gen = torch.Generator().manual_seed(seed)
-    x, y = (torch.randn(h["batch"], h["state_dim"], generator=gen) for _ in range(2))
-    case = make_case(model, "matrix-normal", x, y, None, init_scale=0.01)
-    return {**case, "fit": {"batch_size": None, "num_particles": particles}}
+    x, y = (torch.randn(h["num_data"], h["state_dim"], generator=gen) for _ in range(2))
+    batch = None if h["batch"] >= h["num_data"] else h["batch"]
+    case = make_case(model, "matrix-normal", x, y, batch, init_scale=0.01)
+    return {**case, "fit": {"batch_size": batch, "num_particles": particles}}
 
 
 def run_hnn(args: argparse.Namespace, part: str) -> dict[str, Any]:
-    """Per number of weight samples: ``fit`` with the plain Pyro step (particles one after another) interleaved
-    (at 20 SHO samples only with ``--hnn-pyro-20``: on a 2-core CPU it was killed for memory), then compile modes."""
+    """Per number of weight samples and compile mode, one fresh ``fit`` (no twin: the other side is the JAX
+    reference's jitted step, timed in its own process); the SHO part also the plain HNN (no symmetry) at the first
+    number of samples; the 3-body part at the reference's batch with the closed-form prior update after every step
+    inside the timed interval (as ``benchmarks/threebody_recipe.py`` runs it)."""
     h = HNN["smoke" if args.mode == "smoke" else part]
-    device, seed = torch.device(args.device), args.seed
-    warmup, steps = steps_of(args, (1, 3))
-    out: dict[str, Any] = {"settings": h, "particles": {}}
-    for p in args.sho_particles if part == "hnn-sho" and args.sho_particles else h["particles"]:
-        others = {}
-        if p == 1 or args.hnn_pyro_20 or part != "hnn-sho":
-            others["pyro"] = pyro_step(hnn_case(h, seed, p), warmup + steps + 3, seed, device, particles=p)
-        for mode in ["off", *args.compile_modes]:
-            entry = time_fit(
-                hnn_case(h, seed, p),
-                others if mode == "off" else {},
-                warmup,
-                steps,
-                seed,
-                device,
-                compile=mode,
-                **_tf32(args),
-            )
-            out["particles"][str(p) if mode == "off" else f"{p} ({mode})"] = entry
-            common.log(f"[{part}] P={p} compile {mode}: {_brief(entry)}")
+    device, seed, closed = torch.device(args.device), args.seed, part == "hnn-3body"
+    warmup, steps = steps_of(args, (5, 2 * LOG_EVERY), (2, 10))
+    out: dict[str, Any] = {"settings": {**h, "prior": "closed-form, updated every step" if closed else "fixed"}}
+    out["settings"]["batch"] = min(h["batch"], h["num_data"])
+    particles = args.sho_particles if part == "hnn-sho" and args.sho_particles else h["particles"]
+    runs = [(p, mode, "quadratic") for p in particles for mode in ["default", *args.compile_modes]]
+    runs += [(particles[0], "default", "none")] if part == "hnn-sho" else []
+    out["particles"] = {}
+    for p, mode, symmetry in runs:
+        before = [ClosedFormPriorUpdate(0.5)] if closed else []
+        case = hnn_case(h, seed, p, symmetry, closed)
+        entry = time_fit(case, {}, warmup, steps, seed, device, before=before, **_compile(mode), **_tf32(args))
+        entry["variants"] = {"fit": {"path": "–", "compile": mode, "symmetry": symmetry, "prior update": closed}}
+        key = str(p) + ("" if mode == "default" else f" ({mode})") + (" plain HNN" if symmetry == "none" else "")
+        out["particles"][key] = entry
+        common.log(f"[{part}] {key}: {_brief(entry)}")
     return out
 
 
-WANDB_STUB = '''"""Stand-in for wandb (benchmarks/timing.py): records the time of each epoch's first log call."""
-import atexit, json, os, time
-_first = {}
-class _Run:
-    name = "timing"
-run = _Run()
-config = {}
-def init(*args, **kwargs):
-    return run
-def log(data=None, step=None, *args, **kwargs):
-    _first.setdefault(step, time.perf_counter())
-def Image(*args, **kwargs):
-    return None
-def _write():
-    marks = sorted((k, v) for k, v in _first.items() if k is not None)
-    open(os.environ["TIMING_WANDB_OUT"], "w").write(json.dumps(marks))
-atexit.register(_write)
-'''
+REFERENCE_SCRIPT = Path(__file__).resolve().with_name("reference_step.py")
+
+
+def reference_env(args: argparse.Namespace) -> dict[str, str]:
+    """The environment of the reference's process: JAX on the CPU (one thread where ``--threads 1``), or on the GPU
+    beside this process's torch without claiming most of its memory up front."""
+    env = dict(os.environ)
+    if args.device == "cpu":
+        env["JAX_PLATFORMS"] = "cpu"
+        if args.threads == 1:
+            one = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+            env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {one}".strip()
+    else:
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    return env
 
 
 def run_reference(args: argparse.Namespace) -> dict[str, Any]:
-    """The JAX reference (tychovdo/noethers-razor) at the HNN parts' settings: its ``main.py`` with a stand-in
-    ``wandb`` module that records each epoch's first ``log`` call; seconds per step from the epoch intervals."""
+    """The JAX reference's (tychovdo/noethers-razor) training step timed alone, per system and variant (``hnn-sho``
+    learned symmetry, ``hnn-sho-plain`` its plain HNN, ...): ``benchmarks/reference_step.py`` in a process of its own
+    (this interpreter, which then needs JAX): its jitted −ELBO, gradients and optimiser update, compiled first, then
+    at least 20 steps each ended by ``block_until_ready``. Every variant compiles at once; with ``--reference-go``
+    they then wait until that file exists (``gpu_session.sh`` creates it when its torch parts are done), and their
+    steps run one variant after another, nothing else on the device. Each entry is that script's JSON line with
+    ``s_per_step`` (the median step) and ``mismatch``: where our side's settings (``HNN`` and the model's defaults)
+    differ."""
     ref = Path(args.reference_dir) if args.reference_dir else None
     if ref is None or not (ref / "main.py").exists():
         return {"skipped": "no --reference-dir with the reference's main.py (a checkout of tychovdo/noethers-razor)"}
-    warmup, steps = steps_of(args, (1, 3))
-    out: dict[str, Any] = {}
-    for part in args.reference_systems or [p for p in args.parts if p in REFERENCE_ARGS]:
-        with tempfile.TemporaryDirectory() as tmp:
-            Path(tmp, "wandb.py").write_text(WANDB_STUB)
-            log_path = Path(tmp, "epochs.json")
-            env = {
-                **os.environ,
-                "PYTHONPATH": tmp + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                "TIMING_WANDB_OUT": str(log_path),
-            }
-            if args.device == "cpu":
-                env["JAX_PLATFORMS"] = "cpu"
-            else:  # this process's torch holds GPU memory: JAX must not claim 75 % of it up front
-                env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-                torch.cuda.empty_cache()
-            cmd = [sys.executable, "main.py", *REFERENCE_ARGS[part], "--n_epochs", str(warmup + steps + 1)]
-            cmd += ["--seed", str(args.seed)]
-            proc = subprocess.run(cmd, cwd=ref, env=env, capture_output=True, text=True, check=False)
-            if proc.returncode != 0 or not log_path.exists():
-                out[part] = {"error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
-                continue
-            marks = json.loads(log_path.read_text())
-            gaps = [b[1] - a[1] for a, b in zip(marks, marks[1:]) if a[0] >= 1 + warmup]
-            per_epoch = 1 if part == "hnn-sho" else 10  # 7 trajectories full batch; 200 / batch 20
-            out[part] = {
-                "epoch_seconds": gaps,
-                "s_per_step": statistics.median(gaps) / per_epoch if gaps else None,
-                "steps_per_epoch": per_epoch,
-                "command": cmd,
-            }
+    smoke, (warmup, steps) = args.mode == "smoke", steps_of(args, (2, 20))
+    steps = steps if smoke else max(steps, 20)
+    if args.device != "cpu":
+        torch.cuda.empty_cache()
+    systems = [p for p in args.reference_systems or args.parts if p in REFERENCE_ARGS]
+    names = {(p, v): p if v == "learned" else f"{p}-plain" for p in systems for v in VARIANTS}
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = {}  # every variant compiles at once; their steps then run one after another, alone
+        for (part, variant), name in names.items():
+            cmd = [sys.executable, str(REFERENCE_SCRIPT), "--reference-dir", str(ref), "--system", part]
+            cmd += ["--variant", variant, "--warmup", str(warmup), "--steps", str(steps)]
+            cmd += ["--smoke"] * smoke + ["--ready-file", f"{tmp}/{name}.ready", "--go-file", f"{tmp}/{name}.go"]
+            log = open(f"{tmp}/{name}.err", "w")  # noqa: SIM115 - closed after the process ends
+            procs[name] = (cmd, log, subprocess.Popen(cmd, env=reference_env(args), stdout=subprocess.PIPE, stderr=log))
+        wait_for_reference_go(args, procs, tmp)
+        out = {
+            name: reference_result(procs[name], tmp, name, smoke, part, variant)
+            for (part, variant), name in names.items()
+        }
     return out
 
 
-def render_hnn(part: str, res: dict[str, Any], reference: dict[str, Any], cuda: bool) -> tuple[list[str], list[str]]:
+def wait_for_reference_go(args: argparse.Namespace, procs: dict[str, Any], tmp: str) -> None:
+    """Until every reference process has compiled (or ended), then until ``--reference-go`` exists (where given)."""
+    t0 = time.perf_counter()
+    while any(p.poll() is None and not Path(tmp, f"{n}.ready").exists() for n, (_, _, p) in procs.items()):
+        time.sleep(0.5)
+    common.log(f"[reference] compiled in {time.perf_counter() - t0:.0f} s")
+    while args.reference_go is not None and not Path(args.reference_go).exists():
+        time.sleep(0.5)
+
+
+def reference_result(proc: tuple, tmp: str, name: str, smoke: bool, part: str, variant: str) -> dict[str, Any]:
+    """Release one compiled reference process (its go file), wait for it and read its JSON line."""
+    cmd, log, p = proc
+    Path(tmp, f"{name}.go").touch()
+    stdout = p.communicate()[0].decode()
+    log.close()
+    lines = stdout.strip().splitlines()
+    if p.returncode != 0 or not lines:
+        err = Path(tmp, f"{name}.err").read_text().strip().splitlines() or ["?"]
+        common.log(f"[reference] {name}: {err[-1]}")
+        return {"error": err[-1], "command": shlex.join(cmd)}
+    res = json.loads(lines[-1])
+    defaults = inspect.signature(SymmetrisedHNN).parameters  # what hnn_case leaves to the model
+    ours = {k: defaults[k].default for k in ("elu_alpha", "eta_init_std", "prior")}
+    mismatch = None if smoke else compare_settings({**ours, **HNN[part]}, res["settings"], variant)
+    common.log(f"[reference] {name}: compile {res['compile_s']:.1f} s, median {res['median_s'] * 1e3:.1f} ms")
+    return {**res, "s_per_step": res["median_s"], "mismatch": mismatch, "command": shlex.join(cmd)}
+
+
+def reference_step(reference: dict[str, Any], system: str) -> float | None:
+    """Seconds per step of the JAX reference's jitted step for ``system`` (``hnn-sho``; ``hnn-sho-plain``: its plain
+    HNN), from ``run_reference``'s entry ``reference[system]`` or ``reference[base][variant]`` (``learned`` /
+    ``plain``), its ``s_per_step`` or ``median_s``; ``None`` where it was not timed."""
+    base, variant = (system.removesuffix("-plain"), "plain") if system.endswith("-plain") else (system, "learned")
+    entry = reference.get(system)
+    if not (isinstance(entry, dict) and ({"s_per_step", "median_s"} & set(entry))):
+        nested = reference.get(base)
+        entry = nested.get(variant) if isinstance(nested, dict) else None
+    return (entry.get("s_per_step") or entry.get("median_s")) if isinstance(entry, dict) else None
+
+
+def reference_samples(system: str) -> int | None:
+    """The JAX reference's number of weight samples (``--mc_samples``) for ``system``."""
+    args = REFERENCE_ARGS.get(system.removesuffix("-plain"), [])
+    return int(args[args.index("--mc_samples") + 1]) if "--mc_samples" in args else None
+
+
+def hnn_reference_pairs(part: str, res: dict[str, Any]) -> list[tuple[str, str]]:
+    """(our row, the reference's system) for the rows at the reference's number of weight samples."""
+    samples, pairs = reference_samples(part), []
+    for key in res["particles"]:
+        if samples is not None and int(key.split()[0]) == samples:
+            pairs.append((key, part + "-plain" if key.endswith("plain HNN") else part))
+    return pairs
+
+
+def render_hnn(part: str, res: dict[str, Any], reference: dict[str, Any]) -> tuple[list[str], list[str]]:
     h, rows, found = res["settings"], [], []
-    for p, entry in res["particles"].items():
-        rows += [
-            [p, f"`{n}`", *_cells(st), st["n"], _mib(entry["peak_mib"].get(n))]
-            for n, st in entry["stats"].items()
-            if st
-        ]
-        fit, slow = entry["stats"]["fit"], entry["stats"].get("pyro") or entry["stats"].get("before")
-        if slow:
+    for key, entry in res["particles"].items():
+        for name, st in entry["stats"].items():
+            if st:
+                cells = [key, f"`{name}`", variant_compile(entry, name), *_cells(st), st["n"], entry["warmup"]]
+                rows.append([*cells, _mib(entry["peak_mib"].get(name))])
+    for key, system in hnn_reference_pairs(part, res):
+        ref, fit = reference_step(reference, system), res["particles"][key]["stats"]["fit"]
+        if ref:
             found.append(
-                f"- {part}, {p} weight sample(s): the plain Pyro step / fit = "
-                f"{slow['median'] / fit['median']:.2f}× (ratio of medians)."
-            )
-        if cuda and part == "hnn-3body":
-            met = "met" if fit["median"] <= 0.05 and not _fell_back(entry) else "not met"
-            found.append(
-                f"- hnn-3body, {p} weight samples: fit {fit['median'] * 1e3:.1f} ms/step — GPU criterion "
-                f"≤ 50 ms: {met}{_fell_back(entry)}."
-            )
-        ref = reference.get(part, {})
-        if ref.get("s_per_step"):
-            ratio = fit["median"] / ref["s_per_step"]
-            crit = (
-                f" — criterion ≤ 0.5× at 20 samples: {'met' if ratio <= 0.5 else 'not met'}"
-                if part == "hnn-sho" and p.split()[0] == "20"
-                else ""
-            )
-            found.append(
-                f"- {part}, {p} weight sample(s): fit / JAX reference ({ref['s_per_step'] * 1e3:.1f} ms, "
-                f"its own weight samples) = {ratio:.2f}×{crit}."
+                f"- {part}, {key} weight samples: fit / the JAX reference's jitted step ({ref * 1e3:.1f} ms, "
+                f"`{system}`) = {fit['median'] / ref:.2f}× (ratio of medians){_fell_back(res['particles'][key])}."
             )
     title = (
         f"## Symmetrised HNN, {part.split('-')[1]} (hidden {h['hidden']}, S = {h['num_transforms']}, "
-        f"E = {h['euler_steps']}, K = {h['num_generators']}, B = {h['batch']})"
+        f"E = {h['euler_steps']}, K = {h['num_generators']}, {h['batch']} pairs per step of {h['num_data']}, "
+        f"prior {h['prior']})"
     )
-    table = common.md_table("weight samples | variant | median ms | mean ms | IQR ms | steps | peak MiB", rows)
-    return [title, "", table, ""], found
+    head = "weight samples | variant | compile | median ms | mean ms | IQR ms | timed steps | warm-up | peak MiB"
+    return [title, "", common.md_table(head, rows), ""], found
+
+
+def part_note(meta: dict[str, Any], reference: dict[str, Any] | None) -> str:
+    """One line per part: the machine's load before and after it, and its overlap with the JAX reference's run."""
+    if not meta:
+        return ""
+    before, after = meta.get("load_before", {}), meta.get("load_after", {})
+    text = f"Machine load (1-min average): {before.get('load_1min')} before, {after.get('load_1min')} after"
+    if others := before.get("top_other_processes"):
+        text += f"; other processes by `ps` %CPU before: {', '.join(others)}"
+    if reference and reference is not meta and (span := reference.get("interval")):
+        (a, b), (c, d) = meta["interval"], span
+        text += f"; overlap with the JAX reference's run: {max(0.0, min(b, d) - max(a, c)):.0f} s of {b - a:.0f} s"
+    return text + "."
 
 
 def render_gpu(results: dict[str, Any], device: str) -> tuple[str, list[str]]:
     """The tables of a ``gpu`` result, and its verdict lines."""
-    cuda, out, lines = device.startswith("cuda"), [], []
+    out, lines, meta = [], [], results.get("meta", {})
+    ref_meta = meta.get("reference")
     for part in ("mlp-overhead", "mlp-paper"):
         if part in results:
-            c = results[part]["sizes"]
+            c, e = results[part]["sizes"], first_entry(results[part])
             out += [
-                (
-                    f"## Invariant MLP, {part.split('-')[1]} size (B = {c['batch']}, S = {c['samples']}, "
-                    f"H = {c['hidden']}, {c['side']}×{c['side']}, N = {c['num_data']})"
-                ),
+                f"## Invariant MLP, {part.split('-')[1]} size (B = {c['batch']}, S = {c['samples']}, "
+                f"H = {c['hidden']}, {c['side']}×{c['side']}, N = {c['num_data']})",
+                "",
+                f"Timed steps {e['steps']} after {e['warmup']} warm-up steps (and the first, validated, step), "
+                f"{results[part].get('repeats', 1)} repetition(s). {part_note(meta.get(part, {}), ref_meta)}",
                 "",
             ]
             tables, found = render_mlp(results[part])
@@ -798,53 +1078,96 @@ def render_gpu(results: dict[str, Any], device: str) -> tuple[str, list[str]]:
             lines += [f"- {part.split('-')[1]} size," + v[1:] for v in found]
     for part in ("hnn-sho", "hnn-3body"):
         if part in results:
-            tables, found = render_hnn(part, results[part], results.get("reference", {}), cuda)
-            out, lines = out + tables, lines + found
+            tables, found = render_hnn(part, results[part], results.get("reference", {}))
+            out += [*tables[:2], part_note(meta.get(part, {}), ref_meta), "", *tables[2:]]
+            lines += found
     if "layerwise" in results:
-        out += [render_layerwise(results["layerwise"].get("rows", [])), ""]
+        out += [render_layerwise(results["layerwise"].get("rows", [])), part_note(meta.get("layerwise", {}), ref_meta)]
     if "reference" in results:
-        ref = results["reference"]
-        rows = [
-            [s, f"{e['s_per_step'] * 1e3:.1f}" if e.get("s_per_step") else e.get("error", "–")]
-            for s, e in ref.items()
-            if isinstance(e, dict)
-        ]
-        out += [
-            "## JAX reference (tychovdo/noethers-razor)",
-            "",
-            f"Not run: {ref['skipped']}." if "skipped" in ref else common.md_table("system | ms/step", rows),
-            "",
-        ]
+        out += ["", render_reference(results["reference"], meta.get("reference", {}))]
     return "\n".join(out), lines
 
 
-GPU_TITLE = "Training step time on {kind}: fit's loop vs a hand-written twin, compiled"
+def first_entry(res: dict[str, Any]) -> dict[str, Any]:
+    run = next(iter(next(iter(res["activations"].values())).values()))
+    return run["reps"][0]
+
+
+def render_reference(ref: dict[str, Any], meta: dict[str, Any]) -> str:
+    systems = [f"{p}{v}" for p in REFERENCE_ARGS for v in ("", "-plain")]
+    rows = [[s, _x(1e3 * t, "") if (t := reference_step(ref, s)) else "–"] for s in systems]
+    head = "## JAX reference (tychovdo/noethers-razor)\n\n"
+    if "skipped" in ref:
+        return head + f"Not run: {ref['skipped']}.\n"
+    where = " (in the background while the torch parts ran)" if meta.get("background") else ""
+    return head + f"Run{where}. {part_note(meta, None)}\n\n" + common.md_table("system | ms/step", rows) + "\n"
+
+
+GPU_TITLE = "Training step time on {kind}: fit's loop vs an equally optimised hand-written twin"
+#: the parts compared with the JAX reference run after it (its timed steps on a machine otherwise idle)
+AFTER_REFERENCE = ("hnn-sho", "hnn-3body")
+
+
+def gpu_part(args: argparse.Namespace, part: str) -> dict[str, Any]:
+    if part.startswith("mlp-"):
+        cfg = MLP_SIZES["smoke" if args.mode == "smoke" else part.split("-")[1]]
+        return run_mlp(args, cfg, *steps_of(args, mlp_steps(args, part)), check=False)
+    if part.startswith("hnn-"):
+        return run_hnn(args, part)
+    if part == "layerwise":
+        return {"alpha": layerwise_size(args)["alpha"], "rows": measure_layerwise(args, (10, 2 * LOG_EVERY))}
+    return run_reference(args)
+
+
+def mlp_steps(args: argparse.Namespace, part: str) -> tuple[int, int]:
+    """(warm-up, timed) steps of an MLP part: at least 200 and two bulk reads (2·log_every) in the window; the
+    paper size on a CPU 2·log_every (about a second a step)."""
+    timed = max(200, 2 * LOG_EVERY)
+    return (2, 2 * LOG_EVERY) if part == "mlp-paper" and args.device == "cpu" else (20, timed)
+
+
+def timed_part(args: argparse.Namespace, part: str, results: dict[str, Any], background: bool = False) -> None:
+    """``results[part]`` and ``results["meta"][part]``: its interval (Unix seconds) and the load around it."""
+    meta = {"load_before": machine_load(), "background": background}
+    t0 = time.time()
+    results[part] = gpu_part(args, part)
+    meta.update(interval=[t0, time.time()], load_after=machine_load())
+    results["meta"][part] = meta
+    common.log(f"[{part}] done in {meta['interval'][1] - t0:.0f} s")
 
 
 @section("gpu_step_time_{kind}", GPU_TITLE)
 def section_gpu(args: argparse.Namespace) -> Published:
-    """Every `fit` row is `pyro_invariance.fit`'s own loop, timed between its callbacks; the other variants run one
-    step each inside those callbacks, interleaved: `twin` (a hand-written PyTorch twin of the same ELBO), `pyro` (a
-    plain Pyro step). `fit-<mode>` rows are separate runs with `compile=<mode>`, each with its own twin. Compare
-    ratios within a run, not absolute times across runs."""
-    results: dict[str, Any] = {}
-    for part in args.parts:
-        t0 = time.perf_counter()
-        if part.startswith("mlp-"):
-            cfg = MLP_SIZES["smoke" if args.mode == "smoke" else part.split("-")[1]]
-            results[part] = run_mlp(args, cfg, *steps_of(args, (20, 200) if part == "mlp-overhead" else (2, 20)), False)
-        elif part.startswith("hnn-"):
-            results[part] = run_hnn(args, part)
-        elif part == "layerwise":
-            results[part] = {"alpha": layerwise_size(args)["alpha"], "rows": measure_layerwise(args)}
-        elif part == "reference":
-            results[part] = run_reference(args)
-        common.log(f"[{part}] done in {time.perf_counter() - t0:.0f} s")
+    """Every `fit` row is `pyro_invariance.fit`'s own loop with library defaults, timed between its callbacks; the
+    twin (a hand-written PyTorch step of the same ELBO: fused Adam, no host reads, the model's transform path, the
+    minibatch indices copied to the device once per pass as fit's) runs one step inside each of those callbacks,
+    interleaved, and is given our compile mode's treatment: `fit` and `fit-capture` against the eager twin
+    (capturing removes Pyro's Python per step; the twin is already pure torch, so it has no other analogue),
+    `fit-inductor` against the twin's loss under `torch.compile` with fit's options, `fit-cudagraphs` against the
+    twin's whole step (forward, backward, fused Adam) recorded as one CUDA graph. Ratios are paired (per
+    callback), the median over callbacks, and over `--repeats` fresh runs. The symmetrised HNN is compared with
+    the JAX reference's jitted step (its own process, started first, in the background). Compare ratios within a
+    run, not absolute times across runs."""
+    results: dict[str, Any] = {"meta": {}}
+    parts, thread = list(args.parts), None
+    if "reference" in parts and len(parts) > 1:  # the reference compiles on the host while the torch parts run
+        parts.remove("reference")
+        thread = threading.Thread(target=timed_part, args=(args, "reference", results, True), daemon=True)
+        thread.start()
+    for part in [p for p in parts if p not in AFTER_REFERENCE] + [p for p in parts if p in AFTER_REFERENCE]:
+        if part in AFTER_REFERENCE and thread is not None:
+            thread.join()
+        timed_part(args, part, results)
+    if thread is not None:
+        thread.join()
     settings = {
         "parts": ",".join(args.parts),
         "activations": ",".join(args.activations),
         "compile modes": ",".join(args.compile_modes) or "none",
-        "warm-up / timed steps": f"{args.warmup} / {args.steps} (None: each part's default)",
+        "repetitions (MLP parts)": args.repeats,
+        "length of the default-mode MLP runs (timed over their window)": fit_length(args) or "the window",
+        "warm-up / timed steps": f"{args.warmup} / {args.steps} (None: each part's default, in its table)",
+        "fit's log_every": LOG_EVERY,
         "seed": args.seed,
         "TF32 (CUDA)": bool(_tf32(args)),
         "fit settings": "library defaults, progress off",
@@ -853,28 +1176,96 @@ def section_gpu(args: argparse.Namespace) -> Published:
     return settings, body, {"results": results}, lines
 
 
-def rerender_gpu(args: argparse.Namespace) -> Path:
-    """Redraw the tables of results JSON files written by this section (e.g. on a GPU machine by
-    ``benchmarks/gpu_session.sh``) into ``--out-dir``; ``--with-reference`` joins the JAX reference's timings from
-    another JSON of the same session (the JSON files themselves are written unchanged)."""
-    md_path = Path()
-    for path in map(Path, args.rerender):
-        payload = json.loads(path.read_text())
-        device, command, results = payload["settings"]["device"], payload["command"], payload["results"]
-        if device.startswith("cuda"):  # run by gpu_session.sh into a temporary folder on the GPU machine
-            part = path.stem.removeprefix("gpu_step_time_cuda_")
-            tail = command.split("--stem", 1)[-1].split(" ", 2)[-1]
-            command = f"OUT=<folder> bash benchmarks/gpu_session.sh   # part '{part}': {tail}"
-        if args.with_reference is not None:
-            reference = json.loads(Path(args.with_reference).read_text())["results"]["reference"]
-            results = {**results, "reference": reference}
-            command += f"\n# the JAX reference: {Path(args.with_reference).name}, the same session (--with-reference)"
-        title = GPU_TITLE.format(kind=torch.device(device).type.upper())
-        md = common.header_markdown(title, payload["machine"], payload["settings"], command, intro_of(section_gpu))
-        body, lines = render_gpu(results, device)
-        md_path, _ = common.write_results(path.stem, f"{md}\n{body}\n\n{verdict(lines)}", payload, Path(args.out_dir))
-        common.log(f"re-rendered {md_path}")
-    return md_path
+SPEED_HEADER = (
+    "comparison | ours (variant, path, compile) | the other side (variant) | ratio | device | date | result file"
+)
+
+
+def speed_files(paths: Sequence[Path]) -> list[Path]:
+    """The ``gpu`` section's JSON files among ``paths`` (a folder: every such JSON in it)."""
+    found = [f for p in paths for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
+    return [f for f in found if "gpu_step_time" in f.name or "results" in json.loads(f.read_text())]
+
+
+def _shown(path: Path) -> str:
+    """A result file's path from the repository's root, or its folder and name."""
+    with contextlib.suppress(ValueError):
+        return str(path.resolve().relative_to(common.REPO_ROOT))
+    return f"{path.parent.name}/{path.name}"
+
+
+def mlp_speed_rows(part: str, res: dict[str, Any]) -> list[list[str]]:
+    c, rows = res["sizes"], []
+    what = f"invariant MLP, {part.split('-')[1]} size (B {c['batch']}, S {c['samples']}, H {c['hidden']})"
+    for act, runs in res["activations"].items():
+        for run_name, run in runs.items():
+            e = run["reps"][0]
+            ours = f"`{run_name}` ({e['variants']['fit']['path']} path, compile {variant_compile(e, 'fit')})"
+            ratio = f"{run['ratio']:.2f}× (paired, median of {len(run['reps'])})" if run["ratio"] else "not run"
+            rows.append([f"{what}, {act.upper()}", ours, f"hand-written twin: {variant_compile(e, 'twin')}", ratio])
+            rows[-1][3] += _fell_back(e)
+    return rows
+
+
+def layerwise_speed_rows(res: dict[str, Any]) -> list[list[str]]:
+    """MAP rows only: the twin has no Laplace update, so ``fit-laplace`` / twin is not a like-for-like ratio."""
+    rows = []
+    for r in res.get("rows", []):
+        if r["variant"] == "fit-laplace":
+            continue
+        what = f"layer-wise `{r['model']}`, α {r['alpha']}, B {r['batch']}, MAP"
+        ours = f"`{r['variant']}` (compile `{r.get('compile', 'default')}`)"
+        for twin, key in (("torch twin", "paired_ratio_to_twin"), ("plain strided CNN (another model)", "strided")):
+            if r.get(key) is not None:
+                rows.append([what, ours, f"{twin}: {r.get('twin_compile', 'eager')}", f"{r[key]:.2f}× (paired)"])
+    return rows
+
+
+def hnn_speed_rows(part: str, res: dict[str, Any], reference: dict[str, Any]) -> list[list[str]]:
+    h, rows = res["settings"], []
+    what = f"symmetrised HNN, {part.split('-')[1]} (S {h['num_transforms']}, E {h['euler_steps']}, {h['batch']} pairs)"
+    for key, system in hnn_reference_pairs(part, res):
+        entry, ref = res["particles"][key], reference_step(reference, system)
+        ratio = f"{entry['stats']['fit']['median'] / ref:.2f}× (medians)" if ref else "not run"
+        plain = "plain HNN, " if system.endswith("-plain") else ""
+        ours = f"`fit`, {plain}{key.split()[0]} weight samples (compile {variant_compile(entry, 'fit')})"
+        rows.append([what, ours, f"JAX reference, jitted step + update (`{system}`)", ratio + _fell_back(entry)])
+    return rows
+
+
+def render_speed(args: argparse.Namespace) -> Path:
+    """The speed table (:data:`SPEED_HEADER`) from ``gpu`` result JSON files, written to ``<out-dir>/speed_table.md``
+    and printed, with a note per part on the machine's load and its overlap with the JAX reference's run; the
+    reference's timings are taken from whichever file holds them."""
+    files = speed_files(args.render_speed)
+    payloads = {f: json.loads(f.read_text()) for f in files}
+    reference, ref_file = {}, None
+    for f, pl in payloads.items():
+        if isinstance(pl["results"].get("reference"), dict) and "skipped" not in pl["results"]["reference"]:
+            reference, ref_file = pl["results"]["reference"], f
+    metas = [pl["results"].get("meta", {}).get("reference") for pl in payloads.values()]
+    ref_meta = next((m for m in metas if m), None)  # the reference's interval, even where it was skipped
+    rows, notes = [], []
+    for f, pl in payloads.items():
+        res, where = pl["results"], [pl["machine"]["device"], pl["machine"]["date"][:10], f"`{_shown(f)}`"]
+        found = [r for part in ("mlp-overhead", "mlp-paper") if part in res for r in mlp_speed_rows(part, res[part])]
+        found += layerwise_speed_rows(res["layerwise"]) if "layerwise" in res else []
+        for part in AFTER_REFERENCE:
+            if part in res:
+                found += hnn_speed_rows(part, res[part], res.get("reference") or reference)
+        extra = f" + `{_shown(ref_file)}`" if ref_file and ref_file != f else ""
+        rows += [[*r, *where[:2], where[2] + (extra if "JAX" in r[2] else "")] for r in found]
+        meta = res.get("meta", {})
+        notes += [f"- `{_shown(f)}`, {p}: {part_note(m, ref_meta)}" for p, m in meta.items()]
+    names = ", ".join(f"`{_shown(f)}`" for f in files)
+    text = f"# Speed table\n\nRendered by `benchmarks/timing.py --section gpu --render-speed` from {names}.\n\n"
+    text += common.md_table(SPEED_HEADER, rows) + "\n\nWhat else ran, per part:\n\n" + "\n".join(notes) + "\n"
+    out = Path(args.out_dir) / "speed_table.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(text)
+    common.log(f"wrote {out}")
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -894,15 +1285,17 @@ def polyphase_select_plain(y: Tensor) -> Tensor:
 
 
 class TwinBlock(nn.Module):
-    """``ReLU((Σ pathways)/√K + b)`` with CONV (circular padding, stride 1 + polyphase selection), F-FC and FC."""
+    """``ReLU((Σ pathways)/√K + b)`` with CONV (circular padding, stride 1 + polyphase selection; ``strided``: a
+    stride-2 convolution instead, as a plain CNN), F-FC and FC."""
 
-    def __init__(self, spec: Any, kinds: Sequence[str]) -> None:
+    def __init__(self, spec: Any, kinds: Sequence[str], strided: bool = False) -> None:
         super().__init__()
         if spec.g_in != 1 or spec.g_out != 1 or not set(kinds) <= {"conv", "ffc", "fc"}:
             raise ValueError(f"the twin has CONV, F-FC and FC pathways on plain maps only, got {kinds}")
         self.spec, self.kinds, self.coef = spec, tuple(kinds), {"bias": 1.0}  # parameter -> prior precision (δ = 1)
         if "conv" in kinds:
-            self.conv = nn.Conv2d(spec.c_in, spec.c_out, 3, padding=1, padding_mode="circular", bias=False)
+            stride = spec.stride if strided else 1
+            self.conv = nn.Conv2d(spec.c_in, spec.c_out, 3, stride, padding=1, padding_mode="circular", bias=False)
             self.coef["conv.weight"] = spec.c_in * 9 / 2.0  # w = θ·√(2/fan_in)
         if "ffc" in kinds:
             k, c, p, q = spec.c_out, spec.c_in, spec.h_in * spec.w_in, spec.h_out * spec.w_out
@@ -917,7 +1310,8 @@ class TwinBlock(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         s, parts = self.spec, []
         if "conv" in self.kinds:
-            parts.append(polyphase_select_plain(self.conv(x)) if s.stride == 2 else self.conv(x))
+            polyphase = s.stride == 2 and self.conv.stride == (1, 1)
+            parts.append(polyphase_select_plain(self.conv(x)) if polyphase else self.conv(x))
         if "ffc" in self.kinds:
             z = torch.einsum("bcp,kcp->bkc", x.flatten(2), self.ffc_in)
             parts.append(torch.einsum("bkc,kcq->bkq", z, self.ffc_out).reshape(x.shape[0], s.c_out, s.h_out, s.w_out))
@@ -932,9 +1326,9 @@ class TwinNet(nn.Module):
     polyphase selection and head, raw (He-scaled) weights; :meth:`loss` = (N/B)·cross-entropy + ½ Σ δ‖θ‖²
     (δ = 1, θ = w/gain)."""
 
-    def __init__(self, arch: Any) -> None:
+    def __init__(self, arch: Any, strided: bool = False) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList([TwinBlock(spec, arch.kinds) for spec in arch.blocks])
+        self.blocks = nn.ModuleList([TwinBlock(spec, arch.kinds, strided) for spec in arch.blocks])
         self.head0 = nn.Linear(arch.head_in, arch.head_hidden)
         self.head1 = nn.Linear(arch.head_hidden, arch.num_classes)
         self.coef = {f"blocks.{i}.{k}": v for i, b in enumerate(self.blocks) for k, v in b.coef.items()}
@@ -1004,65 +1398,103 @@ def layerwise_size(args: argparse.Namespace) -> dict[str, Any]:
     }[args.mode]
 
 
-def measure_layerwise(args: argparse.Namespace) -> list[dict[str, Any]]:
+def measure_layerwise(args: argparse.Namespace, full: tuple[int, int] = (10, 20)) -> list[dict[str, Any]]:
     """Per model and variant (``fit``: the ``map`` guide with ``prior="fixed"``; ``fit-laplace``: ``fit_laplace``
-    with diagonal-GGN MacKay updates every 10 steps; ``fit-<mode>``: ``fit(compile=<mode>)``), one run with the twin
-    (loaded with the MAP point) interleaved in its callbacks. The training set is 2·batch random images."""
-    size, device, seed = layerwise_size(args), torch.device(args.device), args.seed
-    warmup, steps = steps_of(args, (10, 20))
+    with diagonal-GGN MacKay updates every 10 steps; ``fit-<mode>``: ``fit(compile=<mode>)``), one run with two
+    twins interleaved in its callbacks (:func:`layerwise_row`). The training set is 2·batch random images."""
+    size, seed = layerwise_size(args), args.seed
+    warmup, steps = steps_of(args, full)
     gen = torch.Generator().manual_seed(seed)
     n = 2 * size["batch"]
     x, y = torch.randn(n, *size["image"], generator=gen), torch.randint(0, 10, (n,), generator=gen)
-    rows = []
-    for name in args.models:
-        for variant in args.layerwise_variants:
-            pyro.set_rng_seed(seed)
-            model = pi.MODELS.get(name, image_shape=size["image"], num_classes=10, alpha=size["alpha"], prior="fixed")
-            case = make_case(model, "map", x, y, size["batch"])
-            twin = TwinNet(model.arch).load_sites({k: v.detach() for k, v in case["guide"].median().items()})
-            check = check_twin(case, twin)
-            twin_groups = [{"params": list(twin.to(device).parameters()), "lr": 1e-2}]
-            others = {"twin": torch_step(twin.loss, twin_groups, case, warmup + steps + 3, seed, device)}
-            laplace = dict(every=LAPLACE_EVERY, warmup=0, curvature="diagonal", delta_update="mackay")
-            fit_fn = functools.partial(pi.fit_laplace, **laplace) if variant == "fit-laplace" else pi.fit
-            mode = variant.removeprefix("fit-") if variant not in ("fit", "fit-laplace") else "off"
-            e = time_fit(case, others, warmup, steps, seed, device, fit_fn=fit_fn, compile=mode)
-            fit, tw = e["stats"]["fit"], e["stats"]["twin"]
-            row = dict(model=name, variant=variant, device=str(device), alpha=size["alpha"], batch=size["batch"])
-            row.update(train_size=n, params=model.num_parameters(), ms_per_step=fit["mean"] * 1e3)
-            row.update(step_ms_median=fit["median"] * 1e3, ms_q1=fit["q1"] * 1e3, ms_q3=fit["q3"] * 1e3)
-            row.update(twin_ms=tw["median"] * 1e3, ratio_to_twin=fit["median"] / tw["median"])
-            row.update(paired_ratio_to_twin=e["paired_to_twin"]["fit"]["median"], peak_mem_mib=e["peak_mib"].get("fit"))
-            rows.append({**row, "steps": fit["n"], "check": check, "step_stats": e["step_stats"]})
-            common.log(f"[layerwise {name} {variant}] {_brief(e)}")
-    return rows
+    return [
+        layerwise_row(args, name, variant, size, (x, y), warmup, steps)
+        for name in args.models
+        for variant in args.layerwise_variants
+    ]
 
 
-LAYERWISE_ROW = (
-    "α={alpha}, B={batch} | `{model}` | `{variant}` | {params:,} | {ms_per_step:.1f} | {step_ms_median:.1f} "
-    "| {twin_ms:.1f} | {ratio_to_twin:.2f}× | {paired_ratio_to_twin:.2f}× | {peak}"
-)
+def layerwise_row(
+    args: argparse.Namespace,
+    name: str,
+    variant: str,
+    size: dict[str, Any],
+    data: tuple[Tensor, Tensor],
+    warmup: int,
+    steps: int,
+) -> dict[str, Any]:
+    """One ``fit`` of ``name`` with the twin (polyphase selection, as the model) and the plain strided CNN (stride-2
+    convolutions: another model, what a plain CNN of this size computes), both loaded with the MAP point and given
+    the twin-side treatment of the variant's compile mode (:func:`twin_for`): fused Adam, no per-step host read."""
+    device, seed, total = torch.device(args.device), args.seed, warmup + steps + 3
+    pyro.set_rng_seed(seed)
+    model = pi.MODELS.get(name, image_shape=size["image"], num_classes=10, alpha=size["alpha"], prior="fixed")
+    case = make_case(model, "map", *data, size["batch"])
+    values = {k: v.detach() for k, v in case["guide"].median().items()}
+    twin = TwinNet(model.arch).load_sites(values)
+    check = check_twin(case, twin)
+    mode = variant.removeprefix("fit-") if variant not in ("fit", "fit-laplace") else "default"
+    others, infos = {}, {}
+    for label, net in (("twin", twin), ("twin-strided", TwinNet(model.arch, strided=True).load_sites(values))):
+        groups = [{"params": list(net.to(device).parameters()), "lr": 1e-2}]
+        step, infos[label] = twin_for(mode, net.loss, groups, case, total, seed, device)
+        others.update({label: step} if step else {})
+    laplace = dict(every=LAPLACE_EVERY, warmup=0, curvature="diagonal", delta_update="mackay")
+    fit_fn = functools.partial(pi.fit_laplace, **laplace) if variant == "fit-laplace" else pi.fit
+    e = time_fit(case, others, warmup, steps, seed, device, fit_fn=fit_fn, **_compile(mode))
+    fit, tw, ts = e["stats"]["fit"], e["stats"].get("twin"), e["stats"].get("twin-strided")
+    row = dict(model=name, variant=variant, device=str(device), alpha=size["alpha"], batch=size["batch"])
+    row.update(train_size=data[0].shape[0], params=model.num_parameters(), ms_per_step=fit["mean"] * 1e3)
+    row.update(step_ms_median=fit["median"] * 1e3, ms_q1=fit["q1"] * 1e3, ms_q3=fit["q3"] * 1e3)
+    row.update(twin_ms=tw["median"] * 1e3 if tw else None, strided_ms=ts["median"] * 1e3 if ts else None)
+    row.update(ratio_to_twin=fit["median"] / tw["median"] if tw else None, peak_mem_mib=e["peak_mib"].get("fit"))
+    row.update(paired_ratio_to_twin=e["paired_to_twin"].get("fit", {}).get("median"))
+    paired = [a / b for a, b in zip(e["times"]["fit"], e["times"].get("twin-strided", []))]
+    row.update(strided=statistics.median(paired) if paired else None, compile=mode, twins=infos)
+    row.update(twin_compile=variant_compile({"variants": infos}, "twin"), warmup=warmup)
+    common.log(f"[layerwise {name} {variant}] {_brief(e)}")
+    return {**row, "steps": fit["n"], "check": check, "step_stats": e["step_stats"]}
+
+
 CHECK_ROW = (
     "`{model}` | {loss_pyro:.6g} | {loss_twin_plus_const:.6g} | {loss_rel_diff:.1e} "
     "| {max_grad_rel_diff:.1e} ({max_grad_rel_diff_site})"
 )
 
 
+def _x(v: float | None, unit: str = "×") -> str:
+    return "–" if v is None else f"{v:.2f}{unit}" if unit else f"{v:.1f}"
+
+
 def render_layerwise(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "No layer-wise rows."
-    nan = dict.fromkeys(("step_ms_median", "twin_ms", "ratio_to_twin", "paired_ratio_to_twin"), float("nan"))
-    table = [LAYERWISE_ROW.format(**{**nan, **r}, peak=_mib(r.get("peak_mem_mib"))).split(" | ") for r in rows]
+    table = []
+    for r in rows:
+        ran = r.get("step_stats", {}).get("compile")
+        ours = f"`{r['variant']}`" + (f" (ran `{ran}`)" if ran and ran != r.get("compile", "default") else "")
+        cells = [f"α={r['alpha']}, B={r['batch']}", f"`{r['model']}`", ours, f"{r['params']:,}"]
+        cells += [f"{r['ms_per_step']:.1f}", f"{r['step_ms_median']:.1f}", r.get("twin_compile", "eager")]
+        cells += [
+            _x(r["twin_ms"], ""),
+            _x(r["paired_ratio_to_twin"]),
+            _x(r.get("strided_ms"), ""),
+            _x(r.get("strided")),
+        ]
+        table.append([*cells, f"{r['steps']} / {r.get('warmup', '–')}", _mib(r.get("peak_mem_mib"))])
     first = rows[0]["variant"]
     checks = [
         CHECK_ROW.format(model=r["model"], **c).split(" | ")
         for r in rows
         if (c := r.get("check")) and r["variant"] == first
     ]
-    head = "size | model | variant | params | ms/step (mean: amortised) | median ms | twin ms | × twin (medians) "
-    head += "| paired × twin | peak MiB"
+    head = "size | model | variant | params | ms/step (mean: amortised) | median ms | twins' compile | twin ms "
+    head += "| fit / twin (paired) | strided CNN ms | fit / strided CNN (paired) | timed / warm-up | peak MiB"
     check_head = "model | Pyro loss | twin loss + normaliser | rel. diff | max rel. grad diff (site)"
-    note = "Twin check (the twin loaded with the MAP point, one minibatch, before timing):"
+    note = (
+        "`fit-laplace` includes a diagonal-GGN Laplace update every 10 steps, which the twins do not have: its "
+        "ratios are not like for like. Twin check (the twin loaded with the MAP point, one minibatch, before timing):"
+    )
     title = f"## Layer-wise networks, α = {rows[0]['alpha']}"
     return "\n".join([title, "", common.md_table(head, table), "", note, "", common.md_table(check_head, checks), ""])
 
@@ -1075,8 +1507,8 @@ def section_layerwise(args: argparse.Namespace) -> Published:
     the timed steps is the amortised time (Laplace updates included)."""
     rows = measure_layerwise(args)
     lines = [
-        f"- α = {r['alpha']}, `{r['model']}`, `{r['variant']}`: fit / twin = {r['paired_ratio_to_twin']:.2f}× "
-        f"(paired), {r['ratio_to_twin']:.2f}× (ratio of medians)."
+        f"- α = {r['alpha']}, `{r['model']}`, `{r['variant']}`: fit / twin = {_x(r['paired_ratio_to_twin'])} "
+        f"(paired), {_x(r['ratio_to_twin'])} (ratio of medians); fit / the plain strided CNN = {_x(r['strided'])}."
         for r in rows
     ]
     size = layerwise_size(args)
@@ -1086,7 +1518,7 @@ def section_layerwise(args: argparse.Namespace) -> Published:
         "variants": args.layerwise_variants,
         "warm-up / timed steps": "{} / {}".format(*steps_of(args, (10, 20))),
         "train_size N": "2·batch",
-        "twin": "one Adam group (lr 0.01, fused), cosine, no host reads",
+        "twins": "one Adam group (lr 0.01, fused), cosine, no per-step host reads; the compile mode's treatment",
     }
     return settings, render_layerwise(rows), {"rows": rows}, lines
 
@@ -1731,15 +2163,28 @@ def parser() -> argparse.ArgumentParser:
         default="mlp-overhead,mlp-paper,hnn-sho,hnn-3body,layerwise",
         help=f"gpu: comma-separated, of {', '.join(GPU_PARTS)}",
     )
-    p.add_argument("--sho-particles", default="", help="gpu: SHO weight samples (default 1,20)")
-    p.add_argument("--hnn-pyro-20", action="store_true", help="gpu: also the plain Pyro step at 20 SHO samples (slow)")
+    p.add_argument("--sho-particles", default="", help="gpu: SHO weight samples (default 20,1)")
+    p.add_argument("--repeats", type=int, default=1, help="gpu: fresh fit-vs-twin runs per MLP compile mode (median)")
+    p.add_argument("--fit-steps", type=int, default=None, help="gpu, step: default-mode MLP run length (library's)")
+    p.add_argument("--skip-default", action="store_true", help="gpu: MLP parts run only the --compile-modes")
     p.add_argument("--alpha", type=int, default=10, help="layerwise: width α")
     p.add_argument("--models", default=",".join(LAYERWISE_MODELS), help="layerwise: catalogue names")
     p.add_argument("--layerwise-variants", default="fit,fit-laplace", help="layerwise: fit, fit-laplace, fit-<mode>")
     p.add_argument("--reference-dir", type=Path, default=None, help="gpu: a checkout of tychovdo/noethers-razor")
+    p.add_argument(
+        "--reference-go",
+        type=Path,
+        default=None,
+        help="gpu: the reference compiles, then waits until this file exists before its steps (timed alone)",
+    )
     p.add_argument("--reference-systems", default="", help="gpu: hnn-sho, hnn-3body (default: the HNN parts)")
-    p.add_argument("--rerender", type=Path, nargs="+", default=None, help="gpu: redraw these results JSON files")
-    p.add_argument("--with-reference", type=Path, default=None, help="gpu --rerender: the JAX reference's JSON")
+    p.add_argument(
+        "--render-speed",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="gpu: the speed table from these JSON files / folders",
+    )
     p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"), help="ddp: the process-group backend")
     p.add_argument("--deterministic", action="store_true", help="determinism: make_deterministic() first")
     p.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
@@ -1766,7 +2211,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         t0 = time.perf_counter()
         with pi.pyro_scope():
-            rerender_gpu(args) if name == "gpu" and args.rerender else run_section(args, SECTIONS[name])
+            render_speed(args) if name == "gpu" and args.render_speed else run_section(args, SECTIONS[name])
         common.log(f"[{name}] {time.perf_counter() - t0:.0f} s")
     return 0
 
