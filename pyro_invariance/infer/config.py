@@ -80,6 +80,12 @@ class FitConfig:
 
     steps: int = _opt(1000, "total SVI steps (the cosine schedule spans them)", type=int)
     batch_size: int | None = _opt(128, "minibatch size B, or 'full'; the likelihood is scaled by N/B", type=_batch_size)
+    batch_group: int | None = _opt(
+        None,
+        "rows per group: minibatches of whole groups of consecutive rows (e.g. the T pairs of one trajectory), "
+        "the groups shuffled; default: rows shuffled one by one",
+        type=int,
+    )
     lr: float = _opt(5e-2, "Adam rate of the guide's means and scales", type=float)
     eta_lr: float = _opt(1e-1, "Adam rate of the symmetry parameters η", type=float)
     model_lr: float | None = _opt(None, "Adam rate of the model's other point estimates (default: lr)", type=float)
@@ -159,6 +165,13 @@ class FitConfig:
         check_positive_int("steps", self.steps)
         if self.batch_size is not None:
             check_positive_int("batch_size", self.batch_size)
+        if self.batch_group is not None:
+            check_positive_int("batch_group", self.batch_group)
+            if self.batch_size is not None and self.batch_size % self.batch_group:
+                raise ValueError(
+                    f"batch_size={self.batch_size} is not a multiple of batch_group={self.batch_group}: a minibatch "
+                    "holds whole groups"
+                )
         check_positive_float("lr", self.lr)
         check_positive_float("eta_lr", self.eta_lr)
         if self.model_lr is not None:

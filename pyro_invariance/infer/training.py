@@ -212,12 +212,19 @@ def _param_groups(model: nn.Module, guide: nn.Module, cfg: FitConfig) -> list[di
 
 
 class _Batches:
-    """Shuffled minibatches without replacement, epoch after epoch, from a seeded generator."""
+    """Shuffled minibatches without replacement, epoch after epoch, from a seeded generator; with ``group``,
+    of whole groups of ``group`` consecutive rows (the groups are shuffled, their rows kept together)."""
 
-    def __init__(self, n: int, batch_size: int | None, seed: int, device: torch.device | str = "cpu") -> None:
-        self.n, self.batch = n, min(batch_size or n, n)
+    def __init__(
+        self, n: int, batch_size: int | None, seed: int, device: torch.device | str = "cpu", group: int | None = None
+    ) -> None:
+        self.n, self.batch, self.group = n, min(batch_size or n, n), group
+        if group is not None and (n % group or self.batch % group):
+            raise ValueError(
+                f"batch_group={group} must divide the {n} rows of the data and the minibatch of {self.batch} rows"
+            )
         self.gen = torch.Generator().manual_seed(seed + 7919)
-        self.perm = torch.randperm(n, generator=self.gen)
+        self.perm = self._permutation()
         self.pos = 0
         self.device = torch.device(device)
         self._perm_on_device: Tensor | None = None  # one copy per epoch, not one transfer per step
@@ -225,13 +232,20 @@ class _Batches:
     def next(self) -> Tensor:
         """The next minibatch's row indices, on ``device`` (every minibatch has ``batch`` rows)."""
         if self.pos + self.batch > self.n:
-            self.perm = torch.randperm(self.n, generator=self.gen)
+            self.perm = self._permutation()
             self.pos, self._perm_on_device = 0, None
         if self._perm_on_device is None:
             self._perm_on_device = self.perm.to(self.device)
         idx = self._perm_on_device[self.pos : self.pos + self.batch]
         self.pos += self.batch
         return idx
+
+    def _permutation(self) -> Tensor:
+        """A permutation of the rows: of rows one by one, or of whole groups (group g's rows g·G … g·G + G − 1)."""
+        if self.group is None:
+            return torch.randperm(self.n, generator=self.gen)
+        groups = torch.randperm(self.n // self.group, generator=self.gen)
+        return (groups.unsqueeze(1) * self.group + torch.arange(self.group)).reshape(-1)
 
     def state(self) -> dict[str, Any]:
         return {"gen": self.gen.get_state(), "perm": self.perm, "pos": self.pos}
@@ -412,7 +426,8 @@ def fit(
             given; ``None`` (default): the library defaults updated by the guide's and then the
             model's ``fit_defaults`` (:meth:`FitConfig.recommended`).
         **overrides: :class:`FitConfig` fields that override the above (``steps=300, lr=0.01``):
-            ``steps``, ``batch_size`` (``None``: full batch; the likelihood is scaled by N/B), the
+            ``steps``, ``batch_size`` (``None``: full batch; the likelihood is scaled by N/B),
+            ``batch_group`` (minibatches of whole groups of that many consecutive rows), the
             Adam rates ``lr``, ``eta_lr``, ``model_lr``, ``factor_lr`` (see :func:`_param_groups`),
             ``num_particles``, ``elbo`` (``"meanfield"``/``"trace"``/``"iwae"``/``"rws"``), ``schedule``
             (``"cosine"``/``"constant"``), ``seed`` (seeds Pyro/torch, the shuffler and hence the
@@ -569,6 +584,8 @@ def fingerprint_settings(cfg: FitConfig) -> dict[str, Any]:
         settings.pop("tf32", None)
     if settings.get("threads") is None:  # torch's own count: as runs before the setting existed
         settings.pop("threads", None)
+    if settings.get("batch_group") is None:  # rows shuffled one by one: as runs before the setting existed
+        settings.pop("batch_group", None)
     return settings
 
 
@@ -630,7 +647,7 @@ def _fit_locked(
     n = x_all.shape[0]
     pyro.set_rng_seed(cfg.seed)
     model.to(dev)
-    batches = _Batches(n, cfg.batch_size, cfg.seed, dev)
+    batches = _Batches(n, cfg.batch_size, cfg.seed, dev, cfg.batch_group)
     _check_shards(cfg, batches.batch, ranks)
     streams = ShardStreams(cfg.shards, cfg.seed, dev) if cfg.shards > 1 else None
     first = batches.perm[: batches.batch]
