@@ -99,9 +99,10 @@ def pyro_scope() -> Iterator[None]:
         yield
 
 
-#: the catalogue models and guides that have run in Pyro's global mode, whose tensors the store may hold;
-#: weak, so that a module that is gone no longer counts (the store may then hand its values on by name)
-_STORE_USERS: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+#: the parameters of the catalogue models and guides that have run in Pyro's global mode, which the store
+#: may hold; weak, so a tensor the store has let go of no longer counts. Tensors, not modules: the store
+#: keeps a collected module's tensors alive, and they must not pass by name into another fit's module
+_STORE_TENSORS: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 
 
 def _parameter_ids(modules: Iterable[torch.nn.Module]) -> set[int]:
@@ -117,7 +118,8 @@ def own_params_in_store(module: torch.nn.Module) -> Iterator[None]:
     the store holds another tensor under that name, replaces its own with it (a guide being set up
     starts from it): two fitted catalogue results with the same names would share, read and train
     each other's values. So for the length of the outermost call, the store's entries that are
-    parameters of another live catalogue module are taken out; the module registers its own tensors
+    parameters of another catalogue module (live, or collected while the store still holds its tensors)
+    are taken out; the module registers its own tensors
     under those names, and an entry whose name it did not register is put back afterwards. Entries
     of no such module (``pyro.get_param_store().load``, a plain ``pyro.param``) stay visible: the
     module takes them by name, as in Pyro. In module-local mode (:func:`pyro_scope`), and in calls
@@ -127,7 +129,7 @@ def own_params_in_store(module: torch.nn.Module) -> Iterator[None]:
         yield
         return
     store = pyro.get_param_store()
-    others = _parameter_ids(m for m in list(_STORE_USERS) if m is not module) - _parameter_ids([module])
+    others = set(_STORE_TENSORS.keys()) - _parameter_ids([module])
     # named_parameters() lists the unconstrained tensors; the constraints have no public getter
     hidden = {n: (t, store._constraints[n]) for n, t in store.named_parameters() if id(t) in others}
     for name in hidden:
@@ -139,4 +141,4 @@ def own_params_in_store(module: torch.nn.Module) -> Iterator[None]:
         store.set_state(
             {"params": {n: t for n, (t, _) in back.items()}, "constraints": {n: c for n, (_, c) in back.items()}}
         )
-        _STORE_USERS.add(module)
+        _STORE_TENSORS.update({id(p): p for p in module.parameters()})

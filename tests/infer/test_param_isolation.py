@@ -9,6 +9,8 @@ Pyro's names and a fresh guide still takes values loaded into the store by name.
 
 from __future__ import annotations
 
+import gc
+
 import pyro
 import pytest
 import torch
@@ -142,3 +144,18 @@ class _Pair:
 
     def __init__(self, model, guide) -> None:
         self.model, self.guide = model, guide
+
+
+def test_a_collected_fits_values_never_pass_into_another_fit(digits, clean_store):
+    """The store keeps a collected fit's tensors (after a call in Pyro's global mode): a later fit's
+    ``median()`` must still read, and keep, its own values."""
+    gone = small_fit(digits, guide="map", seed=0)
+    _medians(gone.guide)  # in global mode: its tensors enter the store
+    del gone
+    gc.collect()
+    result = small_fit(digits, guide="map", seed=1)
+    with pi.pyro_scope():
+        own = _medians(result.guide)
+    assert _same(_medians(result.guide), own)
+    with pi.pyro_scope():
+        assert _same(_medians(result.guide), own)  # and its parameters were not replaced
