@@ -80,6 +80,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/invariant_mlp_tables.py
 	$(BIN)/python benchmarks/noether_tables.py
 	$(BIN)/python benchmarks/threebody_recipe.py
+	$(BIN)/python benchmarks/eta_learning.py
 	$(BIN)/python benchmarks/kepler_noether.py
 	$(BIN)/python benchmarks/kepler_noether.py --recipe warm
 	$(BIN)/python benchmarks/full_rank_defaults.py
