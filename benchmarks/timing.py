@@ -780,8 +780,8 @@ def render_mlp(res: dict[str, Any], flops: float = 0, matmul: float = 1) -> tupl
         for run_name, run in runs.items():
             rows += mlp_rows(act, run_name, run, rate)
             ss = run["reps"][0].get("step_stats", {})
-            if run_name != "fit" and ss:
-                note = f"capture {ss.get('capture_seconds', float('nan')):.1f} s"
+            if ss.get("capture_seconds") is not None:  # a run that captured its loss (the default may; off never)
+                note = f"capture {ss['capture_seconds']:.1f} s"
                 note += f", compile {ss['compile_seconds']:.1f} s" if ss.get("compile_seconds") else ""
                 rows.append([act.upper(), f"`{run_name}`", "first lean step", *[""] * 5, note, "", ""])
                 rows[-1] += [""] * bool(flops)

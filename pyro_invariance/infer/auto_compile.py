@@ -12,7 +12,8 @@ checking the replay against the eager ELBO). ``"auto"`` takes it where it is saf
   parameters);
 * one process, one shard, Pyro's validation on the first step only (what ``"capture"`` needs);
 * this call runs at least :data:`AUTO_CAPTURE_STEPS` steps, so the capture's cost is repaid
-  (``benchmarks/results/step_time_overhead_cpu.md`` measures the step with and without it);
+  (``benchmarks/results/gpu_step_time_cpu_overhead.md``: on a 2-core CPU the invariant MLP's step at
+  B = 32, S = 4, H = 64 takes 1.24× a hand-written twin's with it, 1.55× without);
 * the captured loss and gradients equal the eager ELBO's **to the bit** (else the run stays eager,
   so ``"auto"`` never changes a number of ``"off"``; a model that cannot be traced runs eagerly too).
 
