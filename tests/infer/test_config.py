@@ -51,7 +51,7 @@ def test_precedence_explicit_then_model_then_guide_then_library():
 
 
 def test_unknown_setting_is_refused_in_one_line():
-    with pytest.raises(TypeError, match=r"unknown fit setting 'lrr'; FitConfig has steps, batch_size, lr"):
+    with pytest.raises(TypeError, match=r"unknown fit setting 'lrr'; FitConfig has steps, batch_size, batch_group, lr"):
         FitConfig.recommended(lrr=0.1)
     with pytest.raises(ValueError, match="lr must be a positive"):
         FitConfig.recommended(lr=-1.0)
