@@ -190,21 +190,8 @@ def run_fit(
     start: str = "default",
 ) -> dict[str, Any]:
     """One fit of the rotation-invariant MLP and its evaluation: η's path, final η, held-out metrics, CPU time."""
-    pyro.set_rng_seed(seed)
-    model = InvariantMLP(
-        image_shape=data.image_shape,
-        num_classes=data.num_classes,
-        hidden=size["hidden"],
-        num_transforms=size["samples"],
-        symmetry="rotation",
-        eta_init=ETA_INIT,
-        prior=prior,
-        prior_scale=prior_scale,
-        init_seed=seed,
-    )
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    # "zero": the point estimates start at 0 (the ELBO rows' guide means), not at the median of prior draws
-    guide = pi.guides.get(guide_name, model, **({"init_loc_fn": init_to_feasible} if start == "zero" else {}))
+    model, guide = model_and_guide(data, size, seed, guide_name, prior, prior_scale, start)
     result = pi.fit(model, guide, data, steps=steps, seed=seed, progress=False)
     metrics = pi.evaluate(result, data, num_samples=EVAL_SAMPLES, num_particles=ELBO_PARTICLES, seed=seed)
     path = result.history["eta"]["rot"]
@@ -224,10 +211,11 @@ def run_fit(
     }
 
 
-def start_scale(data: Any, size: dict[str, Any], seed: int, row: str) -> dict[str, Any]:
-    """Mean |W2| of the row's guide after its fit's first step (the same seeded start as the full fit): where
-    the point estimates and the guide means begin."""
-    guide_name, prior, prior_scale, start = ROWS_A[row]
+def model_and_guide(
+    data: Any, size: dict[str, Any], seed: int, guide_name: str, prior: str, prior_scale: float, start: str
+) -> tuple[Any, Any]:
+    """The rotation-invariant MLP of a row (seeded) and its guide; ``start="zero"``: the point estimates start at
+    0 (the ELBO rows' guide means), not at the median of prior draws."""
     pyro.set_rng_seed(seed)
     model = InvariantMLP(
         image_shape=data.image_shape,
@@ -241,8 +229,16 @@ def start_scale(data: Any, size: dict[str, Any], seed: int, row: str) -> dict[st
         init_seed=seed,
     )
     guide = pi.guides.get(guide_name, model, **({"init_loc_fn": init_to_feasible} if start == "zero" else {}))
+    return model, guide
+
+
+def start_scale(data: Any, size: dict[str, Any], seed: int, row: str) -> dict[str, Any]:
+    """Mean |W2| of the row's guide after its fit's first step (the same seeded start as the full fit): where
+    the point estimates and the guide means begin."""
+    guide_name, prior, prior_scale, start = ROWS_A[row]
+    model, guide = model_and_guide(data, size, seed, guide_name, prior, prior_scale, start)
     result = pi.fit(model, guide, data, steps=1, seed=seed, progress=False)
-    with pi.pyro_scope():  # outside it, a map guide's median() read another fit's values from Pyro's param store
+    with pi.pyro_scope():  # module-local parameters: this result's own values, whatever the global store holds
         w2 = result.guide.median()["out_weight"]
     return {"row": row, "seed": seed, "w2_mean_abs": float(w2.abs().mean())}
 
