@@ -65,7 +65,8 @@ def test_the_verdicts_are_the_scripts_reading_of_the_committed_numbers():
     }
     for stem, table in (("layerwise_table1", "1"), ("layerwise_table2", "2"), ("layerwise_table3_kfac", "3")):
         expected[stem] = layerwise_tables.verdict(table, rows(stem))
-    expected["layerwise_table3_ffc"] = layerwise_tables.t3_verdict(rows("layerwise_table3_ffc"))
+    for path in RESULTS.glob("layerwise_table3_ffc*.json"):
+        expected[path.stem] = layerwise_tables.t3_verdict(rows(path.stem))
     gaps = {k: v["gaps"] for k, v in json.loads((RESULTS / "full_rank_defaults.json").read_text())["results"].items()}
     expected["full_rank_defaults"] = full_rank_defaults.verdict(gaps)
     record = json.loads((RESULTS / "guide_convergence.json").read_text())
@@ -137,7 +138,7 @@ def test_layerwise_table3_paper_model_quick_fit_resumes_and_renders(tmp_path, mo
     argv = ["--table", "3", "--variant", "f-fc+conv+gconv", "--quick", "--seeds", "0", "--base", "digits"]
     argv += ["--size", "8", "--steps", "2", "--work-dir", str(tmp_path / "units")]
     layerwise_tables.main(argv)
-    text = (tmp_path / "layerwise_table3_ffc_digits_quick.md").read_text()
+    text = (tmp_path / "layerwise_table3_ffc_digits_seeds0_quick.md").read_text()
     assert "| regular |" in text and "| regular | GCONV |" in text and text.count("## Verdict") == 1
     (point,) = [p for p in json.loads((tmp_path / "units" / "part0of1.json").read_text())["points"] if "shares" in p]
     shares = point["shares"]["0"]
@@ -148,9 +149,9 @@ def test_layerwise_table3_paper_model_quick_fit_resumes_and_renders(tmp_path, mo
 
 
 def test_layerwise_table3_verdict_asks_for_a_rise_on_most_seeds_of_fits_that_did_not_collapse():
-    def rows(gconv_rotated: list[float], nll_rotated: float = 0.5) -> dict:
+    def rows(gconv_rotated: list[float], nll_rotated: float = 0.5, first_seed: int = 0) -> dict:
         out = {}
-        for seed, g in enumerate(gconv_rotated):
+        for seed, g in enumerate(gconv_rotated, start=first_seed):
             for ds, gconv, conv in (("regular", 0.6, 0.3), ("translated", 0.6, 0.3), ("rotated", g, 0.3)):
                 shares = {str(b): {"ffc": 1 - gconv - conv, "conv": conv, "gconv": gconv} for b in range(8)}
                 nll = nll_rotated if ds == "rotated" else 0.5
@@ -165,5 +166,7 @@ def test_layerwise_table3_verdict_asks_for_a_rise_on_most_seeds_of_fits_that_did
     assert "**Partly reproduced**" in rise  # CONV's share did not rise on translated data
     one_seed = layerwise_tables.t3_verdict(rows([0.9, 0.55, 0.55]))  # the mean rises, but on 1 of 3 seeds
     assert "higher on 1 of 3 seeds): no" in one_seed and "**Not reproduced**" in one_seed
+    later = layerwise_tables.t3_verdict(rows([0.7, 0.7, 0.7], first_seed=3))  # the seeds run, not 0, 1, 2
+    assert "higher on 3 of 3 seeds): yes" in later and "seeds 3, 4, 5;" in later
     dead = layerwise_tables.t3_verdict(rows([0.7, 0.7, 0.7], nll_rotated=2.3026))  # chance: no shares to compare
     assert "here no seed without one, higher on 0 of 3 seeds): no" in dead and "3 of 9 Laplace fits ended" in dead
