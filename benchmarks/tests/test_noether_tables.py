@@ -62,3 +62,25 @@ def test_the_stored_generators_give_the_stored_agreement(system):
         d = noether_tables.discovery(system, torch.tensor(a[key], dtype=torch.float64), flow, x)
         assert d["rank"] == a[stored]["rank"] and d["agreement"] == pytest.approx(a[stored]["agreement"], abs=1e-9)
     assert a["recovered"] == noether_tables.recovered(a["discovery"], a["discovery_at_start"])
+
+
+def _run(learned_elbo: float, recovered: bool) -> dict:
+    """A stored result of one seed: the HNN at −ELBO/N 1, learned at ``learned_elbo``, the oracle's rank."""
+    rows = {m: {"neg_elbo": e, "test_mse": 0.01} for m, e in (("none", 1.0), ("learned", learned_elbo))}
+    discovery = {"flow_share": 0.01, "agreement": 0.9 if recovered else 0.2, "rank": 1, "overlap": 0.9}
+    analysis = {"num_significant": 1, "target": 1, "discovery": discovery, "discovery_at_start": discovery}
+    return {"rows": rows, "analysis": {**analysis, "recovered": recovered}}
+
+
+def test_a_check_over_seeds_holds_on_more_than_half_of_them():
+    two_of_three = {0: _run(0.5, True), 1: _run(0.5, False), 2: _run(2.0, True)}
+    word, text = noether_tables.system_verdict("sho", two_of_three)
+    assert word == "reproduced" and "−ELBO/N below the HNN's: 2 of 3 seeds, yes" in text
+    one_of_three = {0: _run(0.5, False), 1: _run(2.0, False), 2: _run(2.0, True)}
+    word, text = noether_tables.system_verdict("sho", one_of_three)
+    assert "−ELBO/N below the HNN's: 1 of 3 seeds, no" in text and "symmetry recovered" in text
+    assert word == "partly reproduced"  # test MSE and the rank hold on every seed
+    word, text = noether_tables.system_verdict("sho", {0: _run(0.5, True)})  # one seed: its own numbers
+    assert word == "reproduced" and "(0.5 vs 1)" in text
+    section = noether_tables.verdict({"sho": two_of_three, "oscillators": {}, "nbody": {}})
+    assert "seeds 0, 1, 2; a check holds when it holds on more than half" in section
