@@ -64,17 +64,10 @@ def _read_point(model: nn.Module, guide: Any, x: Tensor, y: Tensor) -> dict[str,
 
 def start_activity(model: nn.Module, data: Any, seed: int, images: int = 500) -> dict[str, Any]:
     """:func:`_read_point` (``blocks``, ``active``, ``logit_sd``, ``nll``) at the start of ``fit(model, "map", data,
-    seed=seed)`` on the first ``images`` training images. ``logit_sd`` 0: the prediction does not depend on the
-    image."""
-    x, y = data.x_train[:images], data.y_train[:images]
-    found: dict[str, Any] = {}
-
-    def read(step: int, model: nn.Module, guide: Any) -> None:
-        found.update(_read_point(model, guide, x, y))
-
-    fit_kw = {"batch_size": 128, "seed": seed, "progress": False, "lr": START_LR}
-    pyro_invariance.fit(model, "map", data, steps=1, callbacks=[read], **fit_kw)
-    return found
+    seed=seed)`` on the first ``images`` training images: the one point of a :func:`map_trace` of one step at
+    :data:`START_LR`. ``logit_sd`` 0: the prediction does not depend on the image."""
+    (point,) = map_trace(model, data, seed, steps=1, lr=START_LR, at=lambda _: True, images=images)
+    return {k: v for k, v in point.items() if k != "step"}
 
 
 def map_trace(
