@@ -136,9 +136,11 @@ def test_layerwise_table3_paper_model_quick_fit_resumes_and_renders(tmp_path, mo
     monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
     monkeypatch.setattr(layerwise_tables, "T3_DATASETS", ("regular",))  # one dataset keeps it to seconds
     argv = ["--table", "3", "--variant", "f-fc+conv+gconv", "--quick", "--seeds", "0", "--base", "digits"]
-    argv += ["--size", "8", "--steps", "2", "--work-dir", str(tmp_path / "units")]
+    argv += ["--size", "8", "--steps", "2", "--lr", "0.003", "--work-dir", str(tmp_path / "units")]
     layerwise_tables.main(argv)
-    text = (tmp_path / "layerwise_table3_ffc_digits_seeds0_quick.md").read_text()
+    stem = "layerwise_table3_ffc_digits_seeds0_lr0.003_steps2_quick"  # changed settings are named: no overwrite
+    text = (tmp_path / f"{stem}.md").read_text()
+    assert json.loads((tmp_path / f"{stem}.json").read_text())["settings"]["lr"] == 0.003
     assert "| regular |" in text and "| regular | GCONV |" in text and text.count("## Verdict") == 1
     (point,) = [p for p in json.loads((tmp_path / "units" / "part0of1.json").read_text())["points"] if "shares" in p]
     shares = point["shares"]["0"]
