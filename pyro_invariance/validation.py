@@ -20,6 +20,8 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -386,3 +388,17 @@ def num_data_kwargs(model: Any, num_data: int) -> dict[str, int]:
     """``{"num_data": num_data}`` for a model that takes it (:func:`takes_num_data`), else ``{}``: the
     keyword arguments with which the workbench calls ``model`` and its guide."""
     return {"num_data": int(num_data)} if takes_num_data(model) else {}
+
+
+#: modules whose frames stand between a user's call and the line that warns: this package's, and the wrappers of
+#: its entry points (context-manager decorators, functools.wraps)
+_NOT_THE_CALLER = ("pyro_invariance", "contextlib", "functools")
+
+
+def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn(message, category)`` attributed to the first frame outside :data:`_NOT_THE_CALLER`, so the
+    warning names the user's line (a fixed ``stacklevel`` names whichever wrapper of ``fit`` happens to be there)."""
+    frame, level = sys._getframe(1), 2  # level 2: warn_user's caller
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").split(".")[0] in _NOT_THE_CALLER:
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

@@ -359,7 +359,8 @@ def test_an_optimiser_state_that_overflows_later_is_reported_when_fit_returns(da
     """The first steps are fine, a later one overflows Adam's second moment while the loss stays finite:
     the result comes back with a warning that names the parameter that stopped learning."""
     model = small_model(activation="relu")
-    with pytest.warns(RuntimeWarning, match=r"^after step 8: the optimiser state 'exp_avg_sq' of .* overflowed to inf"):
+    match = r"^after step 8: the optimiser state 'exp_avg_sq' of .* overflowed to inf"
+    with pytest.warns(RuntimeWarning, match=match) as caught:
         pi.fit(
             model,
             guides.get("mean-field", model),
@@ -368,3 +369,4 @@ def test_an_optimiser_state_that_overflows_later_is_reported_when_fit_returns(da
             batch_size=64,
             progress=False,
         )
+    assert [w.filename for w in caught if "overflowed" in str(w.message)] == [__file__]  # points at the user's call

@@ -70,7 +70,7 @@ from torch import Tensor, nn
 from torch.distributions import Distribution, kl_divergence
 
 from pyro_invariance.infer.checkpoint import rng_state, set_rng_state
-from pyro_invariance.validation import check_positive_int
+from pyro_invariance.validation import check_positive_int, warn_user
 
 __all__ = [
     "CapturedLoss",
@@ -409,9 +409,7 @@ def tf32_matmuls(device: torch.device, enabled: bool) -> Iterator[None]:
         yield
         return
     if device.type != "cuda":
-        warnings.warn(
-            f"tf32=True has no effect on device {str(device)!r} (TF32 is a CUDA matmul mode); ignored", stacklevel=4
-        )
+        warn_user(f"tf32=True has no effect on device {str(device)!r} (TF32 is a CUDA matmul mode); ignored")
         yield
         return
     matmul, conv = torch.backends.cuda.matmul, getattr(torch.backends.cudnn, "conv", None)
@@ -492,11 +490,10 @@ class CapturedLoss:
 
     def __init__(self, graph: Any, modules: Sequence[Any], mode: str, device: torch.device) -> None:
         if mode == "cudagraphs" and device.type != "cuda":
-            warnings.warn(
+            warn_user(
                 f"compile='cudagraphs' needs a CUDA device, not {str(device)!r}; replaying the captured graph "
                 "instead (compile='capture')",
                 RuntimeWarning,
-                stacklevel=4,
             )
             mode = "capture"
         self.graph, self.modules, self.mode, self.device = graph, list(modules), mode, device
@@ -659,11 +656,10 @@ class CapturedLoss:
             if rng0 is not None:
                 set_rng_state(rng0)
             what = "torch.compile" if self.mode == "inductor" else "CUDA-graph recording"
-            warnings.warn(
+            warn_user(
                 f"compile={self.mode!r}: {what} failed ({_first_line(exc)}); replaying the captured graph "
                 "instead (compile='capture')",
                 RuntimeWarning,
-                stacklevel=4,
             )
             self.failure = _first_line(exc)
             self.compiled, self.mode, self.cudagraphs = None, "capture", False

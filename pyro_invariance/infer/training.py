@@ -92,7 +92,13 @@ from pyro_invariance.infer.rescue import (
 )
 from pyro_invariance.infer.runlock import RunLock
 from pyro_invariance.models.base import symmetry_parameters, symmetry_summary, vectorizable_particles
-from pyro_invariance.validation import check_positive_int, first_overflowed_state, num_data_kwargs, takes_num_data
+from pyro_invariance.validation import (
+    check_positive_int,
+    first_overflowed_state,
+    num_data_kwargs,
+    takes_num_data,
+    warn_user,
+)
 
 #: settings that do not change a run's numbers: left out of its fingerprint, so a resumed run may change them
 RESULT_NEUTRAL = ("validation", "log_every", "strategy")
@@ -547,9 +553,7 @@ def _batch_for_model(cfg: FitConfig, model: Any, n: int, explicit: bool) -> FitC
     )
     if explicit:
         raise ValueError(f"batch_size={cfg.batch_size} of {n} rows: {needs}")
-    warnings.warn(
-        f"fitting all {n} rows per step (not batch_size={cfg.batch_size}): {needs}", UserWarning, stacklevel=4
-    )
+    warn_user(f"fitting all {n} rows per step (not batch_size={cfg.batch_size}): {needs}", UserWarning)
     return cfg.replace(batch_size=None)
 
 
@@ -641,7 +645,8 @@ def _fit_locked(
     run_settings: dict[str, Any] | None,
     callbacks: Sequence[Callable[..., None]],
 ) -> FitResult:
-    """The body of :func:`fit`, with inputs checked and the checkpoint locked."""
+    """The body of :func:`fit`, with inputs checked and the checkpoint locked: build the run (or restore it from
+    the checkpoint), then :func:`_run_steps`."""
     # every rank reads the checkpoint (fails before any compute, on all ranks together)
     state = ranks.together(lambda: load_checkpoint(path) if resume else None)  # type: ignore[arg-type]
     n = x_all.shape[0]
@@ -650,38 +655,18 @@ def _fit_locked(
     batches = _Batches(n, cfg.batch_size, cfg.seed, dev, cfg.batch_group)
     _check_shards(cfg, batches.batch, ranks)
     streams = ShardStreams(cfg.shards, cfg.seed, dev) if cfg.shards > 1 else None
-    first = batches.perm[: batches.batch]
-    # Build lazily-initialised guide parameters once, on a first batch (does not advance the shuffler).
-    setup_args, setup_kwargs = (x_all[first].to(dev), y_all[first].to(dev)), num_data_kwargs(model, n)
-    ranks.together(lambda: set_up_guide(model, guide, *setup_args, num_data=n))
-    if isinstance(guide, nn.Module):
-        guide.to(dev)
-    elif ranks.ddp:
-        raise TypeError(
-            f"strategy='ddp' needs a guide that is an nn.Module (a PyroModule or AutoGuide), got {type(guide).__name__}"
-        )
+    example = _set_up_on_first_batch(model, guide, x_all, y_all, batches, dev, ranks)
     settings = {**fingerprint_settings(cfg), **({"run_settings": run_settings} if run_settings else {})}
     # what defines the run, for its checkpoints (hashing the data is skipped when nothing is saved)
     fingerprint = run_fingerprint(model, guide, settings, x_all, y_all, spec) if path is not None else {}
     x_all, y_all = x_all.to(dev), y_all.to(dev)
 
     optim = make_optimizer(_param_groups(model, guide, cfg))  # groups built once; fused Adam
-    if cfg.schedule == "cosine":
-        sched: Any = torch.optim.lr_scheduler.CosineAnnealingLR(optim, T_max=cfg.steps, eta_min=0.0)
-    else:
-        sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda _: 1.0)
-    # Vectorised particles where the model declares support (CatalogueModel.vectorizable_particles, models/base.py):
-    vectorize = cfg.num_particles > 1 and vectorizable_particles(model)
-    loss_fn = LEAN_ELBOS[cfg.elbo].for_model(
-        model,
-        num_particles=cfg.num_particles,
-        vectorize_particles=vectorize,
-        **({"max_plate_nesting": 1} if vectorize else {}),
-    )
+    sched = _schedule(optim, cfg)
+    loss_fn = _loss_for(model, cfg)
     history: dict[str, Any] = {"step": [], "elbo": [], "lr": [], "eta_lr": [], "eta": {}}
     for name in symmetry_summary(model, guide):  # a latent η: the guide's median (guide set up above)
         history["eta"][name] = []
-
     start, seconds = 0, 0.0
     if state is not None:
         ranks.together(
@@ -690,14 +675,10 @@ def _fit_locked(
             )
         )
         history, start, seconds = state["history"], int(state["step"]), float(state.get("seconds", 0.0))
-        if allow_changes:
-            changed = {
-                k: [state["config"].get(k), settings[k]] for k in allow_changes if state["config"].get(k) != settings[k]
-            }
-            if changed:
-                history.setdefault("changes", []).append({"step": start, **changed})
+        _record_changes(history, state["config"], settings, allow_changes, start)
 
-    engine = _engine(loss_fn, model, guide, ranks, dev, (*setup_args, setup_kwargs))
+    engine = _engine(loss_fn, model, guide, ranks, dev, example)
+    compile_mode = resolve_compile(cfg, model, guide, (until_step or cfg.steps) - start)
     loop = _Loop(
         model,
         guide,
@@ -714,75 +695,159 @@ def _fit_locked(
         ranks=ranks,
         streams=streams,
         engine=engine,
-        compile_mode=resolve_compile(cfg, model, guide, (until_step or cfg.steps) - start),
+        compile_mode=compile_mode,
     )
-    # states a diverged run can be rescued from (kept in host memory; one process only: the check re-runs steps)
-    points = RescuePoints(enabled=path is not None and not ranks.ddp)
-    points.written = start if state is not None else None
+    saver = _Saver(loop, path, fingerprint, spec, seconds, resumed_at=start if state is not None else None)
+    seconds = _run_steps(loop, saver, start, until_step or cfg.steps, checkpoint_every, progress)
+    return FitResult(model, guide, cfg, n, history, seconds, spec, loop.stats)
 
-    def payload(step: int, shard_rng: Any) -> dict[str, Any]:
+
+def _set_up_on_first_batch(
+    model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, batches: _Batches, dev: torch.device, ranks: Ranks
+) -> tuple[Tensor, Tensor, dict[str, Any]]:
+    """Build lazily-initialised guide parameters once, on the first batch (the shuffler does not advance), and move
+    the guide to ``dev``; returns that batch ``(x, y, model kwargs)``, the example of :func:`_engine`."""
+    n, first = x_all.shape[0], batches.perm[: batches.batch]
+    x, y = x_all[first].to(dev), y_all[first].to(dev)
+    ranks.together(lambda: set_up_guide(model, guide, x, y, num_data=n))
+    if isinstance(guide, nn.Module):
+        guide.to(dev)
+    elif ranks.ddp:
+        raise TypeError(
+            f"strategy='ddp' needs a guide that is an nn.Module (a PyroModule or AutoGuide), got {type(guide).__name__}"
+        )
+    return x, y, num_data_kwargs(model, n)
+
+
+def _schedule(optim: Any, cfg: FitConfig) -> Any:
+    """The learning-rate schedule: cosine from the base rates to 0 over ``cfg.steps`` (paper 003), or constant."""
+    if cfg.schedule == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optim, T_max=cfg.steps, eta_min=0.0)
+    return torch.optim.lr_scheduler.LambdaLR(optim, lambda _: 1.0)
+
+
+def _loss_for(model: nn.Module, cfg: FitConfig) -> Any:
+    """The run's ELBO, its particles vectorised where the model declares support
+    (``CatalogueModel.vectorizable_particles``, models/base.py)."""
+    vectorize = cfg.num_particles > 1 and vectorizable_particles(model)
+    return LEAN_ELBOS[cfg.elbo].for_model(
+        model,
+        num_particles=cfg.num_particles,
+        vectorize_particles=vectorize,
+        **({"max_plate_nesting": 1} if vectorize else {}),
+    )
+
+
+def _record_changes(
+    history: dict[str, Any], saved: dict[str, Any], settings: dict[str, Any], allow_changes: Sequence[str], step: int
+) -> None:
+    """Note in the history the allowed settings a resumed run changed, with the step they changed at."""
+    changed = {k: [saved.get(k), settings[k]] for k in allow_changes if saved.get(k) != settings[k]}
+    if changed:
+        history.setdefault("changes", []).append({"step": step, **changed})
+
+
+class _Saver:
+    """A run's checkpoints: the payload (everything a bit-for-bit resume needs), its writing by rank 0 after the
+    state is checked, and the rescue points a diverged run can continue from (host memory; one process only: the
+    check re-runs steps). ``seconds``: the run's training time so far, saved with every checkpoint."""
+
+    def __init__(
+        self,
+        loop: _Loop,
+        path: Path | None,
+        fingerprint: dict[str, Any],
+        spec: dict[str, Any] | None,
+        seconds: float,
+        resumed_at: int | None,
+    ) -> None:
+        self.loop, self.path, self.fingerprint, self.spec, self.seconds = loop, path, fingerprint, spec, seconds
+        self.points = RescuePoints(enabled=path is not None and not loop.ranks.ddp)
+        self.points.written = resumed_at
+
+    def _shard_rng(self) -> Any:
+        """The shards' random streams, gathered from the ranks owning them (None without shards)."""
+        return self.loop.streams.state(self.loop.ranks) if self.loop.streams is not None else None
+
+    def payload(self, step: int, shard_rng: Any) -> dict[str, Any]:
+        loop = self.loop
         return {
             "step": step,
-            "model": model.state_dict(),
-            "guide": guide.state_dict(),  # type: ignore[union-attr]
-            "optimizer": optim.state_dict(),
-            "scheduler": sched.state_dict(),
+            "model": loop.model.state_dict(),
+            "guide": loop.guide.state_dict(),
+            "optimizer": loop.optim.state_dict(),
+            "scheduler": loop.sched.state_dict(),
             "rng": rng_state(),
-            "batches": batches.state(),
-            "config": asdict(cfg),
-            "fingerprint": fingerprint,
-            "history": history,
-            "seconds": seconds,
-            "spec": spec,
+            "batches": loop.batches.state(),
+            "config": asdict(loop.cfg),
+            "fingerprint": self.fingerprint,
+            "history": loop.history,
+            "seconds": self.seconds,
+            "spec": self.spec,
             **({"shard_rng": shard_rng} if shard_rng is not None else {}),
-            "processes": ranks.world,
+            "processes": loop.ranks.world,
         }
 
-    def checkpoint(step: int) -> None:
+    def add_start(self, step: int) -> None:
+        """The start of this call as a rescue point: the one of a run that is doomed from its first steps."""
+        if self.points.enabled:
+            self.points.add(self.payload(step, self._shard_rng()))
+
+    def checkpoint(self, step: int) -> None:
+        """Check the state (a non-finite one raises :class:`Diverged`) and write the checkpoint of ``step``."""
+        loop = self.loop
         loop.flush()  # the history up to ``step``, its losses checked
-        bad = first_invalid_state(model, guide, optim)
+        bad = first_invalid_state(loop.model, loop.guide, loop.optim)
         if bad is not None:
             raise Diverged(f"after step {step}: {bad}", step)
-        shard_rng = streams.state(ranks) if streams is not None else None  # gathered from the ranks owning them
+        shard_rng = self._shard_rng()
 
         def save() -> None:  # rank 0 writes; a failed write stops every rank
-            record = payload(step, shard_rng)
-            save_checkpoint(path, record)  # type: ignore[arg-type]
-            points.add(record)
+            record = self.payload(step, shard_rng)
+            save_checkpoint(self.path, record)  # type: ignore[arg-type]
+            self.points.add(record)
 
-        ranks.together(save if ranks.is_main else lambda: None)
-        points.written = step
+        loop.ranks.together(save if loop.ranks.is_main else lambda: None)
+        self.points.written = step
 
-    if points.enabled:  # the start of this call: the rescue point of a run that is doomed from its first steps
-        points.add(payload(start, streams.state(ranks) if streams is not None else None))
-    last = until_step or cfg.steps
-    loop.bar = tqdm(total=cfg.steps, initial=start, disable=not (progress and ranks.is_main), desc="SVI", leave=False)
+
+def _run_steps(
+    loop: _Loop, saver: _Saver, start: int, last: int, checkpoint_every: int | None, progress: bool
+) -> float:
+    """Steps ``start``…``last`` − 1 with checkpoints every ``checkpoint_every`` steps, at a stop signal (then
+    :class:`FitInterrupted`) and at the end; a divergence raises ``FloatingPointError`` naming its rescue point.
+    Returns the run's training seconds."""
+    model, guide, cfg, path = loop.model, loop.guide, loop.cfg, saver.path
+    saver.add_start(start)
+    loop.bar = tqdm(
+        total=cfg.steps, initial=start, disable=not (progress and loop.ranks.is_main), desc="SVI", leave=False
+    )
     t0 = time.perf_counter()
     try:
         with StopSignals() as stop, contextlib.closing(loop.bar):
             for step in range(start, last):
                 loop.step(step, checked=cfg.validation == "always" or step == start)
-                if step == start and (overflow := first_overflowed_state(optim, {"model": model, "guide": guide})):
+                if step == start and (overflow := first_overflowed_state(loop.optim, {"model": model, "guide": guide})):
                     raise FloatingPointError(f"at step {step + 1}, the first of this call: {overflow}")  # hopeless data
                 due = checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < last
                 stop_now = loop.stop_requested(stop.signum, step + 1)
                 if path is not None and (due or stop_now):
-                    seconds, t0 = seconds + time.perf_counter() - t0, time.perf_counter()
-                    checkpoint(step + 1)
+                    saver.seconds, t0 = saver.seconds + time.perf_counter() - t0, time.perf_counter()
+                    saver.checkpoint(step + 1)
                 if stop_now:
                     loop.flush()
                     raise FitInterrupted(step + 1, path, stop.signum or signal.SIGTERM)
                 if loop.flush_due(progress):
                     loop.flush()
             loop.flush()
-        seconds += time.perf_counter() - t0
+        saver.seconds += time.perf_counter() - t0
         if path is not None:
-            checkpoint(last)
+            saver.checkpoint(last)
     except Diverged as exc:
-        raise FloatingPointError(_rescued(exc, loop, points, path)) from exc.__cause__
-    if overflow := first_overflowed_state(optim, {"model": model, "guide": guide}):  # finite losses, frozen parameter
-        warnings.warn(f"after step {last}: {overflow}", RuntimeWarning, stacklevel=3)
-    return FitResult(model, guide, cfg, n, history, seconds, spec, loop.stats)
+        raise FloatingPointError(_rescued(exc, loop, saver.points, path)) from exc.__cause__
+    if overflow := first_overflowed_state(loop.optim, {"model": model, "guide": guide}):  # finite losses, frozen
+        warn_user(f"after step {last}: {overflow}", RuntimeWarning)
+    return saver.seconds
 
 
 def _rescued(exc: Diverged, loop: _Loop, points: RescuePoints, path: Path | None) -> str:
@@ -1037,9 +1102,7 @@ class _Loop:
         if self.auto:
             self.stats.update(compile="off", auto=reason)
             return
-        warnings.warn(
-            f"compile={self.cfg.compile!r}: {reason}; running the eager Pyro step instead", RuntimeWarning, stacklevel=4
-        )
+        warn_user(f"compile={self.cfg.compile!r}: {reason}; running the eager Pyro step instead", RuntimeWarning)
         self.stats.update(compile="off", fallback=reason)
 
     # -- bulk reads -------------------------------------------------------------------------------

@@ -40,9 +40,10 @@ def test_fit_runs_a_plain_model_full_batch_and_says_so():
     x, y = _more_rows()
     with pytest.warns(
         UserWarning, match=r"fitting all 200 rows per step \(not batch_size=128\): the model takes no num_data"
-    ):
+    ) as caught:
         result = pi.fit(BayesianRegression(), "mean-field", (x, y), steps=30, progress=False)
     assert result.config.batch_size is None and math.isfinite(result.final_elbo)
+    assert {w.filename for w in caught if "fitting all" in str(w.message)} == {__file__}  # names the user's line
 
 
 def test_an_explicit_minibatch_of_a_plain_model_is_refused_in_one_line():
