@@ -526,6 +526,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("what", nargs="?", choices=["models", "guides", "datasets"])
     p.set_defaults(func=cmd_list)
 
+    _add_fit(sub, catalogue, config)
+    _add_evaluate(sub)
+    _add_compare(sub, catalogue, config)
+    _add_demo(sub)
+    return parser
+
+
+def _add_fit(
+    sub: argparse._SubParsersAction, catalogue: argparse.ArgumentParser, config: argparse.ArgumentParser
+) -> None:
+    """``fit``: a model × guide × dataset, by the ELBO or the Laplace evidence, with checkpoints."""
     p = sub.add_parser("fit", help="fit a model × guide × dataset", parents=[catalogue, config])
     p.add_argument("--guide", default=None, help="default: block-cholesky (map with --objective laplace)")
     p.add_argument("--guide-arg", action="append", metavar="KEY=VALUE", help="guide keyword (JSON value or bare word)")
@@ -566,6 +577,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results/run")
     p.set_defaults(func=cmd_fit)
 
+
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    """``evaluate``: a saved run's metrics, on its own or another dataset."""
     p = sub.add_parser("evaluate", help="evaluate a saved run (folder or checkpoint file)")
     p.add_argument("--run", required=True)
     p.add_argument("--data", default=None, help="evaluate on another dataset (same shapes)")
@@ -574,6 +588,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the evaluation's guide and symmetry draws")
     p.set_defaults(func=cmd_evaluate)
 
+
+def _add_compare(
+    sub: argparse._SubParsersAction, catalogue: argparse.ArgumentParser, config: argparse.ArgumentParser
+) -> None:
+    """``compare``: several guides fitted alike, and their bounds side by side."""
     p = sub.add_parser(
         "compare",
         help="fit several guides alike; table of ELBO, IWAE_K, PSIS k̂, η, metrics, cost",
@@ -613,6 +632,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_compare)
 
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    """``demo``: the main job on embedded data."""
     p = sub.add_parser(
         "demo",
         help="the main job on embedded data (rotated digits)",
@@ -623,7 +645,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace the runs an earlier demo left in OUT")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_demo)
-    return parser
 
 
 def _one_line(exc: BaseException) -> str:
