@@ -140,41 +140,36 @@ class SymmetrisedHNN(CatalogueModel):
     ) -> None:
         super().__init__()
         self.symmetry_prior = self.check_symmetry_prior(symmetry_prior, learn_symmetry)
-        if self.symmetry_prior is not None and symmetry != "quadratic":
-            raise ValueError(f"symmetry_prior needs symmetry='quadratic' (learned generators), got {symmetry!r}")
-        check_positive_int("state_dim", state_dim, minimum=2)
-        if state_dim % 2:
-            raise ValueError(f"state_dim must be even (x = (q, p)), got {state_dim}")
-        hidden = tuple(int(h) for h in hidden)
-        if not hidden or min(hidden) < 1:
-            raise ValueError(f"hidden must be a non-empty list of positive widths, got {hidden}")
-        if symmetry not in SYMMETRIES:
-            raise ValueError(f"unknown symmetry {symmetry!r}; use one of {SYMMETRIES}")
         self.check_prior(prior)
-        if sampling not in SAMPLINGS:
-            raise ValueError(f"unknown sampling {sampling!r}; use one of {SAMPLINGS}")
-        check_positive_int("num_generators", num_generators)
-        check_positive_int("num_transforms", num_transforms)
-        check_positive_int("euler_steps", euler_steps)
-        check_positive_int("flow_steps", flow_steps)
-        for name, value in (
-            ("elu_alpha", elu_alpha),
-            ("dt", dt),
-            ("noise_scale", noise_scale),
-            ("prior_scale", prior_scale),
-        ):
-            check_positive_float(name, value)
-        if not (eta_init_std >= 0 and math.isfinite(eta_init_std)):
-            raise ValueError(f"eta_init_std must be >= 0, got {eta_init_std}")
-
+        hidden = _checked_settings(
+            state_dim, hidden, symmetry, sampling, num_generators, num_transforms, euler_steps, flow_steps,
+            {"elu_alpha": elu_alpha, "dt": dt, "noise_scale": noise_scale, "prior_scale": prior_scale},
+            eta_init_std, self.symmetry_prior,
+        )  # fmt: skip
         self.state_dim, self.hidden, self.elu_alpha = int(state_dim), hidden, float(elu_alpha)
         self.symmetry, self.sampling, self.prior = symmetry, sampling, prior
         self.learn_symmetry = bool(learn_symmetry)
         self.num_transforms, self.euler_steps, self.dt = int(num_transforms), int(euler_steps), float(dt)
-        m = self.state_dim
         gen = torch.Generator().manual_seed(check_seed(init_seed, "init_seed"))
 
-        # --- symmetry --------------------------------------------------------------------
+        self._build_symmetry(num_generators, eta_init_std, conserved_hidden, flow_steps, gen)
+        if sampling == "grid" and self.num_generators != 1 and symmetry != "none":
+            raise ValueError("sampling='grid' needs exactly one generator")
+
+        self._build_network(prior_scale)
+        self.learn_noise = bool(learn_noise)
+        log_noise_var = torch.tensor(2.0 * math.log(noise_scale))
+        if learn_noise:
+            self.log_noise_var = nn.Parameter(log_noise_var)
+        else:
+            self.register_buffer("log_noise_var", log_noise_var)
+
+    def _build_symmetry(
+        self, num_generators: int, eta_init_std: float, conserved_hidden: Sequence[int], flow_steps: int, gen: Any
+    ) -> None:
+        """The symmetry's parameters: learned generators η (K generators, (K, m, m) and (K, m); parameters, buffers,
+        or latent sites under ``symmetry_prior``), a neural conserved-quantity network, or an oracle's generators."""
+        symmetry, m = self.symmetry, self.state_dim
         if symmetry == "quadratic":
             k = self._num_generators = int(num_generators)
             eta_W = eta_init_std * torch.randn(k, m, m, generator=gen)
@@ -205,10 +200,11 @@ class SymmetrisedHNN(CatalogueModel):
                 self.conserved.requires_grad_(False)
         elif symmetry in ORACLES:
             self.register_buffer("oracle", oracle_generators(symmetry, m))
-        if sampling == "grid" and self.num_generators != 1 and symmetry != "none":
-            raise ValueError("sampling='grid' needs exactly one generator")
 
-        # --- network -----------------------------------------------------------------------
+    def _build_network(self, prior_scale: float) -> None:
+        """The Hamiltonian network's sites: input scale and biases (point estimates), weights w_l ~ N(0, v_l) with
+        v_l from the ``prior_var`` buffer (or √v_l ~ LogNormal(log √v₀, 1) under ``prior="hierarchical"``)."""
+        prior, m, hidden = self.prior, self.state_dim, self.hidden
         sizes = (m,) + hidden + (1,)
         self.num_layers = len(sizes) - 1
         self.input_scale = nn.Parameter(torch.tensor(1.0))
@@ -230,12 +226,6 @@ class SymmetrisedHNN(CatalogueModel):
                     lambda mod, i=i, shape=(sizes[i + 1], sizes[i]): normal_prior(mod.layer_prior_scale(i), shape)
                 ),
             )
-        self.learn_noise = bool(learn_noise)
-        log_noise_var = torch.tensor(2.0 * math.log(noise_scale))
-        if learn_noise:
-            self.log_noise_var = nn.Parameter(log_noise_var)
-        else:
-            self.register_buffer("log_noise_var", log_noise_var)
 
     task = DYNAMICS
     priors = ("fixed", "closed-form", "hierarchical")
@@ -501,3 +491,40 @@ class SymmetrisedHNN(CatalogueModel):
             v = self._particle_vector_field(xs, ws, flows, create_graph)
             xs = xs + h * v if create_graph else (xs + h * v).detach()
         return xs.reshape(*particles, *x.shape)
+
+
+def _checked_settings(
+    state_dim: int,
+    hidden: Sequence[int],
+    symmetry: str,
+    sampling: str,
+    num_generators: int,
+    num_transforms: int,
+    euler_steps: int,
+    flow_steps: int,
+    positive: dict[str, float],
+    eta_init_std: float,
+    symmetry_prior: str | None,
+) -> tuple[int, ...]:
+    """:class:`SymmetrisedHNN`'s arguments checked (one-line errors); returns ``hidden`` as a tuple of widths."""
+    if symmetry_prior is not None and symmetry != "quadratic":
+        raise ValueError(f"symmetry_prior needs symmetry='quadratic' (learned generators), got {symmetry!r}")
+    check_positive_int("state_dim", state_dim, minimum=2)
+    if state_dim % 2:
+        raise ValueError(f"state_dim must be even (x = (q, p)), got {state_dim}")
+    hidden = tuple(int(h) for h in hidden)
+    if not hidden or min(hidden) < 1:
+        raise ValueError(f"hidden must be a non-empty list of positive widths, got {hidden}")
+    if symmetry not in SYMMETRIES:
+        raise ValueError(f"unknown symmetry {symmetry!r}; use one of {SYMMETRIES}")
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"unknown sampling {sampling!r}; use one of {SAMPLINGS}")
+    check_positive_int("num_generators", num_generators)
+    check_positive_int("num_transforms", num_transforms)
+    check_positive_int("euler_steps", euler_steps)
+    check_positive_int("flow_steps", flow_steps)
+    for name, value in positive.items():
+        check_positive_float(name, value)
+    if not (eta_init_std >= 0 and math.isfinite(eta_init_std)):
+        raise ValueError(f"eta_init_std must be >= 0, got {eta_init_std}")
+    return hidden
