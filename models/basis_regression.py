@@ -183,6 +183,20 @@ class BasisRegression(CatalogueModel):
             raise ValueError(f"need finite lo < hi, got lo={lo}, hi={hi}")
         self.lo, self.hi = lo, hi
 
+        self._set_up_basis(num_features, degree, centres, init_seed)
+        self._set_up_symmetry(eta_init, learn_symmetry)
+
+        # The prior's loc is a buffer so that `.to(device / dtype)` moves the prior with the model.
+        self.register_buffer("_prior_loc", torch.zeros(()), persistent=False)
+        # s_p stays a Python float: the closed-form posterior and evidence use it in float64
+        self.weight = PyroSample(
+            lambda self: normal_prior(self.prior_scale, [self.out_features, self.num_features], loc=self._prior_loc)
+        )
+
+    def _set_up_basis(self, num_features: int | None, degree: int, centres: Tensor | None, init_seed: int) -> None:
+        """The basis φ(x) ∈ R^F: polynomial (F = 1 + in_features·degree), RBF on ``centres`` (or a grid of F
+        centres in [lo, hi]), or random Fourier features (F/2 frequencies ω ~ N(0, I / lengthscale²), seeded)."""
+        basis, lo, hi = self.basis, self.lo, self.hi
         if basis == "poly":
             self.degree = check_positive_int("degree", degree)
             f = 1 + self.in_features * self.degree
@@ -224,6 +238,9 @@ class BasisRegression(CatalogueModel):
             omega = torch.randn(f // 2, self.in_features, generator=gen, dtype=torch.float64) / self.lengthscale
             self.register_buffer("frequencies", omega.to(torch.get_default_dtype()))
 
+    def _set_up_symmetry(self, eta_init: float, learn_symmetry: bool) -> None:
+        """The symmetry strength λ ∈ [0, 2]: a latent site under ``symmetry_prior``, a constrained parameter when
+        learned (starting inside (0, 2)), else a buffer."""
         try:
             lam0 = float(eta_init)
         except (TypeError, ValueError):
@@ -243,13 +260,6 @@ class BasisRegression(CatalogueModel):
             if not 0.0 <= lam0 <= 2.0:
                 raise ValueError(f"eta_init (λ) must lie in [0, 2], got {eta_init!r}")
             self.register_buffer("lam", torch.tensor(lam0))
-
-        # The prior's loc is a buffer so that `.to(device / dtype)` moves the prior with the model.
-        self.register_buffer("_prior_loc", torch.zeros(()), persistent=False)
-        # s_p stays a Python float: the closed-form posterior and evidence use it in float64
-        self.weight = PyroSample(
-            lambda self: normal_prior(self.prior_scale, [self.out_features, self.num_features], loc=self._prior_loc)
-        )
 
     def _grid_centres(self, f: int) -> Tensor:
         d = self.in_features
