@@ -194,7 +194,25 @@ class InvariantMLP(CatalogueModel):
         self.prior = prior
         self.learn_symmetry = bool(learn_symmetry)
 
-        # --- symmetry parameters η -------------------------------------------------------
+        self._set_up_symmetry(symmetry, eta_init, eta_max)
+        self._set_up_first_layer(lengthscale, init_seed)
+
+        # --- read-out prior -----------------------------------------------------------
+        # σ_p: a buffer, a PyroParam or the site "prior_scale" ~ LogNormal(log prior_scale, 1), whose
+        # location is the double-precision log and whose scale 1 is a constant (not a buffer)
+        add_prior_scale(
+            self, "prior_scale", prior, prior_scale, log_init=math.log(prior_scale), hyperprior_buffer=False
+        )
+        c, h = self.num_classes, self.hidden
+        # normal_prior: a hierarchical σ_p is batched over vectorised particles, (P, 1)
+        self.out_weight = PyroSample(lambda m: normal_prior(m.prior_scale, [c, h]))
+        self.out_bias = PyroSample(lambda m: normal_prior(m.prior_scale, [c]))
+
+    def _set_up_symmetry(
+        self, symmetry: str | Sequence[str], eta_init: float | Mapping[str, float], eta_max: Mapping[str, float] | None
+    ) -> None:
+        """The symmetry's K affine generators and η ∈ [0, η_max]^K: a latent site under ``symmetry_prior``, a
+        parameter η = η_max · u with u ∈ (0, 1) when learned, else a buffer."""
         self.generator_names = resolve_subgroup(symmetry)
         k = len(self.generator_names)
         self.register_buffer("generators", affine_generators()[generator_indices(self.generator_names)])
@@ -219,26 +237,18 @@ class InvariantMLP(CatalogueModel):
         else:
             self.register_buffer("eta_fixed", init)
 
-        # --- first layer ---------------------------------------------------------------
+    def _set_up_first_layer(self, lengthscale: float, init_seed: int) -> None:
+        """The first layer (H, D): fixed random Fourier features (w ~ N(0, I / lengthscale²), b ~ U[0, 2π)), or
+        Glorot-uniform point-estimated weights with zero biases; seeded by ``init_seed``."""
+        hidden = self.hidden
         gen = torch.Generator().manual_seed(int(init_seed))  # checked above (check_seed)
-        if activation == "rff":
+        if self.activation == "rff":
             self.register_buffer("w1", torch.randn(hidden, self.input_dim, generator=gen) / lengthscale)
             self.register_buffer("b1", 2 * math.pi * torch.rand(hidden, generator=gen))
         else:
             bound = math.sqrt(6.0 / (hidden + self.input_dim))
             self.w1 = nn.Parameter((2 * torch.rand(hidden, self.input_dim, generator=gen) - 1) * bound)
             self.b1 = nn.Parameter(torch.zeros(hidden))
-
-        # --- read-out prior -----------------------------------------------------------
-        # σ_p: a buffer, a PyroParam or the site "prior_scale" ~ LogNormal(log prior_scale, 1), whose
-        # location is the double-precision log and whose scale 1 is a constant (not a buffer)
-        add_prior_scale(
-            self, "prior_scale", prior, prior_scale, log_init=math.log(prior_scale), hyperprior_buffer=False
-        )
-        c, h = self.num_classes, self.hidden
-        # normal_prior: a hierarchical σ_p is batched over vectorised particles, (P, 1)
-        self.out_weight = PyroSample(lambda m: normal_prior(m.prior_scale, [c, h]))
-        self.out_bias = PyroSample(lambda m: normal_prior(m.prior_scale, [c]))
 
     task = CLASSIFICATION
     priors = ("fixed", "learned", "hierarchical")
