@@ -71,7 +71,8 @@ from pyro_invariance.infer.fast_step import CapturedLoss, static_matrix_exp  # n
 from pyro_invariance.infer.kfac_layers import kfac_curvature  # noqa: E402
 from pyro_invariance.infer.laplace import diagonal_ggn, gradient_update, mackay_update  # noqa: E402
 from pyro_invariance.infer.prior_update import ClosedFormPriorUpdate  # noqa: E402
-from pyro_invariance.infer.training import is_factor_parameter, is_symmetry_parameter, make_deterministic  # noqa: E402
+from pyro_invariance.infer.step_loop import is_factor_parameter  # noqa: E402
+from pyro_invariance.infer.training import is_symmetry_parameter, make_deterministic  # noqa: E402
 from pyro_invariance.models import InvariantMLP  # noqa: E402
 from pyro_invariance.models.layerwise import LayerwiseNet, make_init_loc_fn  # noqa: E402
 from pyro_invariance.models.symmetrised_hnn import SymmetrisedHNN  # noqa: E402

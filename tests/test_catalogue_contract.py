@@ -23,7 +23,7 @@ import pyro_invariance as pi
 from pyro_invariance import guides
 from pyro_invariance.catalogue import model_kwargs_for
 from pyro_invariance.cli import main
-from pyro_invariance.infer import training
+from pyro_invariance.infer import step_loop, training
 from pyro_invariance.models.base import PRIORS, CatalogueModel
 from pyro_invariance.tasks import TASKS, Task
 
@@ -112,7 +112,7 @@ def test_symmetry_parameters_are_the_eta_group_of_fit(name, monkeypatch):
 def test_fixed_symmetry_has_no_eta_group():
     _, model, guide = _built("invariant-mlp", learn_symmetry=False)
     assert model.symmetry_parameters() == []
-    groups = training._param_groups(model, guide, pi.FitConfig())
+    groups = step_loop.param_groups(model, guide, pi.FitConfig())
     assert "eta" not in {g["name"] for g in groups}
 
 

@@ -59,7 +59,7 @@ def _batch_size(text: str) -> int | None:
 class FitConfig:
     """Settings of a run (all of them are saved with checkpoints and results).
 
-    Learning rates are those of Adam's parameter groups (``training._param_groups``): the guide's
+    Learning rates are those of Adam's parameter groups (``step_loop.param_groups``): the guide's
     means and scales (``lr``), its off-diagonal covariance factors (``factor_lr``), the symmetry
     parameters η (``eta_lr``) and the model's other point estimates (``model_lr``, default ``lr``).
 

@@ -33,13 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import signal
 import time
-import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,19 +59,15 @@ from pyro_invariance.infer.checkpoint import (
     peek_step,
     rng_state,
     save_checkpoint,
-    set_rng_state,
 )
 from pyro_invariance.infer.config import FitConfig, resolve_config
 from pyro_invariance.infer.distributed import Ranks, ShardStreams, setup_ranks
-from pyro_invariance.infer.divergence import first_invalid_state, first_non_finite_gradient, locate_problem
+from pyro_invariance.infer.divergence import first_invalid_state, locate_problem
 from pyro_invariance.infer.fast_step import (
     LEAN_ELBOS,
-    CapturedLoss,
-    CaptureError,
     LeanRWS_ELBO,
     make_optimizer,
     preserved_validation,
-    set_validation,
     tf32_matmuls,
     torch_threads,
 )
@@ -83,14 +77,20 @@ from pyro_invariance.infer.rescue import (
     Diverged,
     Outcome,
     RescuePoints,
-    copied_state,
     describe_failures,
-    one_line,
     rate_plans,
     resume_hint,
     search,
 )
 from pyro_invariance.infer.runlock import RunLock
+from pyro_invariance.infer.step_loop import (
+    Batches,
+    Snapshot,
+    StepLoop,
+    load_state,
+    param_groups,
+    rebase_rates,
+)
 from pyro_invariance.models.base import symmetry_parameters, symmetry_summary, vectorizable_particles
 from pyro_invariance.validation import (
     check_positive_int,
@@ -102,8 +102,6 @@ from pyro_invariance.validation import (
 
 #: settings that do not change a run's numbers: left out of its fingerprint, so a resumed run may change them
 RESULT_NEUTRAL = ("validation", "log_every", "strategy")
-#: least seconds between two refreshes of the progress bar (each one reads the pending losses back)
-PROGRESS_SECONDS = 1.0
 
 
 @dataclass
@@ -175,90 +173,6 @@ def is_symmetry_parameter(model: nn.Module, param: Tensor) -> bool:
     (:class:`~pyro_invariance.models.base.CatalogueModel`), compared by identity. A model that is not
     a ``CatalogueModel`` has none: all its parameters train at ``model_lr``."""
     return any(param is p for p in symmetry_parameters(model))
-
-
-def is_factor_parameter(name: str) -> bool:
-    """Guide parameters that are off-diagonal covariance factors (unit-triangular / low-rank)."""
-    leaf = name.split(".")[-1]
-    return "tril" in leaf or "cov_factor" in leaf
-
-
-def _param_groups(model: nn.Module, guide: nn.Module, cfg: FitConfig) -> list[dict[str, Any]]:
-    """Adam parameter groups.
-
-    guide means and scales (``lr``), guide covariance factors (``factor_lr``), symmetry η — the
-    parameter objects of ``model.symmetry_parameters()``, by identity — (``eta_lr``) and the
-    model's other point estimates (``model_lr``, default ``lr``).
-    Covariance factors get their own, smaller rate: Adam normalises their small and noisy
-    gradients to steps of size ``lr``, and the resulting random walk of the H(H−1)/2 off-diagonal
-    entries inflates the guide's variance (measured on rotated digits: block-Cholesky ELBO/N
-    −2.4 with one rate of 0.05 for everything, −0.9 with 1e-3 for the factors).
-    """
-    eta_ids = {id(p) for p in symmetry_parameters(model)}  # by identity: the objects the model declares
-    eta, other = [], []
-    for p in model.parameters():
-        (eta if id(p) in eta_ids else other).append(p)
-    if len(eta) != len(eta_ids):
-        raise ValueError(
-            f"{type(model).__name__}.symmetry_parameters() returned objects that are not parameters of the model"
-        )
-    taken = {id(p) for p in eta + other}
-    guide_named = [(n, p) for n, p in guide.named_parameters() if id(p) not in taken]
-    factors = [p for n, p in guide_named if is_factor_parameter(n)]
-    rest = [p for n, p in guide_named if not is_factor_parameter(n)]
-    groups = [
-        {"params": rest, "lr": cfg.lr, "name": "guide"},
-        {"params": factors, "lr": cfg.factor_lr, "name": "factors"},
-    ]
-    if other:
-        groups.append({"params": other, "lr": cfg.model_lr or cfg.lr, "name": "model"})
-    if eta:
-        groups.append({"params": eta, "lr": cfg.eta_lr, "name": "eta"})
-    return [g for g in groups if g["params"]]
-
-
-class _Batches:
-    """Shuffled minibatches without replacement, epoch after epoch, from a seeded generator; with ``group``,
-    of whole groups of ``group`` consecutive rows (the groups are shuffled, their rows kept together)."""
-
-    def __init__(
-        self, n: int, batch_size: int | None, seed: int, device: torch.device | str = "cpu", group: int | None = None
-    ) -> None:
-        self.n, self.batch, self.group = n, min(batch_size or n, n), group
-        if group is not None and (n % group or self.batch % group):
-            raise ValueError(
-                f"batch_group={group} must divide the {n} rows of the data and the minibatch of {self.batch} rows"
-            )
-        self.gen = torch.Generator().manual_seed(seed + 7919)
-        self.perm = self._permutation()
-        self.pos = 0
-        self.device = torch.device(device)
-        self._perm_on_device: Tensor | None = None  # one copy per epoch, not one transfer per step
-
-    def next(self) -> Tensor:
-        """The next minibatch's row indices, on ``device`` (every minibatch has ``batch`` rows)."""
-        if self.pos + self.batch > self.n:
-            self.perm = self._permutation()
-            self.pos, self._perm_on_device = 0, None
-        if self._perm_on_device is None:
-            self._perm_on_device = self.perm.to(self.device)
-        idx = self._perm_on_device[self.pos : self.pos + self.batch]
-        self.pos += self.batch
-        return idx
-
-    def _permutation(self) -> Tensor:
-        """A permutation of the rows: of rows one by one, or of whole groups (group g's rows g·G … g·G + G − 1)."""
-        if self.group is None:
-            return torch.randperm(self.n, generator=self.gen)
-        groups = torch.randperm(self.n // self.group, generator=self.gen)
-        return (groups.unsqueeze(1) * self.group + torch.arange(self.group)).reshape(-1)
-
-    def state(self) -> dict[str, Any]:
-        return {"gen": self.gen.get_state(), "perm": self.perm, "pos": self.pos}
-
-    def load(self, state: dict[str, Any]) -> None:
-        self.gen.set_state(state["gen"])
-        self.perm, self.pos, self._perm_on_device = state["perm"], state["pos"], None
 
 
 LR_SETTINGS = ("lr", "eta_lr", "model_lr", "factor_lr")
@@ -347,7 +261,7 @@ def _restore(
     guide: Any,
     optim: Any,
     sched: Any,
-    batches: _Batches,
+    batches: Batches,
     streams: ShardStreams | None,
     until_step: int | None,
     allow_changes: Sequence[str],
@@ -363,39 +277,11 @@ def _restore(
         )
     new_base = [g["lr"] for g in optim.param_groups]
     try:
-        _load_state(state, model, guide, optim, sched, batches, streams)
+        load_state(state, model, guide, optim, sched, batches, streams)
     except (RuntimeError, KeyError, ValueError) as exc:
         raise CheckpointError(f"checkpoint does not match this model/guide: {exc}") from exc
     if allow_changes:
-        _rebase_rates(optim, sched, new_base)
-
-
-def _load_state(
-    state: dict[str, Any],
-    model: nn.Module,
-    guide: Any,
-    optim: Any,
-    sched: Any,
-    batches: _Batches,
-    streams: ShardStreams | None,
-) -> None:
-    """Load a checkpoint payload's state (model, guide, optimiser, schedule, every random stream)."""
-    model.load_state_dict(state["model"])
-    guide.load_state_dict(state["guide"])
-    optim.load_state_dict(state["optimizer"])
-    sched.load_state_dict(state["scheduler"])
-    set_rng_state(state["rng"])
-    batches.load(state["batches"])
-    if streams is not None:  # the shards' streams, whichever processes advanced them
-        streams.load(state["shard_rng"])
-
-
-def _rebase_rates(optim: Any, sched: Any, new_base: Sequence[float]) -> None:
-    """New base learning rates for the parameter groups, at the same position in the schedule."""
-    for group, base_now, base_saved in zip(optim.param_groups, new_base, sched.base_lrs):
-        group["lr"] = base_now * (group["lr"] / base_saved if base_saved else 1.0)
-        group["initial_lr"] = base_now
-    sched.base_lrs = list(new_base)
+        rebase_rates(optim, sched, new_base)
 
 
 @pyro_scope()
@@ -434,7 +320,7 @@ def fit(
         **overrides: :class:`FitConfig` fields that override the above (``steps=300, lr=0.01``):
             ``steps``, ``batch_size`` (``None``: full batch; the likelihood is scaled by N/B),
             ``batch_group`` (minibatches of whole groups of that many consecutive rows), the
-            Adam rates ``lr``, ``eta_lr``, ``model_lr``, ``factor_lr`` (see :func:`_param_groups`),
+            Adam rates ``lr``, ``eta_lr``, ``model_lr``, ``factor_lr`` (see :func:`param_groups`),
             ``num_particles``, ``elbo`` (``"meanfield"``/``"trace"``/``"iwae"``/``"rws"``), ``schedule``
             (``"cosine"``/``"constant"``), ``seed`` (seeds Pyro/torch, the shuffler and hence the
             whole run) and ``device`` (model, guide and data are moved there); how fast a step runs:
@@ -593,40 +479,6 @@ def fingerprint_settings(cfg: FitConfig) -> dict[str, Any]:
     return settings
 
 
-class _Snapshot:
-    """The state after ``step``, on the device, to re-run the steps after it with checks."""
-
-    def __init__(
-        self,
-        step: int,
-        model: nn.Module,
-        guide: Any,
-        optim: Any,
-        sched: Any,
-        batches: _Batches,
-        streams: ShardStreams | None,
-    ) -> None:
-        self.step = step
-        self.streams = streams.copy_states() if streams is not None else None
-        self.model = copied_state(model.state_dict())
-        self.guide = copied_state(guide.state_dict()) if isinstance(guide, nn.Module) else None
-        self.optim, self.sched = copied_state(optim.state_dict()), copied_state(sched.state_dict())
-        self.rng, self.batches = rng_state(), copied_state(batches.state())
-
-    def restore(
-        self, model: nn.Module, guide: Any, optim: Any, sched: Any, batches: _Batches, streams: ShardStreams | None
-    ) -> None:
-        if streams is not None and self.streams is not None:
-            streams.load(self.streams)
-        model.load_state_dict(self.model)
-        if self.guide is not None:
-            guide.load_state_dict(self.guide)
-        optim.load_state_dict(copied_state(self.optim))
-        sched.load_state_dict(copied_state(self.sched))
-        set_rng_state(self.rng)
-        batches.load(copied_state(self.batches))
-
-
 def _fit_locked(
     model: nn.Module,
     guide: Any,
@@ -652,7 +504,7 @@ def _fit_locked(
     n = x_all.shape[0]
     pyro.set_rng_seed(cfg.seed)
     model.to(dev)
-    batches = _Batches(n, cfg.batch_size, cfg.seed, dev, cfg.batch_group)
+    batches = Batches(n, cfg.batch_size, cfg.seed, dev, cfg.batch_group)
     _check_shards(cfg, batches.batch, ranks)
     streams = ShardStreams(cfg.shards, cfg.seed, dev) if cfg.shards > 1 else None
     example = _set_up_on_first_batch(model, guide, x_all, y_all, batches, dev, ranks)
@@ -661,7 +513,7 @@ def _fit_locked(
     fingerprint = run_fingerprint(model, guide, settings, x_all, y_all, spec) if path is not None else {}
     x_all, y_all = x_all.to(dev), y_all.to(dev)
 
-    optim = make_optimizer(_param_groups(model, guide, cfg))  # groups built once; fused Adam
+    optim = make_optimizer(param_groups(model, guide, cfg))  # groups built once; fused Adam
     sched = _schedule(optim, cfg)
     loss_fn = _loss_for(model, cfg)
     history: dict[str, Any] = {"step": [], "elbo": [], "lr": [], "eta_lr": [], "eta": {}}
@@ -679,7 +531,7 @@ def _fit_locked(
 
     engine = _engine(loss_fn, model, guide, ranks, dev, example)
     compile_mode = resolve_compile(cfg, model, guide, (until_step or cfg.steps) - start)
-    loop = _Loop(
+    loop = StepLoop(
         model,
         guide,
         cfg,
@@ -703,7 +555,7 @@ def _fit_locked(
 
 
 def _set_up_on_first_batch(
-    model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, batches: _Batches, dev: torch.device, ranks: Ranks
+    model: nn.Module, guide: Any, x_all: Tensor, y_all: Tensor, batches: Batches, dev: torch.device, ranks: Ranks
 ) -> tuple[Tensor, Tensor, dict[str, Any]]:
     """Build lazily-initialised guide parameters once, on the first batch (the shuffler does not advance), and move
     the guide to ``dev``; returns that batch ``(x, y, model kwargs)``, the example of :func:`_engine`."""
@@ -754,7 +606,7 @@ class _Saver:
 
     def __init__(
         self,
-        loop: _Loop,
+        loop: StepLoop,
         path: Path | None,
         fingerprint: dict[str, Any],
         spec: dict[str, Any] | None,
@@ -812,7 +664,7 @@ class _Saver:
 
 
 def _run_steps(
-    loop: _Loop, saver: _Saver, start: int, last: int, checkpoint_every: int | None, progress: bool
+    loop: StepLoop, saver: _Saver, start: int, last: int, checkpoint_every: int | None, progress: bool
 ) -> float:
     """Steps ``start``…``last`` − 1 with checkpoints every ``checkpoint_every`` steps, at a stop signal (then
     :class:`FitInterrupted`) and at the end; a divergence raises ``FloatingPointError`` naming its rescue point.
@@ -850,12 +702,12 @@ def _run_steps(
     return saver.seconds
 
 
-def _rescued(exc: Diverged, loop: _Loop, points: RescuePoints, path: Path | None) -> str:
+def _rescued(exc: Diverged, loop: StepLoop, points: RescuePoints, path: Path | None) -> str:
     """The message of a divergence, after finding its rescue point and writing it to ``path`` (module
     :mod:`~pyro_invariance.infer.rescue`). The model and guide are left in the state they diverged in."""
     if path is None or not points.enabled:
         return _divergence_message(exc.what, None if path is None or points.written is None else (path, points.written))
-    here = _Snapshot(exc.step, loop.model, loop.guide, loop.optim, loop.sched, loop.batches, loop.streams)
+    here = Snapshot(exc.step, loop.model, loop.guide, loop.optim, loop.sched, loop.batches, loop.streams)
     try:
         found = search(points, rate_plans(loop.cfg), exc.step, loop.cfg.steps, loop.attempt)
     finally:
@@ -938,258 +790,3 @@ def _without_gradient(
             return [n for n, _ in named]
         grads = torch.autograd.grad(value, [p for _, p in named], allow_unused=True)
     return [n for (n, _), g in zip(named, grads) if g is None]
-
-
-class _Loop:
-    """The steps of one ``fit`` call: the lean step over this process's shards, the bulk reads of its
-    history, the snapshots and the re-run that locates a divergence (module docstring)."""
-
-    def __init__(
-        self,
-        model: nn.Module,
-        guide: Any,
-        cfg: FitConfig,
-        dev: torch.device,
-        x_all: Tensor,
-        y_all: Tensor,
-        optim: Any,
-        sched: Any,
-        batches: _Batches,
-        loss_fn: Any,
-        callbacks: Sequence[Callable[..., None]],
-        history: dict[str, Any],
-        *,
-        ranks: Ranks,
-        streams: ShardStreams | None,
-        engine: Callable[..., Tensor],
-        compile_mode: tuple[str, str | None] | None = None,
-    ) -> None:
-        self.ranks, self.streams, self.engine = ranks, streams, engine
-        # the mode this call runs (compile="auto" resolved; auto_compile), and why auto chose eager
-        self.mode, why = compile_mode or (cfg.compile, None)
-        self.auto = cfg.compile == "auto"
-        # this process's shards (None: the whole minibatch on the global stream, as before shards existed)
-        self.own: list[int | None] = list(ranks.own_shards(cfg.shards)) if streams is not None else [None]
-        self.model, self.guide, self.cfg, self.dev = model, guide, cfg, dev
-        self.x_all, self.y_all, self.num_data = x_all, y_all, x_all.shape[0]
-        self.kwargs = num_data_kwargs(model, self.num_data)  # Pyro's plain model(x, y=None) takes none
-        self.optim, self.sched, self.batches, self.loss_fn, self.callbacks = optim, sched, batches, loss_fn, callbacks
-        self.history = history
-        self.eta_names = list(history["eta"])
-        self.eta_group = next((g for g in optim.param_groups if g.get("name") == "eta"), None)
-        self.pending: dict[str, list[Any]] = {"step": [], "lr": [], "eta_lr": [], "loss": [], "eta": []}
-        self.snapshot: _Snapshot | None = None
-        self.captured: CapturedLoss | None = None
-        self.capture_tried = self.mode == "off"
-        self.validating: bool | None = None  # the validation state this loop last set
-        self.last_read = time.perf_counter()
-        self.bar: Any = None
-        self.stats: dict[str, Any] = {"compile": self.mode, "snapshots": 0, **({"auto": why} if why else {})}
-
-    # -- one step --------------------------------------------------------------------------------
-    def _validation(self, on: bool) -> None:
-        if self.validating is not on:
-            set_validation(on)
-            self.validating = on
-
-    def _locate(self, args: tuple[Tensor, Tensor]) -> str | None:
-        self._validation(True)
-        return locate_problem(self.model, self.guide, args, self.kwargs)
-
-    def step(self, step: int, checked: bool, rerun: bool = False) -> None:
-        """Step ``step + 1``. ``checked``: Pyro's validation on (for the eager ELBO) and the loss read
-        and checked before the update, as the eager step does. ``rerun``: re-running it to
-        locate a divergence (nothing is recorded)."""
-        if not checked and not rerun and (self.snapshot is None or step - self.snapshot.step >= self.cfg.log_every):
-            if self.cfg.validation == "first-step" and not self.ranks.ddp:
-                self.flush()  # every step up to here has a finite loss
-                self.snapshot = _Snapshot(
-                    step, self.model, self.guide, self.optim, self.sched, self.batches, self.streams
-                )
-                self.stats["snapshots"] += 1
-        idx = self.batches.next()
-        x, y = self.x_all[idx], self.y_all[idx]
-        self.optim.zero_grad(set_to_none=True)
-        # this process's shards, each on its stream (None: the whole minibatch on the global stream, the
-        # step of before shards existed); DDP averages the gradients after the last one
-        b, k, losses = x.shape[0] // self.cfg.shards, len(self.own), []
-        for j, s in enumerate(self.own):
-            sync = self.engine.no_sync() if self.ranks.ddp and j + 1 < k else contextlib.nullcontext()  # type: ignore[attr-defined]
-            rows = slice(None) if s is None else slice(s * b, (s + 1) * b)
-            with sync, self.streams.stream(s) if s is not None else contextlib.nullcontext():  # type: ignore[union-attr]
-                loss_s = self._checked_loss(step, x[rows], y[rows], checked, rerun)
-                (loss_s if k == 1 else loss_s / k).backward()
-            losses.append(loss_s.detach())
-        loss = losses[0] if k == 1 else sum(losses[1:], losses[0]) / k
-        self.optim.step()
-        self.sched.step()
-        for callback in self.callbacks:
-            callback(step + 1, self.model, self.guide)
-        if rerun:
-            return
-        p = self.pending
-        p["step"].append(step + 1)
-        p["loss"].append(loss.detach())
-        p["lr"].append(self.optim.param_groups[0]["lr"])
-        p["eta_lr"].append(self.eta_group["lr"] if self.eta_group else 0.0)
-        if self.eta_names:
-            eta_now = symmetry_summary(self.model, self.guide)
-            values = [eta_now[k].detach().reshape(()) for k in self.eta_names]
-            if len({v.dtype for v in values}) > 1:  # float() of each is exact in float64
-                values = [v.to(torch.float64) for v in values]
-            p["eta"].append(torch.stack(values))
-
-    def _checked_loss(self, step: int, x: Tensor, y: Tensor, checked: bool, rerun: bool) -> Tensor:
-        """:meth:`_loss`, and with ``checked`` the loss read and checked (on every rank together)."""
-        error: str | None = None
-        loss = None
-        try:
-            loss = self._loss(x, y, checked, rerun)
-        except ValueError as exc:  # distribution validation rejects invalid parameters before the loss exists
-            if not self.ranks.ddp:
-                where = self._locate((x, y)) or f"{type(exc).__name__}: {exc}"
-                raise Diverged(f"invalid values at step {step + 1}: {where}", step + 1) from exc
-            error = f"invalid values at step {step + 1}: {type(exc).__name__}: {exc}"
-        if checked and error is None and not bool(torch.isfinite(loss)):  # type: ignore[arg-type]
-            where = self._locate((x, y)) or "the gradient step diverged"
-            error = f"non-finite loss ({loss.item()}) at step {step + 1}: {where}"  # type: ignore[union-attr]
-        if checked or error is not None:
-            error = self.ranks.agree(error)
-        if error is not None:
-            raise Diverged(error, step + 1)
-        return loss  # type: ignore[return-value]
-
-    def _loss(self, x: Tensor, y: Tensor, checked: bool, rerun: bool) -> Tensor:
-        """The ELBO's loss on (x, y): eager Pyro (validation as ``checked`` says) or the captured graph."""
-        if not checked and not self.capture_tried:
-            self.capture_tried = True
-            self._validation(False)
-            try:
-                self.captured = CapturedLoss.capture(
-                    self.loss_fn, self.model, self.guide, x, y, self.kwargs, self.mode, self.dev
-                )
-                self.stats.update(
-                    compile=self.captured.mode,
-                    capture_seconds=self.captured.capture_seconds,
-                    bit_identical=self.captured.bit_identical,
-                )
-            except CaptureError as exc:
-                self._fall_back(str(exc))
-            if self.auto and self.captured is not None and not self.captured.bit_identical:
-                self._fall_back("the captured loss is not bit-identical to Pyro's")
-        # a re-run replays the captured graph only where eager Pyro would draw other numbers
-        use_graph = self.captured is not None and (not checked or (rerun and not self._eager_equals_graph()))
-        if use_graph:
-            try:
-                loss = self.captured(x, y)  # type: ignore[misc]
-            except CaptureError as exc:
-                self._fall_back(str(exc))
-            else:
-                if self.captured is not None and self.captured.compile_seconds is not None:
-                    self.stats.update(compile=self.captured.mode, compile_seconds=self.captured.compile_seconds)
-                    if self.captured.failure is not None:
-                        self.stats.update(fallback=self.captured.failure)
-                return loss
-        self._validation(checked)
-        return self.engine(x, y, **self.kwargs)  # Pyro's ELBOModule (in DDP on the ranks of a process group)
-
-    def _eager_equals_graph(self) -> bool:
-        return self.captured is not None and self.captured.mode == "capture" and self.captured.bit_identical
-
-    def _fall_back(self, reason: str) -> None:
-        """Run eagerly from now on: with a warning where the mode was asked for, silently for ``"auto"``."""
-        self.captured = None
-        if self.auto:
-            self.stats.update(compile="off", auto=reason)
-            return
-        warn_user(f"compile={self.cfg.compile!r}: {reason}; running the eager Pyro step instead", RuntimeWarning)
-        self.stats.update(compile="off", fallback=reason)
-
-    # -- bulk reads -------------------------------------------------------------------------------
-    def stop_requested(self, signum: int | None, done: int) -> bool:
-        """Whether to stop after step ``done`` for a SIGINT/SIGTERM. The ranks of a data-parallel run
-        agree on it at each bulk read (every ``log_every`` steps), so that all stop at the same step."""
-        if not self.ranks.ddp:
-            return signum is not None
-        return done % self.cfg.log_every == 0 and self.ranks.any(signum is not None, self.dev)
-
-    def flush_due(self, progress: bool) -> bool:
-        waiting = len(self.pending["step"])
-        if self.ranks.ddp:  # the ranks read at the same steps (a read averages their losses)
-            return waiting >= self.cfg.log_every
-        return waiting >= self.cfg.log_every or (
-            progress and waiting > 0 and time.perf_counter() - self.last_read >= PROGRESS_SECONDS
-        )
-
-    def flush(self) -> None:
-        """Read the pending steps' losses and η back (one transfer each), check that the losses are
-        finite (else locate the divergence: raises) and append them to the history."""
-        p = self.pending
-        self.last_read = time.perf_counter()
-        if not p["step"]:
-            return
-        losses = self.ranks.mean(torch.stack(p["loss"])).tolist()  # the ranks' shards averaged
-        bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
-        if bad is not None:
-            self._locate_divergence(p["step"][bad], losses[bad])
-        etas = torch.stack(p["eta"]).tolist() if self.eta_names else []
-        n, h = self.num_data, self.history
-        h["step"].extend(p["step"])
-        h["elbo"].extend(-v / n for v in losses)
-        h["lr"].extend(p["lr"])
-        h["eta_lr"].extend(p["eta_lr"])
-        for j, name in enumerate(self.eta_names):
-            h["eta"][name].extend(row[j] for row in etas)
-        if self.bar is not None and not self.bar.disable:
-            self.bar.update(len(p["step"]))
-            self.bar.set_postfix(elbo=f"{h['elbo'][-1]:.3f}", **{k: f"{h['eta'][k][-1]:.3f}" for k in self.eta_names})
-        for values in p.values():
-            values.clear()
-
-    def _locate_divergence(self, bad_step: int, value: float) -> None:
-        """Restore the last snapshot and re-run the steps up to ``bad_step`` with checks: the checked
-        step raises at the first invalid step. Raises here if the re-run does not reproduce it."""
-        for values in self.pending.values():
-            values.clear()
-        snap = self.snapshot
-        if self.ranks.ddp:
-            what = (
-                f"non-finite loss ({value}) at step {bad_step}, found by the bulk check; a data-parallel run does not "
-                f"re-run steps to locate it (resume the last checkpoint in one process with shards={self.cfg.shards} "
-                "and validation='always' to find the site)"
-            )
-        elif snap is not None and snap.step < bad_step:
-            snap.restore(self.model, self.guide, self.optim, self.sched, self.batches, self.streams)
-            for step in range(snap.step, bad_step):
-                self.step(step, checked=True, rerun=True)
-            what = (
-                f"non-finite loss ({value}) at step {bad_step}, found by the bulk check; re-running steps "
-                f"{snap.step + 1}-{bad_step} with checks did not reproduce it (is the device deterministic? see "
-                "make_deterministic)"
-            )
-        else:  # pragma: no cover - every unchecked step follows a snapshot
-            what = f"non-finite loss ({value}) at step {bad_step}, found by the bulk check"
-        raise Diverged(what, bad_step)
-
-    # -- rescue -----------------------------------------------------------------------------------
-    def attempt(self, payload: dict[str, Any], plan: dict[str, float], end: int) -> str | None:
-        """Load ``payload`` with the learning rates of ``plan`` (as a resume with ``allow_changes`` does) and
-        run the steps after it through ``end``, each checked: the first problem, or ``None``."""
-        _load_state(payload, self.model, self.guide, self.optim, self.sched, self.batches, self.streams)
-        new_base = [g["lr"] for g in _param_groups(self.model, self.guide, replace(self.cfg, **plan))]
-        _rebase_rates(self.optim, self.sched, new_base)
-        with warnings.catch_warnings():  # a trial's NaN warnings are its verdict, reported in one line, not the run's
-            warnings.simplefilter("ignore")
-            for step in range(int(payload["step"]), end):
-                try:
-                    self.step(step, checked=True, rerun=True)
-                except Diverged as exc:
-                    return exc.what
-                except (ValueError, RuntimeError) as exc:  # e.g. a factorisation of non-finite values
-                    return f"at step {step + 1}: {one_line(exc)}"
-                bad = first_non_finite_gradient(self.model, self.guide) or first_invalid_state(
-                    self.model, self.guide, self.optim
-                )
-                if bad is not None:
-                    return f"after step {step + 1}: {bad}"
-        return None

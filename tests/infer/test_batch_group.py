@@ -5,11 +5,11 @@ import torch
 
 import pyro_invariance as pi
 from pyro_invariance.data import load_dataset
-from pyro_invariance.infer import training
+from pyro_invariance.infer import step_loop, training
 
 
 def test_minibatches_hold_whole_groups_each_group_once_per_epoch():
-    batches = training._Batches(60, 20, seed=3, group=5)
+    batches = step_loop.Batches(60, 20, seed=3, group=5)
     for _epoch in range(2):
         seen = []
         for _ in range(3):
@@ -20,7 +20,7 @@ def test_minibatches_hold_whole_groups_each_group_once_per_epoch():
 
 
 def test_without_groups_the_draws_are_the_rows_of_before():
-    a, b = training._Batches(60, 20, seed=3), training._Batches(60, 20, seed=3, group=None)
+    a, b = step_loop.Batches(60, 20, seed=3), step_loop.Batches(60, 20, seed=3, group=None)
     expected = torch.randperm(60, generator=torch.Generator().manual_seed(3 + 7919))
     assert torch.equal(a.next(), expected[:20]) and torch.equal(b.next(), expected[:20])
 
@@ -29,7 +29,7 @@ def test_a_group_that_does_not_divide_is_refused_in_one_line():
     with pytest.raises(ValueError, match="batch_size=20 is not a multiple of batch_group=3"):
         pi.FitConfig(batch_size=20, batch_group=3).validate()
     with pytest.raises(ValueError, match="batch_group=7 must divide the 60 rows"):
-        training._Batches(60, 14, seed=0, group=7)
+        step_loop.Batches(60, 14, seed=0, group=7)
 
 
 def test_batch_group_is_in_the_fingerprint_only_when_set():

@@ -9,7 +9,8 @@ from small_runs import fit_state, small_digits, small_fit, small_model
 import pyro_invariance as pi
 from pyro_invariance import guides
 from pyro_invariance.infer.checkpoint import CheckpointError
-from pyro_invariance.infer.training import FitConfig, _param_groups
+from pyro_invariance.infer.step_loop import param_groups
+from pyro_invariance.infer.training import FitConfig
 
 torch.set_num_threads(1)
 
@@ -166,7 +167,7 @@ def test_param_groups_split_eta_factors_and_guide(data):
     model = _model()
     guide = guides.get("block-cholesky", model)
     pi.fit(model, guide, data, steps=1, progress=False)
-    groups = {g["name"]: g for g in _param_groups(model, guide, FitConfig())}
+    groups = {g["name"]: g for g in param_groups(model, guide, FitConfig())}
     assert set(groups) == {"guide", "factors", "eta"}
     assert groups["eta"]["params"][0] is model.eta_unit_unconstrained
     assert groups["eta"]["lr"] == FitConfig().eta_lr
