@@ -191,7 +191,7 @@ class Snapshot:
 
 class StepLoop:
     """The steps of one ``fit`` call: the lean step over this process's shards, the bulk reads of its
-    history, the snapshots and the re-run that locates a divergence (module docstring)."""
+    history, the snapshots and the re-run that locates a divergence (see :mod:`pyro_invariance.infer.training`)."""
 
     def __init__(
         self,
