@@ -75,7 +75,9 @@ task). Density guides start with scale 0.01. Use ``fit(..., lr=1e-2, eta_lr=1e-3
 the first steps at that rate: at ``alpha=1`` (F-FC + CONV + GCONV, 16-px Fashion-MNIST) 7 of 18 MAP
 fits of seeds 0–5 ended at the constant prediction — starts with almost no signal, or lively and
 confidently wrong ones whose image dependence Adam removes within four steps
-(``research/layerwise_init/REPORT.md``). Check that the training NLL leaves ln C, or lower ``lr``.
+(``research/layerwise_init/REPORT.md``). Check that the training NLL leaves ln C, or lower ``lr``:
+at ``lr=3e-3`` for 600 steps none of the 18 Table 3 fits of seeds 0–2 died
+(``benchmarks/results/layerwise_table3_ffc_lr0.003_steps600.md``).
 
 Why ``prior="learned"`` by default: it is the paper's type-II maximum likelihood (a point estimate
 of δ maximising the bound) and lets δ run to the equivariant limit δ → ∞ without a hyperprior
