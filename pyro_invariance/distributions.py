@@ -314,7 +314,7 @@ class MatrixNormal(_WhitenedGaussian):
         return K.reshape(K.shape[:-4] + (r * c, r * c))
 
     # -- distribution API ---------------------------------------------------------------------
-    def expand(self, batch_shape, _instance=None) -> MatrixNormal:
+    def expand(self, batch_shape: torch.Size | tuple[int, ...], _instance: Any = None) -> MatrixNormal:
         new = self._get_checked_instance(MatrixNormal, _instance)
         batch_shape = torch.Size(batch_shape)
         r, c = self.event_shape
@@ -401,7 +401,7 @@ class RowwiseMultivariateNormal(_WhitenedGaussian):
         self._noise_cache: tuple[Tensor, Tensor] | None = None
         super().__init__(batch_shape, torch.Size((C, H)), validate_args=validate_args)
 
-    def expand(self, batch_shape, _instance=None) -> RowwiseMultivariateNormal:
+    def expand(self, batch_shape: torch.Size | tuple[int, ...], _instance: Any = None) -> RowwiseMultivariateNormal:
         new = self._get_checked_instance(RowwiseMultivariateNormal, _instance)
         batch_shape = torch.Size(batch_shape)
         C, H = self.event_shape
