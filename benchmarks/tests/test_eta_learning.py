@@ -103,6 +103,19 @@ def test_smoke_runs_both_tables_and_resumes_without_refitting(tmp_path, monkeypa
     assert el.main(args) == 0
     assert json.loads((units / "converged.json").read_text())["points"] == b
 
+    monkeypatch.undo()  # past the cap: only the new length is fitted, into a file of its own
+    assert el.main([*args, "--tables", "b", "--cap", "16"]) == 0
+    longer = json.loads((units / "converged.json").read_text())["points"]
+    capped = [
+        key
+        for key in {(p["dataset"], p["seed"]) for p in b}
+        if el.unit_status([p for p in b if (p["dataset"], p["seed"]) == key], (4, 8))["state"] == "not converged (cap)"
+    ]
+    assert longer[: len(b)] == b and [p["steps"] for p in longer[len(b) :]] == [16] * len(capped)
+    assert "(the last is the cap): `[4, 8, 16]`" in (tmp_path / f"{el.STEM_B}_cap16_smoke.md").read_text()
+    with pytest.raises(SystemExit):  # not a doubling of the cap
+        el.main([*args, "--tables", "b", "--cap", "12"])
+
 
 @pytest.mark.parametrize("stem", [el.STEM_A, el.STEM_B])
 def test_committed_results_end_with_the_verdict_the_script_reads_off_them(stem):
