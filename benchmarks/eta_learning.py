@@ -54,6 +54,11 @@ rotation invariance of fully rotated MNIST, while VI learns it. Here:
   else changed): ``--cap 16000`` adds a 16 000-step fit to each unit not yet converged, the rule between the
   8000- and the 16 000-step fit as between the shorter ones, into ``eta_learning_converged_cap16000.md``;
   at the measured 0.020–0.024 CPU s per step that is ≈ 9 × 340 s ≈ 51 CPU minutes, so ``--cpu-budget 7200``;
+  **One more doubling** (added after the 16 000-step table, where all 9 units were still "not converged
+  (cap)", η settled on 8 of 9 but ELBO/N rising 0.014–0.029; nothing else changed): ``--cap 32000
+  --cpu-budget 12600`` adds a 32 000-step fit to each unit not yet converged, the rule between the 16 000- and
+  the 32 000-step fit, into ``eta_learning_converged_cap32000.md``; at the measured 0.019–0.020 CPU s per step
+  ≈ 9 × 630 s ≈ 95 CPU minutes on top of the 6315 spent;
 - **CPU budget**: 3600 CPU seconds of one thread for Table A and Table B together (``--cpu-budget``),
   counted from the fits' own CPU time stored in the unit files. A fit starts only when the time spent plus
   its estimate (its steps × the mean CPU time per step of the finished fits of that table) stays within the
