@@ -10,7 +10,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -127,66 +127,70 @@ class Batches:
         self.perm, self.pos, self._perm_on_device = state["perm"], state["pos"], None
 
 
-def load_state(
-    state: dict[str, Any],
-    model: nn.Module,
-    guide: Any,
-    optim: Any,
-    sched: Any,
-    batches: Batches,
-    streams: ShardStreams | None,
-) -> None:
-    """Load a checkpoint payload's state (model, guide, optimiser, schedule, every random stream)."""
-    model.load_state_dict(state["model"])
-    guide.load_state_dict(state["guide"])
-    optim.load_state_dict(state["optimizer"])
-    sched.load_state_dict(state["scheduler"])
-    set_rng_state(state["rng"])
-    batches.load(state["batches"])
-    if streams is not None:  # the shards' streams, whichever processes advanced them
-        streams.load(state["shard_rng"])
+@dataclass
+class RunState:
+    """What a run's steps change, together: the model and guide, the optimiser and its schedule, the shuffler
+    and the shards' random streams (``None`` without shards); with Pyro's global random state, everything a
+    bit-for-bit resume restores."""
 
+    model: nn.Module
+    guide: Any
+    optim: Any
+    sched: Any
+    batches: Batches
+    streams: ShardStreams | None
 
-def rebase_rates(optim: Any, sched: Any, new_base: Sequence[float]) -> None:
-    """New base learning rates for the parameter groups, at the same position in the schedule."""
-    for group, base_now, base_saved in zip(optim.param_groups, new_base, sched.base_lrs):
-        group["lr"] = base_now * (group["lr"] / base_saved if base_saved else 1.0)
-        group["initial_lr"] = base_now
-    sched.base_lrs = list(new_base)
+    def saved(self) -> dict[str, Any]:
+        """The checkpoint payload's state entries (the shards' streams are gathered by the caller)."""
+        return {
+            "model": self.model.state_dict(),
+            "guide": self.guide.state_dict(),
+            "optimizer": self.optim.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "rng": rng_state(),
+            "batches": self.batches.state(),
+        }
+
+    def load(self, payload: dict[str, Any]) -> None:
+        """Load a checkpoint payload's state (model, guide, optimiser, schedule, every random stream)."""
+        self.model.load_state_dict(payload["model"])
+        self.guide.load_state_dict(payload["guide"])
+        self.optim.load_state_dict(payload["optimizer"])
+        self.sched.load_state_dict(payload["scheduler"])
+        set_rng_state(payload["rng"])
+        self.batches.load(payload["batches"])
+        if self.streams is not None:  # the shards' streams, whichever processes advanced them
+            self.streams.load(payload["shard_rng"])
+
+    def rebase_rates(self, new_base: Sequence[float]) -> None:
+        """New base learning rates for the parameter groups, at the same position in the schedule."""
+        for group, base_now, base_saved in zip(self.optim.param_groups, new_base, self.sched.base_lrs):
+            group["lr"] = base_now * (group["lr"] / base_saved if base_saved else 1.0)
+            group["initial_lr"] = base_now
+        self.sched.base_lrs = list(new_base)
 
 
 class Snapshot:
-    """The state after ``step``, on the device, to re-run the steps after it with checks."""
+    """A run's state after ``step``, copied on the device, to re-run the steps after it with checks."""
 
-    def __init__(
-        self,
-        step: int,
-        model: nn.Module,
-        guide: Any,
-        optim: Any,
-        sched: Any,
-        batches: Batches,
-        streams: ShardStreams | None,
-    ) -> None:
+    def __init__(self, step: int, run: RunState) -> None:
         self.step = step
-        self.streams = streams.copy_states() if streams is not None else None
-        self.model = copied_state(model.state_dict())
-        self.guide = copied_state(guide.state_dict()) if isinstance(guide, nn.Module) else None
-        self.optim, self.sched = copied_state(optim.state_dict()), copied_state(sched.state_dict())
-        self.rng, self.batches = rng_state(), copied_state(batches.state())
+        self.streams = run.streams.copy_states() if run.streams is not None else None
+        self.model = copied_state(run.model.state_dict())
+        self.guide = copied_state(run.guide.state_dict()) if isinstance(run.guide, nn.Module) else None
+        self.optim, self.sched = copied_state(run.optim.state_dict()), copied_state(run.sched.state_dict())
+        self.rng, self.batches = rng_state(), copied_state(run.batches.state())
 
-    def restore(
-        self, model: nn.Module, guide: Any, optim: Any, sched: Any, batches: Batches, streams: ShardStreams | None
-    ) -> None:
-        if streams is not None and self.streams is not None:
-            streams.load(self.streams)
-        model.load_state_dict(self.model)
+    def restore(self, run: RunState) -> None:
+        if run.streams is not None and self.streams is not None:
+            run.streams.load(self.streams)
+        run.model.load_state_dict(self.model)
         if self.guide is not None:
-            guide.load_state_dict(self.guide)
-        optim.load_state_dict(copied_state(self.optim))
-        sched.load_state_dict(copied_state(self.sched))
+            run.guide.load_state_dict(self.guide)
+        run.optim.load_state_dict(copied_state(self.optim))
+        run.sched.load_state_dict(copied_state(self.sched))
         set_rng_state(self.rng)
-        batches.load(copied_state(self.batches))
+        run.batches.load(copied_state(self.batches))
 
 
 class StepLoop:
@@ -195,37 +199,33 @@ class StepLoop:
 
     def __init__(
         self,
-        model: nn.Module,
-        guide: Any,
+        run: RunState,
         cfg: FitConfig,
         dev: torch.device,
         x_all: Tensor,
         y_all: Tensor,
-        optim: Any,
-        sched: Any,
-        batches: Batches,
         loss_fn: Any,
         callbacks: Sequence[Callable[..., None]],
         history: dict[str, Any],
         *,
         ranks: Ranks,
-        streams: ShardStreams | None,
         engine: Callable[..., Tensor],
         compile_mode: tuple[str, str | None] | None = None,
     ) -> None:
-        self.ranks, self.streams, self.engine = ranks, streams, engine
+        self.run, self.ranks, self.streams, self.engine = run, ranks, run.streams, engine
         # the mode this call runs (compile="auto" resolved; auto_compile), and why auto chose eager
         self.mode, why = compile_mode or (cfg.compile, None)
         self.auto = cfg.compile == "auto"
         # this process's shards (None: the whole minibatch on the global stream, as before shards existed)
-        self.own: list[int | None] = list(ranks.own_shards(cfg.shards)) if streams is not None else [None]
-        self.model, self.guide, self.cfg, self.dev = model, guide, cfg, dev
+        self.own: list[int | None] = list(ranks.own_shards(cfg.shards)) if run.streams is not None else [None]
+        self.model, self.guide, self.cfg, self.dev = run.model, run.guide, cfg, dev
         self.x_all, self.y_all, self.num_data = x_all, y_all, x_all.shape[0]
-        self.kwargs = num_data_kwargs(model, self.num_data)  # Pyro's plain model(x, y=None) takes none
-        self.optim, self.sched, self.batches, self.loss_fn, self.callbacks = optim, sched, batches, loss_fn, callbacks
+        self.kwargs = num_data_kwargs(run.model, self.num_data)  # Pyro's plain model(x, y=None) takes none
+        self.optim, self.sched, self.batches = run.optim, run.sched, run.batches
+        self.loss_fn, self.callbacks = loss_fn, callbacks
         self.history = history
         self.eta_names = list(history["eta"])
-        self.eta_group = next((g for g in optim.param_groups if g.get("name") == "eta"), None)
+        self.eta_group = next((g for g in run.optim.param_groups if g.get("name") == "eta"), None)
         self.pending: dict[str, list[Any]] = {"step": [], "lr": [], "eta_lr": [], "loss": [], "eta": []}
         self.snapshot: Snapshot | None = None
         self.captured: CapturedLoss | None = None
@@ -252,9 +252,7 @@ class StepLoop:
         if not checked and not rerun and (self.snapshot is None or step - self.snapshot.step >= self.cfg.log_every):
             if self.cfg.validation == "first-step" and not self.ranks.ddp:
                 self.flush()  # every step up to here has a finite loss
-                self.snapshot = Snapshot(
-                    step, self.model, self.guide, self.optim, self.sched, self.batches, self.streams
-                )
+                self.snapshot = Snapshot(step, self.run)
                 self.stats["snapshots"] += 1
         idx = self.batches.next()
         x, y = self.x_all[idx], self.y_all[idx]
@@ -408,7 +406,7 @@ class StepLoop:
                 "and validation='always' to find the site)"
             )
         elif snap is not None and snap.step < bad_step:
-            snap.restore(self.model, self.guide, self.optim, self.sched, self.batches, self.streams)
+            snap.restore(self.run)
             for step in range(snap.step, bad_step):
                 self.step(step, checked=True, rerun=True)
             what = (
@@ -424,9 +422,8 @@ class StepLoop:
     def attempt(self, payload: dict[str, Any], plan: dict[str, float], end: int) -> str | None:
         """Load ``payload`` with the learning rates of ``plan`` (as a resume with ``allow_changes`` does) and
         run the steps after it through ``end``, each checked: the first problem, or ``None``."""
-        load_state(payload, self.model, self.guide, self.optim, self.sched, self.batches, self.streams)
-        new_base = [g["lr"] for g in param_groups(self.model, self.guide, replace(self.cfg, **plan))]
-        rebase_rates(self.optim, self.sched, new_base)
+        self.run.load(payload)
+        self.run.rebase_rates([g["lr"] for g in param_groups(self.model, self.guide, replace(self.cfg, **plan))])
         with warnings.catch_warnings():  # a trial's NaN warnings are its verdict, reported in one line, not the run's
             warnings.simplefilter("ignore")
             for step in range(int(payload["step"]), end):

@@ -57,7 +57,6 @@ from pyro_invariance.infer.checkpoint import (
     atomic_write_text,
     load_checkpoint,
     peek_step,
-    rng_state,
     save_checkpoint,
 )
 from pyro_invariance.infer.config import FitConfig, resolve_config
@@ -85,11 +84,10 @@ from pyro_invariance.infer.rescue import (
 from pyro_invariance.infer.runlock import RunLock
 from pyro_invariance.infer.step_loop import (
     Batches,
+    RunState,
     Snapshot,
     StepLoop,
-    load_state,
     param_groups,
-    rebase_rates,
 )
 from pyro_invariance.models.base import symmetry_parameters, symmetry_summary, vectorizable_particles
 from pyro_invariance.validation import (
@@ -257,12 +255,7 @@ def _refuse_existing(path: Path) -> None:
 def _restore(
     state: dict[str, Any],
     fingerprint: dict[str, Any],
-    model: nn.Module,
-    guide: Any,
-    optim: Any,
-    sched: Any,
-    batches: Batches,
-    streams: ShardStreams | None,
+    run: RunState,
     until_step: int | None,
     allow_changes: Sequence[str],
 ) -> None:
@@ -275,13 +268,13 @@ def _restore(
             f"until_step={until_step} is below the checkpoint's step {state['step']}: "
             "a run cannot go back; pick a later until_step"
         )
-    new_base = [g["lr"] for g in optim.param_groups]
+    new_base = [g["lr"] for g in run.optim.param_groups]
     try:
-        load_state(state, model, guide, optim, sched, batches, streams)
+        run.load(state)
     except (RuntimeError, KeyError, ValueError) as exc:
         raise CheckpointError(f"checkpoint does not match this model/guide: {exc}") from exc
     if allow_changes:
-        rebase_rates(optim, sched, new_base)
+        run.rebase_rates(new_base)
 
 
 @pyro_scope()
@@ -514,40 +507,21 @@ def _fit_locked(
     x_all, y_all = x_all.to(dev), y_all.to(dev)
 
     optim = make_optimizer(param_groups(model, guide, cfg))  # groups built once; fused Adam
-    sched = _schedule(optim, cfg)
+    run = RunState(model, guide, optim, _schedule(optim, cfg), batches, streams)
     loss_fn = _loss_for(model, cfg)
     history: dict[str, Any] = {"step": [], "elbo": [], "lr": [], "eta_lr": [], "eta": {}}
     for name in symmetry_summary(model, guide):  # a latent η: the guide's median (guide set up above)
         history["eta"][name] = []
     start, seconds = 0, 0.0
     if state is not None:
-        ranks.together(
-            lambda: _restore(
-                state, fingerprint, model, guide, optim, sched, batches, streams, until_step, allow_changes
-            )
-        )
+        ranks.together(lambda: _restore(state, fingerprint, run, until_step, allow_changes))
         history, start, seconds = state["history"], int(state["step"]), float(state.get("seconds", 0.0))
         _record_changes(history, state["config"], settings, allow_changes, start)
 
     engine = _engine(loss_fn, model, guide, ranks, dev, example)
     compile_mode = resolve_compile(cfg, model, guide, (until_step or cfg.steps) - start)
     loop = StepLoop(
-        model,
-        guide,
-        cfg,
-        dev,
-        x_all,
-        y_all,
-        optim,
-        sched,
-        batches,
-        loss_fn,
-        callbacks,
-        history,
-        ranks=ranks,
-        streams=streams,
-        engine=engine,
-        compile_mode=compile_mode,
+        run, cfg, dev, x_all, y_all, loss_fn, callbacks, history, ranks=ranks, engine=engine, compile_mode=compile_mode
     )
     saver = _Saver(loop, path, fingerprint, spec, seconds, resumed_at=start if state is not None else None)
     seconds = _run_steps(loop, saver, start, until_step or cfg.steps, checkpoint_every, progress)
@@ -625,12 +599,7 @@ class _Saver:
         loop = self.loop
         return {
             "step": step,
-            "model": loop.model.state_dict(),
-            "guide": loop.guide.state_dict(),
-            "optimizer": loop.optim.state_dict(),
-            "scheduler": loop.sched.state_dict(),
-            "rng": rng_state(),
-            "batches": loop.batches.state(),
+            **loop.run.saved(),
             "config": asdict(loop.cfg),
             "fingerprint": self.fingerprint,
             "history": loop.history,
@@ -707,11 +676,11 @@ def _rescued(exc: Diverged, loop: StepLoop, points: RescuePoints, path: Path | N
     :mod:`~pyro_invariance.infer.rescue`). The model and guide are left in the state they diverged in."""
     if path is None or not points.enabled:
         return _divergence_message(exc.what, None if path is None or points.written is None else (path, points.written))
-    here = Snapshot(exc.step, loop.model, loop.guide, loop.optim, loop.sched, loop.batches, loop.streams)
+    here = Snapshot(exc.step, loop.run)
     try:
         found = search(points, rate_plans(loop.cfg), exc.step, loop.cfg.steps, loop.attempt)
     finally:
-        here.restore(loop.model, loop.guide, loop.optim, loop.sched, loop.batches, loop.streams)
+        here.restore(loop.run)
     if found.payload is not None and int(found.payload["step"]) != points.written:
         try:
             save_checkpoint(path, found.payload)
