@@ -171,6 +171,9 @@ TALK = {
 }
 ANGLE_TOL = 15.0  # criterion (3): the span of the 3 significant directions within 15° of SE(2)'s
 ORACLE_MSE_RATIO = 1.25  # criterion (4): learned ≈ oracle means learned test MSE ≤ 1.25 × the oracle's
+#: CPU seconds of one learned step at the reference's 4 × 250 (S = 16), measured before choosing the cpu preset
+#: (module docstring); what a row of the next size costs on this machine
+LEARNED_STEP_CPU_S_4X250 = 18.3
 SE2_NAMES = ("P_x", "P_y", "L")
 STEM = "threebody_recipe"
 
@@ -509,6 +512,34 @@ def analysis_lines(seeds: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def how_far_lines(seeds: list[dict[str, Any]], flags: str) -> list[str]:
+    """Where a full run that is not reproduced stands: the rows' −ELBO/N, which SE(2) generators were found
+    (within :data:`ANGLE_TOL` of the learned significant span), and what the next size would need."""
+    mean = {row: statistics.mean(s["rows"][row]["neg_elbo"] for s in seeds) for row in LABEL}
+    found = {name: 0 for name in ("translation x", "translation y", "rotation")}
+    for s in seeds:
+        for name, angle in oracle_angles(s["analysis"]):
+            found[name] += angle <= ANGLE_TOL
+    lines = [
+        f"- How far it got: mean −ELBO/N HNN {mean['none']:.3g}, learned {mean['learned']:.3g}, oracle "
+        f"{mean['oracle']:.3g}: the symmetrised model gains {mean['none'] - mean['oracle']:.3g} nats per datum "
+        "over the HNN when SE(2) is given; the learned generators found "
+        + ", ".join(f"{name} on {k} of {len(seeds)} seeds" for name, k in found.items())
+        + f" (within {ANGLE_TOL:.0f}° of their significant span).",
+    ]
+    if "--preset cpu" in flags:
+        gpu = PRESETS["gpu"]
+        hours = LEARNED_STEP_CPU_S_4X250 * gpu["rows"]["steps"] / 3600
+        hidden = gpu["model"]["hidden"]
+        lines.append(
+            f"- The next size is the `gpu` preset (the reference's: {len(hidden)} × {hidden[0]}, "
+            f"S = {gpu['model']['num_transforms']}, {gpu['rows']['steps']} steps a row): at the "
+            f"{LEARNED_STEP_CPU_S_4X250} CPU s per learned step measured at that width with S = 16, a row takes "
+            f"≥ {hours:.0f} CPU hours here before S = 100 is counted, so it needs the GPU (prepared, not run)."
+        )
+    return lines
+
+
 def markdown(cfg: dict[str, Any], flags: str, points: list[dict[str, Any]], keys: list, units: Path, info: dict) -> str:
     """The result file: settings, unit states, the table, the criteria, the generators' analysis, the Verdict
     (``flags``: the preset options of the command, e.g. ``--preset cpu``)."""
@@ -536,6 +567,7 @@ def markdown(cfg: dict[str, Any], flags: str, points: list[dict[str, Any]], keys
     if rows_done == rows_all == 9:
         word, seeds_text = _common.verdict_of(checks), "3 of 3 seeds; a criterion holds in ≥ 2 of them"
         why = [f"- {sum(checks)} of {len(checks)} criteria hold (above)."]
+        why += how_far_lines(seeds, flags) if not all(checks) else []
     else:
         word, seeds_text = "not run", f"{len(done)} of {len(keys)} units done"
         why = [
