@@ -140,11 +140,12 @@ class RunState:
     batches: Batches
     streams: ShardStreams | None
 
-    def saved(self) -> dict[str, Any]:
-        """The checkpoint payload's state entries (the shards' streams are gathered by the caller)."""
+    def saved(self, with_guide: bool = True) -> dict[str, Any]:
+        """The checkpoint payload's state entries (the shards' streams are gathered by the caller);
+        ``with_guide=False`` leaves out the guide's (a guide that is not a module has none to snapshot)."""
         return {
             "model": self.model.state_dict(),
-            "guide": self.guide.state_dict(),
+            **({"guide": self.guide.state_dict()} if with_guide else {}),
             "optimizer": self.optim.state_dict(),
             "scheduler": self.sched.state_dict(),
             "rng": rng_state(),
@@ -152,9 +153,11 @@ class RunState:
         }
 
     def load(self, payload: dict[str, Any]) -> None:
-        """Load a checkpoint payload's state (model, guide, optimiser, schedule, every random stream)."""
+        """Load a checkpoint payload's state (model, guide, optimiser, schedule, every random stream); a
+        checkpoint always holds the guide's (:func:`~pyro_invariance.infer.checkpoint.load_checkpoint` checks)."""
         self.model.load_state_dict(payload["model"])
-        self.guide.load_state_dict(payload["guide"])
+        if "guide" in payload:
+            self.guide.load_state_dict(payload["guide"])
         self.optim.load_state_dict(payload["optimizer"])
         self.sched.load_state_dict(payload["scheduler"])
         set_rng_state(payload["rng"])
@@ -171,26 +174,17 @@ class RunState:
 
 
 class Snapshot:
-    """A run's state after ``step``, copied on the device, to re-run the steps after it with checks."""
+    """A run's state after ``step``, copied on the device (:meth:`RunState.saved` with the shards' streams), to
+    re-run the steps after it with checks."""
 
     def __init__(self, step: int, run: RunState) -> None:
         self.step = step
-        self.streams = run.streams.copy_states() if run.streams is not None else None
-        self.model = copied_state(run.model.state_dict())
-        self.guide = copied_state(run.guide.state_dict()) if isinstance(run.guide, nn.Module) else None
-        self.optim, self.sched = copied_state(run.optim.state_dict()), copied_state(run.sched.state_dict())
-        self.rng, self.batches = rng_state(), copied_state(run.batches.state())
+        self.state = copied_state(run.saved(with_guide=isinstance(run.guide, nn.Module)))
+        if run.streams is not None:
+            self.state["shard_rng"] = run.streams.copy_states()
 
     def restore(self, run: RunState) -> None:
-        if run.streams is not None and self.streams is not None:
-            run.streams.load(self.streams)
-        run.model.load_state_dict(self.model)
-        if self.guide is not None:
-            run.guide.load_state_dict(self.guide)
-        run.optim.load_state_dict(copied_state(self.optim))
-        run.sched.load_state_dict(copied_state(self.sched))
-        set_rng_state(self.rng)
-        run.batches.load(copied_state(self.batches))
+        run.load(copied_state(self.state))  # copied again: a snapshot may be restored more than once
 
 
 class StepLoop:
